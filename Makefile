@@ -1,0 +1,45 @@
+# make run  — install what is missing, build, run the main job.
+# make test — install what is missing, build twice (Release and
+#             ASan+UBSan), run the whole CTest suite in both.
+BUILD      ?= build
+BUILD_SAN  ?= build-san
+JOBS       ?= $(shell nproc)
+APT_PKGS   := build-essential cmake pkg-config libopenblas-dev libgomp1 \
+              python3 python3-torch python3-numpy
+
+.PHONY: run test deps build build-san bench clean format
+
+deps:
+	@missing=""; for p in $(APT_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+build-san: deps
+	cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=Debug -DTS_SANITIZE=ON >/dev/null
+	cmake --build $(BUILD_SAN) -j $(JOBS)
+
+run: build
+	./$(BUILD)/tessera demo
+
+test: build build-san
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD_SAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS)
+
+bench: build
+	./$(BUILD)/bench_ops
+
+format:
+	clang-format -i include/*.h $$(find src tests bench -name '*.[ch]')
+
+clean:
+	rm -rf $(BUILD) $(BUILD_SAN)

@@ -1,0 +1,296 @@
+/* tessera.h — the public C API of Tessera.
+ *
+ * Owns: the opaque handles (ts_ctx, ts_tensor), status codes, dtypes, tensor
+ * creation and inspection, the op functions, and autograd entry points.
+ * Nothing here exposes a struct layout; all state lives behind handles.
+ *
+ * Conventions
+ * - Functions that can fail return ts_status; ts_errmsg(ctx) says why.
+ * - Op functions (ts_add, ts_matmul, ...) return a NEW reference to a tensor,
+ *   or NULL on error with the status and message recorded in the context
+ *   (ts_ctx_status / ts_errmsg). A NULL input makes an op return NULL and keep
+ *   the first error, so a chain of ops can be checked once at the end.
+ * - Every tensor returned to you holds one reference: release it with
+ *   ts_release. Ops keep their own references to what they need.
+ * - Dimension letters used in comments: B batch, T query positions, S key
+ *   positions, C channels, H query heads, KV key/value heads, D head dim,
+ *   V vocabulary, N rows.
+ */
+#ifndef TESSERA_H
+#define TESSERA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TS_MAX_DIMS 8
+
+typedef enum {
+    TS_OK = 0,
+    TS_ERR_INVALID_ARG, /* a NULL handle, bad option, malformed argument */
+    TS_ERR_SHAPE,       /* shapes that do not fit the op */
+    TS_ERR_DTYPE,       /* a dtype the op does not take, or mismatched dtypes */
+    TS_ERR_RANGE,       /* a dim, index or value out of range */
+    TS_ERR_OOM,         /* an allocation failed */
+    TS_ERR_IO,          /* a file could not be read or written */
+    TS_ERR_STATE,       /* a call not valid in the current state */
+    TS_ERR_UNSUPPORTED  /* valid input that this build cannot handle */
+} ts_status;
+
+typedef enum {
+    TS_F32 = 0,
+    TS_BF16,
+    TS_F16,
+    TS_I32,
+    TS_I64,
+    TS_DTYPE_COUNT
+} ts_dtype;
+
+typedef enum { TS_DEVICE_CPU = 0 } ts_device_kind;
+
+typedef struct {
+    ts_device_kind kind;
+    int index;
+} ts_device;
+
+typedef struct ts_ctx ts_ctx;
+typedef struct ts_tensor ts_tensor;
+
+/* ---- context ----------------------------------------------------------- */
+
+typedef struct {
+    int num_threads;      /* 0: TS_NUM_THREADS from the environment, else cores */
+    bool no_alloc_cache;  /* true: every free goes back to the system */
+} ts_ctx_options;
+
+/* Creates a context; opt may be NULL for defaults. On failure *out is NULL. */
+ts_status ts_ctx_new(ts_ctx **out, const ts_ctx_options *opt);
+void ts_ctx_free(ts_ctx *ctx);
+/* The message of the last error, "" when none. Valid until the next call. */
+const char *ts_errmsg(const ts_ctx *ctx);
+/* The status of the last error recorded (TS_OK when none). */
+ts_status ts_ctx_status(const ts_ctx *ctx);
+void ts_clear_error(ts_ctx *ctx);
+const char *ts_status_name(ts_status s);
+
+int ts_get_num_threads(const ts_ctx *ctx);
+ts_status ts_set_num_threads(ts_ctx *ctx, int n);
+
+/* Allocator statistics, in bytes; counts are of calls. */
+typedef struct {
+    size_t bytes_in_use;     /* held by live storages */
+    size_t peak_bytes_in_use;
+    size_t bytes_cached;     /* freed, kept for reuse */
+    uint64_t system_allocs;  /* calls that reached the system allocator */
+    uint64_t cache_hits;     /* allocations served from the cache */
+} ts_alloc_stats;
+void ts_alloc_get_stats(const ts_ctx *ctx, ts_alloc_stats *out);
+void ts_alloc_reset_peak(ts_ctx *ctx);
+/* Returns cached blocks to the system. */
+void ts_alloc_empty_cache(ts_ctx *ctx);
+
+/* ---- dtypes ------------------------------------------------------------ */
+
+const char *ts_dtype_name(ts_dtype dt);
+size_t ts_dtype_size(ts_dtype dt);
+bool ts_dtype_is_float(ts_dtype dt);
+/* Round to nearest even; NaN stays NaN (quiet), Inf stays Inf. */
+uint16_t ts_f32_to_bf16(float x);
+float ts_bf16_to_f32(uint16_t x);
+uint16_t ts_f32_to_f16(float x);
+float ts_f16_to_f32(uint16_t x);
+
+/* ---- tensor creation ---------------------------------------------------- */
+
+/* shape has ndim entries (0 <= ndim <= TS_MAX_DIMS); ndim 0 is a scalar. */
+ts_tensor *ts_empty(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape);
+ts_tensor *ts_zeros(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape);
+ts_tensor *ts_full(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape,
+                   double value);
+/* Copies numel elements of dtype dt from data (row-major). */
+ts_tensor *ts_from_data(ts_ctx *ctx, ts_dtype dt, int ndim,
+                        const int64_t *shape, const void *data);
+ts_tensor *ts_scalar(ts_ctx *ctx, ts_dtype dt, double value);
+/* [start, end) with step, as torch.arange. */
+ts_tensor *ts_arange(ts_ctx *ctx, ts_dtype dt, double start, double end,
+                     double step);
+/* Normal(0, std) and Uniform[lo, hi) from a seeded generator (xoshiro256**);
+ * the same seed gives the same values on every machine. */
+ts_tensor *ts_randn(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape,
+                    double std, uint64_t seed);
+ts_tensor *ts_rand(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape,
+                   double lo, double hi, uint64_t seed);
+
+ts_tensor *ts_retain(ts_tensor *t);
+void ts_release(ts_tensor *t); /* NULL is fine */
+
+/* ---- tensor inspection -------------------------------------------------- */
+
+ts_ctx *ts_tensor_ctx(const ts_tensor *t);
+ts_dtype ts_tensor_dtype(const ts_tensor *t);
+int ts_tensor_ndim(const ts_tensor *t);
+const int64_t *ts_tensor_shape(const ts_tensor *t);
+const int64_t *ts_tensor_strides(const ts_tensor *t); /* in elements */
+/* Size of dim (negative counts from the end); -1 when out of range. */
+int64_t ts_tensor_dim(const ts_tensor *t, int dim);
+int64_t ts_tensor_numel(const ts_tensor *t);
+bool ts_tensor_is_contiguous(const ts_tensor *t);
+ts_device ts_tensor_device(const ts_tensor *t);
+/* True when a and b are views of the same storage. */
+bool ts_tensor_shares_storage(const ts_tensor *a, const ts_tensor *b);
+/* Address of element [0,...,0] (host memory on the CPU device); NULL where
+ * the data is not on the host. Reads through it see the strides above. */
+void *ts_tensor_data(ts_tensor *t);
+/* Copies the elements in row-major order to dst, converted to dst_dt. */
+ts_status ts_tensor_read(ts_tensor *t, void *dst, ts_dtype dst_dt);
+/* Element access for tests and debugging; idx has ndim entries. */
+ts_status ts_get(ts_tensor *t, const int64_t *idx, double *out);
+ts_status ts_set(ts_tensor *t, const int64_t *idx, double value);
+/* The single element of a one-element tensor. */
+ts_status ts_item(ts_tensor *t, double *out);
+/* PyTorch-like text, summarized past 1000 elements (3 edge items). */
+ts_status ts_print(ts_tensor *t, FILE *f);
+/* Same text into a new malloc'd string; caller frees. NULL on error. */
+char *ts_to_string(ts_tensor *t);
+
+/* ---- autograd ----------------------------------------------------------- */
+
+ts_status ts_set_requires_grad(ts_tensor *t, bool on); /* leaves only */
+bool ts_requires_grad(const ts_tensor *t);
+bool ts_is_leaf(const ts_tensor *t);
+/* Borrowed reference to the accumulated gradient, NULL when none. */
+ts_tensor *ts_grad(const ts_tensor *t);
+void ts_zero_grad(ts_tensor *t); /* drops .grad, as set_to_none=True */
+/* Backpropagates from root. grad may be NULL when root has one element
+ * (seeded with 1). Gradients accumulate (+=) into the .grad of leaves that
+ * require grad. The graph is kept, so backward may run again. */
+ts_status ts_backward(ts_tensor *root, ts_tensor *grad);
+/* A new tensor sharing data with t, cut from the graph. */
+ts_tensor *ts_detach(ts_tensor *t);
+/* Grad mode: while disabled, ops record no graph. Returns the old mode, to
+ * pass back to ts_set_grad_enabled at the end of a no-grad scope. */
+bool ts_set_grad_enabled(ts_ctx *ctx, bool enabled);
+bool ts_is_grad_enabled(const ts_ctx *ctx);
+
+/* ---- in-place updates (never recorded by autograd) ---------------------- */
+
+/* dst[...] = src, broadcasting src to dst's shape, casting dtype. */
+ts_status ts_copy_(ts_tensor *dst, ts_tensor *src);
+ts_status ts_fill_(ts_tensor *dst, double value);
+
+/* ---- views (share storage; no copy) ------------------------------------- */
+
+/* One entry of shape may be -1. A view when strides allow, else a copy. */
+ts_tensor *ts_reshape(ts_tensor *x, int ndim, const int64_t *shape);
+ts_tensor *ts_permute(ts_tensor *x, const int *perm);
+ts_tensor *ts_transpose(ts_tensor *x, int d0, int d1);
+/* Elements start, start+step, ... < end along dim; negative start/end count
+ * from the end and are clamped as in Python; step >= 1. */
+ts_tensor *ts_slice(ts_tensor *x, int dim, int64_t start, int64_t end,
+                    int64_t step);
+/* Broadcast to shape (size-1 dims stretch, new leading dims; -1 keeps). */
+ts_tensor *ts_expand(ts_tensor *x, int ndim, const int64_t *shape);
+ts_tensor *ts_squeeze(ts_tensor *x, int dim);
+ts_tensor *ts_unsqueeze(ts_tensor *x, int dim);
+/* x itself (a new reference) when already contiguous, else a copy. */
+ts_tensor *ts_contiguous(ts_tensor *x);
+
+/* ---- elementwise -------------------------------------------------------- */
+
+/* Binary ops broadcast as NumPy does; both operands have the same float
+ * dtype (f32, bf16, f16); bf16/f16 are computed in f32. */
+ts_tensor *ts_add(ts_tensor *a, ts_tensor *b);
+ts_tensor *ts_sub(ts_tensor *a, ts_tensor *b);
+ts_tensor *ts_mul(ts_tensor *a, ts_tensor *b);
+ts_tensor *ts_div(ts_tensor *a, ts_tensor *b);
+ts_tensor *ts_add_scalar(ts_tensor *x, double s);
+ts_tensor *ts_mul_scalar(ts_tensor *x, double s);
+ts_tensor *ts_neg(ts_tensor *x);
+ts_tensor *ts_exp(ts_tensor *x);
+ts_tensor *ts_log(ts_tensor *x);
+ts_tensor *ts_sqrt(ts_tensor *x);
+ts_tensor *ts_rsqrt(ts_tensor *x);
+ts_tensor *ts_abs(ts_tensor *x);
+ts_tensor *ts_pow_scalar(ts_tensor *x, double exponent);
+ts_tensor *ts_tanh(ts_tensor *x);
+ts_tensor *ts_sigmoid(ts_tensor *x);
+ts_tensor *ts_relu(ts_tensor *x);
+ts_tensor *ts_silu(ts_tensor *x);
+typedef enum { TS_GELU_ERF = 0, TS_GELU_TANH } ts_gelu_approx;
+ts_tensor *ts_gelu(ts_tensor *x, ts_gelu_approx approx);
+/* cond: any dtype, nonzero is true; a and b the same dtype. Broadcasts. */
+ts_tensor *ts_where(ts_tensor *cond, ts_tensor *a, ts_tensor *b);
+/* x where mask is zero, value where mask is nonzero. */
+ts_tensor *ts_masked_fill(ts_tensor *x, ts_tensor *mask, double value);
+ts_tensor *ts_cast(ts_tensor *x, ts_dtype dt);
+/* A contiguous copy (torch.clone). */
+ts_tensor *ts_copy(ts_tensor *x);
+
+/* ---- reductions --------------------------------------------------------- */
+
+/* Over the ndims dims listed (negative allowed); ndims == 0 reduces all. */
+ts_tensor *ts_sum(ts_tensor *x, int ndims, const int *dims, bool keepdim);
+ts_tensor *ts_mean(ts_tensor *x, int ndims, const int *dims, bool keepdim);
+ts_tensor *ts_amax(ts_tensor *x, int ndims, const int *dims, bool keepdim);
+/* Values of the max over one dim (torch.max(x, dim).values). */
+ts_tensor *ts_max(ts_tensor *x, int dim, bool keepdim);
+/* Index (i64) of the first max over one dim. */
+ts_tensor *ts_argmax(ts_tensor *x, int dim, bool keepdim);
+ts_tensor *ts_softmax(ts_tensor *x, int dim);
+ts_tensor *ts_log_softmax(ts_tensor *x, int dim);
+
+/* ---- linear algebra ----------------------------------------------------- */
+
+/* torch.matmul: a (..., M, K) @ b (..., K, N) -> (..., M, N), batch dims
+ * broadcast; 1-D operands as in NumPy. Transposed views are used without a
+ * copy. f32 goes to the BLAS; bf16/f16 are accumulated in f32. */
+ts_tensor *ts_matmul(ts_tensor *a, ts_tensor *b);
+
+/* ---- indexing and shape ------------------------------------------------- */
+
+/* weight (V, C), ids (...) of i32/i64 -> (..., C). */
+ts_tensor *ts_embedding(ts_tensor *weight, ts_tensor *ids);
+ts_tensor *ts_concat(int n, ts_tensor *const *xs, int dim);
+/* Splits x along dim into n views of the given sizes (summing to the dim);
+ * outs receives n new references. */
+ts_status ts_split(ts_tensor *x, int dim, int n, const int64_t *sizes,
+                   ts_tensor **outs);
+
+/* ---- fused layers ------------------------------------------------------- */
+
+/* Over the last dim C: x (..., C), weight (C) or NULL. */
+ts_tensor *ts_rmsnorm(ts_tensor *x, ts_tensor *weight, double eps);
+ts_tensor *ts_layernorm(ts_tensor *x, ts_tensor *weight, ts_tensor *bias,
+                        double eps);
+/* Rotary embedding, Hugging Face rotate-half layout:
+ *   out = x * cos + rotate_half(x) * sin,  rotate_half(x) = cat(-x2, x1)
+ * x (..., T, D); cos, sin (T, D) (broadcast over leading dims). No gradient
+ * flows to cos and sin. */
+ts_tensor *ts_rope(ts_tensor *x, ts_tensor *cos, ts_tensor *sin);
+/* cos, sin tables (T, D) for positions pos0 .. pos0+T-1 with base theta,
+ * inv_freq[i] = theta^(-2i/D), duplicated over the two halves (HF layout). */
+ts_status ts_rope_tables(ts_ctx *ctx, int64_t T, int64_t D, double theta,
+                         int64_t pos0, ts_tensor **cos, ts_tensor **sin);
+/* Scaled dot-product attention, fused (online softmax; no T x S matrix).
+ * q (B, H, T, D); k, v (B, KV, S, D) with H % KV == 0 (grouped-query).
+ * mask: NULL or additive, broadcastable to (B, H, T, S).
+ * causal: query t sees keys s <= t + (S - T) (the queries are the last T).
+ * scale: <= 0 means 1/sqrt(D). No gradient flows to mask. */
+ts_tensor *ts_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
+                        ts_tensor *mask, bool causal, double scale);
+typedef enum { TS_REDUCE_MEAN = 0, TS_REDUCE_SUM, TS_REDUCE_NONE } ts_reduction;
+/* Fused log-softmax + negative log-likelihood. logits (N, V) float,
+ * targets (N) i32/i64; rows whose target == ignore_index count for nothing
+ * (mean divides by the rows not ignored). Result: scalar, or (N) for NONE. */
+ts_tensor *ts_cross_entropy(ts_tensor *logits, ts_tensor *targets,
+                            int64_t ignore_index, ts_reduction reduction);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_H */

@@ -1,0 +1,104 @@
+/* cpu.h — shared pieces of the CPU backend: the kernel signature, the
+ * strided iterator used by elementwise kernels, conversion helpers, and the
+ * slow reference kernels kept next to the fast ones for tests. */
+#ifndef TS_CPU_H
+#define TS_CPU_H
+
+#include "ops/ops.h"
+
+typedef ts_status (*ts_cpu_kernel)(ts_ctx *ctx, ts_node *n);
+
+/* Iteration over a shape for up to 4 operands (operand 0 is usually the
+ * output), dims merged where every operand allows, size-1 dims dropped.
+ * The last dim is the inner loop; "rows" are the other dims flattened. */
+#define CPU_ITER_MAX_OPS 4
+typedef struct {
+    int ndim;
+    int nops;
+    int64_t shape[TS_MAX_DIMS];
+    int64_t st[CPU_ITER_MAX_OPS][TS_MAX_DIMS];
+} cpu_iter;
+
+void cpu_iter_init(cpu_iter *it, int ndim, const int64_t *shape, int nops,
+                   int64_t (*strides)[TS_MAX_DIMS]);
+static inline int64_t cpu_iter_rows(const cpu_iter *it) {
+    int64_t r = 1;
+    for (int d = 0; d < it->ndim - 1; d++) r *= it->shape[d];
+    return r;
+}
+static inline int64_t cpu_iter_inner(const cpu_iter *it) {
+    return it->shape[it->ndim - 1];
+}
+/* Element offsets (in elements) of the first element of row `row`. */
+static inline void cpu_iter_offsets(const cpu_iter *it, int64_t row,
+                                    int64_t *off) {
+    for (int k = 0; k < it->nops; k++) off[k] = 0;
+    for (int d = it->ndim - 2; d >= 0; d--) {
+        int64_t i = row % it->shape[d];
+        row /= it->shape[d];
+        for (int k = 0; k < it->nops; k++) off[k] += i * it->st[k][d];
+    }
+}
+
+/* n elements from src (dtype dt, stride in elements) into f32 dst. */
+void cpu_gather_f32(float *dst, const char *src, ts_dtype dt, int64_t stride,
+                    int64_t n);
+/* n f32 elements into dst (dtype dt, stride in elements). */
+void cpu_scatter_f32(char *dst, ts_dtype dt, int64_t stride, const float *src,
+                     int64_t n);
+/* Copy with conversion over a strided shape. */
+void cpu_copy_strided(char *dst, ts_dtype ddt, const int64_t *dst_strides,
+                      const char *src, ts_dtype sdt, const int64_t *src_strides,
+                      int ndim, const int64_t *shape);
+
+/* t's elements as contiguous f32: t's own memory when it already is, else a
+ * converted copy in *tmp (free with free()). NULL on out-of-memory. */
+const float *cpu_as_f32(const ts_tensor *t, float **tmp);
+/* Writes f32 values (numel of t) into t (contiguous, any float dtype). */
+void cpu_store_out(ts_tensor *t, const float *src);
+
+/* Small dense products on row-major f32 blocks, register-blocked for
+ * AVX2/FMA: C[M,N] = (acc ? C : 0) + A[M,K] @ B[K,N]. */
+void cpu_gemm_f32(int64_t M, int64_t N, int64_t K, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float *C,
+                  int64_t ldc, bool acc);
+void cpu_gemm_f32_reference(int64_t M, int64_t N, int64_t K, const float *A,
+                            int64_t lda, const float *B, int64_t ldb, float *C,
+                            int64_t ldc, bool acc);
+
+/* Attention on contiguous f32 (q (B,H,T,D), k/v (B,KV,S,D), mask NULL or
+ * with strides for (B,H,T,S)); out (B,H,T,D), lse (B,H,T). */
+typedef struct {
+    int64_t B, H, KV, T, S, D;
+    bool causal;
+    float scale;
+    const float *mask;
+    int64_t mask_st[4];
+} cpu_attn_shape;
+void cpu_attention_fwd(const cpu_attn_shape *p, const float *q,
+                       const float *k, const float *v, float *out, float *lse);
+/* The slow reference: scores row by row, softmax, weighted sum. */
+void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
+                             const float *k, const float *v, float *out,
+                             float *lse);
+/* dq, dk, dv (zeroed by the caller not needed: they are overwritten). */
+void cpu_attention_bwd(const cpu_attn_shape *p, const float *q,
+                       const float *k, const float *v, const float *out,
+                       const float *lse, const float *dout, float *dq,
+                       float *dk, float *dv);
+
+/* Kernels, one per op (NULL where the op is a view). */
+extern const ts_cpu_kernel ts_cpu_kernels[TS_OP_COUNT];
+
+#define CPU_KERNEL(name) ts_status cpu_##name(ts_ctx *ctx, ts_node *n)
+CPU_KERNEL(binary); CPU_KERNEL(unary); CPU_KERNEL(unary_backward);
+CPU_KERNEL(where); CPU_KERNEL(masked_fill); CPU_KERNEL(copy);
+CPU_KERNEL(reduce); CPU_KERNEL(argmax); CPU_KERNEL(softmax);
+CPU_KERNEL(matmul); CPU_KERNEL(embedding); CPU_KERNEL(embedding_backward);
+CPU_KERNEL(concat); CPU_KERNEL(slice_scatter); CPU_KERNEL(rmsnorm);
+CPU_KERNEL(rmsnorm_backward); CPU_KERNEL(layernorm);
+CPU_KERNEL(layernorm_backward); CPU_KERNEL(rope); CPU_KERNEL(attention);
+CPU_KERNEL(attention_backward); CPU_KERNEL(cross_entropy);
+CPU_KERNEL(cross_entropy_backward);
+
+#endif

@@ -1,0 +1,402 @@
+/* elementwise.c — CPU kernels for elementwise ops with broadcasting (binary,
+ * unary, their backward), where, masked_fill, cast/copy, concat, slice
+ * scatter and embedding gather/scatter-add. Inputs of any strides; outputs
+ * are contiguous. bf16/f16 are converted to f32 in blocks and back. */
+#include "backend/cpu/cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHUNK 2048 /* elements per work item and per f32 staging buffer */
+
+/* Reads n elements of operand k at p (stride s) as f32: the memory itself
+ * when it is f32 with unit stride, else converted into buf. */
+static const float *view_f32(const char *p, ts_dtype dt, int64_t s, int64_t n,
+                             float *buf) {
+    if (dt == TS_F32 && s == 1) return (const float *)p;
+    cpu_gather_f32(buf, p, dt, s, n);
+    return buf;
+}
+
+static void apply_binary(ts_op_id op, float *y, const float *a, const float *b,
+                         int64_t n) {
+    switch (op) {
+    case TS_OP_ADD: for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i]; break;
+    case TS_OP_SUB: for (int64_t i = 0; i < n; i++) y[i] = a[i] - b[i]; break;
+    case TS_OP_MUL: for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i]; break;
+    case TS_OP_DIV: for (int64_t i = 0; i < n; i++) y[i] = a[i] / b[i]; break;
+    case TS_OP_EQ:
+        for (int64_t i = 0; i < n; i++) y[i] = a[i] == b[i] ? 1.0f : 0.0f;
+        break;
+    default: break;
+    }
+}
+
+/* Runs fn over (out, in...) in CHUNK pieces, in parallel. */
+typedef void (*chunk_fn)(const ts_node *n, float *y, const float **x,
+                         int64_t len);
+
+static void run_chunks(ts_node *n, int nin, ts_tensor **ins, chunk_fn fn) {
+    ts_tensor *out = n->out;
+    int64_t st[CPU_ITER_MAX_OPS][TS_MAX_DIMS];
+    memcpy(st[0], out->strides, sizeof st[0]);
+    for (int k = 0; k < nin; k++)
+        ts_broadcast_strides(ins[k], out->ndim, out->shape, st[k + 1]);
+    cpu_iter it;
+    cpu_iter_init(&it, out->ndim, out->shape, nin + 1, st);
+    int64_t rows = cpu_iter_rows(&it), inner = cpu_iter_inner(&it);
+    int64_t per_row = (inner + CHUNK - 1) / CHUNK;
+    int64_t items = rows * per_row;
+    int last = it.ndim - 1;
+#pragma omp parallel for schedule(static) if (rows * inner > 32768)
+    for (int64_t w = 0; w < items; w++) {
+        float bufs[CPU_ITER_MAX_OPS][CHUNK];
+        int64_t r = w / per_row, c0 = (w % per_row) * CHUNK;
+        int64_t len = inner - c0 < CHUNK ? inner - c0 : CHUNK;
+        int64_t off[CPU_ITER_MAX_OPS];
+        cpu_iter_offsets(&it, r, off);
+        const float *x[CPU_ITER_MAX_OPS - 1];
+        for (int k = 0; k < nin; k++) {
+            const ts_tensor *t = ins[k];
+            int64_t s = it.st[k + 1][last];
+            const char *p = ts_tensor_ptr(t) +
+                            (off[k + 1] + c0 * s) * (int64_t)ts_dtype_size(t->dtype);
+            x[k] = view_f32(p, t->dtype, s, len, bufs[k + 1]);
+        }
+        char *yp = ts_tensor_ptr(out) +
+                   (off[0] + c0) * (int64_t)ts_dtype_size(out->dtype);
+        float *y = out->dtype == TS_F32 ? (float *)yp : bufs[0];
+        fn(n, y, x, len);
+        if (out->dtype != TS_F32) cpu_scatter_f32(yp, out->dtype, 1, y, len);
+    }
+}
+
+static void binary_chunk(const ts_node *n, float *y, const float **x,
+                         int64_t len) {
+    apply_binary(n->op, y, x[0], x[1], len);
+}
+
+CPU_KERNEL(binary) {
+    (void)ctx;
+    run_chunks(n, 2, n->in, binary_chunk);
+    return TS_OK;
+}
+
+static inline float gelu_erf(float x) {
+    return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2));
+}
+static inline float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+static void unary_chunk(const ts_node *n, float *y, const float **xs,
+                        int64_t len) {
+    const float *x = xs[0];
+    float f = (float)n->attrs.f[0];
+    switch (n->op) {
+    case TS_OP_ADD_SCALAR: for (int64_t i = 0; i < len; i++) y[i] = x[i] + f; break;
+    case TS_OP_MUL_SCALAR: for (int64_t i = 0; i < len; i++) y[i] = x[i] * f; break;
+    case TS_OP_NEG: for (int64_t i = 0; i < len; i++) y[i] = -x[i]; break;
+    case TS_OP_EXP: for (int64_t i = 0; i < len; i++) y[i] = expf(x[i]); break;
+    case TS_OP_LOG: for (int64_t i = 0; i < len; i++) y[i] = logf(x[i]); break;
+    case TS_OP_SQRT: for (int64_t i = 0; i < len; i++) y[i] = sqrtf(x[i]); break;
+    case TS_OP_RSQRT:
+        for (int64_t i = 0; i < len; i++) y[i] = 1.0f / sqrtf(x[i]);
+        break;
+    case TS_OP_ABS: for (int64_t i = 0; i < len; i++) y[i] = fabsf(x[i]); break;
+    case TS_OP_POW_SCALAR:
+        for (int64_t i = 0; i < len; i++) y[i] = powf(x[i], f);
+        break;
+    case TS_OP_TANH: for (int64_t i = 0; i < len; i++) y[i] = tanhf(x[i]); break;
+    case TS_OP_SIGMOID:
+        for (int64_t i = 0; i < len; i++) y[i] = 1.0f / (1.0f + expf(-x[i]));
+        break;
+    case TS_OP_RELU:
+        for (int64_t i = 0; i < len; i++) y[i] = x[i] > 0 ? x[i] : 0.0f;
+        break;
+    case TS_OP_SILU:
+        for (int64_t i = 0; i < len; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+        break;
+    case TS_OP_GELU:
+        if (n->attrs.i[0] == TS_GELU_TANH)
+            for (int64_t i = 0; i < len; i++) y[i] = gelu_tanh(x[i]);
+        else
+            for (int64_t i = 0; i < len; i++) y[i] = gelu_erf(x[i]);
+        break;
+    default: break;
+    }
+}
+
+CPU_KERNEL(unary) {
+    (void)ctx;
+    run_chunks(n, 1, n->in, unary_chunk);
+    return TS_OK;
+}
+
+/* dx from (g, x, out) for the forward op stored in attrs.i[8] */
+static void unary_bwd_chunk(const ts_node *n, float *y, const float **xs,
+                            int64_t len) {
+    const float *g = xs[0], *x = xs[1], *o = xs[2];
+    float f = (float)n->attrs.f[0];
+    switch ((ts_op_id)n->attrs.i[8]) {
+    case TS_OP_EXP: for (int64_t i = 0; i < len; i++) y[i] = g[i] * o[i]; break;
+    case TS_OP_LOG: for (int64_t i = 0; i < len; i++) y[i] = g[i] / x[i]; break;
+    case TS_OP_SQRT:
+        for (int64_t i = 0; i < len; i++) y[i] = g[i] * 0.5f / o[i];
+        break;
+    case TS_OP_RSQRT:
+        for (int64_t i = 0; i < len; i++) y[i] = -0.5f * g[i] * o[i] * o[i] * o[i];
+        break;
+    case TS_OP_ABS:
+        for (int64_t i = 0; i < len; i++)
+            y[i] = x[i] > 0 ? g[i] : x[i] < 0 ? -g[i] : 0.0f;
+        break;
+    case TS_OP_POW_SCALAR:
+        for (int64_t i = 0; i < len; i++)
+            y[i] = f == 0 ? 0.0f : g[i] * f * powf(x[i], f - 1.0f);
+        break;
+    case TS_OP_TANH:
+        for (int64_t i = 0; i < len; i++) y[i] = g[i] * (1.0f - o[i] * o[i]);
+        break;
+    case TS_OP_SIGMOID:
+        for (int64_t i = 0; i < len; i++) y[i] = g[i] * o[i] * (1.0f - o[i]);
+        break;
+    case TS_OP_RELU:
+        for (int64_t i = 0; i < len; i++) y[i] = x[i] > 0 ? g[i] : 0.0f;
+        break;
+    case TS_OP_SILU:
+        for (int64_t i = 0; i < len; i++) {
+            float s = 1.0f / (1.0f + expf(-x[i]));
+            y[i] = g[i] * s * (1.0f + x[i] * (1.0f - s));
+        }
+        break;
+    case TS_OP_GELU:
+        if (n->attrs.i[0] == TS_GELU_TANH) {
+            const float k = 0.7978845608028654f;
+            for (int64_t i = 0; i < len; i++) {
+                float v = x[i], u = k * (v + 0.044715f * v * v * v);
+                float t = tanhf(u);
+                float du = k * (1.0f + 3.0f * 0.044715f * v * v);
+                y[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+            }
+        } else {
+            const float inv_sqrt_2pi = 0.3989422804014327f;
+            for (int64_t i = 0; i < len; i++) {
+                float v = x[i];
+                float cdf = 0.5f * (1.0f + erff(v * (float)M_SQRT1_2));
+                y[i] = g[i] * (cdf + v * inv_sqrt_2pi * expf(-0.5f * v * v));
+            }
+        }
+        break;
+    default:
+        for (int64_t i = 0; i < len; i++) y[i] = NAN;
+        break;
+    }
+}
+
+CPU_KERNEL(unary_backward) {
+    (void)ctx;
+    run_chunks(n, 3, n->in, unary_bwd_chunk);
+    return TS_OK;
+}
+
+/* where and masked_fill work on raw elements of any dtype */
+static bool nonzero(const char *p, ts_dtype dt) { return ts_load_f64(p, dt) != 0; }
+
+static void select_elems(ts_node *n, int nin, ts_tensor **ins,
+                         const char *fill_value) {
+    ts_tensor *out = n->out;
+    int64_t st[CPU_ITER_MAX_OPS][TS_MAX_DIMS];
+    memcpy(st[0], out->strides, sizeof st[0]);
+    for (int k = 0; k < nin; k++)
+        ts_broadcast_strides(ins[k], out->ndim, out->shape, st[k + 1]);
+    cpu_iter it;
+    cpu_iter_init(&it, out->ndim, out->shape, nin + 1, st);
+    int64_t rows = cpu_iter_rows(&it), inner = cpu_iter_inner(&it);
+    int last = it.ndim - 1;
+    size_t es = ts_dtype_size(out->dtype);
+#pragma omp parallel for schedule(static) if (rows * inner > 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t off[CPU_ITER_MAX_OPS];
+        cpu_iter_offsets(&it, r, off);
+        char *y = ts_tensor_ptr(out) + off[0] * (int64_t)es;
+        for (int64_t i = 0; i < inner; i++) {
+            const char *src;
+            if (fill_value) { /* masked_fill: ins = {x, mask} */
+                const ts_tensor *m = ins[1];
+                const char *mp = ts_tensor_ptr(m) + (off[2] + i * it.st[2][last]) *
+                                                        (int64_t)ts_dtype_size(m->dtype);
+                src = nonzero(mp, m->dtype)
+                          ? fill_value
+                          : ts_tensor_ptr(ins[0]) + (off[1] + i * it.st[1][last]) * (int64_t)es;
+            } else { /* where: ins = {cond, a, b} */
+                const ts_tensor *c = ins[0];
+                const char *cp = ts_tensor_ptr(c) + (off[1] + i * it.st[1][last]) *
+                                                        (int64_t)ts_dtype_size(c->dtype);
+                int k = nonzero(cp, c->dtype) ? 2 : 3;
+                src = ts_tensor_ptr(ins[k - 1]) + (off[k] + i * it.st[k][last]) * (int64_t)es;
+            }
+            memcpy(y + i * (int64_t)es, src, es);
+        }
+    }
+}
+
+CPU_KERNEL(where) {
+    (void)ctx;
+    select_elems(n, 3, n->in, NULL);
+    return TS_OK;
+}
+
+CPU_KERNEL(masked_fill) {
+    (void)ctx;
+    char value[8];
+    ts_store_f64(value, n->out->dtype, n->attrs.f[0]);
+    select_elems(n, 2, n->in, value);
+    return TS_OK;
+}
+
+CPU_KERNEL(copy) {
+    (void)ctx;
+    ts_tensor *x = n->in[0], *y = n->out;
+    cpu_copy_strided(ts_tensor_ptr(y), y->dtype, y->strides, ts_tensor_ptr(x),
+                     x->dtype, x->strides, x->ndim, x->shape);
+    return TS_OK;
+}
+
+CPU_KERNEL(concat) {
+    (void)ctx;
+    ts_tensor *y = n->out;
+    int dim = (int)n->attrs.i[0];
+    int64_t off = 0;
+    size_t es = ts_dtype_size(y->dtype);
+    for (int k = 0; k < n->n_in; k++) {
+        ts_tensor *x = n->in[k];
+        cpu_copy_strided(ts_tensor_ptr(y) + off * y->strides[dim] * (int64_t)es,
+                         y->dtype, y->strides, ts_tensor_ptr(x), x->dtype,
+                         x->strides, x->ndim, x->shape);
+        off += x->shape[dim];
+    }
+    return TS_OK;
+}
+
+CPU_KERNEL(slice_scatter) {
+    (void)ctx;
+    ts_tensor *g = n->in[0], *y = n->out;
+    int dim = (int)n->attrs.i[0];
+    int64_t start = n->attrs.i[1], step = n->attrs.i[3];
+    size_t es = ts_dtype_size(y->dtype);
+    memset(ts_tensor_ptr(y), 0, (size_t)ts_tensor_numel(y) * es);
+    int64_t st[TS_MAX_DIMS];
+    memcpy(st, y->strides, sizeof st);
+    st[dim] *= step;
+    cpu_copy_strided(ts_tensor_ptr(y) + start * y->strides[dim] * (int64_t)es,
+                     y->dtype, st, ts_tensor_ptr(g), g->dtype, g->strides,
+                     g->ndim, g->shape);
+    return TS_OK;
+}
+
+static int64_t load_id(const ts_tensor *ids, const int64_t *idx_off) {
+    return (int64_t)ts_load_f64(ts_tensor_ptr(ids) + *idx_off *
+                                    (int64_t)ts_dtype_size(ids->dtype),
+                                ids->dtype);
+}
+
+/* Flat offsets of every element of ids, in row-major order. */
+static int64_t *id_offsets(ts_ctx *ctx, const ts_tensor *ids) {
+    int64_t n = ts_tensor_numel(ids);
+    int64_t *offs = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    if (!offs) {
+        ts_set_error(ctx, TS_ERR_OOM, "embedding: out of memory");
+        return NULL;
+    }
+    int64_t idx[TS_MAX_DIMS] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        int64_t o = 0;
+        for (int d = 0; d < ids->ndim; d++) o += idx[d] * ids->strides[d];
+        offs[i] = o;
+        for (int d = ids->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < ids->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return offs;
+}
+
+static ts_status check_ids(ts_ctx *ctx, const ts_tensor *ids,
+                           const int64_t *offs, int64_t V) {
+    int64_t n = ts_tensor_numel(ids);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t id = load_id(ids, &offs[i]);
+        if (id < 0 || id >= V)
+            return ts_set_error(ctx, TS_ERR_RANGE,
+                                "embedding: index %lld out of range [0, %lld) "
+                                "at position %lld of the ids",
+                                (long long)id, (long long)V, (long long)i);
+    }
+    return TS_OK;
+}
+
+/* out (N, C) = weight[ids] */
+CPU_KERNEL(embedding) {
+    ts_tensor *w = n->in[0], *ids = n->in[1], *y = n->out;
+    int64_t N = ts_tensor_numel(ids), C = w->shape[1];
+    int64_t *offs = id_offsets(ctx, ids);
+    if (!offs) return ctx->status;
+    ts_status st = check_ids(ctx, ids, offs, w->shape[0]);
+    size_t es = ts_dtype_size(w->dtype);
+    if (st == TS_OK) {
+#pragma omp parallel for schedule(static) if (N * C > 65536)
+        for (int64_t i = 0; i < N; i++) {
+            int64_t id = load_id(ids, &offs[i]);
+            const char *src = ts_tensor_ptr(w) + id * w->strides[0] * (int64_t)es;
+            char *dst = ts_tensor_ptr(y) + i * C * (int64_t)es;
+            if (w->strides[1] == 1)
+                memcpy(dst, src, (size_t)C * es);
+            else
+                for (int64_t c = 0; c < C; c++)
+                    memcpy(dst + c * (int64_t)es, src + c * w->strides[1] * (int64_t)es, es);
+        }
+    }
+    free(offs);
+    return st;
+}
+
+/* dweight (V, C) = scatter-add of g (N, C) rows at ids; f32 accumulation */
+CPU_KERNEL(embedding_backward) {
+    ts_tensor *g = n->in[0], *ids = n->in[1], *y = n->out;
+    int64_t N = ts_tensor_numel(ids), V = y->shape[0], C = y->shape[1];
+    int64_t *offs = id_offsets(ctx, ids);
+    if (!offs) return ctx->status;
+    ts_status st = check_ids(ctx, ids, offs, V);
+    float *gtmp = NULL, *acc = NULL;
+    const float *gf = st == TS_OK ? cpu_as_f32(g, &gtmp) : NULL;
+    if (st == TS_OK) {
+        acc = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
+                                 : malloc(sizeof(float) * (size_t)(V * C + 1));
+        if (!gf || !acc)
+            st = ts_set_error(ctx, TS_ERR_OOM, "embedding_backward: out of memory");
+    }
+    if (st == TS_OK) {
+        memset(acc, 0, sizeof(float) * (size_t)(V * C));
+        /* columns split across threads: no two threads touch one element */
+        int nt = ts_get_num_threads(ctx);
+        int64_t cols = (C + nt - 1) / nt;
+#pragma omp parallel for schedule(static) if (N * C > 65536)
+        for (int t = 0; t < nt; t++) {
+            int64_t c0 = t * cols, c1 = c0 + cols < C ? c0 + cols : C;
+            for (int64_t i = 0; i < N; i++) {
+                int64_t id = load_id(ids, &offs[i]);
+                float *dst = acc + id * C;
+                const float *src = gf + i * C;
+                for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+            }
+        }
+        if (acc != (float *)ts_tensor_ptr(y)) cpu_store_out(y, acc);
+    }
+    if (acc && acc != (float *)ts_tensor_ptr(y)) free(acc);
+    free(gtmp);
+    free(offs);
+    return st;
+}

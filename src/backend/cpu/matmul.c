@@ -1,0 +1,195 @@
+/* matmul.c — batched matmul on the CPU. f32 goes to OpenBLAS's sgemm with
+ * transposed views passed as transpose flags (no copy), and a batch that
+ * shares one right-hand matrix folded into a single sgemm; bf16/f16 operands
+ * are widened to f32 per batch and accumulated in f32. Also the small
+ * register-blocked GEMM used inside fused kernels (attention), and its slow
+ * reference. */
+#include "backend/cpu/cpu.h"
+
+#include <cblas.h>
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Can a (r x c) matrix with strides (sr, sc) be passed to BLAS? */
+static bool blas_layout(int64_t r, int64_t c, int64_t sr, int64_t sc,
+                        bool *trans, int64_t *ld) {
+    int64_t cmax = c > 1 ? c : 1, rmax = r > 1 ? r : 1;
+    if ((c == 1 || sc == 1) && (r == 1 || sr >= cmax)) {
+        *trans = false;
+        *ld = r == 1 ? cmax : sr;
+        return true;
+    }
+    if ((r == 1 || sr == 1) && (c == 1 || sc >= rmax)) {
+        *trans = true;
+        *ld = c == 1 ? rmax : sc;
+        return true;
+    }
+    return false;
+}
+
+/* A (..., M, K) @ B (..., K, N) -> Y (batch..., M, N), Y contiguous. */
+CPU_KERNEL(matmul) {
+    ts_tensor *a = n->in[0], *b = n->in[1], *y = n->out;
+    int nb = y->ndim - 2;
+    int64_t M = y->shape[nb], N = y->shape[nb + 1];
+    int64_t K = a->shape[a->ndim - 1];
+    int64_t batch = 1;
+    for (int d = 0; d < nb; d++) batch *= y->shape[d];
+    if (M == 0 || N == 0 || batch == 0) return TS_OK;
+    float *yf = (float *)ts_tensor_ptr(y);
+    if (K == 0) {
+        memset(ts_tensor_ptr(y), 0, (size_t)ts_tensor_numel(y) * ts_dtype_size(y->dtype));
+        return TS_OK;
+    }
+    /* batch strides of a and b as broadcast to y's batch shape */
+    int64_t ast[TS_MAX_DIMS] = {0}, bst[TS_MAX_DIMS] = {0};
+    for (int d = 0; d < nb; d++) {
+        int ia = a->ndim - 2 - nb + d, ib = b->ndim - 2 - nb + d;
+        ast[d] = ia >= 0 && a->shape[ia] != 1 ? a->strides[ia] : 0;
+        bst[d] = ib >= 0 && b->shape[ib] != 1 ? b->strides[ib] : 0;
+    }
+    int64_t asr = a->strides[a->ndim - 2], asc = a->strides[a->ndim - 1];
+    int64_t bsr = b->strides[b->ndim - 2], bsc = b->strides[b->ndim - 1];
+    bool f32 = a->dtype == TS_F32;
+    bool ta, tb;
+    int64_t lda, ldb;
+    bool a_ok = f32 && blas_layout(M, K, asr, asc, &ta, &lda);
+    bool b_ok = f32 && blas_layout(K, N, bsr, bsc, &tb, &ldb);
+
+    /* fold: b shared by every batch and a's batch rows stacked evenly */
+    bool b_shared = true;
+    for (int d = 0; d < nb; d++) b_shared &= bst[d] == 0;
+    if (a_ok && b_ok && !ta && b_shared && batch > 1) {
+        bool stacked = true;
+        int64_t expect = M * lda;
+        for (int d = nb - 1; d >= 0; d--) {
+            if (y->shape[d] != 1 && ast[d] != expect) stacked = false;
+            expect *= y->shape[d];
+        }
+        if (stacked) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                        (int)(M * batch), (int)N, (int)K, 1.0f,
+                        (const float *)ts_tensor_ptr(a), (int)lda,
+                        (const float *)ts_tensor_ptr(b), (int)ldb, 0.0f, yf, (int)N);
+            return TS_OK;
+        }
+    }
+    /* general: one product per batch element; operands that BLAS cannot
+     * take as they are (or that are not f32) are packed to f32 first */
+    float *apack = NULL, *bpack = NULL, *ypack = NULL;
+    if (!a_ok) apack = malloc(sizeof(float) * (size_t)(M * K));
+    if (!b_ok) bpack = malloc(sizeof(float) * (size_t)(K * N));
+    if (!f32) ypack = malloc(sizeof(float) * (size_t)(M * N));
+    if ((!a_ok && !apack) || (!b_ok && !bpack) || (!f32 && !ypack)) {
+        free(apack), free(bpack), free(ypack);
+        return ts_set_error(ctx, TS_ERR_OOM, "matmul: out of memory");
+    }
+    int64_t pst_a[2] = {K, 1}, pst_b[2] = {N, 1};
+    for (int64_t bi = 0; bi < batch; bi++) {
+        int64_t ao = 0, bo = 0, rem = bi;
+        for (int d = nb - 1; d >= 0; d--) {
+            int64_t i = rem % y->shape[d];
+            rem /= y->shape[d];
+            ao += i * ast[d];
+            bo += i * bst[d];
+        }
+        const char *ap = ts_tensor_ptr(a) + ao * (int64_t)ts_dtype_size(a->dtype);
+        const char *bp = ts_tensor_ptr(b) + bo * (int64_t)ts_dtype_size(b->dtype);
+        const float *A = (const float *)ap, *Bm = (const float *)bp;
+        bool tA = ta, tB = tb;
+        int64_t lA = lda, lB = ldb;
+        if (!a_ok) {
+            int64_t sh[2] = {M, K}, st[2] = {asr, asc};
+            cpu_copy_strided((char *)apack, TS_F32, pst_a, ap, a->dtype, st, 2, sh);
+            A = apack, tA = false, lA = K;
+        }
+        if (!b_ok) {
+            int64_t sh[2] = {K, N}, st[2] = {bsr, bsc};
+            cpu_copy_strided((char *)bpack, TS_F32, pst_b, bp, b->dtype, st, 2, sh);
+            Bm = bpack, tB = false, lB = N;
+        }
+        float *Y = f32 ? yf + bi * M * N : ypack;
+        cblas_sgemm(CblasRowMajor, tA ? CblasTrans : CblasNoTrans,
+                    tB ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, 1.0f,
+                    A, (int)lA, Bm, (int)lB, 0.0f, Y, (int)N);
+        if (!f32)
+            cpu_scatter_f32(ts_tensor_ptr(y) + bi * M * N * (int64_t)ts_dtype_size(y->dtype),
+                            y->dtype, 1, ypack, M * N);
+    }
+    free(apack), free(bpack), free(ypack);
+    return TS_OK;
+}
+
+/* ---- small GEMM for fused kernels ---- */
+
+void cpu_gemm_f32_reference(int64_t M, int64_t N, int64_t K, const float *A,
+                            int64_t lda, const float *B, int64_t ldb, float *C,
+                            int64_t ldc, bool acc) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = acc ? C[i * ldc + j] : 0.0;
+            for (int64_t k = 0; k < K; k++)
+                s += (double)A[i * lda + k] * B[k * ldb + j];
+            C[i * ldc + j] = (float)s;
+        }
+}
+
+/* 4 rows x 16 columns of C in 8 AVX registers; B rows are read once per k
+ * and each A element is broadcast. */
+static inline void tile_4x16(int64_t K, const float *A, int64_t lda,
+                             const float *B, int64_t ldb, float *C, int64_t ldc,
+                             bool acc) {
+    __m256 c[4][2];
+    for (int r = 0; r < 4; r++) {
+        c[r][0] = acc ? _mm256_loadu_ps(C + r * ldc) : _mm256_setzero_ps();
+        c[r][1] = acc ? _mm256_loadu_ps(C + r * ldc + 8) : _mm256_setzero_ps();
+    }
+    for (int64_t k = 0; k < K; k++) {
+        __m256 b0 = _mm256_loadu_ps(B + k * ldb);
+        __m256 b1 = _mm256_loadu_ps(B + k * ldb + 8);
+        for (int r = 0; r < 4; r++) {
+            __m256 av = _mm256_broadcast_ss(A + r * lda + k);
+            c[r][0] = _mm256_fmadd_ps(av, b0, c[r][0]);
+            c[r][1] = _mm256_fmadd_ps(av, b1, c[r][1]);
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        _mm256_storeu_ps(C + r * ldc, c[r][0]);
+        _mm256_storeu_ps(C + r * ldc + 8, c[r][1]);
+    }
+}
+
+/* 1 row x 16 columns (row tails) */
+static inline void tile_1x16(int64_t K, const float *A, const float *B,
+                             int64_t ldb, float *C, bool acc) {
+    __m256 c0 = acc ? _mm256_loadu_ps(C) : _mm256_setzero_ps();
+    __m256 c1 = acc ? _mm256_loadu_ps(C + 8) : _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m256 av = _mm256_broadcast_ss(A + k);
+        c0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(B + k * ldb), c0);
+        c1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(B + k * ldb + 8), c1);
+    }
+    _mm256_storeu_ps(C, c0);
+    _mm256_storeu_ps(C + 8, c1);
+}
+
+void cpu_gemm_f32(int64_t M, int64_t N, int64_t K, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float *C,
+                  int64_t ldc, bool acc) {
+    int64_t N16 = N / 16 * 16, M4 = M / 4 * 4;
+    for (int64_t j = 0; j < N16; j += 16) {
+        int64_t i = 0;
+        for (; i < M4; i += 4)
+            tile_4x16(K, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, acc);
+        for (; i < M; i++) tile_1x16(K, A + i * lda, B + j, ldb, C + i * ldc + j, acc);
+    }
+    if (N16 < N) { /* column tail */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = N16; j < N; j++) {
+                float s = acc ? C[i * ldc + j] : 0.0f;
+                for (int64_t k = 0; k < K; k++) s += A[i * lda + k] * B[k * ldb + j];
+                C[i * ldc + j] = s;
+            }
+    }
+}

@@ -1,0 +1,213 @@
+/* norm.c — fused CPU kernels over the last dim: rmsnorm and layernorm with
+ * their backward (dx; the weight gradients are sums built from ops), and
+ * the rotary embedding in Hugging Face's rotate-half layout. Rows are
+ * processed in f32 whatever the storage dtype. */
+#include "backend/cpu/cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OOM(op) ts_set_error(ctx, TS_ERR_OOM, op ": out of memory")
+
+/* x (N, C) -> y (N, C), rstd (N):  y = x * rstd * w,
+ * rstd = 1 / sqrt(mean(x^2) + eps) */
+CPU_KERNEL(rmsnorm) {
+    ts_tensor *x = n->in[0], *y = n->out;
+    int64_t C = x->shape[x->ndim - 1], N = C ? ts_tensor_numel(x) / C : 0;
+    float *xt = NULL, *wt = NULL, *yt = NULL;
+    const float *xf = cpu_as_f32(x, &xt);
+    const float *w = n->n_in > 1 ? cpu_as_f32(n->in[1], &wt) : NULL;
+    float *yf = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
+                                   : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
+    float *rstd = (float *)ts_tensor_ptr(n->saved[0]);
+    float eps = (float)n->attrs.f[0];
+    if (!xf || (n->n_in > 1 && !w) || !yf) {
+        free(xt), free(wt), free(yt);
+        return OOM("rmsnorm");
+    }
+#pragma omp parallel for schedule(static) if (N * C > 32768)
+    for (int64_t r = 0; r < N; r++) {
+        const float *xr = xf + r * C;
+        float *yr = yf + r * C;
+        float ss = 0;
+        for (int64_t c = 0; c < C; c++) ss += xr[c] * xr[c];
+        float rs = 1.0f / sqrtf(ss / (float)C + eps);
+        rstd[r] = rs;
+        if (w)
+            for (int64_t c = 0; c < C; c++) yr[c] = xr[c] * rs * w[c];
+        else
+            for (int64_t c = 0; c < C; c++) yr[c] = xr[c] * rs;
+    }
+    if (yt) cpu_store_out(y, yt);
+    free(xt), free(wt), free(yt);
+    return TS_OK;
+}
+
+/* dx = rstd * (g*w - xhat * mean(g*w*xhat)),  xhat = x * rstd
+ * inputs: g, x, rstd, [w] */
+CPU_KERNEL(rmsnorm_backward) {
+    ts_tensor *x = n->in[1], *y = n->out;
+    int64_t C = x->shape[x->ndim - 1], N = C ? ts_tensor_numel(x) / C : 0;
+    float *gt = NULL, *xt = NULL, *wt = NULL, *yt = NULL;
+    const float *gf = cpu_as_f32(n->in[0], &gt), *xf = cpu_as_f32(x, &xt);
+    const float *rstd = (const float *)ts_tensor_ptr(n->in[2]);
+    const float *w = n->n_in > 3 ? cpu_as_f32(n->in[3], &wt) : NULL;
+    float *yf = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
+                                   : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
+    if (!gf || !xf || (n->n_in > 3 && !w) || !yf) {
+        free(gt), free(xt), free(wt), free(yt);
+        return OOM("rmsnorm_backward");
+    }
+#pragma omp parallel for schedule(static) if (N * C > 32768)
+    for (int64_t r = 0; r < N; r++) {
+        const float *gr = gf + r * C, *xr = xf + r * C;
+        float *dr = yf + r * C, rs = rstd[r];
+        double dot = 0;
+        for (int64_t c = 0; c < C; c++)
+            dot += (double)gr[c] * (w ? w[c] : 1.0f) * xr[c] * rs;
+        float m = (float)(dot / (double)C);
+        for (int64_t c = 0; c < C; c++)
+            dr[c] = rs * (gr[c] * (w ? w[c] : 1.0f) - xr[c] * rs * m);
+    }
+    if (yt) cpu_store_out(y, yt);
+    free(gt), free(xt), free(wt), free(yt);
+    return TS_OK;
+}
+
+/* y = (x - mean) * rstd * w + b; saved mean, rstd (N). inputs x, [w], [b] */
+CPU_KERNEL(layernorm) {
+    ts_tensor *x = n->in[0], *y = n->out;
+    bool has_w = n->attrs.i[0], has_b = n->attrs.i[1];
+    int64_t C = x->shape[x->ndim - 1], N = C ? ts_tensor_numel(x) / C : 0;
+    float *xt = NULL, *wt = NULL, *bt = NULL, *yt = NULL;
+    const float *xf = cpu_as_f32(x, &xt);
+    const float *w = has_w ? cpu_as_f32(n->in[1], &wt) : NULL;
+    const float *b = has_b ? cpu_as_f32(n->in[has_w ? 2 : 1], &bt) : NULL;
+    float *yf = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
+                                   : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
+    float *mean = (float *)ts_tensor_ptr(n->saved[0]);
+    float *rstd = (float *)ts_tensor_ptr(n->saved[1]);
+    float eps = (float)n->attrs.f[0];
+    if (!xf || (has_w && !w) || (has_b && !b) || !yf) {
+        free(xt), free(wt), free(bt), free(yt);
+        return OOM("layernorm");
+    }
+#pragma omp parallel for schedule(static) if (N * C > 32768)
+    for (int64_t r = 0; r < N; r++) {
+        const float *xr = xf + r * C;
+        float *yr = yf + r * C;
+        double s = 0;
+        for (int64_t c = 0; c < C; c++) s += xr[c];
+        float mu = (float)(s / (double)C);
+        double v = 0;
+        for (int64_t c = 0; c < C; c++) v += (double)(xr[c] - mu) * (xr[c] - mu);
+        float rs = 1.0f / sqrtf((float)(v / (double)C) + eps);
+        mean[r] = mu;
+        rstd[r] = rs;
+        for (int64_t c = 0; c < C; c++) {
+            float h = (xr[c] - mu) * rs;
+            yr[c] = h * (w ? w[c] : 1.0f) + (b ? b[c] : 0.0f);
+        }
+    }
+    if (yt) cpu_store_out(y, yt);
+    free(xt), free(wt), free(bt), free(yt);
+    return TS_OK;
+}
+
+/* dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w
+ * inputs: g, x, mean, rstd, [w] */
+CPU_KERNEL(layernorm_backward) {
+    ts_tensor *x = n->in[1], *y = n->out;
+    int64_t C = x->shape[x->ndim - 1], N = C ? ts_tensor_numel(x) / C : 0;
+    float *gt = NULL, *xt = NULL, *wt = NULL, *yt = NULL;
+    const float *gf = cpu_as_f32(n->in[0], &gt), *xf = cpu_as_f32(x, &xt);
+    const float *mean = (const float *)ts_tensor_ptr(n->in[2]);
+    const float *rstd = (const float *)ts_tensor_ptr(n->in[3]);
+    const float *w = n->n_in > 4 ? cpu_as_f32(n->in[4], &wt) : NULL;
+    float *yf = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
+                                   : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
+    if (!gf || !xf || (n->n_in > 4 && !w) || !yf) {
+        free(gt), free(xt), free(wt), free(yt);
+        return OOM("layernorm_backward");
+    }
+#pragma omp parallel for schedule(static) if (N * C > 32768)
+    for (int64_t r = 0; r < N; r++) {
+        const float *gr = gf + r * C, *xr = xf + r * C;
+        float *dr = yf + r * C, mu = mean[r], rs = rstd[r];
+        double s1 = 0, s2 = 0;
+        for (int64_t c = 0; c < C; c++) {
+            float gw = gr[c] * (w ? w[c] : 1.0f);
+            s1 += gw;
+            s2 += (double)gw * (xr[c] - mu) * rs;
+        }
+        float m1 = (float)(s1 / (double)C), m2 = (float)(s2 / (double)C);
+        for (int64_t c = 0; c < C; c++) {
+            float gw = gr[c] * (w ? w[c] : 1.0f);
+            dr[c] = rs * (gw - m1 - (xr[c] - mu) * rs * m2);
+        }
+    }
+    if (yt) cpu_store_out(y, yt);
+    free(gt), free(xt), free(wt), free(yt);
+    return TS_OK;
+}
+
+/* x (..., T, D), cos/sin broadcast to x. direction +1:
+ *   y[d]   = x[d] c[d]     - x[d+h] s[d]
+ *   y[d+h] = x[d+h] c[d+h] + x[d] s[d+h]           (h = D/2)
+ * direction -1 applies the transpose (the backward of the above). */
+CPU_KERNEL(rope) {
+    ts_tensor *x = n->in[0], *cs = n->in[1], *sn = n->in[2], *y = n->out;
+    int64_t D = x->shape[x->ndim - 1], h = D / 2;
+    int64_t rows = D ? ts_tensor_numel(x) / D : 0;
+    bool fwd = n->attrs.f[0] > 0;
+    int64_t st[CPU_ITER_MAX_OPS][TS_MAX_DIMS];
+    memcpy(st[0], y->strides, sizeof st[0]);
+    memcpy(st[1], x->strides, sizeof st[1]);
+    ts_broadcast_strides(cs, x->ndim, x->shape, st[2]);
+    ts_broadcast_strides(sn, x->ndim, x->shape, st[3]);
+    /* iterate rows over all dims but the last, which the loop below does */
+    cpu_iter it;
+    int64_t shape[TS_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = 1;
+    cpu_iter_init(&it, x->ndim, shape, 4, st);
+    int64_t xd = x->strides[x->ndim - 1], cd = st[2][x->ndim - 1], sd = st[3][x->ndim - 1];
+    (void)ctx;
+#pragma omp parallel for schedule(static) if (rows * D > 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        float xb[1024], cb[1024], sb[1024], yb[1024];
+        int64_t off[4] = {0, 0, 0, 0};
+        /* rows of the shape with last dim 1: all iterator dims are "rows" */
+        int64_t rem = r;
+        for (int d = it.ndim - 1; d >= 0; d--) {
+            int64_t i = rem % it.shape[d];
+            rem /= it.shape[d];
+            for (int k = 0; k < 4; k++) off[k] += i * it.st[k][d];
+        }
+        for (int64_t d0 = 0; d0 < h; d0 += 512) {
+            int64_t m = h - d0 < 512 ? h - d0 : 512;
+            /* first-half and second-half pieces [d0, d0+m) and [h+d0, ...) */
+            for (int half = 0; half < 2; half++) {
+                int64_t base = half * h + d0;
+                cpu_gather_f32(xb + half * 512, ts_tensor_ptr(x) + (off[1] + base * xd) * (int64_t)ts_dtype_size(x->dtype), x->dtype, xd, m);
+                cpu_gather_f32(cb + half * 512, ts_tensor_ptr(cs) + (off[2] + base * cd) * (int64_t)ts_dtype_size(cs->dtype), cs->dtype, cd, m);
+                cpu_gather_f32(sb + half * 512, ts_tensor_ptr(sn) + (off[3] + base * sd) * (int64_t)ts_dtype_size(sn->dtype), sn->dtype, sd, m);
+            }
+            for (int64_t i = 0; i < m; i++) {
+                float x1 = xb[i], x2 = xb[512 + i];
+                if (fwd) {
+                    yb[i] = x1 * cb[i] - x2 * sb[i];
+                    yb[512 + i] = x2 * cb[512 + i] + x1 * sb[512 + i];
+                } else {
+                    yb[i] = x1 * cb[i] + x2 * sb[512 + i];
+                    yb[512 + i] = x2 * cb[512 + i] - x1 * sb[i];
+                }
+            }
+            size_t es = ts_dtype_size(y->dtype);
+            cpu_scatter_f32(ts_tensor_ptr(y) + (off[0] + d0) * (int64_t)es, y->dtype, 1, yb, m);
+            cpu_scatter_f32(ts_tensor_ptr(y) + (off[0] + h + d0) * (int64_t)es, y->dtype, 1, yb + 512, m);
+        }
+    }
+    return TS_OK;
+}

@@ -1,0 +1,110 @@
+/* context.c — the execution context: error state, thread count, grad mode,
+ * allocator and backend selection. Owns ts_ctx; must not run ops. */
+#include "core/core.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern const struct ts_backend ts_cpu_backend;
+extern void openblas_set_num_threads(int);
+
+static const char *const status_names[] = {
+    "TS_OK",        "TS_ERR_INVALID_ARG", "TS_ERR_SHAPE",
+    "TS_ERR_DTYPE", "TS_ERR_RANGE",       "TS_ERR_OOM",
+    "TS_ERR_IO",    "TS_ERR_STATE",       "TS_ERR_UNSUPPORTED"};
+
+const char *ts_status_name(ts_status s) {
+    return (unsigned)s < sizeof status_names / sizeof *status_names
+               ? status_names[s]
+               : "TS_ERR_UNKNOWN";
+}
+
+ts_status ts_set_error(ts_ctx *ctx, ts_status s, const char *fmt, ...) {
+    if (!ctx) return s;
+    ctx->status = s;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->errmsg, sizeof ctx->errmsg, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+const char *ts_errmsg(const ts_ctx *ctx) {
+    return ctx ? ctx->errmsg : "no context (ts_ctx_new failed?)";
+}
+
+ts_status ts_ctx_status(const ts_ctx *ctx) {
+    return ctx ? ctx->status : TS_ERR_INVALID_ARG;
+}
+
+void ts_clear_error(ts_ctx *ctx) {
+    if (!ctx) return;
+    ctx->status = TS_OK;
+    ctx->errmsg[0] = '\0';
+}
+
+void ts_threads_apply(int n) {
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+}
+
+static int default_threads(void) {
+    const char *env = getenv("TS_NUM_THREADS");
+    if (env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end == '\0' && v >= 1 && v <= 1024) return (int)v;
+        fprintf(stderr,
+                "tessera: ignoring TS_NUM_THREADS=\"%s\" (want 1..1024)\n",
+                env);
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n >= 1 ? (int)n : 1;
+}
+
+ts_status ts_ctx_new(ts_ctx **out, const ts_ctx_options *opt) {
+    if (!out) return TS_ERR_INVALID_ARG;
+    *out = NULL;
+    if (opt && (opt->num_threads < 0 || opt->num_threads > 1024))
+        return TS_ERR_RANGE;
+    ts_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return TS_ERR_OOM;
+    ctx->grad_enabled = true;
+    ctx->num_threads =
+        opt && opt->num_threads > 0 ? opt->num_threads : default_threads();
+    ctx->alloc.no_cache = opt ? opt->no_alloc_cache : false;
+    if (getenv("TS_NO_ALLOC_CACHE")) ctx->alloc.no_cache = true;
+    ctx->backend = &ts_cpu_backend;
+    ts_threads_apply(ctx->num_threads);
+    *out = ctx;
+    return TS_OK;
+}
+
+void ts_ctx_free(ts_ctx *ctx) {
+    if (!ctx) return;
+    ts_allocator_destroy(&ctx->alloc);
+    free(ctx);
+}
+
+int ts_get_num_threads(const ts_ctx *ctx) { return ctx ? ctx->num_threads : 1; }
+
+ts_status ts_set_num_threads(ts_ctx *ctx, int n) {
+    if (!ctx) return TS_ERR_INVALID_ARG;
+    if (n < 1 || n > 1024)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "ts_set_num_threads: %d threads (want 1..1024)", n);
+    ctx->num_threads = n;
+    ts_threads_apply(n);
+    return TS_OK;
+}
+
+bool ts_set_grad_enabled(ts_ctx *ctx, bool enabled) {
+    if (!ctx) return false;
+    bool old = ctx->grad_enabled;
+    ctx->grad_enabled = enabled;
+    return old;
+}
+
+bool ts_is_grad_enabled(const ts_ctx *ctx) { return ctx && ctx->grad_enabled; }

@@ -1,0 +1,123 @@
+/* core.h — internal layout of the core objects: context, storage, tensor,
+ * and the caching allocator. Shared by every layer inside the library; never
+ * installed. Must not include anything from ops, backends or graph. */
+#ifndef TS_CORE_H
+#define TS_CORE_H
+
+#include "tessera.h"
+
+#include <stdarg.h>
+
+struct ts_node;
+struct ts_backend;
+
+/* Size-class caching allocator: freed blocks go to a free list per size
+ * class and are handed out again before asking the system. */
+#define TS_ALLOC_CLASSES 96
+typedef struct ts_free_block {
+    struct ts_free_block *next;
+    size_t bytes;
+} ts_free_block;
+
+typedef struct {
+    ts_free_block *free_lists[TS_ALLOC_CLASSES];
+    bool no_cache;
+    ts_alloc_stats stats;
+} ts_allocator;
+
+struct ts_ctx {
+    ts_status status;
+    char errmsg[1024];
+    int num_threads;
+    bool grad_enabled;
+    ts_allocator alloc;
+    const struct ts_backend *backend; /* the CPU backend for now */
+};
+
+typedef struct ts_storage {
+    int refcount;
+    void *data;
+    size_t bytes;
+    ts_device device;
+    ts_ctx *ctx;
+    bool external; /* data not owned (not freed on release) */
+} ts_storage;
+
+struct ts_tensor {
+    int refcount;
+    ts_ctx *ctx;
+    ts_dtype dtype;
+    int ndim;
+    int64_t shape[TS_MAX_DIMS];
+    int64_t strides[TS_MAX_DIMS]; /* elements */
+    int64_t offset;               /* elements from storage->data */
+    ts_storage *storage;
+    bool requires_grad;
+    ts_tensor *grad;        /* accumulated gradient (leaves) */
+    struct ts_node *grad_fn; /* the node that made this tensor, when it
+                                needs a gradient; strong reference */
+};
+
+/* Errors: record status + formatted message on the context; return NULL /
+ * status so call sites can `return ts_fail(...)`. */
+ts_status ts_set_error(ts_ctx *ctx, ts_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Allocator (host memory, 64-byte aligned). */
+void *ts_alloc_bytes(ts_ctx *ctx, size_t bytes);
+void ts_free_bytes(ts_ctx *ctx, void *p, size_t bytes);
+void ts_allocator_destroy(ts_allocator *a);
+
+/* Tensors. */
+int64_t ts_shape_numel(int ndim, const int64_t *shape);
+void ts_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* A new contiguous tensor with fresh (uninitialized) storage. */
+ts_tensor *ts_tensor_new(ts_ctx *ctx, ts_dtype dt, int ndim,
+                         const int64_t *shape);
+/* A new tensor header viewing base's storage with the given geometry. */
+ts_tensor *ts_tensor_view_of(ts_tensor *base, int ndim, const int64_t *shape,
+                             const int64_t *strides, int64_t offset);
+static inline char *ts_tensor_ptr(const ts_tensor *t) {
+    return (char *)t->storage->data +
+           (size_t)t->offset * ts_dtype_size(t->dtype);
+}
+bool ts_shape_equal(int na, const int64_t *a, int nb, const int64_t *b);
+/* "[2, 3, 4]" into buf. */
+const char *ts_shape_str(int ndim, const int64_t *shape, char *buf,
+                         size_t n);
+/* Normalizes a possibly negative dim against ndim; -1 when out of range. */
+int ts_norm_dim(int dim, int ndim);
+
+/* Element conversion helpers for kernels. */
+static inline float ts_load_f32(const void *p, ts_dtype dt) {
+    switch (dt) {
+    case TS_F32: return *(const float *)p;
+    case TS_BF16: return ts_bf16_to_f32(*(const uint16_t *)p);
+    case TS_F16: return ts_f16_to_f32(*(const uint16_t *)p);
+    case TS_I32: return (float)*(const int32_t *)p;
+    case TS_I64: return (float)*(const int64_t *)p;
+    default: return 0.0f;
+    }
+}
+static inline void ts_store_f32(void *p, ts_dtype dt, float v) {
+    switch (dt) {
+    case TS_F32: *(float *)p = v; break;
+    case TS_BF16: *(uint16_t *)p = ts_f32_to_bf16(v); break;
+    case TS_F16: *(uint16_t *)p = ts_f32_to_f16(v); break;
+    case TS_I32: *(int32_t *)p = (int32_t)v; break;
+    case TS_I64: *(int64_t *)p = (int64_t)v; break;
+    default: break;
+    }
+}
+double ts_load_f64(const void *p, ts_dtype dt);
+void ts_store_f64(void *p, ts_dtype dt, double v);
+
+/* Drops one reference to a node (defined by the graph layer, which owns
+ * node lifetime); called when a tensor holding it as grad_fn dies. */
+void ts_node_release(struct ts_node *n);
+void ts_node_forget_out(struct ts_node *n, const ts_tensor *out);
+
+/* Threading (OpenMP). */
+void ts_threads_apply(int n);
+
+#endif

@@ -1,0 +1,377 @@
+/* tensor.c — tensor headers and reference-counted storage: creation,
+ * inspection, element access and the raw strided copy used by read-out.
+ * Owns ts_tensor and ts_storage lifetimes; builds no nodes. */
+#include "core/core.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int64_t ts_shape_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+void ts_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= shape[i] > 0 ? shape[i] : 1;
+    }
+}
+
+bool ts_shape_equal(int na, const int64_t *a, int nb, const int64_t *b) {
+    if (na != nb) return false;
+    for (int i = 0; i < na; i++)
+        if (a[i] != b[i]) return false;
+    return true;
+}
+
+const char *ts_shape_str(int ndim, const int64_t *shape, char *buf,
+                         size_t n) {
+    size_t p = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && p < n; i++)
+        p += (size_t)snprintf(buf + p, n - p, "%s%lld", i ? ", " : "",
+                              (long long)shape[i]);
+    if (p < n) snprintf(buf + p, n - p, "]");
+    return buf;
+}
+
+int ts_norm_dim(int dim, int ndim) {
+    if (dim < 0) dim += ndim;
+    return dim >= 0 && dim < ndim ? dim : -1;
+}
+
+static ts_storage *storage_new(ts_ctx *ctx, size_t bytes) {
+    ts_storage *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->data = ts_alloc_bytes(ctx, bytes);
+    if (!s->data) {
+        free(s);
+        return NULL;
+    }
+    s->refcount = 1;
+    s->bytes = bytes;
+    s->ctx = ctx;
+    s->device.kind = TS_DEVICE_CPU;
+    return s;
+}
+
+static void storage_release(ts_storage *s) {
+    if (!s || --s->refcount > 0) return;
+    if (!s->external) ts_free_bytes(s->ctx, s->data, s->bytes);
+    free(s);
+}
+
+static bool shape_valid(ts_ctx *ctx, const char *fn, int ndim,
+                        const int64_t *shape) {
+    if (ndim < 0 || ndim > TS_MAX_DIMS) {
+        ts_set_error(ctx, TS_ERR_RANGE, "%s: %d dims (at most %d)", fn, ndim,
+                     TS_MAX_DIMS);
+        return false;
+    }
+    if (ndim > 0 && !shape) {
+        ts_set_error(ctx, TS_ERR_INVALID_ARG, "%s: shape is NULL", fn);
+        return false;
+    }
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0) {
+            ts_set_error(ctx, TS_ERR_SHAPE, "%s: dim %d has size %lld", fn, i,
+                         (long long)shape[i]);
+            return false;
+        }
+    return true;
+}
+
+ts_tensor *ts_tensor_new(ts_ctx *ctx, ts_dtype dt, int ndim,
+                         const int64_t *shape) {
+    if (!ctx) return NULL;
+    if ((unsigned)dt >= TS_DTYPE_COUNT) {
+        ts_set_error(ctx, TS_ERR_DTYPE, "unknown dtype %d", (int)dt);
+        return NULL;
+    }
+    if (!shape_valid(ctx, "ts_empty", ndim, shape)) return NULL;
+    ts_tensor *t = calloc(1, sizeof *t);
+    size_t bytes = (size_t)ts_shape_numel(ndim, shape) * ts_dtype_size(dt);
+    if (t) t->storage = storage_new(ctx, bytes);
+    if (!t || !t->storage) {
+        free(t);
+        ts_set_error(ctx, TS_ERR_OOM, "out of memory allocating %zu bytes",
+                     bytes);
+        return NULL;
+    }
+    t->refcount = 1;
+    t->ctx = ctx;
+    t->dtype = dt;
+    t->ndim = ndim;
+    if (ndim) memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    ts_contiguous_strides(ndim, t->shape, t->strides);
+    return t;
+}
+
+ts_tensor *ts_tensor_view_of(ts_tensor *base, int ndim, const int64_t *shape,
+                             const int64_t *strides, int64_t offset) {
+    ts_tensor *t = calloc(1, sizeof *t);
+    if (!t) {
+        ts_set_error(base->ctx, TS_ERR_OOM, "out of memory (tensor header)");
+        return NULL;
+    }
+    t->refcount = 1;
+    t->ctx = base->ctx;
+    t->dtype = base->dtype;
+    t->ndim = ndim;
+    if (ndim) {
+        memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+        memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
+    }
+    t->offset = offset;
+    t->storage = base->storage;
+    t->storage->refcount++;
+    return t;
+}
+
+ts_tensor *ts_empty(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape) {
+    return ts_tensor_new(ctx, dt, ndim, shape);
+}
+
+ts_tensor *ts_full(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape,
+                   double value) {
+    ts_tensor *t = ts_tensor_new(ctx, dt, ndim, shape);
+    if (t && ts_fill_(t, value) != TS_OK) {
+        ts_release(t);
+        return NULL;
+    }
+    return t;
+}
+
+ts_tensor *ts_zeros(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape) {
+    ts_tensor *t = ts_tensor_new(ctx, dt, ndim, shape);
+    if (t) memset(t->storage->data, 0, t->storage->bytes);
+    return t;
+}
+
+ts_tensor *ts_scalar(ts_ctx *ctx, ts_dtype dt, double value) {
+    return ts_full(ctx, dt, 0, NULL, value);
+}
+
+ts_tensor *ts_from_data(ts_ctx *ctx, ts_dtype dt, int ndim,
+                        const int64_t *shape, const void *data) {
+    if (ctx && !data) {
+        ts_set_error(ctx, TS_ERR_INVALID_ARG, "ts_from_data: data is NULL");
+        return NULL;
+    }
+    ts_tensor *t = ts_tensor_new(ctx, dt, ndim, shape);
+    if (t) memcpy(t->storage->data, data, t->storage->bytes);
+    return t;
+}
+
+ts_tensor *ts_arange(ts_ctx *ctx, ts_dtype dt, double start, double end,
+                     double step) {
+    if (!ctx) return NULL;
+    if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step)) {
+        ts_set_error(ctx, TS_ERR_RANGE,
+                     "ts_arange: start %g, end %g, step %g (step must be "
+                     "nonzero, all finite)",
+                     start, end, step);
+        return NULL;
+    }
+    double count = ceil((end - start) / step);
+    int64_t n = count > 0 ? (int64_t)count : 0;
+    ts_tensor *t = ts_tensor_new(ctx, dt, 1, &n);
+    if (!t) return NULL;
+    size_t es = ts_dtype_size(dt);
+    for (int64_t i = 0; i < n; i++)
+        ts_store_f64((char *)t->storage->data + (size_t)i * es, dt,
+                     start + (double)i * step);
+    return t;
+}
+
+ts_tensor *ts_retain(ts_tensor *t) {
+    if (t) t->refcount++;
+    return t;
+}
+
+void ts_release(ts_tensor *t) {
+    if (!t || --t->refcount > 0) return;
+    ts_release(t->grad);
+    storage_release(t->storage);
+    struct ts_node *fn = t->grad_fn;
+    if (fn) ts_node_forget_out(fn, t);
+    free(t);
+    if (fn) ts_node_release(fn);
+}
+
+ts_ctx *ts_tensor_ctx(const ts_tensor *t) { return t ? t->ctx : NULL; }
+ts_dtype ts_tensor_dtype(const ts_tensor *t) { return t ? t->dtype : TS_F32; }
+int ts_tensor_ndim(const ts_tensor *t) { return t ? t->ndim : 0; }
+const int64_t *ts_tensor_shape(const ts_tensor *t) { return t ? t->shape : NULL; }
+const int64_t *ts_tensor_strides(const ts_tensor *t) {
+    return t ? t->strides : NULL;
+}
+
+int64_t ts_tensor_dim(const ts_tensor *t, int dim) {
+    if (!t) return -1;
+    int d = ts_norm_dim(dim, t->ndim);
+    return d < 0 ? -1 : t->shape[d];
+}
+
+int64_t ts_tensor_numel(const ts_tensor *t) {
+    return t ? ts_shape_numel(t->ndim, t->shape) : 0;
+}
+
+bool ts_tensor_is_contiguous(const ts_tensor *t) {
+    if (!t) return false;
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->strides[i] != s) return false;
+        s *= t->shape[i];
+    }
+    return true;
+}
+
+ts_device ts_tensor_device(const ts_tensor *t) {
+    ts_device d = {TS_DEVICE_CPU, 0};
+    if (t) d = t->storage->device;
+    return d;
+}
+
+bool ts_tensor_shares_storage(const ts_tensor *a, const ts_tensor *b) {
+    return a && b && a->storage == b->storage;
+}
+
+void *ts_tensor_data(ts_tensor *t) {
+    if (!t || t->storage->device.kind != TS_DEVICE_CPU) return NULL;
+    return ts_tensor_ptr(t);
+}
+
+ts_status ts_tensor_read(ts_tensor *t, void *dst, ts_dtype dst_dt) {
+    if (!t) return TS_ERR_INVALID_ARG;
+    if (!dst || (unsigned)dst_dt >= TS_DTYPE_COUNT)
+        return ts_set_error(t->ctx, TS_ERR_INVALID_ARG,
+                            "ts_tensor_read: NULL destination or bad dtype");
+    int64_t n = ts_tensor_numel(t);
+    size_t es = ts_dtype_size(t->dtype), ds = ts_dtype_size(dst_dt);
+    const char *base = ts_tensor_ptr(t);
+    int64_t idx[TS_MAX_DIMS] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        int64_t off = 0;
+        for (int d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
+        const char *src = base + off * (int64_t)es;
+        char *out = (char *)dst + (size_t)i * ds;
+        if (dst_dt == t->dtype)
+            memcpy(out, src, es);
+        else if (dst_dt == TS_I64 || dst_dt == TS_I32 || t->dtype == TS_I64 ||
+                 t->dtype == TS_I32)
+            ts_store_f64(out, dst_dt, ts_load_f64(src, t->dtype));
+        else
+            ts_store_f32(out, dst_dt, ts_load_f32(src, t->dtype));
+        for (int d = t->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < t->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return TS_OK;
+}
+
+static ts_status element_ptr(ts_tensor *t, const int64_t *idx, char **p,
+                             const char *fn) {
+    if (!t) return TS_ERR_INVALID_ARG;
+    if (t->ndim > 0 && !idx)
+        return ts_set_error(t->ctx, TS_ERR_INVALID_ARG, "%s: index is NULL",
+                            fn);
+    int64_t off = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (idx[d] < 0 || idx[d] >= t->shape[d]) {
+            char sb[128];
+            return ts_set_error(
+                t->ctx, TS_ERR_RANGE,
+                "%s: index %lld out of range for dim %d of shape %s", fn,
+                (long long)idx[d], d, ts_shape_str(t->ndim, t->shape, sb, 128));
+        }
+        off += idx[d] * t->strides[d];
+    }
+    *p = ts_tensor_ptr(t) + off * (int64_t)ts_dtype_size(t->dtype);
+    return TS_OK;
+}
+
+ts_status ts_get(ts_tensor *t, const int64_t *idx, double *out) {
+    char *p;
+    ts_status s = element_ptr(t, idx, &p, "ts_get");
+    if (s == TS_OK && out) *out = ts_load_f64(p, t->dtype);
+    return s;
+}
+
+ts_status ts_set(ts_tensor *t, const int64_t *idx, double value) {
+    char *p;
+    ts_status s = element_ptr(t, idx, &p, "ts_set");
+    if (s == TS_OK) ts_store_f64(p, t->dtype, value);
+    return s;
+}
+
+ts_status ts_item(ts_tensor *t, double *out) {
+    if (!t) return TS_ERR_INVALID_ARG;
+    if (ts_tensor_numel(t) != 1) {
+        char sb[128];
+        return ts_set_error(t->ctx, TS_ERR_SHAPE,
+                            "ts_item: tensor of shape %s has %lld elements, "
+                            "not one",
+                            ts_shape_str(t->ndim, t->shape, sb, sizeof sb),
+                            (long long)ts_tensor_numel(t));
+    }
+    int64_t zero[TS_MAX_DIMS] = {0};
+    return ts_get(t, zero, out);
+}
+
+ts_status ts_fill_(ts_tensor *dst, double value) {
+    if (!dst) return TS_ERR_INVALID_ARG;
+    int64_t n = ts_tensor_numel(dst);
+    size_t es = ts_dtype_size(dst->dtype);
+    char one[8];
+    ts_store_f64(one, dst->dtype, value);
+    char *base = ts_tensor_ptr(dst);
+    int64_t idx[TS_MAX_DIMS] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        int64_t off = 0;
+        for (int d = 0; d < dst->ndim; d++) off += idx[d] * dst->strides[d];
+        memcpy(base + off * (int64_t)es, one, es);
+        for (int d = dst->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < dst->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return TS_OK;
+}
+
+/* ---- autograd flags (the engine itself lives in src/graph) ---- */
+
+ts_status ts_set_requires_grad(ts_tensor *t, bool on) {
+    if (!t) return TS_ERR_INVALID_ARG;
+    if (t->grad_fn)
+        return ts_set_error(t->ctx, TS_ERR_STATE,
+                            "ts_set_requires_grad: only leaf tensors (not "
+                            "results of ops that track gradients) can change "
+                            "requires_grad; use ts_detach first");
+    if (on && !ts_dtype_is_float(t->dtype))
+        return ts_set_error(t->ctx, TS_ERR_DTYPE,
+                            "ts_set_requires_grad: dtype %s cannot require "
+                            "gradients (float dtypes only)",
+                            ts_dtype_name(t->dtype));
+    t->requires_grad = on;
+    return TS_OK;
+}
+
+bool ts_requires_grad(const ts_tensor *t) { return t && t->requires_grad; }
+bool ts_is_leaf(const ts_tensor *t) { return t && !t->grad_fn; }
+ts_tensor *ts_grad(const ts_tensor *t) { return t ? t->grad : NULL; }
+
+void ts_zero_grad(ts_tensor *t) {
+    if (!t) return;
+    ts_release(t->grad);
+    t->grad = NULL;
+}
+
+ts_tensor *ts_detach(ts_tensor *t) {
+    if (!t) return NULL;
+    return ts_tensor_view_of(t, t->ndim, t->shape, t->strides, t->offset);
+}

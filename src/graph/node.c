@@ -1,0 +1,137 @@
+/* node.c — building and running nodes (eager execution) and node lifetime.
+ * Every op call comes through ts_op_call: check inputs, apply the op's
+ * shape rule, allocate the output (or make the view), run the kernel on the
+ * backend, and keep the node as the output's grad_fn when a gradient will
+ * be needed. Owns ts_node; the autograd traversal is in autograd.c. */
+#include "ops/ops.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+ts_ctx *ts_ctx_of(int n, ts_tensor **in) {
+    for (int i = 0; i < n; i++)
+        if (in[i]) return in[i]->ctx;
+    return NULL;
+}
+
+/* Releasing a long chain of nodes recursively could overflow the stack, so
+ * nodes whose count drops to zero go on a pending list that the outermost
+ * call drains. */
+static ts_node **pending;
+static size_t n_pending, cap_pending;
+static bool draining;
+
+static void node_destroy(ts_node *n) {
+    for (int i = 0; i < n->n_in; i++) ts_release(n->in[i]);
+    for (int i = 0; i < n->n_saved; i++) ts_release(n->saved[i]);
+    ts_release(n->grad_acc);
+    free(n);
+}
+
+void ts_node_release(ts_node *n) {
+    if (!n || --n->refcount > 0) return;
+    if (draining) {
+        if (n_pending == cap_pending) {
+            size_t cap = cap_pending ? cap_pending * 2 : 64;
+            ts_node **p = realloc(pending, cap * sizeof *p);
+            if (!p) { /* no room to defer: free now (recursion) */
+                node_destroy(n);
+                return;
+            }
+            pending = p;
+            cap_pending = cap;
+        }
+        pending[n_pending++] = n;
+        return;
+    }
+    draining = true;
+    node_destroy(n);
+    while (n_pending) node_destroy(pending[--n_pending]);
+    draining = false;
+    free(pending);
+    pending = NULL;
+    cap_pending = 0;
+}
+
+void ts_node_forget_out(ts_node *n, const ts_tensor *out) {
+    if (n->out == out) n->out = NULL;
+}
+
+static bool input_needs_grad(const ts_tensor *t) {
+    return t && (t->requires_grad || t->grad_fn);
+}
+
+ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
+                      const ts_attrs *attrs) {
+    const ts_op_def *def = &ts_op_table[op];
+    if (!ctx) ctx = ts_ctx_of(n_in, in);
+    if (!ctx) return NULL;
+    for (int i = 0; i < n_in; i++) {
+        if (!in[i]) {
+            /* keep the first error: a NULL input usually means an earlier
+             * op failed */
+            if (ctx->status == TS_OK)
+                ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                             "%s: input %d is NULL", def->name, i);
+            return NULL;
+        }
+        if (in[i]->ctx != ctx) {
+            ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                         "%s: input %d belongs to another context", def->name,
+                         i);
+            return NULL;
+        }
+    }
+    ts_node *n = calloc(1, sizeof *n);
+    if (!n) {
+        ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory (node)", def->name);
+        return NULL;
+    }
+    n->refcount = 1;
+    n->op = op;
+    n->n_in = n_in;
+    for (int i = 0; i < n_in; i++) n->in[i] = ts_retain(in[i]);
+    if (attrs) n->attrs = *attrs;
+
+    ts_desc od, sd[TS_MAX_SAVED];
+    memset(&od, 0, sizeof od);
+    memset(sd, 0, sizeof sd);
+    int n_saved = 0;
+    ts_tensor *out = NULL;
+    if (def->infer(ctx, n, &od, sd, &n_saved) != TS_OK) goto fail;
+    if (def->is_view) {
+        out = ts_tensor_view_of(in[0], od.ndim, od.shape, od.strides,
+                                od.offset);
+        if (!out) goto fail;
+    } else {
+        out = ts_tensor_new(ctx, od.dtype, od.ndim, od.shape);
+        if (!out) goto fail;
+        for (int i = 0; i < n_saved; i++) {
+            n->saved[i] = ts_tensor_new(ctx, sd[i].dtype, sd[i].ndim,
+                                        sd[i].shape);
+            if (!n->saved[i]) goto fail;
+            n->n_saved = i + 1;
+        }
+        n->out = out;
+        if (ctx->backend->run_node(ctx, n) != TS_OK) goto fail;
+    }
+
+    bool track = false;
+    if (ctx->grad_enabled && def->backward)
+        for (int i = 0; i < n_in; i++) track |= input_needs_grad(in[i]);
+    if (track) {
+        out->requires_grad = true;
+        out->grad_fn = n; /* the node's one reference moves to out */
+        n->out = out;
+    } else {
+        n->out = NULL;
+        ts_node_release(n);
+    }
+    return out;
+
+fail:
+    n->out = NULL;
+    ts_release(out);
+    ts_node_release(n);
+    return NULL;
+}

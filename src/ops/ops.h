@@ -1,0 +1,111 @@
+/* ops.h — the op table and the node. Every op call builds a node (op id,
+ * inputs, attributes); eager mode runs it at once, and the compiled mode
+ * records it. One table row per op: name, shape/dtype rule, backward rule.
+ * Kernels live in the backends, in a table indexed by the same op ids. */
+#ifndef TS_OPS_H
+#define TS_OPS_H
+
+#include "core/core.h"
+
+#define TS_MAX_INPUTS 8
+#define TS_MAX_SAVED 2
+
+typedef enum {
+    /* views: the output shares input 0's storage */
+    TS_OP_RESHAPE_VIEW, TS_OP_PERMUTE, TS_OP_SLICE, TS_OP_EXPAND,
+    /* elementwise */
+    TS_OP_ADD, TS_OP_SUB, TS_OP_MUL, TS_OP_DIV, TS_OP_EQ,
+    TS_OP_ADD_SCALAR, TS_OP_MUL_SCALAR, TS_OP_NEG, TS_OP_EXP, TS_OP_LOG,
+    TS_OP_SQRT, TS_OP_RSQRT, TS_OP_ABS, TS_OP_POW_SCALAR, TS_OP_TANH,
+    TS_OP_SIGMOID, TS_OP_RELU, TS_OP_SILU, TS_OP_GELU, TS_OP_UNARY_BACKWARD,
+    TS_OP_WHERE, TS_OP_MASKED_FILL, TS_OP_CAST, TS_OP_COPY,
+    /* reductions */
+    TS_OP_SUM, TS_OP_MEAN, TS_OP_AMAX, TS_OP_ARGMAX, TS_OP_SOFTMAX,
+    TS_OP_LOG_SOFTMAX,
+    /* linear algebra, indexing */
+    TS_OP_MATMUL, TS_OP_EMBEDDING, TS_OP_EMBEDDING_BACKWARD, TS_OP_CONCAT,
+    TS_OP_SLICE_SCATTER,
+    /* fused layers and their backward kernels */
+    TS_OP_RMSNORM, TS_OP_RMSNORM_BACKWARD, TS_OP_LAYERNORM,
+    TS_OP_LAYERNORM_BACKWARD, TS_OP_ROPE, TS_OP_ATTENTION,
+    TS_OP_ATTENTION_BACKWARD, TS_OP_CROSS_ENTROPY,
+    TS_OP_CROSS_ENTROPY_BACKWARD,
+    TS_OP_COUNT
+} ts_op_id;
+
+/* Attributes: small integer list (dims, shape, perm, ...) and scalars. */
+typedef struct {
+    int64_t i[2 * TS_MAX_DIMS];
+    int ni;
+    double f[4];
+    ts_dtype dtype;
+} ts_attrs;
+
+/* Geometry of an output or saved tensor, filled by the shape rule. */
+typedef struct {
+    ts_dtype dtype;
+    int ndim;
+    int64_t shape[TS_MAX_DIMS];
+    int64_t strides[TS_MAX_DIMS]; /* views only */
+    int64_t offset;               /* views only */
+} ts_desc;
+
+typedef struct ts_node {
+    int refcount;
+    ts_op_id op;
+    int n_in;
+    ts_tensor *in[TS_MAX_INPUTS];     /* strong references */
+    int n_saved;
+    ts_tensor *saved[TS_MAX_SAVED];   /* extra kernel outputs kept for
+                                         backward (lse, rstd); strong */
+    ts_attrs attrs;
+    ts_tensor *out;                   /* weak: cleared when out dies */
+    ts_tensor *grad_acc;              /* during backward only */
+    int visit;                        /* traversal mark */
+} ts_node;
+
+/* Shape rule: fills the output descriptor (and saved descriptors), or
+ * records an error naming the op, the operand and the shapes. */
+typedef ts_status (*ts_infer_fn)(ts_ctx *ctx, const ts_node *n, ts_desc *out,
+                                 ts_desc *saved, int *n_saved);
+/* Backward rule: given d(out), writes a new reference (or NULL when no
+ * gradient) for each input i with want[i]. Runs with grad mode off, built
+ * from the public ops so that the compiled mode can capture it too. */
+typedef ts_status (*ts_backward_fn)(ts_ctx *ctx, const ts_node *n,
+                                    ts_tensor *gout, const bool *want,
+                                    ts_tensor **gin);
+
+typedef struct {
+    const char *name;
+    bool is_view;
+    ts_infer_fn infer;
+    ts_backward_fn backward; /* NULL: no gradient flows through */
+} ts_op_def;
+
+extern const ts_op_def ts_op_table[TS_OP_COUNT];
+
+/* A backend is a small vtable; the CPU is the only one so far. */
+typedef struct ts_backend {
+    const char *name;
+    ts_status (*run_node)(ts_ctx *ctx, ts_node *n);
+    ts_status (*sync)(ts_ctx *ctx);
+} ts_backend;
+
+/* Builds a node for op over the inputs and runs it (eager). Returns a new
+ * reference, or NULL with the error recorded. NULL inputs propagate. */
+ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
+                      const ts_attrs *attrs);
+/* The context of the first non-NULL input; NULL when all are NULL. */
+ts_ctx *ts_ctx_of(int n, ts_tensor **in);
+
+/* Helpers shared by shape rules and backward rules. */
+ts_status ts_broadcast_shapes(ts_ctx *ctx, const char *op, int na,
+                              const int64_t *a, int nb, const int64_t *b,
+                              int *nout, int64_t *out);
+/* Strides (elements) for reading t as if broadcast to (ndim, shape). */
+void ts_broadcast_strides(const ts_tensor *t, int ndim, const int64_t *shape,
+                          int64_t *strides);
+/* Sums g down to (ndim, shape) (the reverse of broadcasting). */
+ts_tensor *ts_sum_to_shape(ts_tensor *g, int ndim, const int64_t *shape);
+
+#endif
