@@ -341,3 +341,56 @@ CPU_KERNEL(attention_backward) {
     free(tg), free(tq), free(tk), free(tv), free(to), free(tm);
     return st;
 }
+
+/* The slow reference of the backward: one query row at a time, in f64. */
+void cpu_attention_bwd_reference(const cpu_attn_shape *p, const float *q,
+                                 const float *k, const float *v,
+                                 const float *dout, float *dq, float *dk,
+                                 float *dv) {
+    int64_t H = p->H, T = p->T, S = p->S, D = p->D, G = p->H / p->KV;
+    memset(dq, 0, sizeof(float) * (size_t)(p->B * H * T * D));
+    memset(dk, 0, sizeof(float) * (size_t)(p->B * p->KV * S * D));
+    memset(dv, 0, sizeof(float) * (size_t)(p->B * p->KV * S * D));
+    double *pr = malloc(sizeof(double) * (size_t)(2 * S + 1));
+    if (!pr) return;
+    double *dpr = pr + S;
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++) {
+                int64_t kv = b * p->KV + h / G;
+                const float *qr = q + ((b * H + h) * T + t) * D;
+                const float *dor = dout + ((b * H + h) * T + t) * D;
+                const float *K = k + kv * S * D, *V = v + kv * S * D;
+                double mx = -INFINITY, sum = 0, dot = 0;
+                for (int64_t s = 0; s < S; s++) {
+                    double d = 0;
+                    for (int64_t i = 0; i < D; i++) d += (double)qr[i] * K[s * D + i];
+                    d *= p->scale;
+                    if (p->mask)
+                        d += p->mask[b * p->mask_st[0] + h * p->mask_st[1] +
+                                     t * p->mask_st[2] + s * p->mask_st[3]];
+                    if (p->causal && s > t + S - T) d = -INFINITY;
+                    pr[s] = d;
+                    mx = d > mx ? d : mx;
+                }
+                if (mx == -INFINITY) continue;
+                for (int64_t s = 0; s < S; s++) sum += pr[s] = exp(pr[s] - mx);
+                for (int64_t s = 0; s < S; s++) {
+                    pr[s] /= sum;
+                    double d = 0;
+                    for (int64_t i = 0; i < D; i++) d += (double)dor[i] * V[s * D + i];
+                    dpr[s] = d;
+                    dot += pr[s] * d;
+                }
+                float *dqr = dq + ((b * H + h) * T + t) * D;
+                for (int64_t s = 0; s < S; s++) {
+                    double ds = pr[s] * (dpr[s] - dot) * p->scale;
+                    for (int64_t i = 0; i < D; i++) {
+                        dv[kv * S * D + s * D + i] += (float)(pr[s] * dor[i]);
+                        dqr[i] += (float)(ds * K[s * D + i]);
+                        dk[kv * S * D + s * D + i] += (float)(ds * qr[i]);
+                    }
+                }
+            }
+    free(pr);
+}

@@ -81,7 +81,11 @@ void cpu_attention_fwd(const cpu_attn_shape *p, const float *q,
 void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
                              const float *k, const float *v, float *out,
                              float *lse);
-/* dq, dk, dv (zeroed by the caller not needed: they are overwritten). */
+void cpu_attention_bwd_reference(const cpu_attn_shape *p, const float *q,
+                                 const float *k, const float *v,
+                                 const float *dout, float *dq, float *dk,
+                                 float *dv);
+/* dq, dk, dv are overwritten (no need to zero them). */
 void cpu_attention_bwd(const cpu_attn_shape *p, const float *q,
                        const float *k, const float *v, const float *out,
                        const float *lse, const float *dout, float *dq,

@@ -1,0 +1,183 @@
+/* test_autograd.c — the autograd engine: accumulation into .grad, no-grad
+ * scopes, detach, zero_grad, gradients through views and broadcasting,
+ * repeated backward, very deep graphs, and the errors of bad calls. Values
+ * are checked against hand-derived answers. */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static ts_tensor *vec(ts_ctx *ctx, int64_t n, const float *v) {
+    ts_tensor *t = ts_from_data(ctx, TS_F32, 1, &n, v);
+    ts_set_requires_grad(t, true);
+    return t;
+}
+
+static float g_at(ts_tensor *t, int64_t i) {
+    ts_tensor *g = ts_grad(t);
+    if (!g) return NAN;
+    double v = NAN;
+    int64_t idx[TS_MAX_DIMS] = {0};
+    idx[ts_tensor_ndim(g) - 1] = i;
+    ts_get(g, idx, &v);
+    return (float)v;
+}
+
+static void test_accumulate_and_zero(ts_ctx *ctx) {
+    float xv[3] = {1, 2, 3};
+    ts_tensor *x = vec(ctx, 3, xv);
+    /* loss = sum(x * x) -> grad 2x; twice -> 4x */
+    for (int k = 0; k < 2; k++) {
+        ts_tensor *sq = ts_mul(x, x);
+        ts_tensor *l = ts_sum(sq, 0, NULL, false);
+        CHECK_OK(ctx, ts_backward(l, NULL));
+        ts_release(sq), ts_release(l);
+    }
+    CHECK(g_at(x, 0) == 4 && g_at(x, 2) == 12);
+    ts_zero_grad(x);
+    CHECK(ts_grad(x) == NULL);
+    /* the graph is kept: backward twice from one loss accumulates too */
+    ts_tensor *e = ts_exp(x);
+    ts_tensor *l = ts_sum(e, 0, NULL, false);
+    CHECK_OK(ctx, ts_backward(l, NULL));
+    CHECK_OK(ctx, ts_backward(l, NULL));
+    CHECK_NEAR(g_at(x, 1), 2 * exp(2.0), 1e-5);
+    ts_release(e), ts_release(l), ts_release(x);
+}
+
+static void test_no_grad_and_detach(ts_ctx *ctx) {
+    float xv[2] = {1, 2};
+    ts_tensor *x = vec(ctx, 2, xv);
+    bool old = ts_set_grad_enabled(ctx, false);
+    ts_tensor *y = ts_mul_scalar(x, 3);
+    ts_set_grad_enabled(ctx, old);
+    CHECK(!ts_requires_grad(y) && ts_is_leaf(y));
+    ts_tensor *d = ts_detach(x);
+    CHECK(!ts_requires_grad(d) && ts_tensor_shares_storage(d, x));
+    /* y = x * detach(x): gradient only through the first factor */
+    ts_tensor *p = ts_mul(x, d);
+    ts_tensor *l = ts_sum(p, 0, NULL, false);
+    CHECK_OK(ctx, ts_backward(l, NULL));
+    CHECK(g_at(x, 0) == 1 && g_at(x, 1) == 2);
+    CHECK(ts_backward(y, NULL) == TS_ERR_STATE);
+    CHECK_MSG(ctx, "does not require grad");
+    ts_clear_error(ctx);
+    ts_release(x), ts_release(y), ts_release(d), ts_release(p), ts_release(l);
+}
+
+static void test_views_and_broadcast(ts_ctx *ctx) {
+    /* w (2, 3); loss = sum(w[:, 1:3:1].T * b) with b (2,) broadcast */
+    int64_t shape[2] = {2, 3};
+    float wv[6] = {1, 2, 3, 4, 5, 6};
+    ts_tensor *w = ts_from_data(ctx, TS_F32, 2, shape, wv);
+    ts_set_requires_grad(w, true);
+    float bv[2] = {10, 20};
+    ts_tensor *b = vec(ctx, 2, bv);
+    ts_tensor *s = ts_slice(w, 1, 1, 3, 1);      /* (2, 2) */
+    ts_tensor *t = ts_transpose(s, 0, 1);        /* (2, 2): [c][r] */
+    ts_tensor *m = ts_mul(t, b);                 /* b over the last dim (r) */
+    ts_tensor *l = ts_sum(m, 0, NULL, false);
+    CHECK_OK(ctx, ts_backward(l, NULL));
+    float gw[6];
+    CHECK_OK(ctx, ts_tensor_read(ts_grad(w), gw, TS_F32));
+    /* d/dw[r][c] = b[r] for c in {1, 2}, 0 for c = 0 */
+    CHECK(gw[0] == 0 && gw[1] == 10 && gw[2] == 10);
+    CHECK(gw[3] == 0 && gw[4] == 20 && gw[5] == 20);
+    /* d/db[r] = sum over c of w[r][c], c in {1, 2} */
+    CHECK(g_at(b, 0) == 5 && g_at(b, 1) == 11);
+    /* expand: grad sums over the expanded dim */
+    ts_zero_grad(b);
+    int64_t big[2] = {4, 2};
+    ts_tensor *e = ts_expand(b, 2, big);
+    ts_tensor *l2 = ts_sum(e, 0, NULL, false);
+    CHECK_OK(ctx, ts_backward(l2, NULL));
+    CHECK(g_at(b, 0) == 4 && g_at(b, 1) == 4);
+    ts_tensor *all[] = {w, b, s, t, m, l, e, l2};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) ts_release(all[i]);
+}
+
+static void test_deep_graph(ts_ctx *ctx) {
+    /* 20000 chained ops: no recursion limit in backward or in release */
+    float xv[1] = {1};
+    ts_tensor *x = vec(ctx, 1, xv);
+    ts_tensor *y = ts_retain(x);
+    for (int i = 0; i < 20000; i++) {
+        ts_tensor *z = ts_add_scalar(y, 0.5);
+        ts_release(y);
+        y = z;
+    }
+    ts_tensor *l = ts_sum(y, 0, NULL, false);
+    CHECK_OK(ctx, ts_backward(l, NULL));
+    CHECK(g_at(x, 0) == 1);
+    double v;
+    ts_item(l, &v);
+    CHECK(v == 10001);
+    ts_release(l), ts_release(y), ts_release(x);
+}
+
+static void test_shared_subexpression(ts_ctx *ctx) {
+    /* y = a * a + exp(a): a used three times, the gradients add up */
+    float av[1] = {0.5f};
+    ts_tensor *a = vec(ctx, 1, av);
+    ts_tensor *sq = ts_mul(a, a), *ex = ts_exp(a);
+    ts_tensor *y = ts_add(sq, ex);
+    ts_tensor *l = ts_sum(y, 0, NULL, false);
+    CHECK_OK(ctx, ts_backward(l, NULL));
+    CHECK_NEAR(g_at(a, 0), 2 * 0.5 + exp(0.5), 1e-6);
+    ts_tensor *all[] = {a, sq, ex, y, l};
+    for (size_t i = 0; i < 5; i++) ts_release(all[i]);
+}
+
+static void test_errors(ts_ctx *ctx) {
+    float xv[3] = {1, 2, 3};
+    ts_tensor *x = vec(ctx, 3, xv);
+    ts_tensor *y = ts_exp(x);
+    CHECK(ts_backward(y, NULL) == TS_ERR_SHAPE);
+    CHECK_MSG(ctx, "only for a one-element tensor; this one has shape [3]");
+    ts_clear_error(ctx);
+    int64_t two = 2;
+    ts_tensor *g = ts_zeros(ctx, TS_F32, 1, &two);
+    CHECK(ts_backward(y, g) == TS_ERR_SHAPE);
+    CHECK_MSG(ctx, "grad of shape [2] for a tensor of shape [3]");
+    ts_clear_error(ctx);
+    CHECK(ts_set_requires_grad(y, false) == TS_ERR_STATE);
+    CHECK_MSG(ctx, "only leaf tensors");
+    ts_clear_error(ctx);
+    ts_tensor *ids = ts_arange(ctx, TS_I64, 0, 3, 1);
+    CHECK(ts_set_requires_grad(ids, true) == TS_ERR_DTYPE);
+    CHECK_MSG(ctx, "dtype i64 cannot require gradients");
+    ts_clear_error(ctx);
+    /* with an explicit upstream gradient */
+    float gv[3] = {1, 0, 2};
+    ts_tensor *g3 = ts_from_data(ctx, TS_F32, 1, (int64_t[]){3}, gv);
+    CHECK_OK(ctx, ts_backward(y, g3));
+    CHECK_NEAR(g_at(x, 2), 2 * exp(3.0), 1e-4);
+    CHECK(g_at(x, 1) == 0);
+    ts_release(x), ts_release(y), ts_release(g), ts_release(ids), ts_release(g3);
+}
+
+static void test_bf16_leaf_grad_dtype(ts_ctx *ctx) {
+    int64_t n = 4;
+    ts_tensor *x = ts_full(ctx, TS_BF16, 1, &n, 1.5);
+    ts_set_requires_grad(x, true);
+    ts_tensor *y = ts_cast(x, TS_F32);
+    ts_tensor *z = ts_mul_scalar(y, 3);
+    ts_tensor *l = ts_sum(z, 0, NULL, false);
+    CHECK_OK(ctx, ts_backward(l, NULL));
+    CHECK(ts_grad(x) && ts_tensor_dtype(ts_grad(x)) == TS_BF16);
+    CHECK(g_at(x, 3) == 3);
+    ts_release(x), ts_release(y), ts_release(z), ts_release(l);
+}
+
+int main(void) {
+    ts_ctx *ctx = test_ctx();
+    test_accumulate_and_zero(ctx);
+    test_no_grad_and_detach(ctx);
+    test_views_and_broadcast(ctx);
+    test_deep_graph(ctx);
+    test_shared_subexpression(ctx);
+    test_errors(ctx);
+    test_bf16_leaf_grad_dtype(ctx);
+    ts_ctx_free(ctx);
+    return test_finish("test_autograd");
+}
