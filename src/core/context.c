@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-extern const struct ts_backend ts_cpu_backend;
+extern const ts_backend ts_cpu_backend;
 extern void openblas_set_num_threads(int);
 
 static const char *const status_names[] = {

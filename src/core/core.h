@@ -9,7 +9,19 @@
 #include <stdarg.h>
 
 struct ts_node;
-struct ts_backend;
+
+/* A device backend: memory and kernels behind one small vtable. The CPU is
+ * the only one so far; model code never sees which one runs it. */
+typedef struct ts_backend {
+    const char *name;
+    ts_device_kind kind;
+    void *(*alloc)(ts_ctx *ctx, size_t bytes);
+    void (*free)(ts_ctx *ctx, void *p, size_t bytes);
+    /* bytes between two buffers of this device */
+    void (*copy)(ts_ctx *ctx, void *dst, const void *src, size_t bytes);
+    ts_status (*run_node)(ts_ctx *ctx, struct ts_node *n);
+    ts_status (*sync)(ts_ctx *ctx);
+} ts_backend;
 
 /* Size-class caching allocator: freed blocks go to a free list per size
  * class and are handed out again before asking the system. */
@@ -31,7 +43,7 @@ struct ts_ctx {
     int num_threads;
     bool grad_enabled;
     ts_allocator alloc;
-    const struct ts_backend *backend; /* the CPU backend for now */
+    const ts_backend *backend; /* the CPU backend for now */
 };
 
 typedef struct ts_storage {

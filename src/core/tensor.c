@@ -46,7 +46,7 @@ int ts_norm_dim(int dim, int ndim) {
 static ts_storage *storage_new(ts_ctx *ctx, size_t bytes) {
     ts_storage *s = calloc(1, sizeof *s);
     if (!s) return NULL;
-    s->data = ts_alloc_bytes(ctx, bytes);
+    s->data = ctx->backend->alloc(ctx, bytes);
     if (!s->data) {
         free(s);
         return NULL;
@@ -54,13 +54,13 @@ static ts_storage *storage_new(ts_ctx *ctx, size_t bytes) {
     s->refcount = 1;
     s->bytes = bytes;
     s->ctx = ctx;
-    s->device.kind = TS_DEVICE_CPU;
+    s->device.kind = ctx->backend->kind;
     return s;
 }
 
 static void storage_release(ts_storage *s) {
     if (!s || --s->refcount > 0) return;
-    if (!s->external) ts_free_bytes(s->ctx, s->data, s->bytes);
+    if (!s->external) s->ctx->backend->free(s->ctx, s->data, s->bytes);
     free(s);
 }
 

@@ -84,13 +84,6 @@ typedef struct {
 
 extern const ts_op_def ts_op_table[TS_OP_COUNT];
 
-/* A backend is a small vtable; the CPU is the only one so far. */
-typedef struct ts_backend {
-    const char *name;
-    ts_status (*run_node)(ts_ctx *ctx, ts_node *n);
-    ts_status (*sync)(ts_ctx *ctx);
-} ts_backend;
-
 /* Builds a node for op over the inputs and runs it (eager). Returns a new
  * reference, or NULL with the error recorded. NULL inputs propagate. */
 ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,

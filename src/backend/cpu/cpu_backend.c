@@ -49,7 +49,16 @@ static ts_status cpu_sync(ts_ctx *ctx) {
     return TS_OK; /* kernels run synchronously */
 }
 
-const ts_backend ts_cpu_backend = {"cpu", cpu_run_node, cpu_sync};
+static void cpu_copy_bytes(ts_ctx *ctx, void *dst, const void *src,
+                           size_t bytes) {
+    (void)ctx;
+    memcpy(dst, src, bytes);
+}
+
+const ts_backend ts_cpu_backend = {"cpu",         TS_DEVICE_CPU,
+                                   ts_alloc_bytes, ts_free_bytes,
+                                   cpu_copy_bytes, cpu_run_node,
+                                   cpu_sync};
 
 void cpu_iter_init(cpu_iter *it, int ndim, const int64_t *shape, int nops,
                    int64_t (*strides)[TS_MAX_DIMS]) {
