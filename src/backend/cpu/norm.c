@@ -4,11 +4,33 @@
  * processed in f32 whatever the storage dtype. */
 #include "backend/cpu/cpu.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define OOM(op) ts_set_error(ctx, TS_ERR_OOM, op ": out of memory")
+
+/* sum of x[i]^2 in 32 lanes (4 AVX accumulators), so the loop runs at
+ * memory speed instead of one dependent add per element */
+static float sum_squares(const float *x, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        __m256 v2 = _mm256_loadu_ps(x + i + 16), v3 = _mm256_loadu_ps(x + i + 24);
+        a0 = _mm256_fmadd_ps(v0, v0, a0);
+        a1 = _mm256_fmadd_ps(v1, v1, a1);
+        a2 = _mm256_fmadd_ps(v2, v2, a2);
+        a3 = _mm256_fmadd_ps(v3, v3, a3);
+    }
+    __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    float lanes[8], s = 0;
+    _mm256_storeu_ps(lanes, a);
+    for (int k = 0; k < 8; k++) s += lanes[k];
+    for (; i < n; i++) s += x[i] * x[i];
+    return s;
+}
 
 /* x (N, C) -> y (N, C), rstd (N):  y = x * rstd * w,
  * rstd = 1 / sqrt(mean(x^2) + eps) */
@@ -30,8 +52,7 @@ CPU_KERNEL(rmsnorm) {
     for (int64_t r = 0; r < N; r++) {
         const float *xr = xf + r * C;
         float *yr = yf + r * C;
-        float ss = 0;
-        for (int64_t c = 0; c < C; c++) ss += xr[c] * xr[c];
+        float ss = sum_squares(xr, C);
         float rs = 1.0f / sqrtf(ss / (float)C + eps);
         rstd[r] = rs;
         if (w)
