@@ -52,8 +52,8 @@ CPU_KERNEL(matmul) {
     int64_t asr = a->strides[a->ndim - 2], asc = a->strides[a->ndim - 1];
     int64_t bsr = b->strides[b->ndim - 2], bsc = b->strides[b->ndim - 1];
     bool f32 = a->dtype == TS_F32;
-    bool ta, tb;
-    int64_t lda, ldb;
+    bool ta = false, tb = false;
+    int64_t lda = 0, ldb = 0;
     bool a_ok = f32 && blas_layout(M, K, asr, asc, &ta, &lda);
     bool b_ok = f32 && blas_layout(K, N, bsr, bsc, &tb, &ldb);
 
