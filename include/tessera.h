@@ -94,6 +94,34 @@ void ts_alloc_reset_peak(ts_ctx *ctx);
 /* Returns cached blocks to the system. */
 void ts_alloc_empty_cache(ts_ctx *ctx);
 
+/* ---- execution mode ----------------------------------------------------- */
+
+/* EAGER runs each op at once. COMPILED records op calls into a graph that
+ * runs, after dead-code elimination and memory planning, when a result is
+ * read (ts_tensor_data, ts_tensor_read, ts_get, ts_item, ts_print) or at
+ * ts_sync (torch_xla's mark_step). Compiled plans are cached by the graph's
+ * structure, dtypes and shapes. TS_FORCE_EAGER=1 in the environment (or
+ * ts_force_eager) keeps every context eager, to bisect a difference. */
+typedef enum { TS_MODE_EAGER = 0, TS_MODE_COMPILED } ts_mode;
+/* Returns the previous mode; switching to eager first runs what was
+ * recorded. */
+ts_mode ts_set_mode(ts_ctx *ctx, ts_mode mode);
+ts_mode ts_get_mode(const ts_ctx *ctx);
+void ts_force_eager(ts_ctx *ctx, bool on);
+/* Runs everything recorded so far. */
+ts_status ts_sync(ts_ctx *ctx);
+
+typedef struct {
+    uint64_t graphs_run;      /* syncs that had work */
+    uint64_t compilations;    /* plans built (cache misses) */
+    uint64_t cache_hits;      /* plans replayed */
+    uint64_t nodes_run;       /* in the last graph */
+    uint64_t nodes_dead;      /* removed by dead-code elimination, last graph */
+    size_t planned_peak_bytes; /* last graph: arena + results kept after it */
+    size_t arena_bytes;        /* last graph: intermediates' shared arena */
+} ts_compile_stats;
+void ts_get_compile_stats(const ts_ctx *ctx, ts_compile_stats *out);
+
 /* ---- dtypes ------------------------------------------------------------ */
 
 const char *ts_dtype_name(ts_dtype dt);

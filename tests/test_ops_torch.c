@@ -12,7 +12,8 @@
  * fixture, then run the driver on them:
  *
  *   add_test(NAME ops_torch_cases
- *            COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/ref/op_cases.py
+ *            COMMAND /usr/bin/python3
+ *                    ${CMAKE_CURRENT_SOURCE_DIR}/ref/op_cases.py
  *                    ${CMAKE_CURRENT_BINARY_DIR}/cases.bin)
  *   set_tests_properties(ops_torch_cases PROPERTIES
  *                        FIXTURES_SETUP ops_torch_cases)
@@ -23,9 +24,10 @@
  * (ts_add_test already sets ENVIRONMENT TS_NUM_THREADS=2; the second
  * set_tests_properties only adds the fixture.)
  *
- * Op-specific attrs (besides vN, rtol/atol/grtol/gatol, exact, isview; see
- * op_cases.py): s (add_scalar, mul_scalar), p (pow_scalar), approx (gelu),
- * value (masked_fill), dims + keepdim (sum, mean, amax; dims empty = all),
+ * Op-specific attrs (besides vN, aN, rtol/atol/grtol/gatol, exact, isview,
+ * gabs; see op_cases.py): s (add_scalar, mul_scalar), p (pow_scalar),
+ * approx (gelu), value (masked_fill), dims + keepdim (sum, mean, amax; dims
+ * empty = all),
  * dim + keepdim (max, argmax), dim (softmax, log_softmax, concat),
  * dim + sizes (split), dt (cast), eps (rmsnorm, layernorm),
  * T, D, theta, pos0 (rope_tables), causal + scale (attention),
@@ -140,7 +142,8 @@ static tcase *load_cases(const char *path, int *ncases) {
                 r.bad = 1;
                 break;
             }
-            for (int d = 0; d < t->ndim; d++) rd(&r, &t->shape[d], 8);
+            for (int d = 0; d < t->ndim; d++)
+                rd(&r, &t->shape[d], 8);
             rd(&r, &t->nbytes, 8);
             if (r.bad || (uint64_t)(r.end - r.p) < t->nbytes) {
                 r.bad = 1;
@@ -177,7 +180,8 @@ static void free_cases(tcase *cs, int n) {
 
 static const tinfo *find_t(const tcase *c, const char *name) {
     for (int i = 0; i < c->nt; i++)
-        if (c->t[i].name && strcmp(c->t[i].name, name) == 0) return &c->t[i];
+        if (c->t[i].name && strcmp(c->t[i].name, name) == 0)
+            return &c->t[i];
     return NULL;
 }
 
@@ -185,15 +189,18 @@ static ts_tensor *make_t(ts_ctx *ctx, const tinfo *t) {
     return ts_from_data(ctx, (ts_dtype)t->dt, t->ndim, t->shape, t->data);
 }
 
-/* ---- attrs ("key=value;key=value") ----------------------------------------- */
+/* ---- attrs ("key=value;key=value") -----------------------------------------
+ */
 
 static const char *attr(const tcase *c, const char *key) {
     size_t kl = strlen(key);
     const char *s = c->attrs;
     while (s && *s) {
-        if (strncmp(s, key, kl) == 0 && s[kl] == '=') return s + kl + 1;
+        if (strncmp(s, key, kl) == 0 && s[kl] == '=')
+            return s + kl + 1;
         s = strchr(s, ';');
-        if (s) s++;
+        if (s)
+            s++;
     }
     return NULL;
 }
@@ -214,10 +221,12 @@ static int parse_ints(const char *v, int64_t *out, int max) {
     while (v && *v && *v != ';' && *v != '/' && n < max) {
         char *e;
         long long x = strtoll(v, &e, 10);
-        if (e == v) break;
+        if (e == v)
+            break;
         out[n++] = x;
         v = e;
-        if (*v == ',') v++;
+        if (*v == ',')
+            v++;
     }
     return n;
 }
@@ -227,7 +236,8 @@ static int attr_ints(const tcase *c, const char *key, int64_t *out, int max) {
     return v ? parse_ints(v, out, max) : -1;
 }
 
-/* ---- views ------------------------------------------------------------------ */
+/* ---- views ------------------------------------------------------------------
+ */
 
 /* Applies the view chain spec (see op_cases.py) to x; consumes x. */
 static ts_tensor *apply_views(ts_tensor *x, const char *spec) {
@@ -239,27 +249,44 @@ static ts_tensor *apply_views(ts_tensor *x, const char *spec) {
         int perm[TS_MAX_DIMS];
         ts_tensor *y = NULL;
         switch (op) {
-        case 'T': y = ts_transpose(x, (int)a[0], (int)a[1]); break;
+        case 'T':
+            y = ts_transpose(x, (int)a[0], (int)a[1]);
+            break;
         case 'P':
-            for (int i = 0; i < n; i++) perm[i] = (int)a[i];
+            for (int i = 0; i < n; i++)
+                perm[i] = (int)a[i];
             y = ts_permute(x, perm);
             break;
-        case 'S': y = ts_slice(x, (int)a[0], a[1], a[2], a[3]); break;
-        case 'E': y = ts_expand(x, n, a); break;
-        case 'R': y = ts_reshape(x, n, a); break;
-        case 'U': y = ts_unsqueeze(x, (int)a[0]); break;
-        case 'Q': y = ts_squeeze(x, (int)a[0]); break;
-        default: fprintf(stderr, "bad view spec %s\n", spec);
+        case 'S':
+            y = ts_slice(x, (int)a[0], a[1], a[2], a[3]);
+            break;
+        case 'E':
+            y = ts_expand(x, n, a);
+            break;
+        case 'R':
+            y = ts_reshape(x, n, a);
+            break;
+        case 'U':
+            y = ts_unsqueeze(x, (int)a[0]);
+            break;
+        case 'Q':
+            y = ts_squeeze(x, (int)a[0]);
+            break;
+        default:
+            fprintf(stderr, "bad view spec %s\n", spec);
         }
         ts_release(x);
         x = y;
-        while (*p && *p != '/' && *p != ';') p++;
-        if (*p == '/') p++;
+        while (*p && *p != '/' && *p != ';')
+            p++;
+        if (*p == '/')
+            p++;
     }
     return x;
 }
 
-/* ---- running an op ------------------------------------------------------------ */
+/* ---- running an op
+ * ------------------------------------------------------------ */
 
 typedef ts_tensor *(*unary_fn)(ts_tensor *);
 typedef ts_tensor *(*binary_fn)(ts_tensor *, ts_tensor *);
@@ -268,17 +295,17 @@ static const struct {
     const char *name;
     unary_fn fn;
 } UNARY[] = {
-    {"neg", ts_neg},     {"exp", ts_exp},         {"log", ts_log},
-    {"sqrt", ts_sqrt},   {"rsqrt", ts_rsqrt},     {"abs", ts_abs},
-    {"tanh", ts_tanh},   {"sigmoid", ts_sigmoid}, {"relu", ts_relu},
-    {"silu", ts_silu},   {"copy", ts_copy},
+    {"neg", ts_neg},   {"exp", ts_exp},         {"log", ts_log},
+    {"sqrt", ts_sqrt}, {"rsqrt", ts_rsqrt},     {"abs", ts_abs},
+    {"tanh", ts_tanh}, {"sigmoid", ts_sigmoid}, {"relu", ts_relu},
+    {"silu", ts_silu}, {"copy", ts_copy},
 };
 
 static const struct {
     const char *name;
     binary_fn fn;
 } BINARY[] = {
-    {"add", ts_add}, {"sub", ts_sub}, {"mul", ts_mul},
+    {"add", ts_add}, {"sub", ts_sub},       {"mul", ts_mul},
     {"div", ts_div}, {"matmul", ts_matmul}, {"embedding", ts_embedding},
 };
 
@@ -329,11 +356,14 @@ static int run_op(ts_ctx *ctx, const tcase *c, ts_tensor **x, int nin,
         return 1;
     }
     if ((strcmp(op, "sum") == 0 || strcmp(op, "mean") == 0 ||
-         strcmp(op, "amax") == 0) && nin == 1) {
+         strcmp(op, "amax") == 0) &&
+        nin == 1) {
         int nd = attr_ints(c, "dims", v, TS_MAX_DIMS);
         int dims[TS_MAX_DIMS];
-        if (nd < 0) nd = 0;
-        for (int i = 0; i < nd; i++) dims[i] = (int)v[i];
+        if (nd < 0)
+            nd = 0;
+        for (int i = 0; i < nd; i++)
+            dims[i] = (int)v[i];
         bool keep = attr_int(c, "keepdim", 0) != 0;
         outs[0] = op[0] == 's'   ? ts_sum(x[0], nd, dims, keep)
                   : op[0] == 'm' ? ts_mean(x[0], nd, dims, keep)
@@ -364,8 +394,10 @@ static int run_op(ts_ctx *ctx, const tcase *c, ts_tensor **x, int nin,
     }
     if (strcmp(op, "split") == 0 && nin == 1) {
         int n = attr_ints(c, "sizes", v, MAX_OUTS);
-        if (n <= 0) return -1;
-        for (int i = 0; i < n; i++) outs[i] = NULL;
+        if (n <= 0)
+            return -1;
+        for (int i = 0; i < n; i++)
+            outs[i] = NULL;
         if (ts_split(x[0], (int)attr_int(c, "dim", 0), n, v, outs) != TS_OK)
             for (int i = 0; i < n; i++) {
                 ts_release(outs[i]);
@@ -378,8 +410,8 @@ static int run_op(ts_ctx *ctx, const tcase *c, ts_tensor **x, int nin,
         return 1;
     }
     if (strcmp(op, "rmsnorm") == 0 && (nin == 1 || nin == 2)) {
-        outs[0] = ts_rmsnorm(x[0], nin == 2 ? x[1] : NULL,
-                             attr_dbl(c, "eps", 1e-6));
+        outs[0] =
+            ts_rmsnorm(x[0], nin == 2 ? x[1] : NULL, attr_dbl(c, "eps", 1e-6));
         return 1;
     }
     if (strcmp(op, "layernorm") == 0 && nin == 3) {
@@ -416,14 +448,16 @@ static int run_op(ts_ctx *ctx, const tcase *c, ts_tensor **x, int nin,
     return -1;
 }
 
-/* ---- comparisons ----------------------------------------------------------------- */
+/* ---- comparisons
+ * ----------------------------------------------------------------- */
 
 static void shape_str(ts_tensor *t, char *buf, size_t n) {
     int p = snprintf(buf, n, "[");
     for (int i = 0; i < ts_tensor_ndim(t) && (size_t)p < n; i++)
         p += snprintf(buf + p, n - (size_t)p, "%s%lld", i ? ", " : "",
                       (long long)ts_tensor_shape(t)[i]);
-    if ((size_t)p < n) snprintf(buf + p, n - (size_t)p, "]");
+    if ((size_t)p < n)
+        snprintf(buf + p, n - (size_t)p, "]");
 }
 
 static int same_shape(ts_tensor *a, ts_tensor *b) {
@@ -446,10 +480,12 @@ static int check_exact(const char *what, ts_tensor *a, ts_tensor *b) {
     int64_t n = ts_tensor_numel(a);
     int fl = ts_dtype_is_float(ts_tensor_dtype(b));
     size_t es = 8;
-    char *x = calloc((size_t)(n ? n : 1), es), *y = calloc((size_t)(n ? n : 1), es);
+    char *x = calloc((size_t)(n ? n : 1), es),
+         *y = calloc((size_t)(n ? n : 1), es);
     int ok = 1;
     ts_dtype rdt = fl ? TS_F32 : TS_I64;
-    if (ts_tensor_read(a, x, rdt) != TS_OK || ts_tensor_read(b, y, rdt) != TS_OK) {
+    if (ts_tensor_read(a, x, rdt) != TS_OK ||
+        ts_tensor_read(b, y, rdt) != TS_OK) {
         fprintf(stderr, "%s: cannot read tensors: %s\n", what,
                 ts_errmsg(ts_tensor_ctx(a)));
         ok = 0;
@@ -468,8 +504,9 @@ static int check_exact(const char *what, ts_tensor *a, ts_tensor *b) {
                     ok = 0;
                 }
             } else if (((int64_t *)x)[i] != ((int64_t *)y)[i]) {
-                fprintf(stderr, "%s: flat index %lld: got %lld, expected %lld\n",
-                        what, (long long)i, (long long)((int64_t *)x)[i],
+                fprintf(stderr,
+                        "%s: flat index %lld: got %lld, expected %lld\n", what,
+                        (long long)i, (long long)((int64_t *)x)[i],
                         (long long)((int64_t *)y)[i]);
                 ok = 0;
             }
@@ -477,7 +514,8 @@ static int check_exact(const char *what, ts_tensor *a, ts_tensor *b) {
     }
     free(x);
     free(y);
-    if (!ok) ts_test_failures++;
+    if (!ok)
+        ts_test_failures++;
     return ok;
 }
 
@@ -490,7 +528,26 @@ static void check_dtype(const char *what, ts_tensor *a, ts_dtype want) {
     }
 }
 
-/* ---- one case ------------------------------------------------------------------ */
+/* The absolute tolerance scales with the expected tensor when all its values
+ * are small (|e| <= m < 1: atol * m), so that tiny results (the gradient of a
+ * mean over 1000 elements, softmax gradients) are still checked to their
+ * precision rather than passing any value below atol. */
+static double scaled_atol(ts_tensor *e, double atol) {
+    int64_t n = ts_tensor_numel(e);
+    float *v = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    double m = 0;
+    if (ts_tensor_read(e, v, TS_F32) == TS_OK)
+        for (int64_t i = 0; i < n; i++)
+            if (isfinite(v[i]) && fabs(v[i]) > m)
+                m = fabs(v[i]);
+    free(v);
+    if (m <= 0)
+        return atol;
+    return m < 1 ? atol * m : atol;
+}
+
+/* ---- one case
+ * ------------------------------------------------------------------ */
 
 #define MAX_INS 8
 
@@ -500,17 +557,27 @@ static void run_case(ts_ctx *ctx, const tcase *c) {
     ts_tensor *outs[MAX_OUTS] = {0};
     int nin = 0, nout = 0;
     double rtol = attr_dbl(c, "rtol", 1e-4), atol = attr_dbl(c, "atol", 1e-5);
-    double grtol = attr_dbl(c, "grtol", rtol), gatol = attr_dbl(c, "gatol", atol);
+    double grtol = attr_dbl(c, "grtol", rtol),
+           gatol = attr_dbl(c, "gatol", atol);
     int exact = attr_int(c, "exact", 0) != 0;
+    int gabs = attr_int(c, "gabs", 0) != 0;
 
     for (nin = 0; nin < MAX_INS; nin++) {
         snprintf(nm, sizeof nm, "in%d", nin);
         const tinfo *ti = find_t(c, nm);
-        if (!ti) break;
-        leaf[nin] = make_t(ctx, ti);
-        snprintf(nm, sizeof nm, "grad%d", nin);
-        if (leaf[nin] && find_t(c, nm))
-            CHECK_OK(ctx, ts_set_requires_grad(leaf[nin], true));
+        snprintf(nm, sizeof nm, "a%d", nin);
+        long long alias = attr_int(c, nm, -1);
+        if (!ti && (alias < 0 || alias >= nin))
+            break;
+        if (!ti) {
+            /* the same leaf as an earlier input */
+            leaf[nin] = ts_retain(leaf[alias]);
+        } else {
+            leaf[nin] = make_t(ctx, ti);
+            snprintf(nm, sizeof nm, "grad%d", nin);
+            if (leaf[nin] && find_t(c, nm))
+                CHECK_OK(ctx, ts_set_requires_grad(leaf[nin], true));
+        }
         snprintf(nm, sizeof nm, "v%d", nin);
         x[nin] = apply_views(ts_retain(leaf[nin]), attr(c, nm));
         if (!x[nin]) {
@@ -561,7 +628,7 @@ static void run_case(ts_ctx *ctx, const tcase *c) {
         if (exact || !ts_dtype_is_float((ts_dtype)te->dt))
             check_exact(what, outs[j], e);
         else
-            test_allclose(what, outs[j], e, rtol, atol);
+            test_allclose(what, outs[j], e, rtol, scaled_atol(e, atol));
         ts_release(e);
     }
     if (attr_int(c, "isview", 0)) {
@@ -595,7 +662,8 @@ static void run_case(ts_ctx *ctx, const tcase *c) {
         else
             snprintf(nm, sizeof nm, "gout%d", j);
         const tinfo *tg = find_t(c, nm);
-        if (!tg) continue;
+        if (!tg)
+            continue;
         any_grad = 1;
         ts_tensor *g = make_t(ctx, tg);
         ts_status s = ts_backward(outs[j], g);
@@ -611,7 +679,8 @@ static void run_case(ts_ctx *ctx, const tcase *c) {
     for (int i = 0; any_grad && i < nin; i++) {
         snprintf(nm, sizeof nm, "grad%d", i);
         const tinfo *te = find_t(c, nm);
-        if (!te) continue;
+        if (!te)
+            continue;
         snprintf(what, sizeof what, "%s: %s", c->name, nm);
         ts_tensor *g = ts_grad(leaf[i]);
         ts_test_checks++;
@@ -622,7 +691,7 @@ static void run_case(ts_ctx *ctx, const tcase *c) {
         }
         ts_tensor *e = make_t(ctx, te);
         check_dtype(what, g, (ts_dtype)te->dt);
-        test_allclose(what, g, e, grtol, gatol);
+        test_allclose(what, g, e, grtol, gabs ? gatol : scaled_atol(e, gatol));
         ts_release(e);
     }
 
@@ -634,14 +703,16 @@ done:
                 ts_errmsg(ctx));
         ts_clear_error(ctx);
     }
-    for (int j = 0; j < nout; j++) ts_release(outs[j]);
+    for (int j = 0; j < nout; j++)
+        ts_release(outs[j]);
     for (int i = 0; i < MAX_INS; i++) {
         ts_release(x[i]);
         ts_release(leaf[i]);
     }
 }
 
-/* ---- error paths ----------------------------------------------------------------- */
+/* ---- error paths
+ * ----------------------------------------------------------------- */
 
 static ts_tensor *filled(ts_ctx *ctx, ts_dtype dt, int ndim,
                          const int64_t *shape) {
@@ -741,11 +812,18 @@ int main(int argc, char **argv) {
     }
     int n = 0;
     tcase *cs = load_cases(argv[1], &n);
-    if (!cs) return 1;
+    if (!cs)
+        return 1;
     ts_ctx *ctx = test_ctx();
+    /* TS_TEST_MODE=compiled runs every case through the compiled mode:
+     * each op call is recorded and runs when its result is read */
+    const char *mode = getenv("TS_TEST_MODE");
+    bool compiled = mode && !strcmp(mode, "compiled");
+    if (compiled) ts_set_mode(ctx, TS_MODE_COMPILED);
     int failed_cases = 0, ran = 0;
     for (int i = 0; i < n; i++) {
-        if (argc > 2 && !strstr(cs[i].name, argv[2])) continue;
+        if (argc > 2 && !strstr(cs[i].name, argv[2]))
+            continue;
         int before = ts_test_failures;
         run_case(ctx, &cs[i]);
         ran++;
@@ -754,7 +832,18 @@ int main(int argc, char **argv) {
             fprintf(stderr, "FAIL %s (op %s)\n", cs[i].name, cs[i].op);
         }
     }
-    printf("test_ops_torch: %d cases, %d failed\n", ran, failed_cases);
+    printf("test_ops_torch (%s): %d cases, %d failed\n",
+           compiled ? "compiled" : "eager", ran, failed_cases);
+    if (compiled) {
+        ts_compile_stats cs_stats;
+        ts_get_compile_stats(ctx, &cs_stats);
+        printf("compiled graphs run: %llu, compilations %llu, cache hits %llu\n",
+               (unsigned long long)cs_stats.graphs_run,
+               (unsigned long long)cs_stats.compilations,
+               (unsigned long long)cs_stats.cache_hits);
+        CHECK(cs_stats.graphs_run > 0);
+        ts_set_mode(ctx, TS_MODE_EAGER);
+    }
     error_paths(ctx);
     ts_ctx_free(ctx);
     free_cases(cs, n);

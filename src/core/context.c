@@ -77,6 +77,8 @@ ts_status ts_ctx_new(ts_ctx **out, const ts_ctx_options *opt) {
     ctx->alloc.no_cache = opt ? opt->no_alloc_cache : false;
     if (getenv("TS_NO_ALLOC_CACHE")) ctx->alloc.no_cache = true;
     ctx->backend = &ts_cpu_backend;
+    const char *fe = getenv("TS_FORCE_EAGER");
+    ctx->force_eager = fe && *fe && strcmp(fe, "0") != 0;
     ts_threads_apply(ctx->num_threads);
     *out = ctx;
     return TS_OK;
@@ -84,6 +86,7 @@ ts_status ts_ctx_new(ts_ctx **out, const ts_ctx_options *opt) {
 
 void ts_ctx_free(ts_ctx *ctx) {
     if (!ctx) return;
+    ts_trace_destroy(ctx);
     ts_allocator_destroy(&ctx->alloc);
     free(ctx);
 }

@@ -37,6 +37,8 @@ typedef struct {
     ts_alloc_stats stats;
 } ts_allocator;
 
+struct ts_trace; /* the recorded graph (src/graph/compile.c) */
+
 struct ts_ctx {
     ts_status status;
     char errmsg[1024];
@@ -44,6 +46,11 @@ struct ts_ctx {
     bool grad_enabled;
     ts_allocator alloc;
     const ts_backend *backend; /* the CPU backend for now */
+    ts_mode mode;
+    bool force_eager;
+    bool syncing;
+    struct ts_trace *trace;
+    ts_compile_stats cstats;
 };
 
 typedef struct ts_storage {
@@ -53,6 +60,9 @@ typedef struct ts_storage {
     ts_device device;
     ts_ctx *ctx;
     bool external; /* data not owned (not freed on release) */
+    bool pending;  /* compiled mode: data not computed (nor allocated) yet */
+    int scratch;   /* used by the compiler while it plans a graph */
+    int scratch2;
 } ts_storage;
 
 struct ts_tensor {
@@ -68,6 +78,7 @@ struct ts_tensor {
     ts_tensor *grad;        /* accumulated gradient (leaves) */
     struct ts_node *grad_fn; /* the node that made this tensor, when it
                                 needs a gradient; strong reference */
+    int scratch;             /* used by the compiler while it plans */
 };
 
 /* Errors: record status + formatted message on the context; return NULL /
@@ -80,12 +91,22 @@ void *ts_alloc_bytes(ts_ctx *ctx, size_t bytes);
 void ts_free_bytes(ts_ctx *ctx, void *p, size_t bytes);
 void ts_allocator_destroy(ts_allocator *a);
 
+/* Storage references (compiled mode keeps outputs' storage alive). */
+void ts_storage_retain(ts_storage *s);
+void ts_storage_release(ts_storage *s);
+/* Compiled mode: runs the recorded graph when t's data is not computed. */
+ts_status ts_materialize(ts_tensor *t);
+void ts_trace_destroy(ts_ctx *ctx);
+
 /* Tensors. */
 int64_t ts_shape_numel(int ndim, const int64_t *shape);
 void ts_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 /* A new contiguous tensor with fresh (uninitialized) storage. */
 ts_tensor *ts_tensor_new(ts_ctx *ctx, ts_dtype dt, int ndim,
                          const int64_t *shape);
+/* A tensor whose storage is allocated later (compiled mode). */
+ts_tensor *ts_tensor_new_pending(ts_ctx *ctx, ts_dtype dt, int ndim,
+                                 const int64_t *shape);
 /* A new tensor header viewing base's storage with the given geometry. */
 ts_tensor *ts_tensor_view_of(ts_tensor *base, int ndim, const int64_t *shape,
                              const int64_t *strides, int64_t offset);

@@ -98,7 +98,7 @@ static void put_dim(strbuf *sb, const print_opts *o, int64_t *idx, int d,
 }
 
 char *ts_to_string(ts_tensor *t) {
-    if (!t) return NULL;
+    if (!t || ts_materialize(t) != TS_OK) return NULL;
     print_opts o = {.t = t};
     int64_t numel = ts_tensor_numel(t);
     o.summarize = numel > 1000;

@@ -58,11 +58,31 @@ static ts_storage *storage_new(ts_ctx *ctx, size_t bytes) {
     return s;
 }
 
-static void storage_release(ts_storage *s) {
+void ts_storage_retain(ts_storage *s) {
+    if (s) s->refcount++;
+}
+
+void ts_storage_release(ts_storage *s) {
     if (!s || --s->refcount > 0) return;
-    if (!s->external) s->ctx->backend->free(s->ctx, s->data, s->bytes);
+    if (!s->external && s->data)
+        s->ctx->backend->free(s->ctx, s->data, s->bytes);
     free(s);
 }
+
+#define storage_release ts_storage_release
+
+ts_status ts_materialize(ts_tensor *t) {
+    if (!t) return TS_ERR_INVALID_ARG;
+    if (!t->storage->pending) return TS_OK;
+    ts_status st = ts_sync(t->ctx);
+    if (st == TS_OK && t->storage->pending)
+        return ts_set_error(t->ctx, TS_ERR_STATE,
+                            "compiled mode: a result read after its graph ran "
+                            "was never computed");
+    return st;
+}
+
+static ts_status fill_raw(ts_tensor *dst, double value);
 
 static bool shape_valid(ts_ctx *ctx, const char *fn, int ndim,
                         const int64_t *shape) {
@@ -110,6 +130,30 @@ ts_tensor *ts_tensor_new(ts_ctx *ctx, ts_dtype dt, int ndim,
     return t;
 }
 
+ts_tensor *ts_tensor_new_pending(ts_ctx *ctx, ts_dtype dt, int ndim,
+                                 const int64_t *shape) {
+    ts_tensor *t = calloc(1, sizeof *t);
+    ts_storage *s = calloc(1, sizeof *s);
+    if (!t || !s) {
+        free(t), free(s);
+        ts_set_error(ctx, TS_ERR_OOM, "out of memory (tensor header)");
+        return NULL;
+    }
+    s->refcount = 1;
+    s->bytes = (size_t)ts_shape_numel(ndim, shape) * ts_dtype_size(dt);
+    s->ctx = ctx;
+    s->device.kind = ctx->backend->kind;
+    s->pending = true;
+    t->refcount = 1;
+    t->ctx = ctx;
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (int d = 0; d < ndim && d < TS_MAX_DIMS; d++) t->shape[d] = shape[d];
+    ts_contiguous_strides(ndim, t->shape, t->strides);
+    t->storage = s;
+    return t;
+}
+
 ts_tensor *ts_tensor_view_of(ts_tensor *base, int ndim, const int64_t *shape,
                              const int64_t *strides, int64_t offset) {
     ts_tensor *t = calloc(1, sizeof *t);
@@ -138,7 +182,7 @@ ts_tensor *ts_empty(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape) {
 ts_tensor *ts_full(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape,
                    double value) {
     ts_tensor *t = ts_tensor_new(ctx, dt, ndim, shape);
-    if (t && ts_fill_(t, value) != TS_OK) {
+    if (t && fill_raw(t, value) != TS_OK) {
         ts_release(t);
         return NULL;
     }
@@ -241,7 +285,8 @@ bool ts_tensor_shares_storage(const ts_tensor *a, const ts_tensor *b) {
 }
 
 void *ts_tensor_data(ts_tensor *t) {
-    if (!t || t->storage->device.kind != TS_DEVICE_CPU) return NULL;
+    if (!t || ts_materialize(t) != TS_OK) return NULL;
+    if (t->storage->device.kind != TS_DEVICE_CPU) return NULL;
     return ts_tensor_ptr(t);
 }
 
@@ -250,6 +295,7 @@ ts_status ts_tensor_read(ts_tensor *t, void *dst, ts_dtype dst_dt) {
     if (!dst || (unsigned)dst_dt >= TS_DTYPE_COUNT)
         return ts_set_error(t->ctx, TS_ERR_INVALID_ARG,
                             "ts_tensor_read: NULL destination or bad dtype");
+    if (ts_materialize(t) != TS_OK) return t->ctx->status;
     int64_t n = ts_tensor_numel(t);
     size_t es = ts_dtype_size(t->dtype), ds = ts_dtype_size(dst_dt);
     const char *base = ts_tensor_ptr(t);
@@ -277,6 +323,7 @@ ts_status ts_tensor_read(ts_tensor *t, void *dst, ts_dtype dst_dt) {
 static ts_status element_ptr(ts_tensor *t, const int64_t *idx, char **p,
                              const char *fn) {
     if (!t) return TS_ERR_INVALID_ARG;
+    if (ts_materialize(t) != TS_OK) return t->ctx->status;
     if (t->ndim > 0 && !idx)
         return ts_set_error(t->ctx, TS_ERR_INVALID_ARG, "%s: index is NULL",
                             fn);
@@ -323,8 +370,8 @@ ts_status ts_item(ts_tensor *t, double *out) {
     return ts_get(t, zero, out);
 }
 
-ts_status ts_fill_(ts_tensor *dst, double value) {
-    if (!dst) return TS_ERR_INVALID_ARG;
+/* Writes value into every element of dst (materialized storage). */
+static ts_status fill_raw(ts_tensor *dst, double value) {
     int64_t n = ts_tensor_numel(dst);
     size_t es = ts_dtype_size(dst->dtype);
     char one[8];
@@ -341,6 +388,18 @@ ts_status ts_fill_(ts_tensor *dst, double value) {
         }
     }
     return TS_OK;
+}
+
+ts_status ts_fill_(ts_tensor *dst, double value) {
+    if (!dst) return TS_ERR_INVALID_ARG;
+    if (dst->ctx->mode == TS_MODE_COMPILED) { /* record as a copy */
+        ts_tensor *v = ts_scalar(dst->ctx, dst->dtype, value);
+        ts_status st = v ? ts_copy_(dst, v) : dst->ctx->status;
+        ts_release(v);
+        return st;
+    }
+    if (ts_materialize(dst) != TS_OK) return dst->ctx->status;
+    return fill_raw(dst, value);
 }
 
 /* ---- autograd flags (the engine itself lives in src/graph) ---- */

@@ -22,6 +22,7 @@ static size_t n_pending, cap_pending;
 static bool draining;
 
 static void node_destroy(ts_node *n) {
+    ts_storage_release(n->out_st);
     for (int i = 0; i < n->n_in; i++) ts_release(n->in[i]);
     for (int i = 0; i < n->n_saved; i++) ts_release(n->saved[i]);
     ts_release(n->grad_acc);
@@ -99,7 +100,28 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
     int n_saved = 0;
     ts_tensor *out = NULL;
     if (def->infer(ctx, n, &od, sd, &n_saved) != TS_OK) goto fail;
-    if (def->is_view) {
+    if (ctx->mode == TS_MODE_COMPILED && !def->is_view) {
+        /* record: the output's storage exists, its data comes at sync */
+        n->out_desc = od;
+        if (op == TS_OP_COPY_INTO) {
+            out = ts_retain(in[0]);
+            n->out_st = in[0]->storage;
+        } else {
+            out = ts_tensor_new_pending(ctx, od.dtype, od.ndim, od.shape);
+            if (!out) goto fail;
+            n->out_st = out->storage;
+        }
+        ts_storage_retain(n->out_st);
+        for (int i = 0; i < n_saved; i++) {
+            n->saved_desc[i] = sd[i];
+            n->saved[i] = ts_tensor_new_pending(ctx, sd[i].dtype, sd[i].ndim,
+                                                sd[i].shape);
+            if (!n->saved[i]) goto fail;
+            n->n_saved = i + 1;
+        }
+        if (ts_trace_append(ctx, n) != TS_OK) goto fail;
+        n->out = op == TS_OP_COPY_INTO ? NULL : out;
+    } else if (def->is_view) {
         out = ts_tensor_view_of(in[0], od.ndim, od.shape, od.strides,
                                 od.offset);
         if (!out) goto fail;
@@ -119,7 +141,7 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
     bool track = false;
     if (ctx->grad_enabled && def->backward)
         for (int i = 0; i < n_in; i++) track |= input_needs_grad(in[i]);
-    if (track) {
+    if (track && op != TS_OP_COPY_INTO) {
         out->requires_grad = true;
         out->grad_fn = n; /* the node's one reference moves to out */
         n->out = out;

@@ -494,6 +494,17 @@ ts_tensor *ts_cross_entropy(ts_tensor *logits, ts_tensor *targets,
 ts_status ts_copy_(ts_tensor *dst, ts_tensor *src) {
     if (!dst || !src) return TS_ERR_INVALID_ARG;
     ts_ctx *ctx = dst->ctx;
+    if (ctx->mode == TS_MODE_COMPILED) { /* recorded, runs in order */
+        ts_tensor *in[2] = {dst, src};
+        bool old = ts_set_grad_enabled(ctx, false);
+        ts_tensor *r = ts_op_call(ctx, TS_OP_COPY_INTO, 2, in, NULL);
+        ts_set_grad_enabled(ctx, old);
+        if (!r) return ctx->status;
+        ts_release(r);
+        return TS_OK;
+    }
+    if (ts_materialize(dst) != TS_OK || ts_materialize(src) != TS_OK)
+        return ctx->status;
     int nd;
     int64_t sh[TS_MAX_DIMS];
     if (ts_broadcast_shapes(ctx, "copy_", dst->ndim, dst->shape, src->ndim,

@@ -58,4 +58,5 @@ const ts_op_def ts_op_table[TS_OP_COUNT] = {
         ts_grad_cross_entropy),
     ROW(TS_OP_CROSS_ENTROPY_BACKWARD, "cross_entropy_backward", false, ce_bwd,
         NULL),
+    ROW(TS_OP_COPY_INTO, "copy_into", false, copy_into, NULL),
 };

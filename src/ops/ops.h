@@ -30,6 +30,8 @@ typedef enum {
     TS_OP_LAYERNORM_BACKWARD, TS_OP_ROPE, TS_OP_ATTENTION,
     TS_OP_ATTENTION_BACKWARD, TS_OP_CROSS_ENTROPY,
     TS_OP_CROSS_ENTROPY_BACKWARD,
+    /* in-place write of in[1] into in[0]'s memory (compiled mode's ts_copy_) */
+    TS_OP_COPY_INTO,
     TS_OP_COUNT
 } ts_op_id;
 
@@ -62,6 +64,10 @@ typedef struct ts_node {
     ts_tensor *out;                   /* weak: cleared when out dies */
     ts_tensor *grad_acc;              /* during backward only */
     int visit;                        /* traversal mark */
+    /* compiled mode: the node is recorded, its output computed later */
+    ts_storage *out_st;               /* strong: where the result goes */
+    ts_desc out_desc;
+    ts_desc saved_desc[TS_MAX_SAVED];
 } ts_node;
 
 /* Shape rule: fills the output descriptor (and saved descriptors), or
@@ -88,6 +94,9 @@ extern const ts_op_def ts_op_table[TS_OP_COUNT];
  * reference, or NULL with the error recorded. NULL inputs propagate. */
 ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
                       const ts_attrs *attrs);
+/* Compiled mode: appends n to the recorded graph (takes a reference). */
+ts_status ts_trace_append(ts_ctx *ctx, ts_node *n);
+
 /* The context of the first non-NULL input; NULL when all are NULL. */
 ts_ctx *ts_ctx_of(int n, ts_tensor **in);
 

@@ -518,3 +518,24 @@ ts_status ts_infer_ce_bwd(ts_ctx *ctx, const ts_node *n, ts_desc *o,
     return TS_OK;
 }
 
+
+/* the destination keeps its geometry; src must broadcast to it */
+ts_status ts_infer_copy_into(ts_ctx *ctx, const ts_node *n, ts_desc *o,
+                             ts_desc *s, int *ns) {
+    (void)s, (void)ns;
+    const ts_tensor *d = n->in[0], *src = n->in[1];
+    int nd;
+    int64_t sh[TS_MAX_DIMS];
+    if (ts_broadcast_shapes(ctx, "copy_", d->ndim, d->shape, src->ndim,
+                            src->shape, &nd, sh))
+        return ctx->status;
+    if (!ts_shape_equal(nd, sh, d->ndim, d->shape)) {
+        char sa[128], sb[128];
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "copy_: source %s does not broadcast to destination "
+                            "%s",
+                            SHP(src, sa), SHP(d, sb));
+    }
+    desc_like(o, d->dtype, d->ndim, d->shape);
+    return TS_OK;
+}

@@ -26,6 +26,10 @@ attrs is "key=value;key=value". Keys every case may carry:
   rtol, atol   tolerance of the outputs; grtol, gatol   of the gradients.
   exact=1      outputs must match bit for bit (casts, argmax).
   isview=1     the output must share storage with stored input 0.
+  aN=j         input N is the same leaf as input j (no inN is stored).
+  gabs=1       gatol is absolute. Otherwise the C side scales atol by the
+               largest |expected| when that is below 1 (tiny results are
+               checked to their own precision).
 Op-specific keys are documented with the op in the C driver.
 
 References: f32 cases are computed in float64 and rounded to f32; bf16 and
@@ -66,14 +70,15 @@ TOL = {
 cases = []
 
 
-# ---- input helpers -----------------------------------------------------------
+# ---- input helpers ----------------------------------------------------------
 
 def randn(*shape, dt=F32, scale=1.0):
     return (torch.randn(tuple(shape), dtype=torch.float64) * scale).to(dt)
 
 
 def uniform(lo, hi, *shape, dt=F32):
-    return (torch.rand(tuple(shape), dtype=torch.float64) * (hi - lo) + lo).to(dt)
+    u = torch.rand(tuple(shape), dtype=torch.float64)
+    return (u * (hi - lo) + lo).to(dt)
 
 
 def away_from_zero(*shape, dt=F32):
@@ -94,7 +99,7 @@ def distinct(*shape, dt=F32):
     return vals.reshape(*shape).to(dt)
 
 
-# ---- views -------------------------------------------------------------------
+# ---- views ------------------------------------------------------------------
 
 def apply_view(t, spec):
     if not spec:
@@ -124,7 +129,7 @@ def apply_view(t, spec):
     return t
 
 
-# ---- the generic case runner ---------------------------------------------------
+# ---- the generic case runner ------------------------------------------------
 
 def fmt_attr(v):
     if isinstance(v, bool):
@@ -140,17 +145,25 @@ def case(name, op, ins, fn, attrs=None, views=None, grads=None, kind='ew',
          upcast=True, exact=False, isview=False, tol=None, gtol=None,
          backward=True):
     """ins: stored inputs. fn(*viewed_inputs) -> tensor or tuple.
+    An entry of ins that is an int j makes that input the same leaf as input
+    j (attr aN=j; usually with its own view): gradients from both uses
+    accumulate into grad j.
     grads: indices of inputs that require grad (default: every float input
     when backward is True). kind picks the tolerance from TOL unless tol
     (and gtol) are given explicitly."""
     attrs = dict(attrs or {})
     views = dict(views or {})
-    fdt = next((t.dtype for t in ins if t.is_floating_point()), F32)
+    stored = [t for t in ins if isinstance(t, torch.Tensor)]
+    fdt = next((t.dtype for t in stored if t.is_floating_point()), F32)
     if grads is None:
-        grads = [i for i, t in enumerate(ins)
-                 if t.is_floating_point()] if backward else []
+        grads = [i for i, t in enumerate(ins) if isinstance(t, torch.Tensor)
+                 and t.is_floating_point()] if backward else []
     leaves = []
     for i, t in enumerate(ins):
+        if not isinstance(t, torch.Tensor):
+            leaves.append(leaves[t])
+            attrs['a%d' % i] = t
+            continue
         if t.is_floating_point():
             cdt = torch.float64 if t.dtype == F32 else F32
             leaf = t.to(cdt) if upcast else t.clone()
@@ -164,7 +177,8 @@ def case(name, op, ins, fn, attrs=None, views=None, grads=None, kind='ew',
     multi = isinstance(outs, (tuple, list))
     if not multi:
         outs = (outs,)
-    tensors = [('in%d' % i, t) for i, t in enumerate(ins)]
+    tensors = [('in%d' % i, t) for i, t in enumerate(ins)
+               if isinstance(t, torch.Tensor)]
     exp = []
     for o in outs:
         if upcast and o.is_floating_point():
@@ -202,7 +216,7 @@ def case(name, op, ins, fn, attrs=None, views=None, grads=None, kind='ew',
     cases.append((name, op, astr, tensors))
 
 
-# ---- elementwise ---------------------------------------------------------------
+# ---- elementwise ------------------------------------------------------------
 
 BIN = {'add': torch.add, 'sub': torch.sub, 'mul': torch.mul,
        'div': torch.div}
@@ -235,18 +249,21 @@ def binary_cases():
             case('%s_%s_bcast' % (op, 'bf16' if dt == BF16 else 'f16'), op,
                  [a, b], f)
         a = randn(6, 5, dt=BF16)
-        b = away_from_zero(5, 3, dt=BF16) if op == 'div' else randn(5, 3, dt=BF16)
+        b = (away_from_zero(5, 3, dt=BF16) if op == 'div'
+             else randn(5, 3, dt=BF16))
         case(op + '_bf16_views', op, [a, b], f,
              views={0: 'S0,0,6,2/T0,1', 1: ''})  # (5,3) and (5,3)
 
 
 def unary_cases():
+    def pos(*s, dt=F32):
+        return uniform(0.1, 4.0, *s, dt=dt)
     un = {
         'neg': (torch.neg, randn),
         'exp': (torch.exp, randn),
-        'log': (torch.log, lambda *s, dt=F32: uniform(0.1, 4.0, *s, dt=dt)),
-        'sqrt': (torch.sqrt, lambda *s, dt=F32: uniform(0.1, 4.0, *s, dt=dt)),
-        'rsqrt': (torch.rsqrt, lambda *s, dt=F32: uniform(0.1, 4.0, *s, dt=dt)),
+        'log': (torch.log, pos),
+        'sqrt': (torch.sqrt, pos),
+        'rsqrt': (torch.rsqrt, pos),
         'abs': (torch.abs, away_from_zero),
         'tanh': (torch.tanh, lambda *s, dt=F32: randn(*s, dt=dt, scale=2.0)),
         'sigmoid': (torch.sigmoid,
@@ -287,8 +304,9 @@ def unary_cases():
          lambda x: x * -1.5, attrs={'s': -1.5})
     for p in (2.0, 3.0, 0.5, -1.5):
         pn = str(p).replace('-', 'm').replace('.', 'p')
-        pos = p != int(p) or p < 0
-        gen = (lambda *s, dt=F32: uniform(0.2, 3.0, *s, dt=dt)) if pos else randn
+        needs_pos = p != int(p) or p < 0
+        gen = ((lambda *s, dt=F32: uniform(0.2, 3.0, *s, dt=dt)) if needs_pos
+               else randn)
         case('pow_%s' % pn, 'pow_scalar', [gen(4, 17)],
              lambda x, p=p: torch.pow(x, p), attrs={'p': p})
         case('pow_%s_T_bf16' % pn, 'pow_scalar', [gen(17, 4, dt=BF16)],
@@ -328,7 +346,7 @@ def masked_fill_cases():
          lambda x, m: x.masked_fill(m != 0, 1.25), attrs={'value': 1.25})
 
 
-# ---- reductions ----------------------------------------------------------------
+# ---- reductions -------------------------------------------------------------
 
 def red_cases():
     fns = {
@@ -394,7 +412,8 @@ def red_cases():
          lambda x: torch.max(x, 1).values, attrs={'dim': 1, 'keepdim': 0},
          kind='red')
     case('argmax_bf16', 'argmax', [distinct(3, 17, dt=BF16)],
-         lambda x: torch.argmax(x, -1), attrs={'dim': -1, 'keepdim': 1},
+         lambda x: torch.argmax(x, -1, keepdim=True),
+         attrs={'dim': -1, 'keepdim': 1},
          backward=False, exact=True)
     case('argmax_f16_d0', 'argmax', [distinct(17, 3, dt=F16)],
          lambda x: torch.argmax(x, 0), attrs={'dim': 0, 'keepdim': 0},
@@ -402,7 +421,8 @@ def red_cases():
 
 
 def softmax_cases():
-    for op, f in (('softmax', torch.softmax), ('log_softmax', torch.log_softmax)):
+    for op, f in (('softmax', torch.softmax),
+                  ('log_softmax', torch.log_softmax)):
         for dim in (0, -1, 1):
             case('%s_d%d' % (op, dim), op, [randn(4, 17, 3, scale=2.0)],
                  lambda x, d=dim, f=f: f(x, d), attrs={'dim': dim}, kind='red')
@@ -425,7 +445,7 @@ def softmax_cases():
              lambda x, f=f: f(x, 0), attrs={'dim': 0}, kind='red')
 
 
-# ---- matmul ----------------------------------------------------------------------
+# ---- matmul -----------------------------------------------------------------
 
 def matmul_cases():
     mm = torch.matmul
@@ -478,7 +498,7 @@ def matmul_cases():
          tol=(2e-2, 1e-1))
 
 
-# ---- indexing and shape -------------------------------------------------------
+# ---- indexing and shape -----------------------------------------------------
 
 def embedding_cases():
     ids = torch.tensor([[1, 3, 3, 0, 9], [3, 1, 7, 7, 7]], dtype=I64)
@@ -610,7 +630,7 @@ def view_cases():
          views={0: 'E3,5'}, isview=True, upcast=True, kind='red')
 
 
-# ---- fused layers ----------------------------------------------------------------
+# ---- fused layers -----------------------------------------------------------
 
 def rmsnorm_ref(eps):
     def f(x, w=None):
@@ -627,8 +647,11 @@ def norm_cases():
     case('rmsnorm_T', 'rmsnorm', [randn(17, 3), uniform(0.5, 1.5, 17)],
          rmsnorm_ref(1e-6), attrs={'eps': 1e-6}, kind='red',
          views={0: 'T0,1'})
+    # C = 1: y = x / sqrt(x^2 + eps) ~ sign(x); dx ~ 1e-7 is the difference
+    # of two O(1) terms, so its error is absolute (f32 ulp of 1)
     case('rmsnorm_c1', 'rmsnorm', [randn(5, 1), randn(1)],
-         rmsnorm_ref(1e-6), attrs={'eps': 1e-6}, kind='red')
+         rmsnorm_ref(1e-6), attrs={'eps': 1e-6, 'gabs': 1}, kind='red',
+         gtol=(1e-4, 1e-5))
     case('rmsnorm_bf16', 'rmsnorm', [randn(3, 33, dt=BF16),
                                      randn(33, dt=BF16)],
          rmsnorm_ref(1e-6), attrs={'eps': 1e-6}, kind='red')
@@ -799,7 +822,156 @@ def ce_cases():
          ce(-100, 'none'), attrs={'ignore': -100, 'red': 2}, kind='attn')
 
 
-# ---- serialization ----------------------------------------------------------------
+# ---- edge cases: stride-0 views, empty and 0-d tensors, long bf16 sums,
+# -inf entries, ties, special values ---------------------------------------
+
+def edge_cases():
+    case('add_expanded_view', 'add', [randn(3, 1), randn(3, 4)], torch.add,
+         views={0: 'E3,4'})
+    case('mul_expanded_both', 'mul', [randn(4), randn(3, 1)], torch.mul,
+         views={0: 'U0/E3,4', 1: 'E3,4'})
+    case('sum_expanded_view', 'sum', [randn(1, 5)],
+         lambda x: x.sum(0), attrs={'dims': [0], 'keepdim': 0},
+         views={0: 'E17,5'}, kind='red')
+    case('exp_0d', 'exp', [randn()], torch.exp)
+    case('sum_0d', 'sum', [randn()], lambda x: x.sum(),
+         attrs={'dims': [], 'keepdim': 0}, kind='red')
+    case('add_empty', 'add', [randn(0, 3), randn(3)], torch.add)
+    case('sum_empty_d0', 'sum', [randn(0, 3)], lambda x: x.sum(0),
+         attrs={'dims': [0], 'keepdim': 0}, kind='red')
+    # long reductions in bf16: accumulation must be in f32
+    case('sum_bf16_1000', 'sum', [uniform(0.5, 1.5, 1000, dt=BF16)],
+         lambda x: x.sum(), attrs={'dims': [], 'keepdim': 0}, kind='red')
+    case('mean_bf16_2x1000', 'mean', [uniform(0.5, 1.5, 2, 1000, dt=BF16)],
+         lambda x: x.mean(-1), attrs={'dims': [-1], 'keepdim': 0},
+         kind='red')
+    case('sum_d0_1000x3', 'sum', [randn(1000, 3)], lambda x: x.sum(0),
+         attrs={'dims': [0], 'keepdim': 0}, kind='red')
+    case('softmax_d0_1000x3', 'softmax', [randn(1000, 3, scale=2.0)],
+         lambda x: torch.softmax(x, 0), attrs={'dim': 0}, kind='red')
+    case('softmax_bf16_1000', 'softmax', [randn(2, 1000, dt=BF16)],
+         lambda x: torch.softmax(x, -1), attrs={'dim': -1}, kind='red')
+    case('rmsnorm_bf16_1000', 'rmsnorm', [randn(2, 1000, dt=BF16),
+                                          randn(1000, dt=BF16)],
+         rmsnorm_ref(1e-6), attrs={'eps': 1e-6}, kind='red')
+    case('layernorm_bf16_1000', 'layernorm',
+         [randn(2, 1000, dt=BF16) + 3.0, randn(1000, dt=BF16),
+          randn(1000, dt=BF16)],
+         lambda x, w, b: F.layer_norm(x, (1000,), w, b, 1e-5),
+         attrs={'eps': 1e-5}, kind='red')
+    # -inf entries (masked logits), never a whole row
+    x = randn(4, 9, scale=2.0)
+    x[0, 3] = x[1, 0] = x[1, 8] = x[3, 4] = x[3, 5] = float('-inf')
+    for op, f in (('softmax', torch.softmax),
+                  ('log_softmax', torch.log_softmax)):
+        case(op + '_neginf', op, [x.clone()], lambda x, f=f: f(x, -1),
+             attrs={'dim': -1}, kind='red')
+    # amax with ties: torch splits the gradient evenly among the maxima
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0], [5.0, 5.0, 5.0, -1.0],
+                      [0.0, 1.0, 2.0, 2.5]])
+    case('amax_ties', 'amax', [x], lambda x: x.amax(-1),
+         attrs={'dims': [-1], 'keepdim': 0}, kind='red')
+    case('amax_ties_all', 'amax', [x.clone()], lambda x: x.amax(),
+         attrs={'dims': [], 'keepdim': 0}, kind='red')
+    # casts of special values (NaN, +-inf, overflow, subnormals, ties)
+    x = torch.tensor([float('nan'), float('inf'), float('-inf'), 0.0, -0.0,
+                      1e-40, -3e-39, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8,
+                      3.3895314e38, 3.4e38, -1.0 - 2.0 ** -8])
+    case('cast_f32_bf16_special', 'cast', [x], lambda x: x.to(BF16),
+         attrs={'dt': 1}, upcast=False, exact=True, backward=False)
+    x = torch.tensor([float('nan'), float('inf'), 65504.0, 65520.0, 70000.0,
+                      -70000.0, 1e-6, 6e-8, 2e-8, 1.0 + 2.0 ** -11,
+                      1.0 + 3 * 2.0 ** -11, -0.0])
+    case('cast_f32_f16_special', 'cast', [x], lambda x: x.to(F16),
+         attrs={'dt': 2}, upcast=False, exact=True, backward=False)
+    # cross entropy with large logits (stability)
+    t = torch.randint(0, 50, (4,), dtype=I64)
+    case('ce_mean_large_logits', 'cross_entropy',
+         [randn(4, 50, scale=60.0), t],
+         lambda lg, t: F.cross_entropy(lg, t), attrs={'ignore': -100,
+                                                       'red': 0},
+         kind='attn')
+    # attention: per-head mask with GQA, tile-unfriendly sizes
+    m = randn(1, 4, 1, 11, scale=0.5)
+    m[..., 3] = float('-inf')
+    case('attn_gqa_mask_1H1S', 'attention',
+         [randn(1, 4, 5, 8), randn(1, 2, 11, 8), randn(1, 2, 11, 8), m],
+         attn_ref(True, False, 0.0), attrs={'causal': 0, 'scale': 0.0},
+         grads=[0, 1, 2], kind='attn')
+    case('attn_odd_33x63_D20', 'attention',
+         [randn(1, 4, 33, 20), randn(1, 2, 63, 20), randn(1, 2, 63, 20)],
+         attn_ref(False, True, 0.0), attrs={'causal': 1, 'scale': 0.0},
+         grads=[0, 1, 2], kind='attn')
+    case('attn_D64_causal_scaled', 'attention',
+         [randn(2, 2, 17, 64), randn(2, 1, 17, 64), randn(2, 1, 17, 64)],
+         attn_ref(False, True, 0.05), attrs={'causal': 1, 'scale': 0.05},
+         grads=[0, 1, 2], kind='attn')
+    case('attn_large_scores', 'attention',
+         [randn(1, 2, 8, 16, scale=4.0), randn(1, 2, 8, 16, scale=4.0),
+          randn(1, 2, 8, 16)],
+         attn_ref(False, False, 0.0), attrs={'causal': 0, 'scale': 0.0},
+         grads=[0, 1, 2], kind='attn', tol=(1e-3, 1e-3))
+
+
+def more_cases():
+    # the same leaf used twice: gradients of both uses accumulate
+    case('mul_self_T', 'mul', [randn(4, 4), 0], torch.mul, views={1: 'T0,1'})
+    case('add_self_bcast', 'add', [randn(3, 4), 0], torch.add,
+         views={1: 'S0,0,1,1'})
+    case('matmul_self_T', 'matmul', [randn(3, 5), 0], torch.matmul,
+         views={1: 'T0,1'}, kind='mm')
+    case('concat_self', 'concat', [randn(2, 3), 0, 0],
+         lambda *xs: torch.cat(xs, 0), attrs={'dim': 0},
+         views={1: 'S0,1,2,1'})
+    case('attn_self_qkv', 'attention', [randn(1, 2, 6, 8), 0, 0],
+         attn_ref(False, True, 0.0), attrs={'causal': 1, 'scale': 0.0},
+         kind='attn')
+    # stride-0 and sliced inputs to the fused kernels
+    case('attn_kv_expanded', 'attention',
+         [randn(2, 4, 5, 8), randn(2, 1, 7, 8), randn(2, 1, 7, 8)],
+         attn_ref(False, False, 0.0), attrs={'causal': 0, 'scale': 0.0},
+         views={1: 'E2,2,7,8', 2: 'E2,2,7,8'}, kind='attn')
+    case('attn_qkv_split_views', 'attention',
+         [randn(1, 3, 24, 5), 0, 0],     # (B, H, 3*D, T) -> q, k, v (B,H,T,D)
+         attn_ref(False, True, 0.0), attrs={'causal': 1, 'scale': 0.0},
+         views={0: 'S2,0,8,1/T2,3', 1: 'S2,8,16,1/T2,3',
+                2: 'S2,16,24,1/T2,3'}, kind='attn')
+    cos, sin = rope_tables_ref(5, 8, 10000.0, 0)
+    case('rope_lastdim_slice', 'rope', [randn(2, 5, 24), cos.float(),
+                                         sin.float()],
+         lambda x, c, s: x * c + rotate_half(x) * s, grads=[0],
+         views={0: 'S2,8,16,1'})
+    case('rmsnorm_lastdim_slice', 'rmsnorm', [randn(3, 40), randn(17)],
+         rmsnorm_ref(1e-6), attrs={'eps': 1e-6}, kind='red',
+         views={0: 'S1,3,37,2'})
+    # non-contiguous integer inputs
+    t = torch.randint(0, 33, (4, 2), dtype=I64)
+    t[1, 0] = -100
+    case('ce_targets_slice', 'cross_entropy', [randn(4, 33), t],
+         lambda lg, t: F.cross_entropy(lg, t), attrs={'ignore': -100,
+                                                       'red': 0},
+         views={1: 'T0,1/S0,0,1,1/Q0'}, kind='attn')
+    ids = torch.tensor([[1, 3, 3], [0, 9, 3]], dtype=I32)
+    case('embedding_ids_T', 'embedding', [randn(10, 6), ids],
+         lambda w, i: F.embedding(i.long(), w), views={1: 'T0,1'})
+    m = (torch.rand(4, 3) < 0.5).to(I32)
+    case('masked_fill_mask_T', 'masked_fill', [randn(3, 4), m],
+         lambda x, m: x.masked_fill(m != 0, 2.0), attrs={'value': 2.0},
+         views={1: 'T0,1'})
+    # size-1 reduction dims
+    case('softmax_size1_dim', 'softmax', [randn(3, 1)],
+         lambda x: torch.softmax(x, -1), attrs={'dim': -1}, kind='red')
+    case('log_softmax_size1_dim', 'log_softmax', [randn(3, 1)],
+         lambda x: torch.log_softmax(x, -1), attrs={'dim': -1}, kind='red')
+    case('max_size1_dim', 'max', [randn(3, 1)],
+         lambda x: torch.max(x, 1).values, attrs={'dim': 1, 'keepdim': 0},
+         kind='red')
+    case('argmax_size1_dim', 'argmax', [randn(3, 1)],
+         lambda x: torch.argmax(x, 1, keepdim=True),
+         attrs={'dim': 1, 'keepdim': 1}, backward=False, exact=True)
+
+
+# ---- serialization ----------------------------------------------------------
 
 def wstr(f, s):
     b = s.encode()
@@ -839,6 +1011,8 @@ def main():
     rope_cases()
     attention_cases()
     ce_cases()
+    edge_cases()
+    more_cases()
     with open(sys.argv[1], 'wb') as f:
         f.write(b'TSCASE01')
         f.write(struct.pack('<I', len(cases)))

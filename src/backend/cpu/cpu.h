@@ -103,6 +103,6 @@ CPU_KERNEL(concat); CPU_KERNEL(slice_scatter); CPU_KERNEL(rmsnorm);
 CPU_KERNEL(rmsnorm_backward); CPU_KERNEL(layernorm);
 CPU_KERNEL(layernorm_backward); CPU_KERNEL(rope); CPU_KERNEL(attention);
 CPU_KERNEL(attention_backward); CPU_KERNEL(cross_entropy);
-CPU_KERNEL(cross_entropy_backward);
+CPU_KERNEL(cross_entropy_backward); CPU_KERNEL(copy_into);
 
 #endif

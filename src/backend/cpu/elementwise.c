@@ -400,3 +400,14 @@ CPU_KERNEL(embedding_backward) {
     free(offs);
     return st;
 }
+
+/* in[0] (any strides) = in[1] broadcast and converted */
+CPU_KERNEL(copy_into) {
+    (void)ctx;
+    ts_tensor *d = n->in[0], *s = n->in[1];
+    int64_t st[TS_MAX_DIMS];
+    ts_broadcast_strides(s, d->ndim, d->shape, st);
+    cpu_copy_strided(ts_tensor_ptr(d), d->dtype, d->strides, ts_tensor_ptr(s),
+                     s->dtype, st, d->ndim, d->shape);
+    return TS_OK;
+}

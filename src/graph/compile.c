@@ -1,0 +1,674 @@
+/* compile.c — the compiled mode: the recorded graph (trace), its analysis
+ * at sync (which results outlive the graph, dead-code elimination), the
+ * memory plan (intermediates share one arena by liveness), the cache of
+ * plans keyed by the graph's structure, dtypes and shapes, the executor,
+ * and the debug dumps (TS_DUMP_GRAPH=DIR). Op semantics stay in the op
+ * table and the backends; this file only decides what runs and where its
+ * results live. */
+#include "ops/ops.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define PLAN_CACHE_MAX 64
+
+typedef struct plan {
+    struct plan *next;
+    uint64_t hash;
+    size_t key_len;
+    unsigned char *key;
+    int n_nodes;
+    unsigned char *run;     /* per trace node: 1 runs, 0 dead */
+    int64_t *out_off;       /* per node: arena offset, -1 own allocation */
+    int64_t *saved_off;     /* per node x TS_MAX_SAVED */
+    size_t arena_bytes;
+    size_t kept_bytes;      /* results that outlive the graph */
+} plan;
+
+typedef struct ts_trace {
+    ts_node **nodes;
+    int n, cap;
+    plan *plans;
+    int n_plans;
+    void *arena;
+    size_t arena_cap;
+    int dump_seq;
+} ts_trace;
+
+static ts_trace *trace_of(ts_ctx *ctx) {
+    if (!ctx->trace) ctx->trace = calloc(1, sizeof(ts_trace));
+    return ctx->trace;
+}
+
+ts_status ts_trace_append(ts_ctx *ctx, ts_node *n) {
+    ts_trace *t = trace_of(ctx);
+    if (!t) return ts_set_error(ctx, TS_ERR_OOM, "out of memory (trace)");
+    if (t->n == t->cap) {
+        int cap = t->cap ? t->cap * 2 : 256;
+        ts_node **p = realloc(t->nodes, sizeof *p * (size_t)cap);
+        if (!p) return ts_set_error(ctx, TS_ERR_OOM, "out of memory (trace)");
+        t->nodes = p;
+        t->cap = cap;
+    }
+    n->refcount++;
+    t->nodes[t->n++] = n;
+    return TS_OK;
+}
+
+static void plan_free(plan *p) {
+    free(p->key), free(p->run), free(p->out_off), free(p->saved_off);
+    free(p);
+}
+
+static void trace_clear(ts_ctx *ctx) {
+    ts_trace *t = ctx->trace;
+    if (!t) return;
+    int n = t->n;
+    t->n = 0;
+    for (int i = 0; i < n; i++) ts_node_release(t->nodes[i]);
+}
+
+void ts_trace_destroy(ts_ctx *ctx) {
+    ts_trace *t = ctx->trace;
+    if (!t) return;
+    trace_clear(ctx);
+    while (t->plans) {
+        plan *p = t->plans;
+        t->plans = p->next;
+        plan_free(p);
+    }
+    free(t->nodes);
+    free(t->arena);
+    free(t);
+    ctx->trace = NULL;
+}
+
+/* ---- mode ---- */
+
+ts_mode ts_set_mode(ts_ctx *ctx, ts_mode mode) {
+    if (!ctx) return TS_MODE_EAGER;
+    ts_mode old = ctx->mode;
+    if (mode == TS_MODE_COMPILED && ctx->force_eager) mode = TS_MODE_EAGER;
+    if (mode == TS_MODE_EAGER && old == TS_MODE_COMPILED) ts_sync(ctx);
+    ctx->mode = mode;
+    return old;
+}
+
+ts_mode ts_get_mode(const ts_ctx *ctx) { return ctx ? ctx->mode : TS_MODE_EAGER; }
+
+void ts_force_eager(ts_ctx *ctx, bool on) {
+    if (!ctx) return;
+    ctx->force_eager = on;
+    if (on) ts_set_mode(ctx, TS_MODE_EAGER);
+}
+
+void ts_get_compile_stats(const ts_ctx *ctx, ts_compile_stats *out) {
+    if (ctx && out) *out = ctx->cstats;
+}
+
+/* ---- analysis ----
+ * Storage marks during a sync (storage->scratch): 0 not produced here,
+ * i + 1 produced by trace node i. scratch2: bit 1 live after the graph,
+ * bit 2 read by a node that runs. Tensor marks (tensor->scratch): how many
+ * references trace nodes hold. */
+
+#define LIVE_AFTER 1
+#define READ 2
+
+static void count_refs(ts_trace *t, int delta) {
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        for (int k = 0; k < n->n_in; k++) n->in[k]->scratch += delta;
+        for (int k = 0; k < n->n_saved; k++) n->saved[k]->scratch += delta;
+        if (n->out) n->out->scratch += 0; /* weak: not a reference */
+    }
+}
+
+/* Marks what must exist after the graph: tensors held from outside the
+ * trace, everything the autograd graph reachable from them holds, and
+ * storages held by headers the trace does not know. */
+static bool mark_live(ts_trace *t) {
+    /* headers the trace knows, per storage */
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        n->out_st->scratch2 = 0;
+        for (int k = 0; k < n->n_in; k++) n->in[k]->storage->scratch2 = 0;
+        for (int k = 0; k < n->n_saved; k++) n->saved[k]->storage->scratch2 = 0;
+    }
+    /* a work list of tensors found live, then the autograd graph behind them */
+    int cap = 4 * t->n + 16, top = 0;
+    ts_tensor **stack = malloc(sizeof *stack * (size_t)cap);
+    ts_node **visited = malloc(sizeof *visited * (size_t)(t->n + 1));
+    int n_visited = 0;
+    if (!stack || !visited) {
+        free(stack), free(visited);
+        return false;
+    }
+#define PUSH(x)                                                             \
+    do {                                                                    \
+        if (top == cap) {                                                   \
+            cap *= 2;                                                       \
+            ts_tensor **p_ = realloc(stack, sizeof *stack * (size_t)cap);   \
+            if (!p_) goto oom;                                              \
+            stack = p_;                                                     \
+        }                                                                   \
+        stack[top++] = (x);                                                 \
+    } while (0)
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k]->refcount > n->in[k]->scratch) PUSH(n->in[k]);
+        for (int k = 0; k < n->n_saved; k++)
+            if (n->saved[k]->refcount > n->saved[k]->scratch) PUSH(n->saved[k]);
+        if (n->out && n->out->refcount > n->out->scratch) PUSH(n->out);
+        /* headers nobody in the trace references (views, the user's own
+         * handle on a result): the storage counts more holders than the
+         * known headers plus this node */
+    }
+    while (top) {
+        ts_tensor *x = stack[--top];
+        x->storage->scratch2 |= LIVE_AFTER;
+        ts_node *g = x->grad_fn;
+        if (g && g->visit == 0) {
+            g->visit = 1;
+            visited[n_visited++] = g;
+            if (n_visited > t->n) { /* more autograd nodes than trace: grow */
+                ts_node **p = realloc(visited, sizeof *visited * (size_t)(2 * n_visited));
+                if (!p) goto oom;
+                visited = p;
+            }
+            for (int k = 0; k < g->n_in; k++) PUSH(g->in[k]);
+            for (int k = 0; k < g->n_saved; k++) PUSH(g->saved[k]);
+        }
+    }
+    for (int i = 0; i < n_visited; i++) visited[i]->visit = 0;
+    free(stack), free(visited);
+    return true;
+oom:
+    for (int i = 0; i < n_visited; i++) visited[i]->visit = 0;
+    free(stack), free(visited);
+    return false;
+#undef PUSH
+}
+
+/* Storages with holders the trace cannot see (a view the user holds, the
+ * user's own handle on a result) are live after the graph too: a storage's
+ * count is its headers plus the nodes writing it; anything above the
+ * headers and nodes the trace knows is held from outside. */
+static void mark_unseen_holders(ts_trace *t) {
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        n->out_st->scratch = 0;
+        for (int k = 0; k < n->n_in; k++) n->in[k]->storage->scratch = 0;
+        for (int k = 0; k < n->n_saved; k++) n->saved[k]->storage->scratch = 0;
+        if (n->out) n->out->storage->scratch = 0;
+    }
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        n->out_st->scratch++; /* the node's own reference */
+        ts_tensor *hs[TS_MAX_INPUTS + TS_MAX_SAVED + 1];
+        int nh = 0;
+        for (int k = 0; k < n->n_in; k++) hs[nh++] = n->in[k];
+        for (int k = 0; k < n->n_saved; k++) hs[nh++] = n->saved[k];
+        if (n->out) hs[nh++] = n->out;
+        for (int k = 0; k < nh; k++)
+            if (hs[k]->scratch >= 0) { /* count each header once */
+                hs[k]->storage->scratch++;
+                hs[k]->scratch = -1 - hs[k]->scratch;
+            }
+    }
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        if (n->out_st->refcount > n->out_st->scratch) n->out_st->scratch2 |= LIVE_AFTER;
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k]->scratch < 0) n->in[k]->scratch = -1 - n->in[k]->scratch;
+        for (int k = 0; k < n->n_saved; k++)
+            if (n->saved[k]->scratch < 0) n->saved[k]->scratch = -1 - n->saved[k]->scratch;
+        if (n->out && n->out->scratch < 0) n->out->scratch = -1 - n->out->scratch;
+    }
+}
+
+/* ---- keys ---- */
+
+typedef struct {
+    unsigned char *p;
+    size_t n, cap;
+    bool oom;
+} bytes;
+
+static void put(bytes *b, const void *v, size_t n) {
+    if (b->oom) return;
+    if (b->n + n > b->cap) {
+        size_t cap = (b->cap ? b->cap * 2 : 4096) + n;
+        unsigned char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, v, n);
+    b->n += n;
+}
+
+static void put_i64(bytes *b, int64_t v) { put(b, &v, sizeof v); }
+
+static void put_geometry(bytes *b, const ts_tensor *x) {
+    put_i64(b, x->dtype);
+    put_i64(b, x->ndim);
+    for (int d = 0; d < x->ndim; d++) put_i64(b, x->shape[d]), put_i64(b, x->strides[d]);
+    put_i64(b, x->offset);
+}
+
+static uint64_t fnv1a(const unsigned char *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+#define SLOTS (1 + TS_MAX_SAVED) /* buffers per node: out, saved... */
+
+/* storage->scratch: > 0 buffer id + 1 of the node slot producing it,
+ * < 0 -(index + 1) of an outside input, in order of first use */
+static void number_storages(ts_trace *t) {
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        for (int k = 0; k < n->n_in; k++) n->in[k]->storage->scratch = 0;
+        n->out_st->scratch = 0;
+    }
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        if (n->op != TS_OP_COPY_INTO) n->out_st->scratch = i * SLOTS + 1;
+        for (int k = 0; k < n->n_saved; k++)
+            n->saved[k]->storage->scratch = i * SLOTS + 2 + k;
+    }
+    int ext = 0;
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k]->storage->scratch == 0) n->in[k]->storage->scratch = -(++ext);
+        if (n->out_st->scratch == 0) n->out_st->scratch = -(++ext);
+    }
+}
+
+static void build_key(ts_trace *t, const unsigned char *run, bytes *b) {
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        put_i64(b, n->op);
+        put_i64(b, run[i]);
+        put_i64(b, n->n_in);
+        for (int k = 0; k < 2 * TS_MAX_DIMS; k++) put_i64(b, n->attrs.i[k]);
+        put(b, n->attrs.f, sizeof n->attrs.f);
+        put_i64(b, n->attrs.dtype);
+        for (int k = 0; k < n->n_in; k++) {
+            put_i64(b, n->in[k]->storage->scratch);
+            put_geometry(b, n->in[k]);
+        }
+        put_i64(b, n->out_st->scratch);
+        put_i64(b, n->out_st->scratch2 & LIVE_AFTER);
+        put_i64(b, n->out_desc.dtype);
+        put_i64(b, n->out_desc.ndim);
+        for (int d = 0; d < n->out_desc.ndim; d++) put_i64(b, n->out_desc.shape[d]);
+        for (int k = 0; k < n->n_saved; k++)
+            put_i64(b, n->saved[k]->storage->scratch2 & LIVE_AFTER);
+    }
+}
+
+/* ---- memory plan ---- */
+
+typedef struct {
+    int id;      /* node * SLOTS + slot */
+    size_t bytes;
+    int start, end; /* trace positions, inclusive */
+    int64_t off;
+} buffer;
+
+static int by_size_desc(const void *a, const void *b) {
+    const buffer *x = a, *y = b;
+    if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+    return x->id - y->id;
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Greedy placement: biggest first, each at the lowest offset that overlaps
+ * no placed buffer whose lifetime meets its own. */
+static size_t place_buffers(buffer *bufs, int nb) {
+    qsort(bufs, (size_t)nb, sizeof *bufs, by_size_desc);
+    size_t arena = 0;
+    for (int i = 0; i < nb; i++) {
+        int64_t off = 0;
+        bool moved = true;
+        while (moved) {
+            moved = false;
+            for (int j = 0; j < i; j++) {
+                buffer *o = &bufs[j];
+                if (o->end < bufs[i].start || bufs[i].end < o->start) continue;
+                if (off < o->off + (int64_t)o->bytes &&
+                    o->off < off + (int64_t)bufs[i].bytes) {
+                    off = o->off + (int64_t)o->bytes;
+                    moved = true;
+                }
+            }
+        }
+        bufs[i].off = off;
+        if ((size_t)off + bufs[i].bytes > arena) arena = (size_t)off + bufs[i].bytes;
+    }
+    return arena;
+}
+
+static size_t slot_bytes(const ts_node *n, int slot) {
+    const ts_desc *d = slot == 0 ? &n->out_desc : &n->saved_desc[slot - 1];
+    return (size_t)ts_shape_numel(d->ndim, d->shape) * ts_dtype_size(d->dtype);
+}
+
+static plan *make_plan(ts_trace *t, const unsigned char *run) {
+    plan *p = calloc(1, sizeof *p);
+    buffer *bufs = calloc((size_t)t->n * SLOTS + 1, sizeof *bufs);
+    int *last = malloc(sizeof(int) * (size_t)(t->n * SLOTS + 1));
+    if (!p || !bufs || !last) goto oom;
+    p->n_nodes = t->n;
+    p->run = malloc((size_t)t->n + 1);
+    p->out_off = malloc(sizeof(int64_t) * (size_t)(t->n + 1));
+    p->saved_off = malloc(sizeof(int64_t) * (size_t)(t->n * TS_MAX_SAVED + 1));
+    if (!p->run || !p->out_off || !p->saved_off) goto oom;
+    memcpy(p->run, run, (size_t)t->n);
+    for (int i = 0; i < t->n * SLOTS; i++) last[i] = -1;
+    /* last use of every produced buffer: reads, and writes by copy_into */
+    for (int i = 0; i < t->n; i++) {
+        if (!run[i]) continue;
+        ts_node *n = t->nodes[i];
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k]->storage->scratch > 0) last[n->in[k]->storage->scratch - 1] = i;
+        if (n->out_st->scratch > 0) last[n->out_st->scratch - 1] = i;
+    }
+    int nb = 0;
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        p->out_off[i] = -1;
+        for (int k = 0; k < TS_MAX_SAVED; k++) p->saved_off[i * TS_MAX_SAVED + k] = -1;
+        if (!run[i]) continue;
+        for (int slot = 0; slot < 1 + n->n_saved; slot++) {
+            if (slot == 0 && n->op == TS_OP_COPY_INTO) continue;
+            ts_storage *s = slot == 0 ? n->out_st : n->saved[slot - 1]->storage;
+            size_t sz = slot_bytes(n, slot);
+            if (s->scratch2 & LIVE_AFTER) {
+                p->kept_bytes += sz;
+                continue;
+            }
+            int id = i * SLOTS + slot;
+            bufs[nb++] = (buffer){id, align64(sz ? sz : 1), i,
+                                  last[id] > i ? last[id] : i, 0};
+        }
+    }
+    p->arena_bytes = place_buffers(bufs, nb);
+    for (int b = 0; b < nb; b++) {
+        int i = bufs[b].id / SLOTS, slot = bufs[b].id % SLOTS;
+        if (slot == 0)
+            p->out_off[i] = bufs[b].off;
+        else
+            p->saved_off[i * TS_MAX_SAVED + slot - 1] = bufs[b].off;
+    }
+    free(bufs), free(last);
+    return p;
+oom:
+    if (p) plan_free(p);
+    free(bufs), free(last);
+    return NULL;
+}
+
+/* ---- dumps ---- */
+
+static void dump_node(FILE *f, ts_trace *t, int i, const plan *p) {
+    ts_node *n = t->nodes[i];
+    char sb[128];
+    fprintf(f, "%%%d = %s(", i, ts_op_table[n->op].name);
+    for (int k = 0; k < n->n_in; k++) {
+        int sc = n->in[k]->storage->scratch;
+        if (sc > 0)
+            fprintf(f, "%s%%%d%s", k ? ", " : "", (sc - 1) / SLOTS,
+                    (sc - 1) % SLOTS ? ".saved" : "");
+        else
+            fprintf(f, "%sin%d", k ? ", " : "", -sc - 1);
+        fprintf(f, ":%s%s", ts_dtype_name(n->in[k]->dtype),
+                ts_shape_str(n->in[k]->ndim, n->in[k]->shape, sb, sizeof sb));
+    }
+    fprintf(f, ") -> %s%s", ts_dtype_name(n->out_desc.dtype),
+            ts_shape_str(n->out_desc.ndim, n->out_desc.shape, sb, sizeof sb));
+    if (n->out_st->scratch2 & LIVE_AFTER) fprintf(f, " [kept]");
+    if (p) {
+        if (!p->run[i])
+            fprintf(f, " [dead]");
+        else if (p->out_off[i] >= 0)
+            fprintf(f, " @arena+%lld (%zu B)", (long long)p->out_off[i], slot_bytes(n, 0));
+    }
+    fprintf(f, "\n");
+}
+
+static void dump_graph(ts_ctx *ctx, ts_trace *t, const plan *p) {
+    const char *dir = getenv("TS_DUMP_GRAPH");
+    if (!dir || !*dir) return;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return;
+    int seq = t->dump_seq++;
+    char path[4096];
+    for (int stage = 0; stage < 2; stage++) {
+        snprintf(path, sizeof path, "%s/graph-%03d-%s.txt", dir, seq,
+                 stage ? "after" : "before");
+        FILE *f = fopen(path, "w");
+        if (!f) return;
+        fprintf(f, "# graph %d, %s the passes: %d nodes\n", seq,
+                stage ? "after" : "before", t->n);
+        for (int i = 0; i < t->n; i++)
+            if (!stage || p->run[i]) dump_node(f, t, i, stage ? p : NULL);
+        if (stage) {
+            int dead = 0;
+            for (int i = 0; i < t->n; i++) dead += !p->run[i];
+            fprintf(f, "# dead nodes removed: %d\n# arena: %zu bytes\n"
+                       "# kept results: %zu bytes\n# planned peak: %zu bytes\n",
+                    dead, p->arena_bytes, p->kept_bytes,
+                    p->arena_bytes + p->kept_bytes);
+        }
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "%s/graph-%03d.dot", dir, seq);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "digraph g%d {\n  node [shape=box, fontname=monospace];\n", seq);
+    for (int i = 0; i < t->n; i++) {
+        if (!p->run[i]) continue;
+        ts_node *n = t->nodes[i];
+        char sb[128];
+        fprintf(f, "  n%d [label=\"%%%d %s\\n%s%s\"%s];\n", i, i,
+                ts_op_table[n->op].name, ts_dtype_name(n->out_desc.dtype),
+                ts_shape_str(n->out_desc.ndim, n->out_desc.shape, sb, sizeof sb),
+                n->out_st->scratch2 & LIVE_AFTER ? ", style=bold" : "");
+        for (int k = 0; k < n->n_in; k++) {
+            int sc = n->in[k]->storage->scratch;
+            if (sc > 0)
+                fprintf(f, "  n%d -> n%d;\n", (sc - 1) / SLOTS, i);
+            else
+                fprintf(f, "  in%d -> n%d;\n", -sc - 1, i);
+        }
+    }
+    fprintf(f, "}\n");
+    fclose(f);
+    (void)ctx;
+}
+
+/* ---- sync ---- */
+
+static bool poison_enabled(void) {
+#ifdef TS_DEBUG_POISON
+    return true;
+#else
+    const char *e = getenv("TS_POISON_FREED");
+    return e && *e && strcmp(e, "0") != 0;
+#endif
+}
+
+static ts_status bind(ts_ctx *ctx, ts_trace *t, ts_storage *s, int64_t off,
+                      size_t bytes) {
+    if (off >= 0) {
+        s->data = (char *)t->arena + off;
+        s->external = true; /* the arena owns it */
+    } else {
+        s->data = ctx->backend->alloc(ctx, bytes ? bytes : 1);
+        if (!s->data)
+            return ts_set_error(ctx, TS_ERR_OOM,
+                                "compiled graph: out of memory for a %zu-byte "
+                                "result",
+                                bytes);
+    }
+    s->bytes = bytes;
+    s->pending = false;
+    return TS_OK;
+}
+
+static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
+    if (p->arena_bytes > t->arena_cap) {
+        free(t->arena);
+        t->arena_cap = align64(p->arena_bytes);
+        t->arena = aligned_alloc(64, t->arena_cap);
+        if (!t->arena) {
+            t->arena_cap = 0;
+            return ts_set_error(ctx, TS_ERR_OOM,
+                                "compiled graph: out of memory for a %zu-byte "
+                                "arena",
+                                p->arena_bytes);
+        }
+    }
+    bool poison = poison_enabled();
+    int *last = NULL;
+    if (poison) { /* last use per node output, to poison dead buffers */
+        last = malloc(sizeof(int) * (size_t)(t->n + 1));
+        if (!last) return ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+        for (int i = 0; i < t->n; i++) last[i] = i;
+        for (int i = 0; i < t->n; i++) {
+            if (!p->run[i]) continue;
+            ts_node *n = t->nodes[i];
+            for (int k = 0; k < n->n_in; k++) {
+                int sc = n->in[k]->storage->scratch;
+                if (sc > 0 && (sc - 1) % SLOTS == 0) last[(sc - 1) / SLOTS] = i;
+            }
+        }
+    }
+    ts_status st = TS_OK;
+    for (int i = 0; i < t->n && st == TS_OK; i++) {
+        if (!p->run[i]) continue;
+        ts_node *n = t->nodes[i];
+        if (n->op != TS_OP_COPY_INTO)
+            st = bind(ctx, t, n->out_st, p->out_off[i], slot_bytes(n, 0));
+        for (int k = 0; k < n->n_saved && st == TS_OK; k++)
+            st = bind(ctx, t, n->saved[k]->storage,
+                      p->saved_off[i * TS_MAX_SAVED + k], slot_bytes(n, 1 + k));
+        if (st != TS_OK) break;
+        ts_tensor hdr = {.refcount = 1, .ctx = ctx, .dtype = n->out_desc.dtype,
+                         .ndim = n->out_desc.ndim, .storage = n->out_st};
+        memcpy(hdr.shape, n->out_desc.shape, sizeof hdr.shape);
+        ts_contiguous_strides(hdr.ndim, hdr.shape, hdr.strides);
+        ts_tensor *keep = n->out;
+        n->out = &hdr;
+        st = ctx->backend->run_node(ctx, n);
+        n->out = keep;
+        if (poison) /* buffers whose last reader just ran: fill with NaN */
+            for (int j = 0; j <= i; j++)
+                if (p->run[j] && last[j] == i && p->out_off[j] >= 0 &&
+                    t->nodes[j]->op != TS_OP_COPY_INTO)
+                    memset(t->nodes[j]->out_st->data, 0xff,
+                           slot_bytes(t->nodes[j], 0));
+    }
+    free(last);
+    return st;
+}
+
+ts_status ts_sync(ts_ctx *ctx) {
+    if (!ctx) return TS_ERR_INVALID_ARG;
+    ts_trace *t = ctx->trace;
+    if (!t || t->n == 0 || ctx->syncing) return TS_OK;
+    ctx->syncing = true;
+    ts_status st = TS_OK;
+    unsigned char *run = malloc((size_t)t->n + 1);
+    bytes key = {0};
+    if (!run) {
+        st = ts_set_error(ctx, TS_ERR_OOM, "compiled graph: out of memory");
+        goto done;
+    }
+    /* which results outlive the graph */
+    count_refs(t, +1);
+    bool ok = mark_live(t);
+    mark_unseen_holders(t);
+    count_refs(t, -1);
+    if (!ok) {
+        st = ts_set_error(ctx, TS_ERR_OOM, "compiled graph: out of memory");
+        goto done;
+    }
+    number_storages(t);
+    /* dead-code elimination, from the last node back */
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        for (int k = 0; k < n->n_in; k++) n->in[k]->storage->scratch2 &= ~READ;
+        n->out_st->scratch2 &= ~READ;
+        for (int k = 0; k < n->n_saved; k++) n->saved[k]->storage->scratch2 &= ~READ;
+    }
+    int dead = 0;
+    for (int i = t->n - 1; i >= 0; i--) {
+        ts_node *n = t->nodes[i];
+        bool need = n->op == TS_OP_COPY_INTO || (n->out_st->scratch2 & (LIVE_AFTER | READ));
+        for (int k = 0; k < n->n_saved; k++)
+            need |= (n->saved[k]->storage->scratch2 & (LIVE_AFTER | READ)) != 0;
+        run[i] = need;
+        dead += !need;
+        if (need)
+            for (int k = 0; k < n->n_in; k++) n->in[k]->storage->scratch2 |= READ;
+    }
+    /* the plan: from the cache, or built now */
+    build_key(t, run, &key);
+    if (key.oom) {
+        st = ts_set_error(ctx, TS_ERR_OOM, "compiled graph: out of memory");
+        goto done;
+    }
+    uint64_t h = fnv1a(key.p, key.n);
+    plan *p = t->plans;
+    while (p && !(p->hash == h && p->key_len == key.n && !memcmp(p->key, key.p, key.n)))
+        p = p->next;
+    if (p) {
+        ctx->cstats.cache_hits++;
+    } else {
+        p = make_plan(t, run);
+        if (!p) {
+            st = ts_set_error(ctx, TS_ERR_OOM, "compiled graph: out of memory");
+            goto done;
+        }
+        p->hash = h;
+        p->key = key.p;
+        p->key_len = key.n;
+        key.p = NULL;
+        p->next = t->plans;
+        t->plans = p;
+        if (++t->n_plans > PLAN_CACHE_MAX) { /* drop the oldest */
+            plan *q = t->plans;
+            while (q->next && q->next->next) q = q->next;
+            plan_free(q->next);
+            q->next = NULL;
+            t->n_plans--;
+        }
+        ctx->cstats.compilations++;
+        dump_graph(ctx, t, p);
+    }
+    ctx->cstats.graphs_run++;
+    ctx->cstats.nodes_run = (uint64_t)(t->n - dead);
+    ctx->cstats.nodes_dead = (uint64_t)dead;
+    ctx->cstats.arena_bytes = p->arena_bytes;
+    ctx->cstats.planned_peak_bytes = p->arena_bytes + p->kept_bytes;
+    st = execute(ctx, t, p);
+done:
+    free(key.p);
+    free(run);
+    trace_clear(ctx);
+    ctx->syncing = false;
+    return st;
+}

@@ -1,0 +1,270 @@
+/* optim.c — training helpers of the nn layer: the AdamW optimizer (state and
+ * step), gradient-norm clipping, zero_grad over a parameter list, and the
+ * cosine-with-warmup learning-rate schedule. Updates are written with public
+ * ops under no-grad and stored with ts_copy_, so compiled mode can record
+ * them; owns ts_adamw and its moment tensors, never the parameters. */
+#include "tessera_nn.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* The core's error setter; not in tessera.h yet (see the report to the
+ * lead). Records status + message on ctx and returns the status. */
+ts_status ts_set_error(ts_ctx *ctx, ts_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+struct ts_adamw {
+    ts_ctx *ctx;
+    ts_adamw_options o;
+    int n;
+    ts_tensor **params; /* retained */
+    ts_tensor **m;      /* exp_avg, f32, shape of params[i] */
+    ts_tensor **v;      /* exp_avg_sq, f32 */
+    int64_t *steps;     /* updates applied to params[i] */
+};
+
+ts_adamw_options ts_adamw_default_options(void) {
+    ts_adamw_options o = {.lr = 1e-3,
+                          .beta1 = 0.9,
+                          .beta2 = 0.999,
+                          .eps = 1e-8,
+                          .weight_decay = 1e-2};
+    return o;
+}
+
+static ts_status check_options(ts_ctx *ctx, const ts_adamw_options *o) {
+    /* torch.optim.AdamW's own checks */
+    if (!(o->lr >= 0))
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "adamw: lr is %g (want >= 0)", o->lr);
+    if (!(o->beta1 >= 0 && o->beta1 < 1))
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "adamw: beta1 is %g (want 0 <= beta1 < 1)",
+                            o->beta1);
+    if (!(o->beta2 >= 0 && o->beta2 < 1))
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "adamw: beta2 is %g (want 0 <= beta2 < 1)",
+                            o->beta2);
+    if (!(o->eps >= 0))
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "adamw: eps is %g (want >= 0)", o->eps);
+    if (!(o->weight_decay >= 0))
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "adamw: weight_decay is %g (want >= 0)",
+                            o->weight_decay);
+    return TS_OK;
+}
+
+ts_status ts_adamw_new(ts_ctx *ctx, ts_tensor *const *params, int n,
+                       const ts_adamw_options *opt, ts_adamw **out) {
+    if (!ctx) return TS_ERR_INVALID_ARG;
+    if (!out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "adamw_new: NULL out");
+    *out = NULL;
+    if (n < 0 || (n > 0 && !params))
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "adamw_new: %d parameters at %p", n,
+                            (const void *)params);
+    ts_adamw_options o = opt ? *opt : ts_adamw_default_options();
+    ts_status s = check_options(ctx, &o);
+    if (s != TS_OK) return s;
+    for (int i = 0; i < n; i++) {
+        if (!params[i])
+            return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                "adamw_new: parameter %d is NULL", i);
+        if (ts_tensor_ctx(params[i]) != ctx)
+            return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                "adamw_new: parameter %d belongs to another "
+                                "context",
+                                i);
+        if (!ts_dtype_is_float(ts_tensor_dtype(params[i])))
+            return ts_set_error(ctx, TS_ERR_DTYPE,
+                                "adamw_new: parameter %d is %s (want a float "
+                                "dtype)",
+                                i, ts_dtype_name(ts_tensor_dtype(params[i])));
+    }
+    ts_adamw *a = calloc(1, sizeof *a);
+    size_t cnt = (size_t)(n ? n : 1);
+    if (a) {
+        a->ctx = ctx;
+        a->o = o;
+        a->params = calloc(cnt, sizeof *a->params);
+        a->m = calloc(cnt, sizeof *a->m);
+        a->v = calloc(cnt, sizeof *a->v);
+        a->steps = calloc(cnt, sizeof *a->steps);
+    }
+    if (!a || !a->params || !a->m || !a->v || !a->steps) {
+        ts_adamw_free(a);
+        return ts_set_error(ctx, TS_ERR_OOM, "adamw_new: out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        int nd = ts_tensor_ndim(params[i]);
+        const int64_t *sh = ts_tensor_shape(params[i]);
+        a->params[i] = ts_retain(params[i]);
+        a->n = i + 1;
+        a->m[i] = ts_zeros(ctx, TS_F32, nd, sh);
+        a->v[i] = ts_zeros(ctx, TS_F32, nd, sh);
+        if (!a->m[i] || !a->v[i]) {
+            ts_adamw_free(a);
+            return ts_ctx_status(ctx);
+        }
+    }
+    *out = a;
+    return TS_OK;
+}
+
+void ts_adamw_free(ts_adamw *a) {
+    if (!a) return;
+    for (int i = 0; i < a->n; i++) {
+        ts_release(a->params[i]);
+        ts_release(a->m[i]);
+        ts_release(a->v[i]);
+    }
+    free(a->params), free(a->m), free(a->v), free(a->steps);
+    free(a);
+}
+
+void ts_adamw_set_lr(ts_adamw *a, double lr) {
+    if (a) a->o.lr = lr;
+}
+
+double ts_adamw_get_lr(const ts_adamw *a) { return a ? a->o.lr : 0.0; }
+
+ts_tensor *ts_adamw_exp_avg(const ts_adamw *a, int i) {
+    return a && i >= 0 && i < a->n ? a->m[i] : NULL;
+}
+
+ts_tensor *ts_adamw_exp_avg_sq(const ts_adamw *a, int i) {
+    return a && i >= 0 && i < a->n ? a->v[i] : NULL;
+}
+
+int64_t ts_adamw_step_count(const ts_adamw *a, int i) {
+    return a && i >= 0 && i < a->n ? a->steps[i] : 0;
+}
+
+/* A new f32 reference to x: x itself when already f32. */
+static ts_tensor *as_f32(ts_tensor *x) {
+    return ts_tensor_dtype(x) == TS_F32 ? ts_retain(x) : ts_cast(x, TS_F32);
+}
+
+/* One AdamW update of p from g with moments m, v at step t (>= 1). */
+static ts_status adamw_update(const ts_adamw_options *o, ts_tensor *p,
+                              ts_tensor *grad, ts_tensor *m, ts_tensor *v,
+                              int64_t t) {
+    double bc1 = 1.0 - pow(o->beta1, (double)t);
+    double bc2 = 1.0 - pow(o->beta2, (double)t);
+    ts_tensor *g = as_f32(grad), *p32 = as_f32(p);
+
+    /* m = b1*m + (1-b1)*g */
+    ts_tensor *m1 = ts_mul_scalar(m, o->beta1);
+    ts_tensor *g1 = ts_mul_scalar(g, 1.0 - o->beta1);
+    ts_tensor *mn = ts_add(m1, g1);
+    ts_release(m1), ts_release(g1);
+    ts_status s = mn ? ts_copy_(m, mn) : TS_ERR_INVALID_ARG;
+    ts_release(mn);
+
+    /* v = b2*v + (1-b2)*g*g */
+    ts_tensor *v1 = ts_mul_scalar(v, o->beta2);
+    ts_tensor *gg = ts_mul(g, g);
+    ts_tensor *gg1 = ts_mul_scalar(gg, 1.0 - o->beta2);
+    ts_tensor *vn = ts_add(v1, gg1);
+    ts_release(v1), ts_release(gg), ts_release(gg1), ts_release(g);
+    if (s == TS_OK) s = vn ? ts_copy_(v, vn) : TS_ERR_INVALID_ARG;
+    ts_release(vn);
+
+    /* p = p*(1 - lr*wd) - (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps) */
+    ts_tensor *pd = o->weight_decay != 0
+                        ? ts_mul_scalar(p32, 1.0 - o->lr * o->weight_decay)
+                        : ts_retain(p32);
+    ts_release(p32);
+    ts_tensor *sq = ts_sqrt(v);
+    ts_tensor *dn = ts_mul_scalar(sq, 1.0 / sqrt(bc2));
+    ts_tensor *den = ts_add_scalar(dn, o->eps);
+    ts_release(sq), ts_release(dn);
+    ts_tensor *r = ts_div(m, den);
+    ts_tensor *step = ts_mul_scalar(r, -o->lr / bc1);
+    ts_tensor *pn = ts_add(pd, step);
+    ts_release(den), ts_release(r), ts_release(step), ts_release(pd);
+    if (s == TS_OK) s = pn ? ts_copy_(p, pn) : TS_ERR_INVALID_ARG;
+    ts_release(pn);
+    return s;
+}
+
+ts_status ts_adamw_step(ts_adamw *a) {
+    if (!a) return TS_ERR_INVALID_ARG;
+    ts_ctx *ctx = a->ctx;
+    bool old = ts_set_grad_enabled(ctx, false);
+    ts_status s = TS_OK;
+    for (int i = 0; i < a->n && s == TS_OK; i++) {
+        ts_tensor *g = ts_grad(a->params[i]);
+        if (!g) continue;
+        a->steps[i]++;
+        s = adamw_update(&a->o, a->params[i], g, a->m[i], a->v[i],
+                         a->steps[i]);
+    }
+    ts_set_grad_enabled(ctx, old);
+    if (s != TS_OK && ts_ctx_status(ctx) == TS_OK)
+        ts_set_error(ctx, s, "adamw_step: update failed");
+    return s;
+}
+
+void ts_zero_grads(ts_tensor *const *params, int n) {
+    for (int i = 0; params && i < n; i++)
+        if (params[i]) ts_zero_grad(params[i]);
+}
+
+ts_status ts_clip_grad_norm(ts_tensor *const *params, int n, double max_norm,
+                            double *total_norm) {
+    if (total_norm) *total_norm = 0.0;
+    if (n < 0 || (n > 0 && !params)) return TS_ERR_INVALID_ARG;
+    ts_ctx *ctx = NULL;
+    for (int i = 0; i < n && !ctx; i++)
+        if (params[i]) ctx = ts_tensor_ctx(params[i]);
+    if (!ctx) return TS_OK; /* nothing to clip */
+    bool old = ts_set_grad_enabled(ctx, false);
+    /* sum of squares over every grad, kept as a tensor until the end */
+    ts_tensor *acc = NULL;
+    ts_status s = TS_OK;
+    for (int i = 0; i < n; i++) {
+        ts_tensor *g = params[i] ? ts_grad(params[i]) : NULL;
+        if (!g) continue;
+        ts_tensor *g32 = as_f32(g);
+        ts_tensor *gg = ts_mul(g32, g32);
+        ts_tensor *ss = ts_sum(gg, 0, NULL, false);
+        ts_release(g32), ts_release(gg);
+        ts_tensor *next = acc ? ts_add(acc, ss) : ts_retain(ss);
+        ts_release(acc), ts_release(ss);
+        acc = next;
+        if (!acc) {
+            s = ts_ctx_status(ctx);
+            break;
+        }
+    }
+    double sumsq = 0.0;
+    if (acc && s == TS_OK) s = ts_item(acc, &sumsq);
+    ts_release(acc);
+    double total = sqrt(sumsq);
+    if (total_norm) *total_norm = total;
+    /* torch scales by min(coef, 1); a NaN norm spreads to the grads there
+     * too */
+    double coef = max_norm / (total + 1e-6);
+    for (int i = 0; s == TS_OK && !(coef >= 1.0) && i < n; i++) {
+        ts_tensor *g = params[i] ? ts_grad(params[i]) : NULL;
+        if (!g) continue;
+        ts_tensor *sc = ts_mul_scalar(g, coef);
+        s = sc ? ts_copy_(g, sc) : ts_ctx_status(ctx);
+        ts_release(sc);
+    }
+    ts_set_grad_enabled(ctx, old);
+    return s;
+}
+
+double ts_lr_cosine_warmup(int64_t step, int64_t warmup, int64_t total_steps,
+                           double max_lr, double min_lr) {
+    const double pi = 3.14159265358979323846;
+    if (step < 0) step = 0;
+    if (step < warmup) return max_lr * (double)step / (double)warmup;
+    if (step >= total_steps) return min_lr;
+    double progress = (double)(step - warmup) / (double)(total_steps - warmup);
+    return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + cos(pi * progress));
+}

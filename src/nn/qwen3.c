@@ -1,0 +1,358 @@
+/* qwen3.c — the Qwen3 decoder-only transformer: config checking, the
+ * parameters under Hugging Face's names, their initialization, the forward
+ * pass to logits and the next-token loss. Built from public ops only (eager
+ * now, recorded unchanged in compiled mode); owns ts_qwen3_model and the
+ * parameter tensors, never kernels or files (loaders fill parameters through
+ * the (name, tensor) list). */
+#include "tessera_nn.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The core's error setter; not in tessera.h yet (see the report to the
+ * lead). Records status + message on ctx and returns the status. */
+ts_status ts_set_error(ts_ctx *ctx, ts_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define QWEN3_MAX_LAYERS 4096
+#define QWEN3_NAME_LEN 96
+
+/* One decoder layer's parameters; borrowed from the model's list. */
+typedef struct {
+    ts_tensor *q_proj;     /* (H*D, C) */
+    ts_tensor *k_proj;     /* (KV*D, C) */
+    ts_tensor *v_proj;     /* (KV*D, C) */
+    ts_tensor *o_proj;     /* (C, H*D) */
+    ts_tensor *q_norm;     /* (D) */
+    ts_tensor *k_norm;     /* (D) */
+    ts_tensor *gate_proj;  /* (F, C) */
+    ts_tensor *up_proj;    /* (F, C) */
+    ts_tensor *down_proj;  /* (C, F) */
+    ts_tensor *input_norm; /* (C) */
+    ts_tensor *post_norm;  /* (C) */
+} qwen3_layer;
+
+struct ts_qwen3_model {
+    ts_ctx *ctx;
+    ts_qwen3_config cfg;
+    ts_tensor *embed;   /* (V, C) */
+    ts_tensor *norm;    /* (C) */
+    ts_tensor *lm_head; /* (V, C); == embed when tied */
+    qwen3_layer *layer;
+    int n_params, cap_params;
+    ts_tensor **params; /* owned references, state_dict order */
+    char (*names)[QWEN3_NAME_LEN];
+};
+
+ts_status ts_qwen3_config_check(ts_ctx *ctx, const ts_qwen3_config *c) {
+    if (!c) return ts_set_error(ctx, TS_ERR_INVALID_ARG, "qwen3: NULL config");
+    struct {
+        const char *name;
+        int64_t v;
+    } sizes[] = {{"vocab", c->vocab},
+                 {"hidden", c->hidden},
+                 {"layers", c->layers},
+                 {"heads", c->heads},
+                 {"kv_heads", c->kv_heads},
+                 {"head_dim", c->head_dim},
+                 {"intermediate", c->intermediate},
+                 {"max_positions", c->max_positions}};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        if (sizes[i].v <= 0)
+            return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                "qwen3 config: %s is %" PRId64 " (want > 0)",
+                                sizes[i].name, sizes[i].v);
+    if (c->layers > QWEN3_MAX_LAYERS)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "qwen3 config: layers is %" PRId64
+                            " (at most %d)",
+                            c->layers, QWEN3_MAX_LAYERS);
+    if (c->heads % c->kv_heads)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "qwen3 config: heads (%" PRId64
+                            ") is not a multiple of kv_heads (%" PRId64 ")",
+                            c->heads, c->kv_heads);
+    if (c->head_dim % 2)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "qwen3 config: head_dim is %" PRId64
+                            " (want even: RoPE rotates two halves)",
+                            c->head_dim);
+    if (!(c->rms_eps > 0))
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "qwen3 config: rms_eps is %g (want > 0)",
+                            c->rms_eps);
+    if (!(c->rope_theta > 0))
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "qwen3 config: rope_theta is %g (want > 0)",
+                            c->rope_theta);
+    return TS_OK;
+}
+
+/* splitmix64: a distinct, well-mixed seed per parameter index. */
+static uint64_t param_seed(uint64_t seed, int i) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* A new parameter named name: Normal(0, 0.02) when normal, else ones. */
+static ts_tensor *add_param(ts_qwen3_model *m, uint64_t seed, bool normal,
+                            int ndim, int64_t d0, int64_t d1,
+                            const char *name) {
+    int64_t shape[2] = {d0, d1};
+    int i = m->n_params;
+    if (i == m->cap_params) return NULL; /* sized in ts_qwen3_new */
+    ts_tensor *t = normal ? ts_randn(m->ctx, TS_F32, ndim, shape, 0.02,
+                                     param_seed(seed, i))
+                          : ts_full(m->ctx, TS_F32, ndim, shape, 1.0);
+    if (!t) return NULL;
+    ts_set_requires_grad(t, true);
+    m->params[i] = t;
+    snprintf(m->names[i], QWEN3_NAME_LEN, "%s", name);
+    m->n_params++;
+    return t;
+}
+
+static bool add_layer(ts_qwen3_model *m, uint64_t seed, int i) {
+    const ts_qwen3_config *c = &m->cfg;
+    int64_t C = c->hidden, D = c->head_dim, F = c->intermediate;
+    int64_t HD = c->heads * D, KVD = c->kv_heads * D;
+    qwen3_layer *L = &m->layer[i];
+    char name[QWEN3_NAME_LEN];
+#define PARAM(field, normal, ndim, d0, d1, suffix)                             \
+    do {                                                                       \
+        snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix);         \
+        if (!(L->field = add_param(m, seed, normal, ndim, d0, d1, name)))      \
+            return false;                                                      \
+    } while (0)
+    PARAM(q_proj, true, 2, HD, C, "self_attn.q_proj.weight");
+    PARAM(k_proj, true, 2, KVD, C, "self_attn.k_proj.weight");
+    PARAM(v_proj, true, 2, KVD, C, "self_attn.v_proj.weight");
+    PARAM(o_proj, true, 2, C, HD, "self_attn.o_proj.weight");
+    PARAM(q_norm, false, 1, D, 0, "self_attn.q_norm.weight");
+    PARAM(k_norm, false, 1, D, 0, "self_attn.k_norm.weight");
+    PARAM(gate_proj, true, 2, F, C, "mlp.gate_proj.weight");
+    PARAM(up_proj, true, 2, F, C, "mlp.up_proj.weight");
+    PARAM(down_proj, true, 2, C, F, "mlp.down_proj.weight");
+    PARAM(input_norm, false, 1, C, 0, "input_layernorm.weight");
+    PARAM(post_norm, false, 1, C, 0, "post_attention_layernorm.weight");
+#undef PARAM
+    return true;
+}
+
+ts_status ts_qwen3_new(ts_ctx *ctx, const ts_qwen3_config *cfg, uint64_t seed,
+                       ts_qwen3_model **out) {
+    if (!ctx) return TS_ERR_INVALID_ARG;
+    if (!out) return ts_set_error(ctx, TS_ERR_INVALID_ARG, "qwen3_new: NULL out");
+    *out = NULL;
+    ts_status s = ts_qwen3_config_check(ctx, cfg);
+    if (s != TS_OK) return s;
+    ts_qwen3_model *m = calloc(1, sizeof *m);
+    int cap = 3 + 11 * (int)cfg->layers;
+    if (m) {
+        m->ctx = ctx;
+        m->cfg = *cfg;
+        m->cap_params = cap;
+        m->layer = calloc((size_t)cfg->layers, sizeof *m->layer);
+        m->params = calloc((size_t)cap, sizeof *m->params);
+        m->names = calloc((size_t)cap, sizeof *m->names);
+    }
+    if (!m || !m->layer || !m->params || !m->names) {
+        ts_qwen3_free(m);
+        return ts_set_error(ctx, TS_ERR_OOM, "qwen3_new: out of memory");
+    }
+    int64_t V = cfg->vocab, C = cfg->hidden;
+    bool ok = (m->embed = add_param(m, seed, true, 2, V, C,
+                                    "model.embed_tokens.weight")) != NULL;
+    for (int i = 0; ok && i < (int)cfg->layers; i++) ok = add_layer(m, seed, i);
+    ok = ok && (m->norm = add_param(m, seed, false, 1, C, 0,
+                                    "model.norm.weight")) != NULL;
+    if (ok)
+        m->lm_head = cfg->tie_word_embeddings
+                         ? m->embed
+                         : add_param(m, seed, true, 2, V, C, "lm_head.weight");
+    if (!ok || !m->lm_head) {
+        ts_qwen3_free(m);
+        s = ts_ctx_status(ctx);
+        return s != TS_OK ? s
+                          : ts_set_error(ctx, TS_ERR_OOM,
+                                         "qwen3_new: cannot create parameters");
+    }
+    *out = m;
+    return TS_OK;
+}
+
+void ts_qwen3_free(ts_qwen3_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_params; i++) ts_release(m->params[i]);
+    free(m->params);
+    free(m->names);
+    free(m->layer);
+    free(m);
+}
+
+const ts_qwen3_config *ts_qwen3_get_config(const ts_qwen3_model *m) {
+    return m ? &m->cfg : NULL;
+}
+
+int ts_qwen3_num_params(const ts_qwen3_model *m) { return m ? m->n_params : 0; }
+
+const char *ts_qwen3_param_name(const ts_qwen3_model *m, int i) {
+    return m && i >= 0 && i < m->n_params ? m->names[i] : NULL;
+}
+
+ts_tensor *ts_qwen3_param(const ts_qwen3_model *m, int i) {
+    return m && i >= 0 && i < m->n_params ? m->params[i] : NULL;
+}
+
+ts_tensor *const *ts_qwen3_params(const ts_qwen3_model *m) {
+    return m ? m->params : NULL;
+}
+
+ts_tensor *ts_qwen3_find_param(const ts_qwen3_model *m, const char *name) {
+    if (!m || !name) return NULL;
+    for (int i = 0; i < m->n_params; i++)
+        if (strcmp(m->names[i], name) == 0) return m->params[i];
+    return NULL;
+}
+
+/* h (B, T, C) -> projected heads (B, n, T, D): linear, per-head RMSNorm over
+ * D when norm_w is set (Qwen3's qk-norm), heads to dim 1, RoPE when cos is
+ * set. */
+static ts_tensor *project_heads(const ts_qwen3_model *m, ts_tensor *h,
+                                ts_tensor *w, ts_tensor *norm_w, int64_t n,
+                                ts_tensor *cos, ts_tensor *sin) {
+    int64_t B = ts_tensor_dim(h, 0), T = ts_tensor_dim(h, 1);
+    int64_t shape[4] = {B, T, n, m->cfg.head_dim};
+    ts_tensor *p = ts_linear(h, w, NULL); /* (B, T, n*D) */
+    ts_tensor *r = ts_reshape(p, 4, shape); /* (B, T, n, D), a view */
+    ts_release(p);
+    if (norm_w) {
+        ts_tensor *nr = ts_rmsnorm(r, norm_w, m->cfg.rms_eps);
+        ts_release(r);
+        r = nr;
+    }
+    ts_tensor *t = ts_transpose(r, 1, 2); /* (B, n, T, D) */
+    ts_release(r);
+    if (!cos) return t;
+    ts_tensor *rot = ts_rope(t, cos, sin);
+    ts_release(t);
+    return rot;
+}
+
+/* x (B, T, C) -> self-attention output after o_proj (B, T, C). */
+static ts_tensor *attention_block(const ts_qwen3_model *m,
+                                  const qwen3_layer *L, ts_tensor *x,
+                                  ts_tensor *cos, ts_tensor *sin) {
+    const ts_qwen3_config *c = &m->cfg;
+    int64_t B = ts_tensor_dim(x, 0), T = ts_tensor_dim(x, 1);
+    ts_tensor *h = ts_rmsnorm(x, L->input_norm, c->rms_eps);
+    ts_tensor *q = project_heads(m, h, L->q_proj, L->q_norm, c->heads, cos,
+                                 sin); /* (B, H, T, D) */
+    ts_tensor *k = project_heads(m, h, L->k_proj, L->k_norm, c->kv_heads, cos,
+                                 sin); /* (B, KV, T, D) */
+    ts_tensor *v = project_heads(m, h, L->v_proj, NULL, c->kv_heads, NULL,
+                                 NULL); /* (B, KV, T, D) */
+    ts_release(h);
+    ts_tensor *a = ts_attention(q, k, v, NULL, true, 0); /* (B, H, T, D) */
+    ts_release(q), ts_release(k), ts_release(v);
+    ts_tensor *at = ts_transpose(a, 1, 2); /* (B, T, H, D) */
+    ts_release(a);
+    int64_t shape[3] = {B, T, c->heads * c->head_dim};
+    ts_tensor *ar = ts_reshape(at, 3, shape); /* (B, T, H*D), a copy */
+    ts_release(at);
+    ts_tensor *o = ts_linear(ar, L->o_proj, NULL);
+    ts_release(ar);
+    return o;
+}
+
+/* x (B, T, C) -> x + attn(norm(x)) -> that + mlp(norm(that)); takes over
+ * the reference to x. */
+static ts_tensor *decoder_layer(const ts_qwen3_model *m, const qwen3_layer *L,
+                                ts_tensor *x, ts_tensor *cos, ts_tensor *sin) {
+    ts_tensor *a = attention_block(m, L, x, cos, sin);
+    ts_tensor *x1 = ts_add(x, a);
+    ts_release(x), ts_release(a);
+    ts_tensor *h = ts_rmsnorm(x1, L->post_norm, m->cfg.rms_eps);
+    ts_tensor *f = ts_swiglu_mlp(h, L->gate_proj, L->up_proj, L->down_proj);
+    ts_release(h);
+    ts_tensor *x2 = ts_add(x1, f);
+    ts_release(x1), ts_release(f);
+    return x2;
+}
+
+static bool check_ids(ts_ctx *ctx, const char *what, ts_tensor *ids) {
+    if (!ids) {
+        if (ts_ctx_status(ctx) == TS_OK)
+            ts_set_error(ctx, TS_ERR_INVALID_ARG, "qwen3: %s is NULL", what);
+        return false;
+    }
+    ts_dtype dt = ts_tensor_dtype(ids);
+    if (ts_tensor_ndim(ids) != 2 || (dt != TS_I64 && dt != TS_I32)) {
+        ts_set_error(ctx, TS_ERR_SHAPE,
+                     "qwen3: %s must be (B, T) i64 or i32, got %d dims of %s",
+                     what, ts_tensor_ndim(ids), ts_dtype_name(dt));
+        return false;
+    }
+    return true;
+}
+
+/* ids (B, T) -> logits (B, T, V) */
+ts_tensor *ts_qwen3_forward(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0) {
+    if (!m) return NULL;
+    ts_ctx *ctx = m->ctx;
+    const ts_qwen3_config *c = &m->cfg;
+    if (!check_ids(ctx, "ids", ids)) return NULL;
+    int64_t T = ts_tensor_dim(ids, 1);
+    if (pos0 < 0 || T > c->max_positions || pos0 > c->max_positions - T) {
+        ts_set_error(ctx, TS_ERR_RANGE,
+                     "qwen3_forward: positions %" PRId64 "..%" PRId64
+                     " outside max_positions %" PRId64,
+                     pos0, pos0 + T - 1, c->max_positions);
+        return NULL;
+    }
+    ts_tensor *cos = NULL, *sin = NULL;
+    if (ts_rope_tables(ctx, T, c->head_dim, c->rope_theta, pos0, &cos, &sin) !=
+        TS_OK)
+        return NULL;
+    ts_tensor *x = ts_embedding(m->embed, ids); /* (B, T, C) */
+    for (int64_t i = 0; i < c->layers && x; i++)
+        x = decoder_layer(m, &m->layer[i], x, cos, sin);
+    ts_release(cos), ts_release(sin);
+    ts_tensor *h = ts_rmsnorm(x, m->norm, c->rms_eps);
+    ts_release(x);
+    ts_tensor *logits = ts_linear(h, m->lm_head, NULL); /* (B, T, V) */
+    ts_release(h);
+    return logits;
+}
+
+ts_tensor *ts_qwen3_loss(ts_qwen3_model *m, ts_tensor *ids,
+                         ts_tensor *targets, ts_tensor **logits_out) {
+    if (logits_out) *logits_out = NULL;
+    if (!m) return NULL;
+    ts_ctx *ctx = m->ctx;
+    if (!check_ids(ctx, "ids", ids) || !check_ids(ctx, "targets", targets))
+        return NULL;
+    int64_t B = ts_tensor_dim(ids, 0), T = ts_tensor_dim(ids, 1);
+    if (ts_tensor_dim(targets, 0) != B || ts_tensor_dim(targets, 1) != T) {
+        ts_set_error(ctx, TS_ERR_SHAPE,
+                     "qwen3_loss: targets [%" PRId64 ", %" PRId64
+                     "] do not match ids [%" PRId64 ", %" PRId64 "]",
+                     ts_tensor_dim(targets, 0), ts_tensor_dim(targets, 1), B,
+                     T);
+        return NULL;
+    }
+    ts_tensor *logits = ts_qwen3_forward(m, ids, 0);
+    int64_t lshape[2] = {B * T, m->cfg.vocab}, tshape[1] = {B * T};
+    ts_tensor *flat = ts_reshape(logits, 2, lshape);       /* (B*T, V) */
+    ts_tensor *tflat = ts_reshape(targets, 1, tshape);     /* (B*T) */
+    ts_tensor *loss = ts_cross_entropy(flat, tflat, -100, TS_REDUCE_MEAN);
+    ts_release(flat), ts_release(tflat);
+    if (logits_out && loss)
+        *logits_out = logits;
+    else
+        ts_release(logits);
+    return loss;
+}
