@@ -81,7 +81,7 @@ void ts_trace_destroy(ts_ctx *ctx) {
         plan_free(p);
     }
     free(t->nodes);
-    free(t->arena);
+    if (t->arena) ctx->backend->free(ctx, t->arena, t->arena_cap);
     free(t);
     ctx->trace = NULL;
 }
@@ -361,12 +361,28 @@ static size_t place_buffers(buffer *bufs, int nb) {
     return arena;
 }
 
+/* The planner's invariant: two buffers alive at the same time never share
+ * a byte. Checked on every new plan when TS_POISON_FREED is on (tests). */
+static bool plan_valid(const buffer *bufs, int nb) {
+    for (int i = 0; i < nb; i++)
+        for (int j = i + 1; j < nb; j++) {
+            const buffer *a = &bufs[i], *b = &bufs[j];
+            bool live_together = !(a->end < b->start || b->end < a->start);
+            bool overlap = a->off < b->off + (int64_t)b->bytes &&
+                           b->off < a->off + (int64_t)a->bytes;
+            if (live_together && overlap) return false;
+        }
+    return true;
+}
+
+static bool poison_enabled(void);
+
 static size_t slot_bytes(const ts_node *n, int slot) {
     const ts_desc *d = slot == 0 ? &n->out_desc : &n->saved_desc[slot - 1];
     return (size_t)ts_shape_numel(d->ndim, d->shape) * ts_dtype_size(d->dtype);
 }
 
-static plan *make_plan(ts_trace *t, const unsigned char *run) {
+static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
     plan *p = calloc(1, sizeof *p);
     buffer *bufs = calloc((size_t)t->n * SLOTS + 1, sizeof *bufs);
     int *last = malloc(sizeof(int) * (size_t)(t->n * SLOTS + 1));
@@ -406,6 +422,10 @@ static plan *make_plan(ts_trace *t, const unsigned char *run) {
         }
     }
     p->arena_bytes = place_buffers(bufs, nb);
+    if (poison_enabled() && !plan_valid(bufs, nb)) {
+        *invalid = true;
+        goto oom;
+    }
     for (int b = 0; b < nb; b++) {
         int i = bufs[b].id / SLOTS, slot = bufs[b].id % SLOTS;
         if (slot == 0)
@@ -530,9 +550,10 @@ static ts_status bind(ts_ctx *ctx, ts_trace *t, ts_storage *s, int64_t off,
 
 static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
     if (p->arena_bytes > t->arena_cap) {
-        free(t->arena);
+        /* through the backend's allocator, so its stats count the arena */
+        if (t->arena) ctx->backend->free(ctx, t->arena, t->arena_cap);
         t->arena_cap = align64(p->arena_bytes);
-        t->arena = aligned_alloc(64, t->arena_cap);
+        t->arena = ctx->backend->alloc(ctx, t->arena_cap);
         if (!t->arena) {
             t->arena_cap = 0;
             return ts_set_error(ctx, TS_ERR_OOM,
@@ -638,9 +659,14 @@ ts_status ts_sync(ts_ctx *ctx) {
     if (p) {
         ctx->cstats.cache_hits++;
     } else {
-        p = make_plan(t, run);
+        bool invalid = false;
+        p = make_plan(t, run, &invalid);
         if (!p) {
-            st = ts_set_error(ctx, TS_ERR_OOM, "compiled graph: out of memory");
+            st = invalid ? ts_set_error(ctx, TS_ERR_STATE,
+                                        "compiled graph: the memory plan puts "
+                                        "two live buffers in the same bytes")
+                         : ts_set_error(ctx, TS_ERR_OOM,
+                                        "compiled graph: out of memory");
             goto done;
         }
         p->hash = h;

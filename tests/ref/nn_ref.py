@@ -10,7 +10,8 @@ Usage: nn_ref.py IN OUT. Both files are sequences of records:
 Names are "<case>/<key>". Case "A" and "B" are models: keys cfg (f64
 [V, C, L, H, KV, D, F, eps, theta, tie, max_pos]), ids, targets,
 param/<hf name>, and optionally hp (f64 [lr, beta1, beta2, eps, wd,
-max_norm, steps, pos0]). Case "L" is a linear layer: x, w, b.
+max_norm, steps, pos0]) with cgrad/<hf name> (the C side's gradients, which
+clip_grad_norm_ and AdamW start from). Case "L" is a linear layer: x, w, b.
 """
 import struct
 import sys
@@ -136,12 +137,17 @@ def model_case(recs, case, out):
     out[case + "/logits"] = logits
     out[case + "/loss"] = loss.reshape(1)
     for n in names:
-        out[case + "/grad/" + n] = p[n].grad
+        out[case + "/grad/" + n] = p[n].grad.clone()  # clipped below
     if hp is None:
         return
     lr, b1, b2, eps, wd, max_norm, steps, pos0 = hp.tolist()
     with torch.no_grad():
         out[case + "/logits_pos"] = qwen3_forward(p, cfg, ids, int(pos0))
+    # the optimizer runs on the C side's gradients (cgrad/), so that it is
+    # checked apart from the small differences of the backward pass
+    p = {n: recs[pre + n].clone().requires_grad_(True) for n in names}
+    for n in names:
+        p[n].grad = recs[case + "/cgrad/" + n].clone()
     params = [p[n] for n in names]
     total = torch.nn.utils.clip_grad_norm_(params, max_norm)
     out[case + "/clip_norm"] = total.reshape(1)
@@ -150,8 +156,8 @@ def model_case(recs, case, out):
     for _ in range(int(steps)):
         opt.step()
     for n in names:
-        out[case + "/adamw/" + n] = p[n]
-        out[case + "/exp_avg_sq/" + n] = opt.state[p[n]]["exp_avg_sq"]
+        out[case + "/adamw/" + n] = p[n].detach().clone()
+        out[case + "/exp_avg_sq/" + n] = opt.state[p[n]]["exp_avg_sq"].clone()
 
 
 def linear_case(recs, out):

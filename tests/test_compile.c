@@ -1,0 +1,310 @@
+/* test_compile.c — the compiled mode: the same code run eagerly and
+ * compiled gives the same bits (the kernels and their order are the same),
+ * for a transformer-style block and for a whole training step (forward,
+ * backward, SGD update through ts_copy_); plans are cached by shape and
+ * recompiled on a new shape; dead code is removed; buffers are shared by
+ * liveness (with freed buffers poisoned, so a wrong plan shows up as NaNs);
+ * graph dumps; forcing eager mode. */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define B 2
+#define T 8
+#define C 32
+#define H 4
+#define KV 2
+#define D 8
+#define F 48
+
+typedef struct {
+    ts_tensor *wq, *wk, *wv, *wo, *g1, *g2, *wg, *wu, *wd;
+} block_params;
+
+static ts_tensor *param(ts_ctx *ctx, int64_t r, int64_t c, uint64_t seed) {
+    int64_t s[2] = {r, c};
+    ts_tensor *p = ts_randn(ctx, TS_F32, c ? 2 : 1, s, c ? 0.2 : 1.0, seed);
+    ts_set_requires_grad(p, true);
+    return p;
+}
+
+static void make_params(ts_ctx *ctx, block_params *p) {
+    p->wq = param(ctx, C, H * D, 1), p->wk = param(ctx, C, KV * D, 2);
+    p->wv = param(ctx, C, KV * D, 3), p->wo = param(ctx, H * D, C, 4);
+    int64_t c = C;
+    p->g1 = ts_full(ctx, TS_F32, 1, &c, 1.0), p->g2 = ts_full(ctx, TS_F32, 1, &c, 1.0);
+    ts_set_requires_grad(p->g1, true), ts_set_requires_grad(p->g2, true);
+    p->wg = param(ctx, C, F, 5), p->wu = param(ctx, C, F, 6), p->wd = param(ctx, F, C, 7);
+}
+
+static ts_tensor **param_list(block_params *p) { return (ts_tensor **)p; }
+#define NPARAMS 9
+
+/* x (B, T, C) -> (B, T, C): pre-norm attention with RoPE and GQA, then a
+ * SwiGLU MLP, each with a residual; intermediates released as we go */
+static ts_tensor *block(block_params *p, ts_tensor *x, ts_tensor *cs,
+                        ts_tensor *sn) {
+    ts_tensor *h = ts_rmsnorm(x, p->g1, 1e-6);
+    ts_tensor *q = ts_matmul(h, p->wq), *k = ts_matmul(h, p->wk), *v = ts_matmul(h, p->wv);
+    int64_t qs[4] = {B, T, H, D}, ks[4] = {B, T, KV, D};
+    ts_tensor *q4 = ts_reshape(q, 4, qs), *k4 = ts_reshape(k, 4, ks), *v4 = ts_reshape(v, 4, ks);
+    ts_tensor *qt = ts_transpose(q4, 1, 2), *kt = ts_transpose(k4, 1, 2), *vt = ts_transpose(v4, 1, 2);
+    ts_tensor *qr = ts_rope(qt, cs, sn), *kr = ts_rope(kt, cs, sn);
+    ts_tensor *a = ts_attention(qr, kr, vt, NULL, true, 0);
+    ts_tensor *at = ts_transpose(a, 1, 2);
+    int64_t flat[3] = {B, T, H * D};
+    ts_tensor *af = ts_reshape(at, 3, flat);
+    ts_tensor *o = ts_matmul(af, p->wo);
+    ts_tensor *x1 = ts_add(x, o);
+    ts_tensor *h2 = ts_rmsnorm(x1, p->g2, 1e-6);
+    ts_tensor *g = ts_matmul(h2, p->wg), *u = ts_matmul(h2, p->wu);
+    ts_tensor *sg = ts_silu(g);
+    ts_tensor *gu = ts_mul(sg, u);
+    ts_tensor *dn = ts_matmul(gu, p->wd);
+    ts_tensor *y = ts_add(x1, dn);
+    ts_tensor *tmp[] = {h, q, k, v, q4, k4, v4, qt, kt, vt, qr, kr, a, at, af,
+                        o, x1, h2, g, u, sg, gu, dn};
+    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) ts_release(tmp[i]);
+    return y;
+}
+
+static bool same_bits(ts_tensor *a, ts_tensor *b) {
+    if (!a || !b || ts_tensor_numel(a) != ts_tensor_numel(b)) return false;
+    int64_t n = ts_tensor_numel(a);
+    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    ts_tensor_read(a, x, TS_F32);
+    ts_tensor_read(b, y, TS_F32);
+    bool same = memcmp(x, y, sizeof(float) * (size_t)n) == 0;
+    free(x), free(y);
+    return same;
+}
+
+/* one training step: loss = mean((block(x) - target)^2); SGD update */
+static double train_step(ts_ctx *ctx, block_params *p, ts_tensor *x,
+                         ts_tensor *target, ts_tensor *cs, ts_tensor *sn) {
+    ts_tensor *y = block(p, x, cs, sn);
+    ts_tensor *d = ts_sub(y, target);
+    ts_tensor *d2 = ts_mul(d, d);
+    ts_tensor *loss = ts_mean(d2, 0, NULL, false);
+    for (int i = 0; i < NPARAMS; i++) ts_zero_grad(param_list(p)[i]);
+    CHECK_OK(ctx, ts_backward(loss, NULL));
+    bool old = ts_set_grad_enabled(ctx, false);
+    for (int i = 0; i < NPARAMS; i++) {
+        ts_tensor *w = param_list(p)[i];
+        ts_tensor *step = ts_mul_scalar(ts_grad(w), 0.1);
+        ts_tensor *nw = ts_sub(w, step);
+        CHECK_OK(ctx, ts_copy_(w, nw));
+        ts_release(step), ts_release(nw);
+    }
+    ts_set_grad_enabled(ctx, old);
+    ts_release(y), ts_release(d), ts_release(d2);
+    double v = NAN;
+    CHECK_OK(ctx, ts_item(loss, &v)); /* reading the loss runs the graph */
+    ts_release(loss);
+    return v;
+}
+
+static void test_block_and_training_match_eager(void) {
+    ts_ctx *ce = test_ctx(), *cc = test_ctx();
+    block_params pe, pc;
+    make_params(ce, &pe);
+    make_params(cc, &pc);
+    int64_t xs[3] = {B, T, C};
+    ts_tensor *xe = ts_randn(ce, TS_F32, 3, xs, 1, 11), *xc = ts_randn(cc, TS_F32, 3, xs, 1, 11);
+    ts_tensor *te = ts_randn(ce, TS_F32, 3, xs, 1, 12), *tc = ts_randn(cc, TS_F32, 3, xs, 1, 12);
+    ts_tensor *cse, *sne, *csc, *snc;
+    ts_rope_tables(ce, T, D, 10000, 0, &cse, &sne);
+    ts_rope_tables(cc, T, D, 10000, 0, &csc, &snc);
+    /* forward only */
+    ts_tensor *ye = block(&pe, xe, cse, sne);
+    ts_set_mode(cc, TS_MODE_COMPILED);
+    ts_tensor *yc = block(&pc, xc, csc, snc);
+    CHECK(ts_tensor_data(yc) != NULL); /* reading materializes */
+    CHECK(same_bits(ye, yc));
+    ts_release(ye), ts_release(yc);
+    ts_sync(cc);
+    /* five training steps: losses and weights equal bit for bit */
+    ts_compile_stats st0, st1;
+    ts_get_compile_stats(cc, &st0);
+    for (int step = 0; step < 5; step++) {
+        double le = train_step(ce, &pe, xe, te, cse, sne);
+        double lc = train_step(cc, &pc, xc, tc, csc, snc);
+        CHECK(le == lc);
+        if (le != lc) fprintf(stderr, "step %d: eager %.9g compiled %.9g\n", step, le, lc);
+    }
+    for (int i = 0; i < NPARAMS; i++)
+        CHECK(same_bits(param_list(&pe)[i], param_list(&pc)[i]));
+    ts_get_compile_stats(cc, &st1);
+    /* the step's graph was built once and replayed four times */
+    CHECK(st1.compilations - st0.compilations == 1);
+    CHECK(st1.cache_hits - st0.cache_hits == 4);
+    CHECK(st1.arena_bytes > 0);
+    ts_set_mode(cc, TS_MODE_EAGER);
+    for (int i = 0; i < NPARAMS; i++) ts_release(param_list(&pe)[i]), ts_release(param_list(&pc)[i]);
+    ts_release(xe), ts_release(xc), ts_release(te), ts_release(tc);
+    ts_release(cse), ts_release(sne), ts_release(csc), ts_release(snc);
+    ts_ctx_free(ce), ts_ctx_free(cc);
+}
+
+static void test_cache_by_shape_and_dce(void) {
+    ts_ctx *ctx = test_ctx();
+    ts_set_mode(ctx, TS_MODE_COMPILED);
+    ts_compile_stats st;
+    int64_t lens[4] = {16, 16, 32, 16};
+    for (int r = 0; r < 4; r++) {
+        int64_t s[2] = {4, lens[r]};
+        ts_tensor *x = ts_randn(ctx, TS_F32, 2, s, 1, (uint64_t)r);
+        ts_tensor *unused = ts_exp(x);        /* dead: nobody reads it */
+        ts_tensor *a = ts_tanh(x);
+        ts_tensor *b = ts_mul_scalar(a, 2);
+        ts_release(unused);
+        ts_release(a);
+        double v;
+        int64_t idx[2] = {1, 3};
+        CHECK_OK(ctx, ts_get(b, idx, &v));
+        double want;
+        ts_get(x, idx, &want);
+        CHECK_NEAR(v, 2 * tanh(want), 1e-6);
+        ts_get_compile_stats(ctx, &st);
+        CHECK(st.nodes_dead == 1 && st.nodes_run == 2);
+        ts_release(x), ts_release(b);
+    }
+    /* shapes 16, 16, 32, 16: compiled for 16 and for 32, replayed twice */
+    CHECK(st.compilations == 2 && st.cache_hits == 2);
+    ts_ctx_free(ctx);
+}
+
+static void test_buffers_shared_by_liveness(void) {
+    ts_ctx *ctx = test_ctx();
+    ts_set_mode(ctx, TS_MODE_COMPILED);
+    int64_t n = 1 << 16; /* 256 KiB per f32 tensor */
+    ts_tensor *x = ts_randn(ctx, TS_F32, 1, &n, 1, 5);
+    /* a chain of 10 ops: each intermediate dies at the next op, so two
+     * arena slots suffice instead of nine */
+    ts_tensor *y = ts_retain(x);
+    for (int i = 0; i < 10; i++) {
+        ts_tensor *z = i % 2 ? ts_mul_scalar(y, 0.5) : ts_add_scalar(y, 1.0);
+        ts_release(y);
+        y = z;
+    }
+    CHECK_OK(ctx, ts_sync(ctx));
+    ts_compile_stats st;
+    ts_get_compile_stats(ctx, &st);
+    CHECK(st.arena_bytes == 2 * (size_t)n * 4);
+    CHECK(st.planned_peak_bytes == 3 * (size_t)n * 4); /* + the kept result */
+    float *py = ts_tensor_data(y), *px = ts_tensor_data(x);
+    float want = px[7];
+    for (int i = 0; i < 10; i++) want = i % 2 ? want * 0.5f : want + 1.0f;
+    CHECK(py[7] == want);
+    ts_release(x), ts_release(y);
+    ts_ctx_free(ctx);
+}
+
+static void test_views_and_results_kept(void) {
+    /* a view of an intermediate outlives the op that made it */
+    ts_ctx *ctx = test_ctx();
+    ts_set_mode(ctx, TS_MODE_COMPILED);
+    int64_t s[2] = {3, 4};
+    ts_tensor *x = ts_randn(ctx, TS_F32, 2, s, 1, 9);
+    ts_tensor *e = ts_exp(x);
+    ts_tensor *col = ts_slice(e, 1, 2, 3, 1);
+    ts_release(e);
+    ts_tensor *other = ts_neg(x); /* runs in the same graph */
+    double v, xv;
+    int64_t i0[2] = {2, 0}, i1[2] = {2, 2};
+    CHECK_OK(ctx, ts_get(col, i0, &v));
+    ts_get(x, i1, &xv);
+    CHECK_NEAR(v, exp(xv), 1e-5 * exp(xv));
+    CHECK_OK(ctx, ts_get(other, i1, &v));
+    CHECK(v == -xv);
+    ts_release(x), ts_release(col), ts_release(other);
+    ts_ctx_free(ctx);
+}
+
+static void test_dump_and_force_eager(void) {
+    char dir[] = "/tmp/ts_dump_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    setenv("TS_DUMP_GRAPH", dir, 1);
+    ts_ctx *ctx = test_ctx();
+    ts_set_mode(ctx, TS_MODE_COMPILED);
+    int64_t n = 8;
+    ts_tensor *x = ts_randn(ctx, TS_F32, 1, &n, 1, 1);
+    ts_tensor *y = ts_sigmoid(x);
+    ts_tensor *dead = ts_exp(x);
+    ts_release(dead);
+    CHECK_OK(ctx, ts_sync(ctx));
+    unsetenv("TS_DUMP_GRAPH");
+    char path[256], line[512];
+    snprintf(path, sizeof path, "%s/graph-000-after.txt", dir);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    bool saw_dead = false, saw_sigmoid = false;
+    while (f && fgets(line, sizeof line, f)) {
+        saw_dead |= strstr(line, "# dead nodes removed: 1") != NULL;
+        saw_sigmoid |= strstr(line, "sigmoid(in0:f32[8]) -> f32[8] [kept]") != NULL;
+    }
+    if (f) fclose(f);
+    CHECK(saw_dead && saw_sigmoid);
+    const char *files[] = {"graph-000-before.txt", "graph-000-after.txt", "graph-000.dot"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        struct stat sb;
+        CHECK(stat(path, &sb) == 0 && sb.st_size > 0);
+        unlink(path);
+    }
+    rmdir(dir);
+    /* forced eager: compiled mode is refused, ops run at once */
+    ts_force_eager(ctx, true);
+    ts_set_mode(ctx, TS_MODE_COMPILED);
+    CHECK(ts_get_mode(ctx) == TS_MODE_EAGER);
+    ts_tensor *z = ts_exp(x);
+    ts_compile_stats st;
+    ts_get_compile_stats(ctx, &st);
+    uint64_t before = st.graphs_run;
+    ts_tensor *zs = ts_sum(z, 0, NULL, false);
+    double v;
+    ts_item(zs, &v);
+    ts_release(zs);
+    ts_get_compile_stats(ctx, &st);
+    CHECK(st.graphs_run == before);
+    ts_release(x), ts_release(y), ts_release(z);
+    ts_ctx_free(ctx);
+}
+
+static void test_errors_surface_at_sync(void) {
+    ts_ctx *ctx = test_ctx();
+    ts_set_mode(ctx, TS_MODE_COMPILED);
+    int64_t vs[2] = {5, 3}, n = 2;
+    ts_tensor *w = ts_randn(ctx, TS_F32, 2, vs, 1, 1);
+    int64_t ids_v[2] = {1, 7};
+    ts_tensor *ids = ts_from_data(ctx, TS_I64, 1, &n, ids_v);
+    ts_tensor *e = ts_embedding(w, ids); /* shapes fit: recorded */
+    CHECK(e != NULL);
+    /* a shape error is found when the call is recorded */
+    int64_t bad[1] = {4};
+    ts_tensor *o = ts_zeros(ctx, TS_F32, 1, bad);
+    CHECK(ts_add(e, o) == NULL);
+    CHECK_MSG(ctx, "do not broadcast");
+    ts_clear_error(ctx);
+    /* a bad index is found when the graph runs */
+    CHECK(ts_sync(ctx) == TS_ERR_RANGE);
+    CHECK_MSG(ctx, "index 7 out of range [0, 5)");
+    ts_clear_error(ctx);
+    ts_release(w), ts_release(ids), ts_release(e), ts_release(o);
+    ts_ctx_free(ctx);
+}
+
+int main(void) {
+    setenv("TS_POISON_FREED", "1", 1); /* dead buffers become NaN */
+    test_block_and_training_match_eager();
+    test_cache_by_shape_and_dce();
+    test_buffers_shared_by_liveness();
+    test_views_and_results_kept();
+    test_dump_and_force_eager();
+    test_errors_surface_at_sync();
+    return test_finish("test_compile");
+}
