@@ -5,6 +5,7 @@
  * cached blocks are poisoned, so a use after free is still reported. */
 #include "core/core.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,16 +97,8 @@ void ts_alloc_empty_cache(ts_ctx *ctx) {
 }
 
 void ts_allocator_destroy(ts_allocator *a) {
-    for (int c = 0; c < TS_ALLOC_CLASSES; c++) {
-        ts_free_block *b = a->free_lists[c];
-        while (b) {
-            ts_free_block *next = b->next;
-            UNPOISON(b, b->bytes);
-            free(b);
-            b = next;
-        }
-        a->free_lists[c] = NULL;
-    }
+    ts_ctx *ctx = (ts_ctx *)((char *)a - offsetof(ts_ctx, alloc));
+    ts_alloc_empty_cache(ctx);
 }
 
 void ts_alloc_get_stats(const ts_ctx *ctx, ts_alloc_stats *out) {

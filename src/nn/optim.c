@@ -213,48 +213,65 @@ void ts_zero_grads(ts_tensor *const *params, int n) {
         if (params[i]) ts_zero_grad(params[i]);
 }
 
+/* min(c, 1) of a scalar tensor, exactly: -amax([-c, -1]). */
+static ts_tensor *min_one(ts_tensor *c) {
+    int64_t one[1] = {1};
+    ts_tensor *nc = ts_mul_scalar(c, -1.0);
+    ts_tensor *nc1 = ts_reshape(nc, 1, one);
+    ts_tensor *m1 = ts_full(ts_tensor_ctx(c), TS_F32, 1, one, -1.0);
+    ts_tensor *both[2] = {nc1, m1};
+    ts_tensor *cat = ts_concat(2, both, 0);
+    ts_tensor *mx = ts_amax(cat, 0, NULL, false);
+    ts_tensor *r = ts_mul_scalar(mx, -1.0);
+    ts_release(nc), ts_release(nc1), ts_release(m1), ts_release(cat);
+    ts_release(mx);
+    return r;
+}
+
+/* The norm and the scaling stay on the device as scalar tensors (no branch
+ * on the norm, as torch does), so only asking for *total_norm reads a value
+ * back. */
 ts_status ts_clip_grad_norm(ts_tensor *const *params, int n, double max_norm,
                             double *total_norm) {
     if (total_norm) *total_norm = 0.0;
     if (n < 0 || (n > 0 && !params)) return TS_ERR_INVALID_ARG;
     ts_ctx *ctx = NULL;
     for (int i = 0; i < n && !ctx; i++)
-        if (params[i]) ctx = ts_tensor_ctx(params[i]);
-    if (!ctx) return TS_OK; /* nothing to clip */
+        if (params[i] && ts_grad(params[i])) ctx = ts_tensor_ctx(params[i]);
+    if (!ctx) return TS_OK; /* no gradients: norm 0, nothing to scale */
     bool old = ts_set_grad_enabled(ctx, false);
-    /* sum of squares over every grad, kept as a tensor until the end */
-    ts_tensor *acc = NULL;
-    ts_status s = TS_OK;
+    ts_tensor *acc = NULL; /* sum of squares over every grad, () f32 */
     for (int i = 0; i < n; i++) {
         ts_tensor *g = params[i] ? ts_grad(params[i]) : NULL;
         if (!g) continue;
         ts_tensor *g32 = as_f32(g);
         ts_tensor *gg = ts_mul(g32, g32);
         ts_tensor *ss = ts_sum(gg, 0, NULL, false);
-        ts_release(g32), ts_release(gg);
         ts_tensor *next = acc ? ts_add(acc, ss) : ts_retain(ss);
-        ts_release(acc), ts_release(ss);
+        ts_release(g32), ts_release(gg), ts_release(ss), ts_release(acc);
         acc = next;
-        if (!acc) {
-            s = ts_ctx_status(ctx);
-            break;
-        }
     }
-    double sumsq = 0.0;
-    if (acc && s == TS_OK) s = ts_item(acc, &sumsq);
+    ts_tensor *total = ts_sqrt(acc);
     ts_release(acc);
-    double total = sqrt(sumsq);
-    if (total_norm) *total_norm = total;
-    /* torch scales by min(coef, 1); a NaN norm spreads to the grads there
-     * too */
-    double coef = max_norm / (total + 1e-6);
-    for (int i = 0; s == TS_OK && !(coef >= 1.0) && i < n; i++) {
+    /* coef = min(max_norm / (total + 1e-6), 1) */
+    ts_tensor *den = ts_add_scalar(total, 1e-6);
+    ts_tensor *inv = ts_pow_scalar(den, -1.0);
+    ts_tensor *c = ts_mul_scalar(inv, max_norm);
+    ts_tensor *coef = min_one(c);
+    ts_release(den), ts_release(inv), ts_release(c);
+    ts_status s = coef ? TS_OK : ts_ctx_status(ctx);
+    for (int i = 0; s == TS_OK && i < n; i++) {
         ts_tensor *g = params[i] ? ts_grad(params[i]) : NULL;
         if (!g) continue;
-        ts_tensor *sc = ts_mul_scalar(g, coef);
+        ts_dtype dt = ts_tensor_dtype(g);
+        ts_tensor *cc = dt == TS_F32 ? ts_retain(coef) : ts_cast(coef, dt);
+        ts_tensor *sc = ts_mul(g, cc);
+        ts_release(cc);
         s = sc ? ts_copy_(g, sc) : ts_ctx_status(ctx);
         ts_release(sc);
     }
+    if (s == TS_OK && total_norm) s = ts_item(total, total_norm);
+    ts_release(total), ts_release(coef);
     ts_set_grad_enabled(ctx, old);
     return s;
 }

@@ -505,19 +505,7 @@ ts_status ts_copy_(ts_tensor *dst, ts_tensor *src) {
     }
     if (ts_materialize(dst) != TS_OK || ts_materialize(src) != TS_OK)
         return ctx->status;
-    int nd;
-    int64_t sh[TS_MAX_DIMS];
-    if (ts_broadcast_shapes(ctx, "copy_", dst->ndim, dst->shape, src->ndim,
-                            src->shape, &nd, sh))
-        return ctx->status;
-    if (!ts_shape_equal(nd, sh, dst->ndim, dst->shape)) {
-        char sa[128], sb[128];
-        return ts_set_error(ctx, TS_ERR_SHAPE,
-                            "copy_: source %s does not broadcast to destination "
-                            "%s",
-                            ts_shape_str(src->ndim, src->shape, sa, 128),
-                            ts_shape_str(dst->ndim, dst->shape, sb, 128));
-    }
+    if (ts_check_copy_shapes(ctx, dst, src)) return ctx->status;
     bool old = ts_set_grad_enabled(ctx, false);
     ts_tensor *s = ts_expand(src, dst->ndim, dst->shape);
     ts_tensor *c = s ? ts_cast(s, dst->dtype) : NULL; /* contiguous, converted */

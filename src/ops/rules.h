@@ -28,6 +28,8 @@ TS_GRAD(matmul); TS_GRAD(embedding); TS_GRAD(concat); TS_GRAD(rmsnorm);
 TS_GRAD(layernorm); TS_GRAD(rope); TS_GRAD(attention);
 TS_GRAD(cross_entropy);
 
+ts_status ts_check_copy_shapes(ts_ctx *ctx, const ts_tensor *dst,
+                               const ts_tensor *src);
 bool ts_view_strides(const ts_tensor *x, int nd, const int64_t *shape,
                      int64_t *strides);
 

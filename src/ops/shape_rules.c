@@ -519,11 +519,9 @@ ts_status ts_infer_ce_bwd(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 }
 
 
-/* the destination keeps its geometry; src must broadcast to it */
-ts_status ts_infer_copy_into(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                             ts_desc *s, int *ns) {
-    (void)s, (void)ns;
-    const ts_tensor *d = n->in[0], *src = n->in[1];
+/* src must broadcast to dst's shape without growing it */
+ts_status ts_check_copy_shapes(ts_ctx *ctx, const ts_tensor *d,
+                               const ts_tensor *src) {
     int nd;
     int64_t sh[TS_MAX_DIMS];
     if (ts_broadcast_shapes(ctx, "copy_", d->ndim, d->shape, src->ndim,
@@ -536,6 +534,14 @@ ts_status ts_infer_copy_into(ts_ctx *ctx, const ts_node *n, ts_desc *o,
                             "%s",
                             SHP(src, sa), SHP(d, sb));
     }
-    desc_like(o, d->dtype, d->ndim, d->shape);
+    return TS_OK;
+}
+
+/* the destination keeps its geometry */
+ts_status ts_infer_copy_into(ts_ctx *ctx, const ts_node *n, ts_desc *o,
+                             ts_desc *s, int *ns) {
+    (void)s, (void)ns;
+    if (ts_check_copy_shapes(ctx, n->in[0], n->in[1])) return ctx->status;
+    desc_like(o, n->in[0]->dtype, n->in[0]->ndim, n->in[0]->shape);
     return TS_OK;
 }
