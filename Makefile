@@ -7,7 +7,7 @@ JOBS       ?= $(shell nproc)
 APT_PKGS   := build-essential cmake pkg-config libopenblas-dev libgomp1 \
               python3 python3-torch python3-numpy
 
-.PHONY: run test deps build build-san bench clean format
+.PHONY: run test deps build build-san bench bench-compile clean format
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -37,6 +37,9 @@ test: build build-san
 
 bench: build
 	./$(BUILD)/bench_ops
+
+bench-compile: build
+	./$(BUILD)/bench_compile
 
 format:
 	clang-format -i include/*.h $$(find src tests bench -name '*.[ch]')

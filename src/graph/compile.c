@@ -377,6 +377,17 @@ static bool plan_valid(const buffer *bufs, int nb) {
 
 static bool poison_enabled(void);
 
+/* TS_PASSES=-dce,-plan turns passes off one by one (to measure them). */
+static bool pass_on(const char *name) {
+    const char *e = getenv("TS_PASSES");
+    if (!e) return true;
+    char off[64];
+    snprintf(off, sizeof off, "-%s", name);
+    const char *p = strstr(e, off);
+    size_t n = strlen(off);
+    return !(p && (p[n] == '\0' || p[n] == ','));
+}
+
 static size_t slot_bytes(const ts_node *n, int slot) {
     const ts_desc *d = slot == 0 ? &n->out_desc : &n->saved_desc[slot - 1];
     return (size_t)ts_shape_numel(d->ndim, d->shape) * ts_dtype_size(d->dtype);
@@ -421,7 +432,14 @@ static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
                                   last[id] > i ? last[id] : i, 0};
         }
     }
-    p->arena_bytes = place_buffers(bufs, nb);
+    if (pass_on("plan")) {
+        p->arena_bytes = place_buffers(bufs, nb);
+    } else { /* no sharing: every intermediate gets its own bytes */
+        for (int b = 0; b < nb; b++) {
+            bufs[b].off = (int64_t)p->arena_bytes;
+            p->arena_bytes += bufs[b].bytes;
+        }
+    }
     if (poison_enabled() && !plan_valid(bufs, nb)) {
         *invalid = true;
         goto oom;
@@ -636,9 +654,11 @@ ts_status ts_sync(ts_ctx *ctx) {
         for (int k = 0; k < n->n_saved; k++) n->saved[k]->storage->scratch2 &= ~READ;
     }
     int dead = 0;
+    bool dce = pass_on("dce");
     for (int i = t->n - 1; i >= 0; i--) {
         ts_node *n = t->nodes[i];
-        bool need = n->op == TS_OP_COPY_INTO || (n->out_st->scratch2 & (LIVE_AFTER | READ));
+        bool need = n->op == TS_OP_COPY_INTO || !dce ||
+                    (n->out_st->scratch2 & (LIVE_AFTER | READ));
         for (int k = 0; k < n->n_saved; k++)
             need |= (n->saved[k]->storage->scratch2 & (LIVE_AFTER | READ)) != 0;
         run[i] = need;
