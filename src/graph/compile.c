@@ -35,7 +35,6 @@ typedef struct ts_trace {
     int n_plans;
     void *arena;
     size_t arena_cap;
-    int dump_seq;
 } ts_trace;
 
 static ts_trace *trace_of(ts_ctx *ctx) {
@@ -272,6 +271,12 @@ static uint64_t fnv1a(const unsigned char *p, size_t n) {
 
 #define SLOTS (1 + TS_MAX_SAVED) /* buffers per node: out, saved... */
 
+/* view nodes are in the trace only for the analysis: they never run */
+static bool is_view_node(const ts_node *n) { return ts_op_table[n->op].is_view; }
+static bool produces(const ts_node *n) {
+    return !is_view_node(n) && n->op != TS_OP_COPY_INTO;
+}
+
 /* storage->scratch: > 0 buffer id + 1 of the node slot producing it,
  * < 0 -(index + 1) of an outside input, in order of first use */
 static void number_storages(ts_trace *t) {
@@ -282,7 +287,7 @@ static void number_storages(ts_trace *t) {
     }
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
-        if (n->op != TS_OP_COPY_INTO) n->out_st->scratch = i * SLOTS + 1;
+        if (produces(n)) n->out_st->scratch = i * SLOTS + 1;
         for (int k = 0; k < n->n_saved; k++)
             n->saved[k]->storage->scratch = i * SLOTS + 2 + k;
     }
@@ -491,7 +496,8 @@ static void dump_graph(ts_ctx *ctx, ts_trace *t, const plan *p) {
     const char *dir = getenv("TS_DUMP_GRAPH");
     if (!dir || !*dir) return;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) return;
-    int seq = t->dump_seq++;
+    static int dump_seq; /* across contexts: one folder, no overwrites */
+    int seq = dump_seq++;
     char path[4096];
     for (int stage = 0; stage < 2; stage++) {
         snprintf(path, sizeof path, "%s/graph-%03d-%s.txt", dir, seq,
@@ -501,10 +507,12 @@ static void dump_graph(ts_ctx *ctx, ts_trace *t, const plan *p) {
         fprintf(f, "# graph %d, %s the passes: %d nodes\n", seq,
                 stage ? "after" : "before", t->n);
         for (int i = 0; i < t->n; i++)
-            if (!stage || p->run[i]) dump_node(f, t, i, stage ? p : NULL);
+            if ((!stage && !is_view_node(t->nodes[i])) || (stage && p->run[i]))
+                dump_node(f, t, i, stage ? p : NULL);
         if (stage) {
             int dead = 0;
-            for (int i = 0; i < t->n; i++) dead += !p->run[i];
+            for (int i = 0; i < t->n; i++)
+                dead += !p->run[i] && !is_view_node(t->nodes[i]);
             fprintf(f, "# dead nodes removed: %d\n# arena: %zu bytes\n"
                        "# kept results: %zu bytes\n# planned peak: %zu bytes\n",
                     dead, p->arena_bytes, p->kept_bytes,
@@ -653,7 +661,7 @@ ts_status ts_sync(ts_ctx *ctx) {
         n->out_st->scratch2 &= ~READ;
         for (int k = 0; k < n->n_saved; k++) n->saved[k]->storage->scratch2 &= ~READ;
     }
-    int dead = 0;
+    int dead = 0, views = 0;
     bool dce = pass_on("dce");
     for (int i = t->n - 1; i >= 0; i--) {
         ts_node *n = t->nodes[i];
@@ -661,6 +669,11 @@ ts_status ts_sync(ts_ctx *ctx) {
                     (n->out_st->scratch2 & (LIVE_AFTER | READ));
         for (int k = 0; k < n->n_saved; k++)
             need |= (n->saved[k]->storage->scratch2 & (LIVE_AFTER | READ)) != 0;
+        if (is_view_node(n)) {
+            run[i] = 0;
+            views++;
+            continue;
+        }
         run[i] = need;
         dead += !need;
         if (need)
@@ -706,7 +719,7 @@ ts_status ts_sync(ts_ctx *ctx) {
         dump_graph(ctx, t, p);
     }
     ctx->cstats.graphs_run++;
-    ctx->cstats.nodes_run = (uint64_t)(t->n - dead);
+    ctx->cstats.nodes_run = (uint64_t)(t->n - dead - views);
     ctx->cstats.nodes_dead = (uint64_t)dead;
     ctx->cstats.arena_bytes = p->arena_bytes;
     ctx->cstats.planned_peak_bytes = p->arena_bytes + p->kept_bytes;

@@ -145,6 +145,16 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
         out->requires_grad = true;
         out->grad_fn = n; /* the node's one reference moves to out */
         n->out = out;
+        if (ctx->mode == TS_MODE_COMPILED && def->is_view) {
+            /* views run at once, but the compiler must see that this node
+             * holds its input, to tell intermediates from kept results */
+            n->out_st = in[0]->storage;
+            ts_storage_retain(n->out_st);
+            if (ts_trace_append(ctx, n) != TS_OK) {
+                ts_release(out);
+                return NULL;
+            }
+        }
     } else {
         n->out = NULL;
         ts_node_release(n);

@@ -8,7 +8,8 @@ ts_tensor *ts_linear(ts_tensor *x, ts_tensor *w, ts_tensor *b) {
     ts_tensor *wt = ts_transpose(w, 0, 1); /* (in, out), a view */
     ts_tensor *y = ts_matmul(x, wt);
     ts_release(wt);
-    if (!b || !y) return y;
+    if (!b || !y)
+        return y;
     ts_tensor *yb = ts_add(y, b);
     ts_release(y);
     return yb;

@@ -57,7 +57,8 @@ static ts_status check_options(ts_ctx *ctx, const ts_adamw_options *o) {
 
 ts_status ts_adamw_new(ts_ctx *ctx, ts_tensor *const *params, int n,
                        const ts_adamw_options *opt, ts_adamw **out) {
-    if (!ctx) return TS_ERR_INVALID_ARG;
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
     if (!out)
         return ts_set_error(ctx, TS_ERR_INVALID_ARG, "adamw_new: NULL out");
     *out = NULL;
@@ -67,7 +68,8 @@ ts_status ts_adamw_new(ts_ctx *ctx, ts_tensor *const *params, int n,
                             (const void *)params);
     ts_adamw_options o = opt ? *opt : ts_adamw_default_options();
     ts_status s = check_options(ctx, &o);
-    if (s != TS_OK) return s;
+    if (s != TS_OK)
+        return s;
     for (int i = 0; i < n; i++) {
         if (!params[i])
             return ts_set_error(ctx, TS_ERR_INVALID_ARG,
@@ -114,7 +116,8 @@ ts_status ts_adamw_new(ts_ctx *ctx, ts_tensor *const *params, int n,
 }
 
 void ts_adamw_free(ts_adamw *a) {
-    if (!a) return;
+    if (!a)
+        return;
     for (int i = 0; i < a->n; i++) {
         ts_release(a->params[i]);
         ts_release(a->m[i]);
@@ -125,10 +128,13 @@ void ts_adamw_free(ts_adamw *a) {
 }
 
 void ts_adamw_set_lr(ts_adamw *a, double lr) {
-    if (a) a->o.lr = lr;
+    if (a)
+        a->o.lr = lr;
 }
 
-double ts_adamw_get_lr(const ts_adamw *a) { return a ? a->o.lr : 0.0; }
+double ts_adamw_get_lr(const ts_adamw *a) {
+    return a ? a->o.lr : 0.0;
+}
 
 ts_tensor *ts_adamw_exp_avg(const ts_adamw *a, int i) {
     return a && i >= 0 && i < a->n ? a->m[i] : NULL;
@@ -169,7 +175,8 @@ static ts_status adamw_update(const ts_adamw_options *o, ts_tensor *p,
     ts_tensor *gg1 = ts_mul_scalar(gg, 1.0 - o->beta2);
     ts_tensor *vn = ts_add(v1, gg1);
     ts_release(v1), ts_release(gg), ts_release(gg1), ts_release(g);
-    if (s == TS_OK) s = vn ? ts_copy_(v, vn) : TS_ERR_INVALID_ARG;
+    if (s == TS_OK)
+        s = vn ? ts_copy_(v, vn) : TS_ERR_INVALID_ARG;
     ts_release(vn);
 
     /* p = p*(1 - lr*wd) - (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps) */
@@ -185,22 +192,24 @@ static ts_status adamw_update(const ts_adamw_options *o, ts_tensor *p,
     ts_tensor *step = ts_mul_scalar(r, -o->lr / bc1);
     ts_tensor *pn = ts_add(pd, step);
     ts_release(den), ts_release(r), ts_release(step), ts_release(pd);
-    if (s == TS_OK) s = pn ? ts_copy_(p, pn) : TS_ERR_INVALID_ARG;
+    if (s == TS_OK)
+        s = pn ? ts_copy_(p, pn) : TS_ERR_INVALID_ARG;
     ts_release(pn);
     return s;
 }
 
 ts_status ts_adamw_step(ts_adamw *a) {
-    if (!a) return TS_ERR_INVALID_ARG;
+    if (!a)
+        return TS_ERR_INVALID_ARG;
     ts_ctx *ctx = a->ctx;
     bool old = ts_set_grad_enabled(ctx, false);
     ts_status s = TS_OK;
     for (int i = 0; i < a->n && s == TS_OK; i++) {
         ts_tensor *g = ts_grad(a->params[i]);
-        if (!g) continue;
+        if (!g)
+            continue;
         a->steps[i]++;
-        s = adamw_update(&a->o, a->params[i], g, a->m[i], a->v[i],
-                         a->steps[i]);
+        s = adamw_update(&a->o, a->params[i], g, a->m[i], a->v[i], a->steps[i]);
     }
     ts_set_grad_enabled(ctx, old);
     if (s != TS_OK && ts_ctx_status(ctx) == TS_OK)
@@ -210,7 +219,8 @@ ts_status ts_adamw_step(ts_adamw *a) {
 
 void ts_zero_grads(ts_tensor *const *params, int n) {
     for (int i = 0; params && i < n; i++)
-        if (params[i]) ts_zero_grad(params[i]);
+        if (params[i])
+            ts_zero_grad(params[i]);
 }
 
 /* min(c, 1) of a scalar tensor, exactly: -amax([-c, -1]). */
@@ -233,17 +243,22 @@ static ts_tensor *min_one(ts_tensor *c) {
  * back. */
 ts_status ts_clip_grad_norm(ts_tensor *const *params, int n, double max_norm,
                             double *total_norm) {
-    if (total_norm) *total_norm = 0.0;
-    if (n < 0 || (n > 0 && !params)) return TS_ERR_INVALID_ARG;
+    if (total_norm)
+        *total_norm = 0.0;
+    if (n < 0 || (n > 0 && !params))
+        return TS_ERR_INVALID_ARG;
     ts_ctx *ctx = NULL;
     for (int i = 0; i < n && !ctx; i++)
-        if (params[i] && ts_grad(params[i])) ctx = ts_tensor_ctx(params[i]);
-    if (!ctx) return TS_OK; /* no gradients: norm 0, nothing to scale */
+        if (params[i] && ts_grad(params[i]))
+            ctx = ts_tensor_ctx(params[i]);
+    if (!ctx)
+        return TS_OK; /* no gradients: norm 0, nothing to scale */
     bool old = ts_set_grad_enabled(ctx, false);
     ts_tensor *acc = NULL; /* sum of squares over every grad, () f32 */
     for (int i = 0; i < n; i++) {
         ts_tensor *g = params[i] ? ts_grad(params[i]) : NULL;
-        if (!g) continue;
+        if (!g)
+            continue;
         ts_tensor *g32 = as_f32(g);
         ts_tensor *gg = ts_mul(g32, g32);
         ts_tensor *ss = ts_sum(gg, 0, NULL, false);
@@ -262,7 +277,8 @@ ts_status ts_clip_grad_norm(ts_tensor *const *params, int n, double max_norm,
     ts_status s = coef ? TS_OK : ts_ctx_status(ctx);
     for (int i = 0; s == TS_OK && i < n; i++) {
         ts_tensor *g = params[i] ? ts_grad(params[i]) : NULL;
-        if (!g) continue;
+        if (!g)
+            continue;
         ts_dtype dt = ts_tensor_dtype(g);
         ts_tensor *cc = dt == TS_F32 ? ts_retain(coef) : ts_cast(coef, dt);
         ts_tensor *sc = ts_mul(g, cc);
@@ -270,7 +286,8 @@ ts_status ts_clip_grad_norm(ts_tensor *const *params, int n, double max_norm,
         s = sc ? ts_copy_(g, sc) : ts_ctx_status(ctx);
         ts_release(sc);
     }
-    if (s == TS_OK && total_norm) s = ts_item(total, total_norm);
+    if (s == TS_OK && total_norm)
+        s = ts_item(total, total_norm);
     ts_release(total), ts_release(coef);
     ts_set_grad_enabled(ctx, old);
     return s;
@@ -279,9 +296,12 @@ ts_status ts_clip_grad_norm(ts_tensor *const *params, int n, double max_norm,
 double ts_lr_cosine_warmup(int64_t step, int64_t warmup, int64_t total_steps,
                            double max_lr, double min_lr) {
     const double pi = 3.14159265358979323846;
-    if (step < 0) step = 0;
-    if (step < warmup) return max_lr * (double)step / (double)warmup;
-    if (step >= total_steps) return min_lr;
+    if (step < 0)
+        step = 0;
+    if (step < warmup)
+        return max_lr * (double)step / (double)warmup;
+    if (step >= total_steps)
+        return min_lr;
     double progress = (double)(step - warmup) / (double)(total_steps - warmup);
     return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + cos(pi * progress));
 }

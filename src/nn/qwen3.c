@@ -16,7 +16,7 @@ ts_status ts_set_error(ts_ctx *ctx, ts_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 #define QWEN3_MAX_LAYERS 4096
-#define QWEN3_NAME_LEN 96
+#define QWEN3_NAME_LEN   96
 
 /* One decoder layer's parameters; borrowed from the model's list. */
 typedef struct {
@@ -46,7 +46,8 @@ struct ts_qwen3_model {
 };
 
 ts_status ts_qwen3_config_check(ts_ctx *ctx, const ts_qwen3_config *c) {
-    if (!c) return ts_set_error(ctx, TS_ERR_INVALID_ARG, "qwen3: NULL config");
+    if (!c)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "qwen3: NULL config");
     struct {
         const char *name;
         int64_t v;
@@ -65,8 +66,7 @@ ts_status ts_qwen3_config_check(ts_ctx *ctx, const ts_qwen3_config *c) {
                                 sizes[i].name, sizes[i].v);
     if (c->layers > QWEN3_MAX_LAYERS)
         return ts_set_error(ctx, TS_ERR_INVALID_ARG,
-                            "qwen3 config: layers is %" PRId64
-                            " (at most %d)",
+                            "qwen3 config: layers is %" PRId64 " (at most %d)",
                             c->layers, QWEN3_MAX_LAYERS);
     if (c->heads % c->kv_heads)
         return ts_set_error(ctx, TS_ERR_INVALID_ARG,
@@ -103,11 +103,13 @@ static ts_tensor *add_param(ts_qwen3_model *m, uint64_t seed, bool normal,
                             const char *name) {
     int64_t shape[2] = {d0, d1};
     int i = m->n_params;
-    if (i == m->cap_params) return NULL; /* sized in ts_qwen3_new */
+    if (i == m->cap_params)
+        return NULL; /* sized in ts_qwen3_new */
     ts_tensor *t = normal ? ts_randn(m->ctx, TS_F32, ndim, shape, 0.02,
                                      param_seed(seed, i))
                           : ts_full(m->ctx, TS_F32, ndim, shape, 1.0);
-    if (!t) return NULL;
+    if (!t)
+        return NULL;
     ts_set_requires_grad(t, true);
     m->params[i] = t;
     snprintf(m->names[i], QWEN3_NAME_LEN, "%s", name);
@@ -123,7 +125,7 @@ static bool add_layer(ts_qwen3_model *m, uint64_t seed, int i) {
     char name[QWEN3_NAME_LEN];
 #define PARAM(field, normal, ndim, d0, d1, suffix)                             \
     do {                                                                       \
-        snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix);         \
+        snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix);          \
         if (!(L->field = add_param(m, seed, normal, ndim, d0, d1, name)))      \
             return false;                                                      \
     } while (0)
@@ -144,11 +146,14 @@ static bool add_layer(ts_qwen3_model *m, uint64_t seed, int i) {
 
 ts_status ts_qwen3_new(ts_ctx *ctx, const ts_qwen3_config *cfg, uint64_t seed,
                        ts_qwen3_model **out) {
-    if (!ctx) return TS_ERR_INVALID_ARG;
-    if (!out) return ts_set_error(ctx, TS_ERR_INVALID_ARG, "qwen3_new: NULL out");
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "qwen3_new: NULL out");
     *out = NULL;
     ts_status s = ts_qwen3_config_check(ctx, cfg);
-    if (s != TS_OK) return s;
+    if (s != TS_OK)
+        return s;
     ts_qwen3_model *m = calloc(1, sizeof *m);
     int cap = 3 + 11 * (int)cfg->layers;
     if (m) {
@@ -166,7 +171,8 @@ ts_status ts_qwen3_new(ts_ctx *ctx, const ts_qwen3_config *cfg, uint64_t seed,
     int64_t V = cfg->vocab, C = cfg->hidden;
     bool ok = (m->embed = add_param(m, seed, true, 2, V, C,
                                     "model.embed_tokens.weight")) != NULL;
-    for (int i = 0; ok && i < (int)cfg->layers; i++) ok = add_layer(m, seed, i);
+    for (int i = 0; ok && i < (int)cfg->layers; i++)
+        ok = add_layer(m, seed, i);
     ok = ok && (m->norm = add_param(m, seed, false, 1, C, 0,
                                     "model.norm.weight")) != NULL;
     if (ok)
@@ -185,8 +191,10 @@ ts_status ts_qwen3_new(ts_ctx *ctx, const ts_qwen3_config *cfg, uint64_t seed,
 }
 
 void ts_qwen3_free(ts_qwen3_model *m) {
-    if (!m) return;
-    for (int i = 0; i < m->n_params; i++) ts_release(m->params[i]);
+    if (!m)
+        return;
+    for (int i = 0; i < m->n_params; i++)
+        ts_release(m->params[i]);
     free(m->params);
     free(m->names);
     free(m->layer);
@@ -197,7 +205,9 @@ const ts_qwen3_config *ts_qwen3_get_config(const ts_qwen3_model *m) {
     return m ? &m->cfg : NULL;
 }
 
-int ts_qwen3_num_params(const ts_qwen3_model *m) { return m ? m->n_params : 0; }
+int ts_qwen3_num_params(const ts_qwen3_model *m) {
+    return m ? m->n_params : 0;
+}
 
 const char *ts_qwen3_param_name(const ts_qwen3_model *m, int i) {
     return m && i >= 0 && i < m->n_params ? m->names[i] : NULL;
@@ -212,9 +222,11 @@ ts_tensor *const *ts_qwen3_params(const ts_qwen3_model *m) {
 }
 
 ts_tensor *ts_qwen3_find_param(const ts_qwen3_model *m, const char *name) {
-    if (!m || !name) return NULL;
+    if (!m || !name)
+        return NULL;
     for (int i = 0; i < m->n_params; i++)
-        if (strcmp(m->names[i], name) == 0) return m->params[i];
+        if (strcmp(m->names[i], name) == 0)
+            return m->params[i];
     return NULL;
 }
 
@@ -226,7 +238,7 @@ static ts_tensor *project_heads(const ts_qwen3_model *m, ts_tensor *h,
                                 ts_tensor *cos, ts_tensor *sin) {
     int64_t B = ts_tensor_dim(h, 0), T = ts_tensor_dim(h, 1);
     int64_t shape[4] = {B, T, n, m->cfg.head_dim};
-    ts_tensor *p = ts_linear(h, w, NULL); /* (B, T, n*D) */
+    ts_tensor *p = ts_linear(h, w, NULL);   /* (B, T, n*D) */
     ts_tensor *r = ts_reshape(p, 4, shape); /* (B, T, n, D), a view */
     ts_release(p);
     if (norm_w) {
@@ -236,16 +248,17 @@ static ts_tensor *project_heads(const ts_qwen3_model *m, ts_tensor *h,
     }
     ts_tensor *t = ts_transpose(r, 1, 2); /* (B, n, T, D) */
     ts_release(r);
-    if (!cos) return t;
+    if (!cos)
+        return t;
     ts_tensor *rot = ts_rope(t, cos, sin);
     ts_release(t);
     return rot;
 }
 
 /* x (B, T, C) -> self-attention output after o_proj (B, T, C). */
-static ts_tensor *attention_block(const ts_qwen3_model *m,
-                                  const qwen3_layer *L, ts_tensor *x,
-                                  ts_tensor *cos, ts_tensor *sin) {
+static ts_tensor *attention_block(const ts_qwen3_model *m, const qwen3_layer *L,
+                                  ts_tensor *x, ts_tensor *cos,
+                                  ts_tensor *sin) {
     const ts_qwen3_config *c = &m->cfg;
     int64_t B = ts_tensor_dim(x, 0), T = ts_tensor_dim(x, 1);
     ts_tensor *h = ts_rmsnorm(x, L->input_norm, c->rms_eps);
@@ -301,10 +314,12 @@ static bool check_ids(ts_ctx *ctx, const char *what, ts_tensor *ids) {
 
 /* ids (B, T) -> logits (B, T, V) */
 ts_tensor *ts_qwen3_forward(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0) {
-    if (!m) return NULL;
+    if (!m)
+        return NULL;
     ts_ctx *ctx = m->ctx;
     const ts_qwen3_config *c = &m->cfg;
-    if (!check_ids(ctx, "ids", ids)) return NULL;
+    if (!check_ids(ctx, "ids", ids))
+        return NULL;
     int64_t T = ts_tensor_dim(ids, 1);
     if (pos0 < 0 || T > c->max_positions || pos0 > c->max_positions - T) {
         ts_set_error(ctx, TS_ERR_RANGE,
@@ -328,10 +343,12 @@ ts_tensor *ts_qwen3_forward(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0) {
     return logits;
 }
 
-ts_tensor *ts_qwen3_loss(ts_qwen3_model *m, ts_tensor *ids,
-                         ts_tensor *targets, ts_tensor **logits_out) {
-    if (logits_out) *logits_out = NULL;
-    if (!m) return NULL;
+ts_tensor *ts_qwen3_loss(ts_qwen3_model *m, ts_tensor *ids, ts_tensor *targets,
+                         ts_tensor **logits_out) {
+    if (logits_out)
+        *logits_out = NULL;
+    if (!m)
+        return NULL;
     ts_ctx *ctx = m->ctx;
     if (!check_ids(ctx, "ids", ids) || !check_ids(ctx, "targets", targets))
         return NULL;
@@ -346,8 +363,8 @@ ts_tensor *ts_qwen3_loss(ts_qwen3_model *m, ts_tensor *ids,
     }
     ts_tensor *logits = ts_qwen3_forward(m, ids, 0);
     int64_t lshape[2] = {B * T, m->cfg.vocab}, tshape[1] = {B * T};
-    ts_tensor *flat = ts_reshape(logits, 2, lshape);       /* (B*T, V) */
-    ts_tensor *tflat = ts_reshape(targets, 1, tshape);     /* (B*T) */
+    ts_tensor *flat = ts_reshape(logits, 2, lshape);   /* (B*T, V) */
+    ts_tensor *tflat = ts_reshape(targets, 1, tshape); /* (B*T) */
     ts_tensor *loss = ts_cross_entropy(flat, tflat, -100, TS_REDUCE_MEAN);
     ts_release(flat), ts_release(tflat);
     if (logits_out && loss)
