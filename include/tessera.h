@@ -76,6 +76,9 @@ const char *ts_errmsg(const ts_ctx *ctx);
 /* The status of the last error recorded (TS_OK when none). */
 ts_status ts_ctx_status(const ts_ctx *ctx);
 void ts_clear_error(ts_ctx *ctx);
+/* Records an error (for layers built on this API); returns s. */
+ts_status ts_set_error(ts_ctx *ctx, ts_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 const char *ts_status_name(ts_status s);
 
 int ts_get_num_threads(const ts_ctx *ctx);
@@ -210,6 +213,13 @@ bool ts_is_grad_enabled(const ts_ctx *ctx);
 /* dst[...] = src, broadcasting src to dst's shape, casting dtype. */
 ts_status ts_copy_(ts_tensor *dst, ts_tensor *src);
 ts_status ts_fill_(ts_tensor *dst, double value);
+/* Fused AdamW (decoupled weight decay) on one parameter, in place:
+ *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *   p -= lr/bc1 * m / (sqrt(v / bc2) + eps)
+ * m, v f32 of p's shape; hyper f32 [7] = {lr, b1, b2, eps, wd, bc1, bc2}
+ * (a tensor, so a compiled step's plan does not change with the step). */
+ts_status ts_adamw_update_(ts_tensor *p, ts_tensor *g, ts_tensor *m,
+                           ts_tensor *v, ts_tensor *hyper);
 
 /* ---- views (share storage; no copy) ------------------------------------- */
 

@@ -86,8 +86,8 @@ ts_tensor *ts_qwen3_forward(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0);
  * which are the next tokens already aligned with ids (no shift inside);
  * targets of -100 are ignored. Returns the scalar loss; when logits is not
  * NULL it receives a new reference to the logits (B, T, V). */
-ts_tensor *ts_qwen3_loss(ts_qwen3_model *m, ts_tensor *ids,
-                         ts_tensor *targets, ts_tensor **logits);
+ts_tensor *ts_qwen3_loss(ts_qwen3_model *m, ts_tensor *ids, ts_tensor *targets,
+                         ts_tensor **logits);
 
 /* ---- optimizer ---------------------------------------------------------- */
 

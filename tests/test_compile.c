@@ -298,6 +298,23 @@ static void test_errors_surface_at_sync(void) {
     ts_ctx_free(ctx);
 }
 
+static void test_reads_see_recorded_writes(void) {
+    /* reading a tensor that a recorded ts_copy_ writes runs the graph */
+    ts_ctx *ctx = test_ctx();
+    ts_set_mode(ctx, TS_MODE_COMPILED);
+    int64_t n = 3;
+    ts_tensor *w = ts_full(ctx, TS_F32, 1, &n, 1.0);
+    ts_tensor *two = ts_full(ctx, TS_F32, 1, &n, 2.0);
+    ts_tensor *six = ts_mul_scalar(two, 3);
+    CHECK_OK(ctx, ts_copy_(w, six));
+    double v = 0;
+    int64_t i0 = 0;
+    CHECK_OK(ctx, ts_get(w, &i0, &v));
+    CHECK(v == 6);
+    ts_release(w), ts_release(two), ts_release(six);
+    ts_ctx_free(ctx);
+}
+
 int main(void) {
     setenv("TS_POISON_FREED", "1", 1); /* dead buffers become NaN */
     test_block_and_training_match_eager();
@@ -306,5 +323,6 @@ int main(void) {
     test_views_and_results_kept();
     test_dump_and_force_eager();
     test_errors_surface_at_sync();
+    test_reads_see_recorded_writes();
     return test_finish("test_compile");
 }

@@ -5,7 +5,8 @@
  * that ten AdamW steps on one batch lower the loss.
  *
  * The reference is tests/ref/nn_ref.py, run with /usr/bin/python3 through
- * system(); argv[1] is the source directory. CMake registration:
+ * system(); argv[1] is the source directory. TS_TEST_MODE=compiled runs it
+ * all in compiled mode. CMake registration:
  *   ts_add_test(test_nn ${PROJECT_SOURCE_DIR})
  */
 #include "tessera_nn.h"
@@ -43,8 +44,10 @@ static void put_rec(FILE *f, const char *name, uint32_t code, uint32_t ndim,
     fwrite(name, 1, len, f);
     fwrite(&code, 4, 1, f);
     fwrite(&ndim, 4, 1, f);
-    if (ndim) fwrite(shape, 8, ndim, f);
-    if (bytes) fwrite(data, 1, bytes, f);
+    if (ndim)
+        fwrite(shape, 8, ndim, f);
+    if (bytes)
+        fwrite(data, 1, bytes, f);
 }
 
 static void put_tensor(FILE *f, const char *name, ts_tensor *t) {
@@ -53,8 +56,8 @@ static void put_tensor(FILE *f, const char *name, ts_tensor *t) {
     size_t bytes = (size_t)ts_tensor_numel(t) * ts_dtype_size(dt);
     void *buf = malloc(bytes ? bytes : 1);
     CHECK(ts_tensor_read(t, buf, dt) == TS_OK);
-    put_rec(f, name, is_int ? REC_I64 : REC_F32,
-            (uint32_t)ts_tensor_ndim(t), ts_tensor_shape(t), buf, bytes);
+    put_rec(f, name, is_int ? REC_I64 : REC_F32, (uint32_t)ts_tensor_ndim(t),
+            ts_tensor_shape(t), buf, bytes);
     free(buf);
 }
 
@@ -65,7 +68,8 @@ static void put_f64(FILE *f, const char *name, int n, const double *v) {
 
 static bool read_records(const char *path, record_set *rs) {
     FILE *f = fopen(path, "rb");
-    if (!f) return false;
+    if (!f)
+        return false;
     uint32_t len;
     bool ok = true;
     while (ok && fread(&len, 4, 1, f) == 1) {
@@ -75,9 +79,11 @@ static bool read_records(const char *path, record_set *rs) {
              fread(&r.code, 4, 1, f) == 1 && fread(&r.ndim, 4, 1, f) == 1 &&
              r.ndim <= TS_MAX_DIMS && r.code <= REC_F64 &&
              fread(r.shape, 8, r.ndim, f) == r.ndim;
-        if (!ok) break;
+        if (!ok)
+            break;
         r.numel = 1;
-        for (uint32_t i = 0; i < r.ndim; i++) r.numel *= r.shape[i];
+        for (uint32_t i = 0; i < r.ndim; i++)
+            r.numel *= r.shape[i];
         size_t es = r.code == REC_F32 ? 4 : 8;
         r.data = malloc((size_t)r.numel * es + 1);
         ok = r.data && fread(r.data, es, (size_t)r.numel, f) == (size_t)r.numel;
@@ -95,7 +101,8 @@ static bool read_records(const char *path, record_set *rs) {
 }
 
 static void free_records(record_set *rs) {
-    for (int i = 0; i < rs->n; i++) free(rs->r[i].data);
+    for (int i = 0; i < rs->n; i++)
+        free(rs->r[i].data);
     free(rs->r);
     rs->r = NULL;
     rs->n = 0;
@@ -129,7 +136,8 @@ static double expected_scalar(const record_set *rs, const char *name) {
 static void check_close(ts_ctx *ctx, const record_set *rs, const char *name,
                         ts_tensor *actual, double rtol, double atol) {
     ts_tensor *e = expected(ctx, rs, name);
-    if (e) test_allclose(name, actual, e, rtol, atol);
+    if (e)
+        test_allclose(name, actual, e, rtol, atol);
     ts_release(e);
 }
 
@@ -175,11 +183,11 @@ static void make_batch(ts_ctx *ctx, int64_t V, uint64_t seed, ts_tensor **ids,
 }
 
 static void put_config(FILE *f, const char *name, const ts_qwen3_config *c) {
-    double v[11] = {(double)c->vocab,    (double)c->hidden,
-                    (double)c->layers,   (double)c->heads,
-                    (double)c->kv_heads, (double)c->head_dim,
+    double v[11] = {(double)c->vocab,        (double)c->hidden,
+                    (double)c->layers,       (double)c->heads,
+                    (double)c->kv_heads,     (double)c->head_dim,
                     (double)c->intermediate, c->rms_eps,
-                    c->rope_theta,       c->tie_word_embeddings ? 1 : 0,
+                    c->rope_theta,           c->tie_word_embeddings ? 1 : 0,
                     (double)c->max_positions};
     put_f64(f, name, 11, v);
 }
@@ -198,16 +206,18 @@ static void case_run(ts_ctx *ctx, model_case *mc, bool tie, uint64_t seed) {
     make_batch(ctx, cfg.vocab, seed + 1, &mc->ids, &mc->targets);
     mc->loss = ts_qwen3_loss(mc->m, mc->ids, mc->targets, &mc->logits);
     CHECK(mc->loss && mc->logits);
-    if (mc->loss) CHECK_OK(ctx, ts_backward(mc->loss, NULL));
+    if (mc->loss)
+        CHECK_OK(ctx, ts_backward(mc->loss, NULL));
     bool old = ts_set_grad_enabled(ctx, false);
     mc->logits_pos = ts_qwen3_forward(mc->m, mc->ids, POS0);
     ts_set_grad_enabled(ctx, old);
     CHECK(mc->logits_pos != NULL);
-    if (mc->logits_pos) CHECK(!ts_requires_grad(mc->logits_pos));
+    if (mc->logits_pos)
+        CHECK(!ts_requires_grad(mc->logits_pos));
 }
 
-static const double ADAM_HP[8] = {1e-3, 0.9, 0.95, 1e-8, 0.1, 0.5,
-                                  ADAM_STEPS, POS0};
+static const double ADAM_HP[8] = {1e-3, 0.9, 0.95,       1e-8,
+                                  0.1,  0.5, ADAM_STEPS, POS0};
 
 static void case_write(FILE *f, model_case *mc, bool with_hp) {
     char name[200];
@@ -230,7 +240,8 @@ static void case_write(FILE *f, model_case *mc, bool with_hp) {
             snprintf(name, sizeof name, "%s/cgrad/%s", mc->tag,
                      ts_qwen3_param_name(mc->m, i));
             CHECK(g != NULL);
-            if (g) put_tensor(f, name, g);
+            if (g)
+                put_tensor(f, name, g);
         }
     }
 }
@@ -243,7 +254,8 @@ static void case_check(ts_ctx *ctx, const record_set *rs, model_case *mc,
     check_close(ctx, rs, name, mc->logits, 1e-4, 1e-5);
     snprintf(name, sizeof name, "%s/loss", mc->tag);
     double loss = NAN;
-    if (mc->loss) ts_item(mc->loss, &loss);
+    if (mc->loss)
+        ts_item(mc->loss, &loss);
     double want = expected_scalar(rs, name);
     CHECK_NEAR(loss, want, 1e-5 * fabs(want));
     if (with_pos) {
@@ -282,7 +294,10 @@ static void case_check_optim(ts_ctx *ctx, const record_set *rs,
                           .weight_decay = ADAM_HP[4]};
     ts_adamw *opt = NULL;
     CHECK_OK(ctx, ts_adamw_new(ctx, params, n, &o, &opt));
-    for (int s = 0; s < ADAM_STEPS; s++) CHECK_OK(ctx, ts_adamw_step(opt));
+    for (int s = 0; s < ADAM_STEPS; s++)
+        CHECK_OK(ctx, ts_adamw_step(opt));
+    /* the end of a training step (torch_xla's mark_step); eager: a no-op */
+    CHECK_OK(ctx, ts_sync(ctx));
     for (int i = 0; i < n; i++) {
         const char *pn = ts_qwen3_param_name(mc->m, i);
         snprintf(name, sizeof name, "%s/adamw/%s", mc->tag, pn);
@@ -317,7 +332,8 @@ static void linear_run(ts_ctx *ctx, linear_case *lc) {
     ts_tensor *yy = ts_mul(lc->y, lc->y);
     ts_tensor *l = ts_sum(yy, 0, NULL, false);
     CHECK(l != NULL);
-    if (l) CHECK_OK(ctx, ts_backward(l, NULL));
+    if (l)
+        CHECK_OK(ctx, ts_backward(l, NULL));
     ts_release(yy), ts_release(l);
 }
 
@@ -337,8 +353,8 @@ static void test_against_torch(ts_ctx *ctx, const char *srcdir) {
     char in[512], out[512], cmd[2048];
     snprintf(in, sizeof in, "%s/ts_nn_%d_in.bin", tmp && *tmp ? tmp : "/tmp",
              (int)getpid());
-    snprintf(out, sizeof out, "%s/ts_nn_%d_out.bin",
-             tmp && *tmp ? tmp : "/tmp", (int)getpid());
+    snprintf(out, sizeof out, "%s/ts_nn_%d_out.bin", tmp && *tmp ? tmp : "/tmp",
+             (int)getpid());
     FILE *f = fopen(in, "wb");
     CHECK(f != NULL);
     if (f) {
@@ -349,10 +365,13 @@ static void test_against_torch(ts_ctx *ctx, const char *srcdir) {
         put_tensor(f, "L/b", lc.b);
         CHECK(fclose(f) == 0);
     }
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/ref/nn_ref.py' '%s' '%s'",
-             srcdir, in, out);
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 '%s/tests/ref/nn_ref.py' '%s' '%s'", srcdir, in,
+             out);
     int rc = system(cmd);
     CHECK(rc == 0);
+    if (rc != 0)
+        fprintf(stderr, "the reference failed (status %d): %s\n", rc, cmd);
     record_set rs = {0};
     CHECK(rc == 0 && read_records(out, &rs));
     remove(in);
@@ -381,16 +400,21 @@ static void test_param_names(ts_ctx *ctx) {
     CHECK(strcmp(ts_qwen3_param_name(m, 0), "model.embed_tokens.weight") == 0);
     CHECK(strcmp(ts_qwen3_param_name(m, 24), "lm_head.weight") == 0);
     CHECK(ts_qwen3_param_name(m, 25) == NULL && ts_qwen3_param(m, -1) == NULL);
-    ts_tensor *kn = ts_qwen3_find_param(m, "model.layers.1.self_attn.k_norm.weight");
+    ts_tensor *kn =
+        ts_qwen3_find_param(m, "model.layers.1.self_attn.k_norm.weight");
     CHECK(kn && ts_tensor_ndim(kn) == 1 && ts_tensor_dim(kn, 0) == 16);
     double one = 0;
     int64_t i0[1] = {3};
-    if (kn) CHECK(ts_get(kn, i0, &one) == TS_OK && one == 1.0);
-    ts_tensor *q = ts_qwen3_find_param(m, "model.layers.0.self_attn.q_proj.weight");
+    if (kn)
+        CHECK(ts_get(kn, i0, &one) == TS_OK && one == 1.0);
+    ts_tensor *q =
+        ts_qwen3_find_param(m, "model.layers.0.self_attn.q_proj.weight");
     CHECK(q && ts_tensor_dim(q, 0) == 64 && ts_tensor_dim(q, 1) == 64);
-    ts_tensor *k = ts_qwen3_find_param(m, "model.layers.0.self_attn.k_proj.weight");
+    ts_tensor *k =
+        ts_qwen3_find_param(m, "model.layers.0.self_attn.k_proj.weight");
     CHECK(k && ts_tensor_dim(k, 0) == 32 && ts_tensor_dim(k, 1) == 64);
-    ts_tensor *d = ts_qwen3_find_param(m, "model.layers.1.mlp.down_proj.weight");
+    ts_tensor *d =
+        ts_qwen3_find_param(m, "model.layers.1.mlp.down_proj.weight");
     CHECK(d && ts_tensor_dim(d, 0) == 64 && ts_tensor_dim(d, 1) == 96);
     CHECK(ts_qwen3_find_param(m, "model.layers.2.mlp.up_proj.weight") == NULL);
     for (int i = 0; i < ts_qwen3_num_params(m); i++)
@@ -497,6 +521,73 @@ static void test_lr_schedule(void) {
     CHECK_NEAR(ts_lr_cosine_warmup(50, 0, 100, 2.0, 0.0), 1.0, 1e-12);
 }
 
+/* AdamW's first step by hand: m-hat = g, v-hat = g*g, so
+ * p1 = p * (1 - lr*wd) - lr * g / (|g| + eps). A parameter without a grad is
+ * skipped; a bf16 parameter is updated in f32 and rounded back. */
+static void test_adamw_first_step(ts_ctx *ctx) {
+    float pv[3] = {1, -2, 3}, cv[3] = {0.1f, -0.2f, 0.3f};
+    int64_t n3 = 3, n2 = 2;
+    ts_tensor *p = ts_from_data(ctx, TS_F32, 1, &n3, pv);
+    ts_tensor *c = ts_from_data(ctx, TS_F32, 1, &n3, cv);
+    ts_tensor *idle = ts_from_data(ctx, TS_F32, 1, &n3, pv);
+    ts_tensor *h = ts_full(ctx, TS_BF16, 1, &n2, 0.5);
+    ts_set_requires_grad(p, true);
+    ts_set_requires_grad(idle, true);
+    ts_set_requires_grad(h, true);
+    ts_tensor *pc = ts_mul(p, c); /* grad of p: c */
+    ts_tensor *l1 = ts_sum(pc, 0, NULL, false);
+    ts_tensor *l2 = ts_sum(h, 0, NULL, false); /* grad of h: ones */
+    CHECK_OK(ctx, ts_backward(l1, NULL));
+    CHECK_OK(ctx, ts_backward(l2, NULL));
+    ts_tensor *params[3] = {p, idle, h};
+    ts_adamw_options o = ts_adamw_default_options();
+    o.lr = 0.1;
+    o.weight_decay = 0.5;
+    ts_adamw *opt = NULL;
+    CHECK_OK(ctx, ts_adamw_new(ctx, params, 3, &o, &opt));
+    CHECK(ts_adamw_get_lr(opt) == 0.1);
+    CHECK_OK(ctx, ts_adamw_step(opt));
+    CHECK_OK(ctx, ts_sync(ctx));
+    const double want[3] = {0.85, -1.8, 2.75};
+    for (int64_t i = 0; i < 3; i++) {
+        double v = NAN, u = NAN;
+        CHECK_OK(ctx, ts_get(p, &i, &v));
+        CHECK_NEAR(v, want[i], 1e-6);
+        CHECK_OK(ctx, ts_get(idle, &i, &u));
+        CHECK(u == pv[i]);
+    }
+    for (int64_t i = 0; i < 2; i++) {
+        double v = NAN;
+        CHECK_OK(ctx, ts_get(h, &i, &v));
+        CHECK_NEAR(v, 0.5 * 0.95 - 0.1, 1e-3); /* bf16 spacing 2^-10 here */
+    }
+    CHECK(ts_tensor_dtype(h) == TS_BF16);
+    CHECK(ts_adamw_step_count(opt, 0) == 1 && ts_adamw_step_count(opt, 1) == 0);
+    CHECK(ts_adamw_exp_avg(opt, 3) == NULL);
+    double m0 = NAN;
+    int64_t i0 = 0;
+    CHECK_OK(ctx, ts_get(ts_adamw_exp_avg(opt, 0), &i0, &m0));
+    CHECK_NEAR(m0, 0.1 * 0.1, 1e-8); /* (1 - beta1) * g */
+
+    /* clip: the norm of [c, ones(2)] is sqrt(0.14 + 2); under max_norm
+     * nothing changes, over it every grad scales by max_norm / norm */
+    double total = 0;
+    CHECK_OK(ctx, ts_clip_grad_norm(params, 3, 10.0, &total));
+    CHECK_NEAR(total, sqrt(2.14), 1e-6);
+    CHECK_OK(ctx, ts_clip_grad_norm(params, 3, 1.0, &total));
+    CHECK_NEAR(total, sqrt(2.14), 1e-6);
+    double g0 = NAN;
+    CHECK_OK(ctx, ts_get(ts_grad(p), &i0, &g0));
+    CHECK_NEAR(g0, 0.1 / sqrt(2.14), 1e-6);
+    ts_zero_grads(params, 3);
+    CHECK(ts_grad(p) == NULL && ts_grad(h) == NULL);
+    CHECK_OK(ctx, ts_clip_grad_norm(params, 3, 1.0, &total));
+    CHECK(total == 0);
+    ts_adamw_free(opt);
+    ts_release(p), ts_release(c), ts_release(idle), ts_release(h);
+    ts_release(pc), ts_release(l1), ts_release(l2);
+}
+
 /* Ten AdamW steps (lr 1e-2, clipped at 1.0) on one fixed batch lower the
  * loss; the schedule drives the learning rate. */
 static void test_training_lowers_loss(ts_ctx *ctx) {
@@ -515,10 +606,12 @@ static void test_training_lowers_loss(ts_ctx *ctx) {
         ts_adamw_set_lr(opt, ts_lr_cosine_warmup(step, 2, 10, 1e-2, 1e-3));
         ts_tensor *loss = ts_qwen3_loss(m, ids, targets, NULL);
         CHECK(loss != NULL);
-        if (!loss) break;
+        if (!loss)
+            break;
         double v = NAN;
         ts_item(loss, &v);
-        if (step == 0) first = v;
+        if (step == 0)
+            first = v;
         last = v;
         ts_zero_grads(params, n);
         CHECK_OK(ctx, ts_backward(loss, NULL));
@@ -541,11 +634,23 @@ int main(int argc, char **argv) {
         return 2;
     }
     ts_ctx *ctx = test_ctx();
+    /* TS_TEST_MODE=compiled records every op call and runs it when a result
+     * is read: the nn code must give the same answers unchanged */
+    const char *mode = getenv("TS_TEST_MODE");
+    if (mode && !strcmp(mode, "compiled"))
+        ts_set_mode(ctx, TS_MODE_COMPILED);
     test_param_names(ctx);
     test_bad_config(ctx);
     test_lr_schedule();
+    test_adamw_first_step(ctx);
     test_against_torch(ctx, argv[1]);
     test_training_lowers_loss(ctx);
+    CHECK_OK(ctx, ts_sync(ctx));
+    ts_alloc_stats st;
+    ts_alloc_get_stats(ctx, &st);
+    /* every tensor made here was released (compiled mode keeps its arena) */
+    if (ts_get_mode(ctx) == TS_MODE_EAGER)
+        CHECK(st.bytes_in_use == 0);
     ts_ctx_free(ctx);
     return test_finish("test_nn");
 }

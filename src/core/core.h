@@ -61,6 +61,7 @@ typedef struct ts_storage {
     ts_ctx *ctx;
     bool external; /* data not owned (not freed on release) */
     bool pending;  /* compiled mode: data not computed (nor allocated) yet */
+    int pending_writes; /* compiled mode: recorded in-place writes to it */
     int scratch;   /* used by the compiler while it plans a graph */
     int scratch2;
 } ts_storage;
@@ -83,8 +84,6 @@ struct ts_tensor {
 
 /* Errors: record status + formatted message on the context; return NULL /
  * status so call sites can `return ts_fail(...)`. */
-ts_status ts_set_error(ts_ctx *ctx, ts_status s, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 /* Allocator (host memory, 64-byte aligned). */
 void *ts_alloc_bytes(ts_ctx *ctx, size_t bytes);

@@ -73,9 +73,9 @@ void ts_storage_release(ts_storage *s) {
 
 ts_status ts_materialize(ts_tensor *t) {
     if (!t) return TS_ERR_INVALID_ARG;
-    if (!t->storage->pending) return TS_OK;
+    if (!t->storage->pending && !t->storage->pending_writes) return TS_OK;
     ts_status st = ts_sync(t->ctx);
-    if (st == TS_OK && t->storage->pending)
+    if (st == TS_OK && (t->storage->pending || t->storage->pending_writes))
         return ts_set_error(t->ctx, TS_ERR_STATE,
                             "compiled mode: a result read after its graph ran "
                             "was never computed");

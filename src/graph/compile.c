@@ -65,6 +65,10 @@ static void plan_free(plan *p) {
 static void trace_clear(ts_ctx *ctx) {
     ts_trace *t = ctx->trace;
     if (!t) return;
+    for (int i = 0; i < t->n; i++) /* recorded writes are done (or dropped) */
+        if (ts_op_table[t->nodes[i]->op].in_place)
+            for (int k = 0; k < t->nodes[i]->n_in; k++)
+                t->nodes[i]->in[k]->storage->pending_writes = 0;
     int n = t->n;
     t->n = 0;
     for (int i = 0; i < n; i++) ts_node_release(t->nodes[i]);
@@ -274,7 +278,7 @@ static uint64_t fnv1a(const unsigned char *p, size_t n) {
 /* view nodes are in the trace only for the analysis: they never run */
 static bool is_view_node(const ts_node *n) { return ts_op_table[n->op].is_view; }
 static bool produces(const ts_node *n) {
-    return !is_view_node(n) && n->op != TS_OP_COPY_INTO;
+    return !is_view_node(n) && !ts_op_table[n->op].in_place;
 }
 
 /* storage->scratch: > 0 buffer id + 1 of the node slot producing it,
@@ -425,7 +429,7 @@ static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
         for (int k = 0; k < TS_MAX_SAVED; k++) p->saved_off[i * TS_MAX_SAVED + k] = -1;
         if (!run[i]) continue;
         for (int slot = 0; slot < 1 + n->n_saved; slot++) {
-            if (slot == 0 && n->op == TS_OP_COPY_INTO) continue;
+            if (slot == 0 && ts_op_table[n->op].in_place) continue;
             ts_storage *s = slot == 0 ? n->out_st : n->saved[slot - 1]->storage;
             size_t sz = slot_bytes(n, slot);
             if (s->scratch2 & LIVE_AFTER) {
@@ -607,7 +611,7 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
     for (int i = 0; i < t->n && st == TS_OK; i++) {
         if (!p->run[i]) continue;
         ts_node *n = t->nodes[i];
-        if (n->op != TS_OP_COPY_INTO)
+        if (!ts_op_table[n->op].in_place)
             st = bind(ctx, t, n->out_st, p->out_off[i], slot_bytes(n, 0));
         for (int k = 0; k < n->n_saved && st == TS_OK; k++)
             st = bind(ctx, t, n->saved[k]->storage,
@@ -624,7 +628,7 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
         if (poison) /* buffers whose last reader just ran: fill with NaN */
             for (int j = 0; j <= i; j++)
                 if (p->run[j] && last[j] == i && p->out_off[j] >= 0 &&
-                    t->nodes[j]->op != TS_OP_COPY_INTO)
+                    !ts_op_table[t->nodes[j]->op].in_place)
                     memset(t->nodes[j]->out_st->data, 0xff,
                            slot_bytes(t->nodes[j], 0));
     }
@@ -665,7 +669,7 @@ ts_status ts_sync(ts_ctx *ctx) {
     bool dce = pass_on("dce");
     for (int i = t->n - 1; i >= 0; i--) {
         ts_node *n = t->nodes[i];
-        bool need = n->op == TS_OP_COPY_INTO || !dce ||
+        bool need = ts_op_table[n->op].in_place || !dce ||
                     (n->out_st->scratch2 & (LIVE_AFTER | READ));
         for (int k = 0; k < n->n_saved; k++)
             need |= (n->saved[k]->storage->scratch2 & (LIVE_AFTER | READ)) != 0;

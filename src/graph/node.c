@@ -103,9 +103,12 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
     if (ctx->mode == TS_MODE_COMPILED && !def->is_view) {
         /* record: the output's storage exists, its data comes at sync */
         n->out_desc = od;
-        if (op == TS_OP_COPY_INTO) {
+        if (def->in_place) {
             out = ts_retain(in[0]);
             n->out_st = in[0]->storage;
+            for (int i = 0; i < n_in; i++) /* reads must see these writes */
+                if (op == TS_OP_COPY_INTO ? i == 0 : (i == 0 || i == 2 || i == 3))
+                    in[i]->storage->pending_writes++;
         } else {
             out = ts_tensor_new_pending(ctx, od.dtype, od.ndim, od.shape);
             if (!out) goto fail;
@@ -120,13 +123,14 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
             n->n_saved = i + 1;
         }
         if (ts_trace_append(ctx, n) != TS_OK) goto fail;
-        n->out = op == TS_OP_COPY_INTO ? NULL : out;
+        n->out = def->in_place ? NULL : out;
     } else if (def->is_view) {
         out = ts_tensor_view_of(in[0], od.ndim, od.shape, od.strides,
                                 od.offset);
         if (!out) goto fail;
     } else {
-        out = ts_tensor_new(ctx, od.dtype, od.ndim, od.shape);
+        out = def->in_place ? ts_retain(in[0])
+                            : ts_tensor_new(ctx, od.dtype, od.ndim, od.shape);
         if (!out) goto fail;
         for (int i = 0; i < n_saved; i++) {
             n->saved[i] = ts_tensor_new(ctx, sd[i].dtype, sd[i].ndim,
@@ -141,7 +145,7 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
     bool track = false;
     if (ctx->grad_enabled && def->backward)
         for (int i = 0; i < n_in; i++) track |= input_needs_grad(in[i]);
-    if (track && op != TS_OP_COPY_INTO) {
+    if (track && !def->in_place) {
         out->requires_grad = true;
         out->grad_fn = n; /* the node's one reference moves to out */
         n->out = out;

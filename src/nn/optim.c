@@ -1,17 +1,12 @@
 /* optim.c — training helpers of the nn layer: the AdamW optimizer (state and
  * step), gradient-norm clipping, zero_grad over a parameter list, and the
- * cosine-with-warmup learning-rate schedule. Updates are written with public
- * ops under no-grad and stored with ts_copy_, so compiled mode can record
- * them; owns ts_adamw and its moment tensors, never the parameters. */
+ * cosine-with-warmup learning-rate schedule. The update is the fused
+ * in-place ts_adamw_update_, which compiled mode records like any op.
+ * Owns ts_adamw and its moment tensors, never the parameters. */
 #include "tessera_nn.h"
 
 #include <math.h>
 #include <stdlib.h>
-
-/* The core's error setter; not in tessera.h yet (see the report to the
- * lead). Records status + message on ctx and returns the status. */
-ts_status ts_set_error(ts_ctx *ctx, ts_status s, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 struct ts_adamw {
     ts_ctx *ctx;
@@ -153,48 +148,24 @@ static ts_tensor *as_f32(ts_tensor *x) {
     return ts_tensor_dtype(x) == TS_F32 ? ts_retain(x) : ts_cast(x, TS_F32);
 }
 
-/* One AdamW update of p from g with moments m, v at step t (>= 1). */
-static ts_status adamw_update(const ts_adamw_options *o, ts_tensor *p,
-                              ts_tensor *grad, ts_tensor *m, ts_tensor *v,
-                              int64_t t) {
-    double bc1 = 1.0 - pow(o->beta1, (double)t);
-    double bc2 = 1.0 - pow(o->beta2, (double)t);
-    ts_tensor *g = as_f32(grad), *p32 = as_f32(p);
-
-    /* m = b1*m + (1-b1)*g */
-    ts_tensor *m1 = ts_mul_scalar(m, o->beta1);
-    ts_tensor *g1 = ts_mul_scalar(g, 1.0 - o->beta1);
-    ts_tensor *mn = ts_add(m1, g1);
-    ts_release(m1), ts_release(g1);
-    ts_status s = mn ? ts_copy_(m, mn) : TS_ERR_INVALID_ARG;
-    ts_release(mn);
-
-    /* v = b2*v + (1-b2)*g*g */
-    ts_tensor *v1 = ts_mul_scalar(v, o->beta2);
-    ts_tensor *gg = ts_mul(g, g);
-    ts_tensor *gg1 = ts_mul_scalar(gg, 1.0 - o->beta2);
-    ts_tensor *vn = ts_add(v1, gg1);
-    ts_release(v1), ts_release(gg), ts_release(gg1), ts_release(g);
-    if (s == TS_OK)
-        s = vn ? ts_copy_(v, vn) : TS_ERR_INVALID_ARG;
-    ts_release(vn);
-
-    /* p = p*(1 - lr*wd) - (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps) */
-    ts_tensor *pd = o->weight_decay != 0
-                        ? ts_mul_scalar(p32, 1.0 - o->lr * o->weight_decay)
-                        : ts_retain(p32);
-    ts_release(p32);
-    ts_tensor *sq = ts_sqrt(v);
-    ts_tensor *dn = ts_mul_scalar(sq, 1.0 / sqrt(bc2));
-    ts_tensor *den = ts_add_scalar(dn, o->eps);
-    ts_release(sq), ts_release(dn);
-    ts_tensor *r = ts_div(m, den);
-    ts_tensor *step = ts_mul_scalar(r, -o->lr / bc1);
-    ts_tensor *pn = ts_add(pd, step);
-    ts_release(den), ts_release(r), ts_release(step), ts_release(pd);
-    if (s == TS_OK)
-        s = pn ? ts_copy_(p, pn) : TS_ERR_INVALID_ARG;
-    ts_release(pn);
+/* One AdamW update of p from g with moments m, v at step t (>= 1), by the
+ * fused in-place op. The hyperparameters travel as a small tensor, so a
+ * compiled training step keeps one plan while lr and t change. */
+static ts_status adamw_update(ts_ctx *ctx, const ts_adamw_options *o,
+                              ts_tensor *p, ts_tensor *g, ts_tensor *m,
+                              ts_tensor *v, int64_t t) {
+    float h[7] = {(float)o->lr,
+                  (float)o->beta1,
+                  (float)o->beta2,
+                  (float)o->eps,
+                  (float)o->weight_decay,
+                  (float)(1.0 - pow(o->beta1, (double)t)),
+                  (float)(1.0 - pow(o->beta2, (double)t))};
+    int64_t seven = 7;
+    ts_tensor *hyper = ts_from_data(ctx, TS_F32, 1, &seven, h);
+    if (!hyper) return ts_ctx_status(ctx);
+    ts_status s = ts_adamw_update_(p, g, m, v, hyper);
+    ts_release(hyper);
     return s;
 }
 
@@ -209,7 +180,7 @@ ts_status ts_adamw_step(ts_adamw *a) {
         if (!g)
             continue;
         a->steps[i]++;
-        s = adamw_update(&a->o, a->params[i], g, a->m[i], a->v[i], a->steps[i]);
+        s = adamw_update(ctx, &a->o, a->params[i], g, a->m[i], a->v[i], a->steps[i]);
     }
     ts_set_grad_enabled(ctx, old);
     if (s != TS_OK && ts_ctx_status(ctx) == TS_OK)

@@ -10,11 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The core's error setter; not in tessera.h yet (see the report to the
- * lead). Records status + message on ctx and returns the status. */
-ts_status ts_set_error(ts_ctx *ctx, ts_status s, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
 #define QWEN3_MAX_LAYERS 4096
 #define QWEN3_NAME_LEN   96
 

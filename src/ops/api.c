@@ -491,6 +491,19 @@ ts_tensor *ts_cross_entropy(ts_tensor *logits, ts_tensor *targets,
 
 /* ---- in-place updates ---- */
 
+ts_status ts_adamw_update_(ts_tensor *p, ts_tensor *g, ts_tensor *m,
+                           ts_tensor *v, ts_tensor *hyper) {
+    ts_tensor *in[5] = {p, g, m, v, hyper};
+    ts_ctx *ctx = ts_ctx_of(5, in);
+    if (!ctx) return TS_ERR_INVALID_ARG;
+    bool old = ts_set_grad_enabled(ctx, false);
+    ts_tensor *r = ts_op_call(ctx, TS_OP_ADAMW, 5, in, NULL);
+    ts_set_grad_enabled(ctx, old);
+    if (!r) return ctx->status;
+    ts_release(r);
+    return TS_OK;
+}
+
 ts_status ts_copy_(ts_tensor *dst, ts_tensor *src) {
     if (!dst || !src) return TS_ERR_INVALID_ARG;
     ts_ctx *ctx = dst->ctx;

@@ -2,7 +2,8 @@
  * Kernels are in each backend's table, indexed by the same op ids. */
 #include "ops/rules.h"
 
-#define ROW(id, nm, view, inf, grad) [id] = {nm, view, ts_infer_##inf, grad}
+#define ROW(id, nm, view, inf, grad) [id] = {nm, view, false, ts_infer_##inf, grad}
+#define IN_PLACE(id, nm, inf) [id] = {nm, false, true, ts_infer_##inf, NULL}
 
 const ts_op_def ts_op_table[TS_OP_COUNT] = {
     ROW(TS_OP_RESHAPE_VIEW, "reshape", true, reshape, ts_grad_reshape),
@@ -58,5 +59,6 @@ const ts_op_def ts_op_table[TS_OP_COUNT] = {
         ts_grad_cross_entropy),
     ROW(TS_OP_CROSS_ENTROPY_BACKWARD, "cross_entropy_backward", false, ce_bwd,
         NULL),
-    ROW(TS_OP_COPY_INTO, "copy_into", false, copy_into, NULL),
+    IN_PLACE(TS_OP_COPY_INTO, "copy_into", copy_into),
+    IN_PLACE(TS_OP_ADAMW, "adamw", adamw),
 };

@@ -32,6 +32,8 @@ typedef enum {
     TS_OP_CROSS_ENTROPY_BACKWARD,
     /* in-place write of in[1] into in[0]'s memory (compiled mode's ts_copy_) */
     TS_OP_COPY_INTO,
+    /* fused AdamW: updates in[0] (param), in[2] (m), in[3] (v) in place */
+    TS_OP_ADAMW,
     TS_OP_COUNT
 } ts_op_id;
 
@@ -84,6 +86,7 @@ typedef ts_status (*ts_backward_fn)(ts_ctx *ctx, const ts_node *n,
 typedef struct {
     const char *name;
     bool is_view;
+    bool in_place; /* writes into its inputs' memory; no new output */
     ts_infer_fn infer;
     ts_backward_fn backward; /* NULL: no gradient flows through */
 } ts_op_def;

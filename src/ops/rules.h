@@ -14,7 +14,7 @@ TS_INFER(cast); TS_INFER(reduce); TS_INFER(matmul); TS_INFER(embedding);
 TS_INFER(embedding_bwd); TS_INFER(concat); TS_INFER(slice_scatter);
 TS_INFER(rmsnorm); TS_INFER(layernorm); TS_INFER(norm_bwd); TS_INFER(rope);
 TS_INFER(attention); TS_INFER(attention_bwd); TS_INFER(cross_entropy);
-TS_INFER(ce_bwd); TS_INFER(copy_into);
+TS_INFER(ce_bwd); TS_INFER(copy_into); TS_INFER(adamw);
 
 #define TS_GRAD(name)                                                       \
     ts_status ts_grad_##name(ts_ctx *ctx, const ts_node *n, ts_tensor *g,   \

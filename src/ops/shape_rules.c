@@ -545,3 +545,31 @@ ts_status ts_infer_copy_into(ts_ctx *ctx, const ts_node *n, ts_desc *o,
     desc_like(o, n->in[0]->dtype, n->in[0]->ndim, n->in[0]->shape);
     return TS_OK;
 }
+
+/* param, grad, m, v of one shape; m, v f32; hyper f32 [7] */
+ts_status ts_infer_adamw(ts_ctx *ctx, const ts_node *n, ts_desc *o,
+                         ts_desc *s, int *ns) {
+    (void)s, (void)ns;
+    const ts_tensor *p = n->in[0], *h = n->in[4];
+    char sa[128], sb[128];
+    if (need_float(ctx, "adamw", 0, p) || need_float(ctx, "adamw", 1, n->in[1]))
+        return ctx->status;
+    for (int k = 1; k < 4; k++)
+        if (!ts_shape_equal(n->in[k]->ndim, n->in[k]->shape, p->ndim, p->shape))
+            return ts_set_error(ctx, TS_ERR_SHAPE,
+                                "adamw: input %d has shape %s, the parameter %s",
+                                k, SHP(n->in[k], sa), SHP(p, sb));
+    if (n->in[2]->dtype != TS_F32 || n->in[3]->dtype != TS_F32)
+        return ts_set_error(ctx, TS_ERR_DTYPE, "adamw: moments must be f32");
+    if (!ts_tensor_is_contiguous(p) || !ts_tensor_is_contiguous(n->in[2]) ||
+        !ts_tensor_is_contiguous(n->in[3]))
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "adamw: parameter and moments must be contiguous");
+    if (h->dtype != TS_F32 || ts_tensor_numel(h) != 7)
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "adamw: hyperparameters must be f32 [7] (lr, beta1, "
+                            "beta2, eps, weight_decay, bias_correction1, "
+                            "bias_correction2)");
+    desc_like(o, p->dtype, p->ndim, p->shape);
+    return TS_OK;
+}

@@ -104,5 +104,6 @@ CPU_KERNEL(rmsnorm_backward); CPU_KERNEL(layernorm);
 CPU_KERNEL(layernorm_backward); CPU_KERNEL(rope); CPU_KERNEL(attention);
 CPU_KERNEL(attention_backward); CPU_KERNEL(cross_entropy);
 CPU_KERNEL(cross_entropy_backward); CPU_KERNEL(copy_into);
+CPU_KERNEL(adamw);
 
 #endif

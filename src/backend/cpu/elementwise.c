@@ -411,3 +411,35 @@ CPU_KERNEL(copy_into) {
                      s->dtype, st, d->ndim, d->shape);
     return TS_OK;
 }
+
+/* fused AdamW over contiguous p (any float dtype), m, v (f32); g any
+ * layout; h = {lr, b1, b2, eps, wd, bc1, bc2} */
+CPU_KERNEL(adamw) {
+    ts_tensor *p = n->in[0], *g = n->in[1];
+    float *m = (float *)ts_tensor_ptr(n->in[2]), *v = (float *)ts_tensor_ptr(n->in[3]);
+    const float *h = (const float *)ts_tensor_ptr(n->in[4]);
+    float lr = h[0], b1 = h[1], b2 = h[2], eps = h[3], wd = h[4];
+    float step = lr / h[5], inv_bc2 = 1.0f / h[6], decay = 1.0f - lr * wd;
+    int64_t N = ts_tensor_numel(p);
+    float *gt = NULL;
+    const float *gf = cpu_as_f32(g, &gt);
+    if (!gf) return ts_set_error(ctx, TS_ERR_OOM, "adamw: out of memory");
+    char *pp = ts_tensor_ptr(p);
+    ts_dtype dt = p->dtype;
+#pragma omp parallel for schedule(static) if (N > 65536)
+    for (int64_t i0 = 0; i0 < N; i0 += CHUNK) {
+        int64_t len = N - i0 < CHUNK ? N - i0 : CHUNK;
+        float buf[CHUNK];
+        float *pf = dt == TS_F32 ? (float *)pp + i0 : buf;
+        if (dt != TS_F32) cpu_gather_f32(buf, pp + i0 * (int64_t)ts_dtype_size(dt), dt, 1, len);
+        for (int64_t i = 0; i < len; i++) {
+            float gi = gf[i0 + i];
+            float mi = m[i0 + i] = b1 * m[i0 + i] + (1.0f - b1) * gi;
+            float vi = v[i0 + i] = b2 * v[i0 + i] + (1.0f - b2) * gi * gi;
+            pf[i] = pf[i] * decay - step * mi / (sqrtf(vi * inv_bc2) + eps);
+        }
+        if (dt != TS_F32) cpu_scatter_f32(pp + i0 * (int64_t)ts_dtype_size(dt), dt, 1, buf, len);
+    }
+    free(gt);
+    return TS_OK;
+}
