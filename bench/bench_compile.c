@@ -40,6 +40,7 @@ typedef struct {
     size_t predicted; /* compiled: arena + kept */
     double loss;
     uint64_t graphs; /* compiled graphs run per step */
+    uint64_t compiles, hits; /* plan cache over the whole run */
 } result;
 
 /* One run of `steps` timed steps (+1 warm-up) in the given mode. */
@@ -104,6 +105,8 @@ static result run(const ts_qwen3_config *cfg, int B, int T, int steps,
         r.predicted = cs.planned_peak_bytes;
         r.loss = loss;
         r.graphs = cs.graphs_run - cs0.graphs_run;
+        r.compiles = cs.compilations;
+        r.hits = cs.cache_hits;
     }
     qsort(times + 1, (size_t)steps, sizeof(double), cmp_d);
     r.ms = 1e3 * times[1 + steps / 2];
@@ -126,6 +129,8 @@ static void report(const char *what, result e, result c) {
            "(measured/predicted %.3f); %llu graph(s) per step\n",
            "", c.predicted / 1048576.0, c.peak / 1048576.0,
            (double)c.peak / (double)c.predicted, (unsigned long long)c.graphs);
+    printf("%-14s plans built %llu, replayed from the cache %llu\n", "",
+           (unsigned long long)c.compiles, (unsigned long long)c.hits);
 }
 
 int main(int argc, char **argv) {
