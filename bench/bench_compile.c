@@ -1,7 +1,8 @@
 /* bench_compile.c — eager against compiled on the issue's Qwen3-style model
  * (hidden 512, 8 layers, 8 heads, 4 KV heads, head dim 64, MLP 1536, vocab
  * 32000, f32): a training step (forward + backward + AdamW) on a batch of
- * 8 x 256 tokens, and a 512-token prefill, side by side in one run. Time is
+ * 8 x 256 tokens, and a 512-token prefill, side by side in one run (their
+ * steps alternate). Time is
  * the median of the timed steps after a warm-up step; memory is the
  * allocator's peak during a step above what was in use before it (so
  * parameters and AdamW moments are not counted; gradients are). For the
@@ -43,79 +44,107 @@ typedef struct {
     uint64_t compiles, hits; /* plan cache over the whole run */
 } result;
 
-/* One run of `steps` timed steps (+1 warm-up) in the given mode. */
-static result run(const ts_qwen3_config *cfg, int B, int T, int steps,
-                  ts_mode mode, bool train) {
+/* One model, its optimizer and batch, in its own context and mode. */
+typedef struct {
     ts_ctx *ctx;
-    if (ts_ctx_new(&ctx, NULL) != TS_OK) exit(1);
     ts_qwen3_model *m;
-    if (ts_qwen3_new(ctx, cfg, 1, &m) != TS_OK) die(ctx, "model");
-    ts_adamw *opt = NULL;
+    ts_adamw *opt;
+    ts_tensor *ids, *targets;
+    ts_mode mode;
+    bool train;
+    double *times;
+    result r;
+} runner;
+
+static void runner_init(runner *u, const ts_qwen3_config *cfg, int B, int T,
+                        int steps, ts_mode mode, bool train) {
+    memset(u, 0, sizeof *u);
+    if (ts_ctx_new(&u->ctx, NULL) != TS_OK) exit(1);
+    if (ts_qwen3_new(u->ctx, cfg, 1, &u->m) != TS_OK) die(u->ctx, "model");
     ts_adamw_options o = ts_adamw_default_options();
     o.lr = 1e-4;
-    if (train &&
-        ts_adamw_new(ctx, ts_qwen3_params(m), ts_qwen3_num_params(m), &o, &opt) != TS_OK)
-        die(ctx, "adamw");
+    if (train && ts_adamw_new(u->ctx, ts_qwen3_params(u->m),
+                              ts_qwen3_num_params(u->m), &o, &u->opt) != TS_OK)
+        die(u->ctx, "adamw");
     int64_t shape[2] = {B, T};
-    ts_tensor *ids = ts_rand(ctx, TS_F32, 2, shape, 0, (double)cfg->vocab, 7);
-    ts_tensor *ids64 = ts_cast(ids, TS_I64);
-    ts_tensor *tg = ts_rand(ctx, TS_F32, 2, shape, 0, (double)cfg->vocab, 8);
-    ts_tensor *tg64 = ts_cast(tg, TS_I64);
+    ts_tensor *ids = ts_rand(u->ctx, TS_F32, 2, shape, 0, (double)cfg->vocab, 7);
+    ts_tensor *tg = ts_rand(u->ctx, TS_F32, 2, shape, 0, (double)cfg->vocab, 8);
+    u->ids = ts_cast(ids, TS_I64);
+    u->targets = ts_cast(tg, TS_I64);
     ts_release(ids), ts_release(tg);
-    double *times = calloc((size_t)steps + 1, sizeof(double));
-    result r = {0};
-    ts_set_mode(ctx, mode);
-    if (!train) ts_set_grad_enabled(ctx, false);
-    for (int s = 0; s <= steps; s++) {
-        ts_alloc_stats before, after;
-        ts_compile_stats cs0;
-        ts_get_compile_stats(ctx, &cs0);
-        /* gradients are dropped before the step starts, so both modes
-         * count them as new memory of the step */
-        if (train) ts_zero_grads(ts_qwen3_params(m), ts_qwen3_num_params(m));
-        ts_alloc_reset_peak(ctx);
-        ts_alloc_get_stats(ctx, &before);
-        double t0 = now();
-        double loss = 0;
-        if (train) {
-            ts_tensor *l = ts_qwen3_loss(m, ids64, tg64, NULL);
-            if (!l || ts_backward(l, NULL) != TS_OK) die(ctx, "step");
-            if (ts_adamw_step(opt) != TS_OK) die(ctx, "adamw step");
-            /* keep only the value: with the loss released, the autograd
-             * graph (and every activation it saves) dies with the step,
-             * so the compiler may place activations in the shared arena */
-            ts_tensor *lv = ts_detach(l);
-            ts_release(l);
-            if (ts_sync(ctx) != TS_OK) die(ctx, "sync");
-            if (ts_item(lv, &loss) != TS_OK) die(ctx, "loss");
-            ts_release(lv);
-        } else {
-            ts_tensor *lg = ts_qwen3_forward(m, ids64, 0);
-            if (!lg || ts_sync(ctx) != TS_OK) die(ctx, "prefill");
-            ts_release(lg);
-        }
-        times[s] = now() - t0;
-        ts_alloc_get_stats(ctx, &after);
-        ts_compile_stats cs;
-        ts_get_compile_stats(ctx, &cs);
-        /* the arena of the previous graph was already in use before */
-        size_t base = before.bytes_in_use;
-        if (mode == TS_MODE_COMPILED && s > 0) base -= cs0.arena_bytes;
-        r.peak = after.peak_bytes_in_use - base;
-        r.predicted = cs.planned_peak_bytes;
-        r.loss = loss;
-        r.graphs = cs.graphs_run - cs0.graphs_run;
-        r.compiles = cs.compilations;
-        r.hits = cs.cache_hits;
+    u->mode = mode;
+    u->train = train;
+    u->times = calloc((size_t)steps + 1, sizeof(double));
+    ts_set_mode(u->ctx, mode);
+    if (!train) ts_set_grad_enabled(u->ctx, false);
+}
+
+static void runner_step(runner *u, int s) {
+    ts_ctx *ctx = u->ctx;
+    ts_alloc_stats before, after;
+    ts_compile_stats cs0, cs;
+    ts_get_compile_stats(ctx, &cs0);
+    /* gradients are dropped before the step starts, so both modes count
+     * them as new memory of the step */
+    if (u->train) ts_zero_grads(ts_qwen3_params(u->m), ts_qwen3_num_params(u->m));
+    ts_alloc_reset_peak(ctx);
+    ts_alloc_get_stats(ctx, &before);
+    double t0 = now(), loss = 0;
+    if (u->train) {
+        ts_tensor *l = ts_qwen3_loss(u->m, u->ids, u->targets, NULL);
+        if (!l || ts_backward(l, NULL) != TS_OK) die(ctx, "step");
+        if (ts_adamw_step(u->opt) != TS_OK) die(ctx, "adamw step");
+        /* keep only the value: with the loss released, the autograd graph
+         * (and every activation it saves) dies with the step, so the
+         * compiler may place activations in the shared arena */
+        ts_tensor *lv = ts_detach(l);
+        ts_release(l);
+        if (ts_sync(ctx) != TS_OK) die(ctx, "sync");
+        if (ts_item(lv, &loss) != TS_OK) die(ctx, "loss");
+        ts_release(lv);
+    } else {
+        ts_tensor *lg = ts_qwen3_forward(u->m, u->ids, 0);
+        if (!lg || ts_sync(ctx) != TS_OK) die(ctx, "prefill");
+        ts_release(lg);
     }
-    qsort(times + 1, (size_t)steps, sizeof(double), cmp_d);
-    r.ms = 1e3 * times[1 + steps / 2];
-    free(times);
-    ts_release(ids64), ts_release(tg64);
-    ts_adamw_free(opt);
-    ts_qwen3_free(m);
-    ts_ctx_free(ctx);
-    return r;
+    u->times[s] = now() - t0;
+    ts_alloc_get_stats(ctx, &after);
+    ts_get_compile_stats(ctx, &cs);
+    /* the arena of the previous graph was already in use before */
+    size_t base = before.bytes_in_use;
+    if (u->mode == TS_MODE_COMPILED && s > 0) base -= cs0.arena_bytes;
+    u->r.peak = after.peak_bytes_in_use - base;
+    u->r.predicted = cs.planned_peak_bytes;
+    u->r.loss = loss;
+    u->r.graphs = cs.graphs_run - cs0.graphs_run;
+    u->r.compiles = cs.compilations;
+    u->r.hits = cs.cache_hits;
+}
+
+static result runner_done(runner *u, int steps) {
+    qsort(u->times + 1, (size_t)steps, sizeof(double), cmp_d);
+    u->r.ms = 1e3 * u->times[1 + steps / 2];
+    free(u->times);
+    ts_release(u->ids), ts_release(u->targets);
+    ts_adamw_free(u->opt);
+    ts_qwen3_free(u->m);
+    ts_ctx_free(u->ctx);
+    return u->r;
+}
+
+/* Eager and compiled side by side: their steps alternate, so both see the
+ * same machine load. */
+static void run_pair(const ts_qwen3_config *cfg, int B, int T, int steps,
+                     bool train, result *e, result *c) {
+    runner ue, uc;
+    runner_init(&ue, cfg, B, T, steps, TS_MODE_EAGER, train);
+    runner_init(&uc, cfg, B, T, steps, TS_MODE_COMPILED, train);
+    for (int s = 0; s <= steps; s++) {
+        runner_step(&ue, s);
+        runner_step(&uc, s);
+    }
+    *e = runner_done(&ue, steps);
+    *c = runner_done(&uc, steps);
 }
 
 static void report(const char *what, result e, result c) {
@@ -165,14 +194,13 @@ int main(int argc, char **argv) {
            (long long)cfg.kv_heads, (long long)cfg.head_dim,
            (long long)cfg.intermediate, (long long)cfg.vocab,
            passes ? passes : "all");
-    result e = run(&cfg, B, T, steps, TS_MODE_EAGER, true);
-    result c = run(&cfg, B, T, steps, TS_MODE_COMPILED, true);
+    result e, c, pe, pc;
+    run_pair(&cfg, B, T, steps, true, &e, &c);
     char what[64];
     snprintf(what, sizeof what, "train %dx%d", B, T);
     report(what, e, c);
     printf("%-14s loss after the steps: eager %.6f compiled %.6f\n", "", e.loss, c.loss);
-    result pe = run(&cfg, 1, P, steps, TS_MODE_EAGER, false);
-    result pc = run(&cfg, 1, P, steps, TS_MODE_COMPILED, false);
+    run_pair(&cfg, 1, P, steps, false, &pe, &pc);
     snprintf(what, sizeof what, "prefill %d", P);
     report(what, pe, pc);
     return 0;

@@ -77,6 +77,8 @@ ts_status ts_ctx_new(ts_ctx **out, const ts_ctx_options *opt) {
     ctx->alloc.no_cache = opt ? opt->no_alloc_cache : false;
     if (getenv("TS_NO_ALLOC_CACHE")) ctx->alloc.no_cache = true;
     ctx->backend = &ts_cpu_backend;
+    const char *pe = getenv("TS_PROFILE");
+    ctx->profile = pe && *pe && strcmp(pe, "0") != 0;
     const char *fe = getenv("TS_FORCE_EAGER");
     ctx->force_eager = fe && *fe && strcmp(fe, "0") != 0;
     ts_threads_apply(ctx->num_threads);
@@ -84,8 +86,11 @@ ts_status ts_ctx_new(ts_ctx **out, const ts_ctx_options *opt) {
     return TS_OK;
 }
 
+void ts_profile_report(ts_ctx *ctx, FILE *f);
+
 void ts_ctx_free(ts_ctx *ctx) {
     if (!ctx) return;
+    if (ctx->profile) ts_profile_report(ctx, stderr);
     ts_trace_destroy(ctx);
     ts_allocator_destroy(&ctx->alloc);
     free(ctx);

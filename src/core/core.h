@@ -51,7 +51,15 @@ struct ts_ctx {
     bool syncing;
     struct ts_trace *trace;
     ts_compile_stats cstats;
+    /* TS_PROFILE=1: time and calls per op kernel, printed at ctx free */
+    bool profile;
+    double prof_seconds[64];
+    uint64_t prof_calls[64];
 };
+
+/* Runs n's kernel on the backend, timing it when profiling. */
+struct ts_node;
+ts_status ts_run_kernel(ts_ctx *ctx, struct ts_node *n);
 
 typedef struct ts_storage {
     int refcount;

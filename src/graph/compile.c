@@ -623,7 +623,7 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
         ts_contiguous_strides(hdr.ndim, hdr.shape, hdr.strides);
         ts_tensor *keep = n->out;
         n->out = &hdr;
-        st = ctx->backend->run_node(ctx, n);
+        st = ts_run_kernel(ctx, n);
         n->out = keep;
         if (poison) /* buffers whose last reader just ran: fill with NaN */
             for (int j = 0; j <= i; j++)

@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 ts_ctx *ts_ctx_of(int n, ts_tensor **in) {
     for (int i = 0; i < n; i++)
@@ -56,6 +57,34 @@ void ts_node_release(ts_node *n) {
 
 void ts_node_forget_out(ts_node *n, const ts_tensor *out) {
     if (n->out == out) n->out = NULL;
+}
+
+ts_status ts_run_kernel(ts_ctx *ctx, ts_node *n) {
+    if (!ctx->profile) return ctx->backend->run_node(ctx, n);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    ts_status st = ctx->backend->run_node(ctx, n);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    ctx->prof_seconds[n->op] += (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    ctx->prof_calls[n->op]++;
+    return st;
+}
+
+void ts_profile_report(ts_ctx *ctx, FILE *f) {
+    double total = 0;
+    for (int i = 0; i < TS_OP_COUNT; i++) total += ctx->prof_seconds[i];
+    fprintf(f, "tessera profile (kernel time per op, %.3f s in all):\n", total);
+    for (;;) { /* largest first */
+        int best = -1;
+        for (int i = 0; i < TS_OP_COUNT; i++)
+            if (ctx->prof_calls[i] && (best < 0 || ctx->prof_seconds[i] > ctx->prof_seconds[best]))
+                best = i;
+        if (best < 0) break;
+        fprintf(f, "  %-24s %9.3f s %5.1f%% %8llu calls\n", ts_op_table[best].name,
+                ctx->prof_seconds[best], 100 * ctx->prof_seconds[best] / (total > 0 ? total : 1),
+                (unsigned long long)ctx->prof_calls[best]);
+        ctx->prof_calls[best] = 0;
+    }
 }
 
 static bool input_needs_grad(const ts_tensor *t) {
@@ -139,7 +168,7 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
             n->n_saved = i + 1;
         }
         n->out = out;
-        if (ctx->backend->run_node(ctx, n) != TS_OK) goto fail;
+        if (ts_run_kernel(ctx, n) != TS_OK) goto fail;
     }
 
     bool track = false;

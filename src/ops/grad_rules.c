@@ -221,6 +221,12 @@ TS_GRAD(log_softmax) {
     return st;
 }
 
+/* (..., M, K) with batch dims folded into the rows: (prod(...) * M, K) */
+static ts_tensor *fold_rows(ts_tensor *x) {
+    int64_t shape[2] = {-1, x->shape[x->ndim - 1]};
+    return ts_reshape(x, 2, shape);
+}
+
 TS_GRAD(matmul) {
     ts_tensor *a = n->in[0], *b = n->in[1];
     if (want[0]) { /* dA = dC @ B^T */
@@ -231,9 +237,20 @@ TS_GRAD(matmul) {
         ts_release(p);
     }
     if (want[1]) { /* dB = A^T @ dC */
-        ts_tensor *at = ts_transpose(a, -1, -2);
-        ts_tensor *p = ts_matmul(at, g);
-        ts_release(at);
+        ts_tensor *p;
+        if (b->ndim == 2 && a->ndim > 2) {
+            /* B shared by every batch (a linear layer): one product with the
+             * batch folded into the reduction, (K, B*M) @ (B*M, N), instead
+             * of a (batch, K, N) temporary summed afterwards */
+            ts_tensor *af = fold_rows(a), *gf = fold_rows(g);
+            ts_tensor *at = ts_transpose(af, 0, 1);
+            p = ts_matmul(at, gf);
+            ts_release(af), ts_release(gf), ts_release(at);
+        } else {
+            ts_tensor *at = ts_transpose(a, -1, -2);
+            p = ts_matmul(at, g);
+            ts_release(at);
+        }
         if (put(ctx, gin, 1, sum_to(p, b))) return ts_release(p), ctx->status;
         ts_release(p);
     }
