@@ -178,13 +178,19 @@ static void test_cache_by_shape_and_dce(void) {
     ts_ctx_free(ctx);
 }
 
-static void test_buffers_shared_by_liveness(void) {
+/* a chain of 10 elementwise ops over 256 KiB: each intermediate dies at
+ * the next op. With in-place, every op writes over its dying input: one
+ * arena buffer. Without (TS_PASSES=-inplace), liveness sharing needs two;
+ * without any planning (-plan,-inplace), nine. */
+static size_t chain_arena(const char *passes, size_t *peak) {
+    if (passes)
+        setenv("TS_PASSES", passes, 1);
+    else
+        unsetenv("TS_PASSES");
     ts_ctx *ctx = test_ctx();
     ts_set_mode(ctx, TS_MODE_COMPILED);
-    int64_t n = 1 << 16; /* 256 KiB per f32 tensor */
+    int64_t n = 1 << 16;
     ts_tensor *x = ts_randn(ctx, TS_F32, 1, &n, 1, 5);
-    /* a chain of 10 ops: each intermediate dies at the next op, so two
-     * arena slots suffice instead of nine */
     ts_tensor *y = ts_retain(x);
     for (int i = 0; i < 10; i++) {
         ts_tensor *z = i % 2 ? ts_mul_scalar(y, 0.5) : ts_add_scalar(y, 1.0);
@@ -194,14 +200,23 @@ static void test_buffers_shared_by_liveness(void) {
     CHECK_OK(ctx, ts_sync(ctx));
     ts_compile_stats st;
     ts_get_compile_stats(ctx, &st);
-    CHECK(st.arena_bytes == 2 * (size_t)n * 4);
-    CHECK(st.planned_peak_bytes == 3 * (size_t)n * 4); /* + the kept result */
+    *peak = st.planned_peak_bytes;
     float *py = ts_tensor_data(y), *px = ts_tensor_data(x);
     float want = px[7];
     for (int i = 0; i < 10; i++) want = i % 2 ? want * 0.5f : want + 1.0f;
     CHECK(py[7] == want);
     ts_release(x), ts_release(y);
     ts_ctx_free(ctx);
+    unsetenv("TS_PASSES");
+    return st.arena_bytes;
+}
+
+static void test_buffers_shared_by_liveness(void) {
+    size_t kb = (size_t)(1 << 16) * 4, peak;
+    CHECK(chain_arena(NULL, &peak) == kb);
+    CHECK(peak == 2 * kb); /* + the kept result */
+    CHECK(chain_arena("-inplace", &peak) == 2 * kb);
+    CHECK(chain_arena("-plan,-inplace", &peak) == 9 * kb);
 }
 
 static void test_views_and_results_kept(void) {

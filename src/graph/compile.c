@@ -26,6 +26,11 @@ typedef struct plan {
     int64_t *saved_off;     /* per node x TS_MAX_SAVED */
     size_t arena_bytes;
     size_t kept_bytes;      /* results that outlive the graph */
+    int n_bufs;             /* arena buffers: for poisoning dead ones */
+    int64_t *buf_off;
+    size_t *buf_bytes;
+    int *buf_end;
+    int n_inplace;          /* outputs written over a dying input */
 } plan;
 
 typedef struct ts_trace {
@@ -59,6 +64,7 @@ ts_status ts_trace_append(ts_ctx *ctx, ts_node *n) {
 
 static void plan_free(plan *p) {
     free(p->key), free(p->run), free(p->out_off), free(p->saved_off);
+    free(p->buf_off), free(p->buf_bytes), free(p->buf_end);
     free(p);
 }
 
@@ -304,7 +310,11 @@ static void number_storages(ts_trace *t) {
     }
 }
 
+static bool pass_on(const char *name);
+
 static void build_key(ts_trace *t, const unsigned char *run, bytes *b) {
+    /* plans built with other passes switched off are other plans */
+    put_i64(b, pass_on("dce") | pass_on("plan") << 1 | pass_on("inplace") << 2);
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
         put_i64(b, n->op);
@@ -402,10 +412,40 @@ static size_t slot_bytes(const ts_node *n, int slot) {
     return (size_t)ts_shape_numel(d->ndim, d->shape) * ts_dtype_size(d->dtype);
 }
 
+/* May op's kernel write its output over input k? True for kernels that
+ * read each element (or each row, into a buffer) before writing the same
+ * place, so an input that dies here can give its buffer to the output. */
+static bool may_alias(ts_op_id op, int k) {
+    switch (op) {
+    case TS_OP_ADD: case TS_OP_SUB: case TS_OP_MUL: case TS_OP_DIV:
+        return k <= 1;
+    case TS_OP_ADD_SCALAR: case TS_OP_MUL_SCALAR: case TS_OP_NEG:
+    case TS_OP_EXP: case TS_OP_LOG: case TS_OP_SQRT: case TS_OP_RSQRT:
+    case TS_OP_ABS: case TS_OP_POW_SCALAR: case TS_OP_TANH:
+    case TS_OP_SIGMOID: case TS_OP_RELU: case TS_OP_SILU: case TS_OP_GELU:
+    case TS_OP_SOFTMAX: case TS_OP_LOG_SOFTMAX: case TS_OP_ROPE:
+        return k == 0;
+    case TS_OP_UNARY_BACKWARD:
+        return k <= 2;
+    case TS_OP_RMSNORM_BACKWARD: case TS_OP_LAYERNORM_BACKWARD:
+        return k <= 1;
+    case TS_OP_CROSS_ENTROPY_BACKWARD:
+        return k == 1;
+    default:
+        return false;
+    }
+}
+
+static int find_root(int *root, int id) {
+    while (root[id] != id) id = root[id] = root[root[id]];
+    return id;
+}
+
 static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
     plan *p = calloc(1, sizeof *p);
     buffer *bufs = calloc((size_t)t->n * SLOTS + 1, sizeof *bufs);
     int *last = malloc(sizeof(int) * (size_t)(t->n * SLOTS + 1));
+    int *root = NULL;
     if (!p || !bufs || !last) goto oom;
     p->n_nodes = t->n;
     p->run = malloc((size_t)t->n + 1);
@@ -422,6 +462,37 @@ static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
             if (n->in[k]->storage->scratch > 0) last[n->in[k]->storage->scratch - 1] = i;
         if (n->out_st->scratch > 0) last[n->out_st->scratch - 1] = i;
     }
+    /* in place: an output takes the buffer of an input that dies here */
+    root = malloc(sizeof(int) * (size_t)(t->n * SLOTS + 1));
+    if (!root) goto oom;
+    for (int id = 0; id < t->n * SLOTS; id++) {
+        root[id] = id;
+        if (last[id] < id / SLOTS) last[id] = id / SLOTS;
+    }
+    bool inplace = pass_on("inplace");
+    for (int i = 0; i < t->n && inplace; i++) {
+        ts_node *n = t->nodes[i];
+        if (!run[i] || !produces(n) || (n->out_st->scratch2 & LIVE_AFTER)) continue;
+        size_t out_bytes = slot_bytes(n, 0);
+        for (int k = 0; k < n->n_in; k++) {
+            ts_tensor *x = n->in[k];
+            int sc = x->storage->scratch;
+            if (!may_alias(n->op, k) || sc <= 0 || (x->storage->scratch2 & LIVE_AFTER))
+                continue;
+            int producer = (sc - 1) / SLOTS, slot = (sc - 1) % SLOTS;
+            if (x->dtype != n->out_desc.dtype || x->offset != 0 ||
+                !ts_tensor_is_contiguous(x) ||
+                slot_bytes(t->nodes[producer], slot) != out_bytes ||
+                (size_t)ts_tensor_numel(x) * ts_dtype_size(x->dtype) != out_bytes)
+                continue;
+            int r = find_root(root, sc - 1);
+            if (last[r] != i) continue; /* someone reads it later */
+            root[i * SLOTS] = r;
+            if (last[i * SLOTS] > last[r]) last[r] = last[i * SLOTS];
+            p->n_inplace++;
+            break;
+        }
+    }
     int nb = 0;
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
@@ -437,8 +508,8 @@ static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
                 continue;
             }
             int id = i * SLOTS + slot;
-            bufs[nb++] = (buffer){id, align64(sz ? sz : 1), i,
-                                  last[id] > i ? last[id] : i, 0};
+            if (root[id] != id) continue; /* lives in an input's buffer */
+            bufs[nb++] = (buffer){id, align64(sz ? sz : 1), i, last[id], 0};
         }
     }
     if (pass_on("plan")) {
@@ -453,18 +524,40 @@ static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
         *invalid = true;
         goto oom;
     }
-    for (int b = 0; b < nb; b++) {
-        int i = bufs[b].id / SLOTS, slot = bufs[b].id % SLOTS;
-        if (slot == 0)
-            p->out_off[i] = bufs[b].off;
-        else
-            p->saved_off[i * TS_MAX_SAVED + slot - 1] = bufs[b].off;
+    int64_t *off_of = malloc(sizeof(int64_t) * (size_t)(t->n * SLOTS + 1));
+    p->buf_off = malloc(sizeof(int64_t) * (size_t)(nb + 1));
+    p->buf_bytes = malloc(sizeof(size_t) * (size_t)(nb + 1));
+    p->buf_end = malloc(sizeof(int) * (size_t)(nb + 1));
+    if (!off_of || !p->buf_off || !p->buf_bytes || !p->buf_end) {
+        free(off_of);
+        goto oom;
     }
-    free(bufs), free(last);
+    for (int b = 0; b < nb; b++) {
+        off_of[bufs[b].id] = bufs[b].off;
+        p->buf_off[b] = bufs[b].off;
+        p->buf_bytes[b] = bufs[b].bytes;
+        p->buf_end[b] = bufs[b].end;
+    }
+    p->n_bufs = nb;
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        if (!run[i]) continue;
+        for (int slot = 0; slot < 1 + n->n_saved; slot++) {
+            int id = i * SLOTS + slot;
+            ts_storage *s = slot == 0 ? n->out_st : n->saved[slot - 1]->storage;
+            if ((slot == 0 && !produces(n)) || (s->scratch2 & LIVE_AFTER)) continue;
+            int64_t off = off_of[find_root(root, id)];
+            if (slot == 0)
+                p->out_off[i] = off;
+            else
+                p->saved_off[i * TS_MAX_SAVED + slot - 1] = off;
+        }
+    }
+    free(off_of), free(root), free(bufs), free(last);
     return p;
 oom:
     if (p) plan_free(p);
-    free(bufs), free(last);
+    free(root), free(bufs), free(last);
     return NULL;
 }
 
@@ -593,20 +686,6 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
         }
     }
     bool poison = poison_enabled();
-    int *last = NULL;
-    if (poison) { /* last use per node output, to poison dead buffers */
-        last = malloc(sizeof(int) * (size_t)(t->n + 1));
-        if (!last) return ts_set_error(ctx, TS_ERR_OOM, "out of memory");
-        for (int i = 0; i < t->n; i++) last[i] = i;
-        for (int i = 0; i < t->n; i++) {
-            if (!p->run[i]) continue;
-            ts_node *n = t->nodes[i];
-            for (int k = 0; k < n->n_in; k++) {
-                int sc = n->in[k]->storage->scratch;
-                if (sc > 0 && (sc - 1) % SLOTS == 0) last[(sc - 1) / SLOTS] = i;
-            }
-        }
-    }
     ts_status st = TS_OK;
     for (int i = 0; i < t->n && st == TS_OK; i++) {
         if (!p->run[i]) continue;
@@ -625,14 +704,11 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
         n->out = &hdr;
         st = ts_run_kernel(ctx, n);
         n->out = keep;
-        if (poison) /* buffers whose last reader just ran: fill with NaN */
-            for (int j = 0; j <= i; j++)
-                if (p->run[j] && last[j] == i && p->out_off[j] >= 0 &&
-                    !ts_op_table[t->nodes[j]->op].in_place)
-                    memset(t->nodes[j]->out_st->data, 0xff,
-                           slot_bytes(t->nodes[j], 0));
+        if (poison) /* arena buffers whose last user just ran: NaN them */
+            for (int b = 0; b < p->n_bufs; b++)
+                if (p->buf_end[b] == i)
+                    memset((char *)t->arena + p->buf_off[b], 0xff, p->buf_bytes[b]);
     }
-    free(last);
     return st;
 }
 
