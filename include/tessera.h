@@ -120,6 +120,8 @@ typedef struct {
     uint64_t cache_hits;      /* plans replayed */
     uint64_t nodes_run;       /* in the last graph */
     uint64_t nodes_dead;      /* removed by dead-code elimination, last graph */
+    uint64_t nodes_cse;       /* removed as common subexpressions, last graph */
+    uint64_t outputs_in_place; /* written over a dying input, last graph */
     size_t planned_peak_bytes; /* last graph: arena + results kept after it */
     size_t arena_bytes;        /* last graph: intermediates' shared arena */
 } ts_compile_stats;

@@ -219,6 +219,40 @@ static void test_buffers_shared_by_liveness(void) {
     CHECK(chain_arena("-plan,-inplace", &peak) == 9 * kb);
 }
 
+/* exp(x) computed twice, and tanh of each: the second exp and the second
+ * tanh are the same computations and run once (TS_PASSES=-cse: twice) */
+static void cse_case(const char *passes, uint64_t want_cse) {
+    if (passes) setenv("TS_PASSES", passes, 1);
+    ts_ctx *ctx = test_ctx();
+    ts_set_mode(ctx, TS_MODE_COMPILED);
+    int64_t n = 100;
+    ts_tensor *x = ts_randn(ctx, TS_F32, 1, &n, 1, 3);
+    ts_tensor *a1 = ts_exp(x), *a2 = ts_exp(x);
+    ts_tensor *b1 = ts_tanh(a1), *b2 = ts_tanh(a2);
+    ts_tensor *z = ts_add(b1, b2);
+    ts_tensor *other = ts_mul_scalar(x, 2); /* not equal: different op */
+    /* intermediates only: results kept after the graph are left alone */
+    ts_release(a1), ts_release(a2), ts_release(b1), ts_release(b2);
+    CHECK_OK(ctx, ts_sync(ctx));
+    ts_compile_stats st;
+    ts_get_compile_stats(ctx, &st);
+    CHECK(st.nodes_cse == want_cse);
+    CHECK(st.nodes_run == 6 - want_cse);
+    float *px = ts_tensor_data(x), *pz = ts_tensor_data(z), *po = ts_tensor_data(other);
+    for (int i = 0; i < n; i++) {
+        CHECK_NEAR(pz[i], 2 * tanhf(expf(px[i])), 1e-6);
+        CHECK(po[i] == 2 * px[i]);
+    }
+    ts_release(x), ts_release(z), ts_release(other);
+    ts_ctx_free(ctx);
+    unsetenv("TS_PASSES");
+}
+
+static void test_common_subexpressions(void) {
+    cse_case(NULL, 2);
+    cse_case("-cse", 0);
+}
+
 static void test_views_and_results_kept(void) {
     /* a view of an intermediate outlives the op that made it */
     ts_ctx *ctx = test_ctx();
@@ -336,6 +370,7 @@ int main(void) {
     test_cache_by_shape_and_dce();
     test_buffers_shared_by_liveness();
     test_views_and_results_kept();
+    test_common_subexpressions();
     test_dump_and_force_eager();
     test_errors_surface_at_sync();
     test_reads_see_recorded_writes();

@@ -31,6 +31,8 @@ typedef struct plan {
     size_t *buf_bytes;
     int *buf_end;
     int n_inplace;          /* outputs written over a dying input */
+    int *cse_src;           /* per node: the earlier equal node, or -1 */
+    int n_cse;
 } plan;
 
 typedef struct ts_trace {
@@ -64,7 +66,7 @@ ts_status ts_trace_append(ts_ctx *ctx, ts_node *n) {
 
 static void plan_free(plan *p) {
     free(p->key), free(p->run), free(p->out_off), free(p->saved_off);
-    free(p->buf_off), free(p->buf_bytes), free(p->buf_end);
+    free(p->buf_off), free(p->buf_bytes), free(p->buf_end), free(p->cse_src);
     free(p);
 }
 
@@ -314,7 +316,8 @@ static bool pass_on(const char *name);
 
 static void build_key(ts_trace *t, const unsigned char *run, bytes *b) {
     /* plans built with other passes switched off are other plans */
-    put_i64(b, pass_on("dce") | pass_on("plan") << 1 | pass_on("inplace") << 2);
+    put_i64(b, pass_on("dce") | pass_on("plan") << 1 | pass_on("inplace") << 2 |
+                   pass_on("cse") << 3);
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
         put_i64(b, n->op);
@@ -436,6 +439,100 @@ static bool may_alias(ts_op_id op, int k) {
     }
 }
 
+/* ---- common-subexpression elimination ----
+ * A node equal to an earlier one (same op, attributes and inputs, where an
+ * input made by an eliminated node counts as made by its original) does
+ * not run; its results are the original's. In-place ops, views and results
+ * kept after the graph are left alone. */
+
+static int canon_input(const plan *p, int sc) {
+    if (sc <= 0) return sc;
+    int id = sc - 1, node = id / SLOTS;
+    if (p->cse_src[node] >= 0) id = p->cse_src[node] * SLOTS + id % SLOTS;
+    return id + 1;
+}
+
+static bool same_geometry(const ts_tensor *a, const ts_tensor *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || a->strides[d] != b->strides[d]) return false;
+    return true;
+}
+
+static bool nodes_equal(const plan *p, const ts_node *a, const ts_node *b) {
+    if (a->op != b->op || a->n_in != b->n_in || a->attrs.dtype != b->attrs.dtype ||
+        memcmp(a->attrs.i, b->attrs.i, sizeof a->attrs.i) ||
+        memcmp(a->attrs.f, b->attrs.f, sizeof a->attrs.f))
+        return false;
+    for (int k = 0; k < a->n_in; k++)
+        if (canon_input(p, a->in[k]->storage->scratch) !=
+                canon_input(p, b->in[k]->storage->scratch) ||
+            !same_geometry(a->in[k], b->in[k]))
+            return false;
+    return true;
+}
+
+static uint64_t node_hash(const plan *p, const ts_node *n) {
+    uint64_t h = 1469598103934665603ull;
+    int64_t v[3 + 2 * TS_MAX_INPUTS];
+    int nv = 0;
+    v[nv++] = n->op;
+    v[nv++] = n->n_in;
+    v[nv++] = n->attrs.i[0] ^ (n->attrs.i[1] << 7) ^ (int64_t)n->attrs.f[0];
+    for (int k = 0; k < n->n_in; k++) {
+        v[nv++] = canon_input(p, n->in[k]->storage->scratch);
+        v[nv++] = n->in[k]->offset ^ (n->in[k]->ndim ? n->in[k]->shape[0] : 0);
+    }
+    return fnv1a((const unsigned char *)v, sizeof(int64_t) * (size_t)nv) ^ h;
+}
+
+static bool cse_candidate(const ts_node *n) {
+    if (!produces(n) || (n->out_st->scratch2 & LIVE_AFTER)) return false;
+    for (int k = 0; k < n->n_saved; k++)
+        if (n->saved[k]->storage->scratch2 & LIVE_AFTER) return false;
+    return true;
+}
+
+static bool cse_pass(ts_trace *t, plan *p) {
+    p->cse_src = malloc(sizeof(int) * (size_t)(t->n + 1));
+    int cap = 1;
+    while (cap < 2 * t->n) cap <<= 1;
+    int *table = malloc(sizeof(int) * (size_t)cap);
+    if (!p->cse_src || !table) {
+        free(table);
+        return false;
+    }
+    for (int i = 0; i < t->n; i++) p->cse_src[i] = -1;
+    for (int i = 0; i < cap; i++) table[i] = -1;
+    if (!pass_on("cse")) {
+        free(table);
+        return true;
+    }
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        if (!p->run[i] || !cse_candidate(n)) continue;
+        uint64_t h = node_hash(p, n);
+        int slot = (int)(h & (uint64_t)(cap - 1));
+        for (;;) {
+            int j = table[slot];
+            if (j < 0) {
+                table[slot] = i;
+                break;
+            }
+            if (nodes_equal(p, t->nodes[j], n)) {
+                p->cse_src[i] = j;
+                p->run[i] = 0;
+                p->n_cse++;
+                break;
+            }
+            slot = (slot + 1) & (cap - 1);
+        }
+    }
+    free(table);
+    return true;
+}
+
 static int find_root(int *root, int id) {
     while (root[id] != id) id = root[id] = root[root[id]];
     return id;
@@ -453,14 +550,19 @@ static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
     p->saved_off = malloc(sizeof(int64_t) * (size_t)(t->n * TS_MAX_SAVED + 1));
     if (!p->run || !p->out_off || !p->saved_off) goto oom;
     memcpy(p->run, run, (size_t)t->n);
+    if (!cse_pass(t, p)) goto oom;
+    run = p->run; /* eliminated nodes no longer run */
     for (int i = 0; i < t->n * SLOTS; i++) last[i] = -1;
     /* last use of every produced buffer: reads, and writes by copy_into */
     for (int i = 0; i < t->n; i++) {
         if (!run[i]) continue;
         ts_node *n = t->nodes[i];
-        for (int k = 0; k < n->n_in; k++)
-            if (n->in[k]->storage->scratch > 0) last[n->in[k]->storage->scratch - 1] = i;
-        if (n->out_st->scratch > 0) last[n->out_st->scratch - 1] = i;
+        for (int k = 0; k < n->n_in; k++) {
+            int sc = canon_input(p, n->in[k]->storage->scratch);
+            if (sc > 0) last[sc - 1] = i;
+        }
+        int so = canon_input(p, n->out_st->scratch);
+        if (so > 0) last[so - 1] = i;
     }
     /* in place: an output takes the buffer of an input that dies here */
     root = malloc(sizeof(int) * (size_t)(t->n * SLOTS + 1));
@@ -476,7 +578,7 @@ static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
         size_t out_bytes = slot_bytes(n, 0);
         for (int k = 0; k < n->n_in; k++) {
             ts_tensor *x = n->in[k];
-            int sc = x->storage->scratch;
+            int sc = canon_input(p, x->storage->scratch);
             if (!may_alias(n->op, k) || sc <= 0 || (x->storage->scratch2 & LIVE_AFTER))
                 continue;
             int producer = (sc - 1) / SLOTS, slot = (sc - 1) % SLOTS;
@@ -541,9 +643,10 @@ static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
     p->n_bufs = nb;
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
-        if (!run[i]) continue;
+        int src = p->cse_src[i];
+        if (!run[i] && src < 0) continue;
         for (int slot = 0; slot < 1 + n->n_saved; slot++) {
-            int id = i * SLOTS + slot;
+            int id = (src >= 0 ? src : i) * SLOTS + slot;
             ts_storage *s = slot == 0 ? n->out_st : n->saved[slot - 1]->storage;
             if ((slot == 0 && !produces(n)) || (s->scratch2 & LIVE_AFTER)) continue;
             int64_t off = off_of[find_root(root, id)];
@@ -581,7 +684,9 @@ static void dump_node(FILE *f, ts_trace *t, int i, const plan *p) {
             ts_shape_str(n->out_desc.ndim, n->out_desc.shape, sb, sizeof sb));
     if (n->out_st->scratch2 & LIVE_AFTER) fprintf(f, " [kept]");
     if (p) {
-        if (!p->run[i])
+        if (p->cse_src[i] >= 0)
+            fprintf(f, " [= %%%d]", p->cse_src[i]);
+        else if (!p->run[i])
             fprintf(f, " [dead]");
         else if (p->out_off[i] >= 0)
             fprintf(f, " @arena+%lld (%zu B)", (long long)p->out_off[i], slot_bytes(n, 0));
@@ -604,12 +709,15 @@ static void dump_graph(ts_ctx *ctx, ts_trace *t, const plan *p) {
         fprintf(f, "# graph %d, %s the passes: %d nodes\n", seq,
                 stage ? "after" : "before", t->n);
         for (int i = 0; i < t->n; i++)
-            if ((!stage && !is_view_node(t->nodes[i])) || (stage && p->run[i]))
+            if ((!stage && !is_view_node(t->nodes[i])) ||
+                (stage && (p->run[i] || p->cse_src[i] >= 0)))
                 dump_node(f, t, i, stage ? p : NULL);
         if (stage) {
             int dead = 0;
             for (int i = 0; i < t->n; i++)
-                dead += !p->run[i] && !is_view_node(t->nodes[i]);
+                dead += !p->run[i] && !is_view_node(t->nodes[i]) && p->cse_src[i] < 0;
+            fprintf(f, "# common subexpressions removed: %d\n# outputs in place: %d\n",
+                    p->n_cse, p->n_inplace);
             fprintf(f, "# dead nodes removed: %d\n# arena: %zu bytes\n"
                        "# kept results: %zu bytes\n# planned peak: %zu bytes\n",
                     dead, p->arena_bytes, p->kept_bytes,
@@ -688,6 +796,20 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
     bool poison = poison_enabled();
     ts_status st = TS_OK;
     for (int i = 0; i < t->n && st == TS_OK; i++) {
+        if (p->cse_src[i] >= 0) { /* results are those of an equal node */
+            ts_node *n = t->nodes[i], *src = t->nodes[p->cse_src[i]];
+            ts_storage *to[1 + TS_MAX_SAVED], *from[1 + TS_MAX_SAVED];
+            int m = 0;
+            to[m] = n->out_st, from[m++] = src->out_st;
+            for (int k = 0; k < n->n_saved; k++)
+                to[m] = n->saved[k]->storage, from[m++] = src->saved[k]->storage;
+            for (int k = 0; k < m; k++) {
+                to[k]->data = from[k]->data;
+                to[k]->external = true;
+                to[k]->pending = false;
+            }
+            continue;
+        }
         if (!p->run[i]) continue;
         ts_node *n = t->nodes[i];
         if (!ts_op_table[n->op].in_place)
@@ -799,7 +921,9 @@ ts_status ts_sync(ts_ctx *ctx) {
         dump_graph(ctx, t, p);
     }
     ctx->cstats.graphs_run++;
-    ctx->cstats.nodes_run = (uint64_t)(t->n - dead - views);
+    ctx->cstats.nodes_run = (uint64_t)(t->n - dead - views - p->n_cse);
+    ctx->cstats.nodes_cse = (uint64_t)p->n_cse;
+    ctx->cstats.outputs_in_place = (uint64_t)p->n_inplace;
     ctx->cstats.nodes_dead = (uint64_t)dead;
     ctx->cstats.arena_bytes = p->arena_bytes;
     ctx->cstats.planned_peak_bytes = p->arena_bytes + p->kept_bytes;
