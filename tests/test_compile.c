@@ -179,9 +179,10 @@ static void test_cache_by_shape_and_dce(void) {
 }
 
 /* a chain of 10 elementwise ops over 256 KiB: each intermediate dies at
- * the next op. With in-place, every op writes over its dying input: one
- * arena buffer. Without (TS_PASSES=-inplace), liveness sharing needs two;
- * without any planning (-plan,-inplace), nine. */
+ * the next op. Fused, the chain is one loop and needs no arena at all.
+ * Unfused (TS_PASSES=-fuse), every op writes over its dying input: one
+ * buffer; without in-place too, liveness sharing needs two; without any
+ * planning, nine. */
 static size_t chain_arena(const char *passes, size_t *peak) {
     if (passes)
         setenv("TS_PASSES", passes, 1);
@@ -213,10 +214,48 @@ static size_t chain_arena(const char *passes, size_t *peak) {
 
 static void test_buffers_shared_by_liveness(void) {
     size_t kb = (size_t)(1 << 16) * 4, peak;
-    CHECK(chain_arena(NULL, &peak) == kb);
-    CHECK(peak == 2 * kb); /* + the kept result */
-    CHECK(chain_arena("-inplace", &peak) == 2 * kb);
-    CHECK(chain_arena("-plan,-inplace", &peak) == 9 * kb);
+    CHECK(chain_arena(NULL, &peak) == 0);
+    CHECK(peak == kb); /* only the kept result */
+    CHECK(chain_arena("-fuse", &peak) == kb);
+    CHECK(peak == 2 * kb);
+    CHECK(chain_arena("-fuse,-inplace", &peak) == 2 * kb);
+    CHECK(chain_arena("-fuse,-plan,-inplace", &peak) == 9 * kb);
+}
+
+/* fusion with broadcasting, a bf16 outside input and a unary backward:
+ * the same values as eager (f32 intermediates: bit for bit) */
+static void test_fusion_matches_eager(void) {
+    ts_ctx *ce = test_ctx(), *cc = test_ctx();
+    ts_set_mode(cc, TS_MODE_COMPILED);
+    ts_tensor *out[2];
+    ts_compile_stats st;
+    for (int mode = 0; mode < 2; mode++) {
+        ts_ctx *ctx = mode ? cc : ce;
+        int64_t s2[2] = {37, 300}, s1[1] = {300};
+        ts_tensor *x = ts_randn(ctx, TS_F32, 2, s2, 1, 1);
+        ts_tensor *b = ts_randn(ctx, TS_F32, 1, s1, 1, 2);
+        ts_tensor *hb0 = ts_randn(ctx, TS_F32, 2, s2, 1, 3);
+        ts_tensor *hb = ts_cast(hb0, TS_BF16);
+        ts_tensor *hf = ts_cast(hb, TS_F32);
+        ts_tensor *a = ts_add(x, b);          /* broadcast row */
+        ts_tensor *g = ts_gelu(a, TS_GELU_TANH);
+        ts_tensor *m = ts_mul(g, hf);
+        ts_tensor *nm = ts_neg(m);
+        ts_tensor *e = ts_exp(nm);
+        out[mode] = ts_sub(e, x);
+        ts_tensor *tmp[] = {x, b, hb0, hb, hf, a, g, m, nm, e};
+        for (int i = 0; i < 10; i++) ts_release(tmp[i]);
+        if (mode) {
+            CHECK_OK(ctx, ts_sync(ctx));
+            ts_get_compile_stats(ctx, &st);
+        }
+    }
+    CHECK(st.nodes_fused >= 5);
+    CHECK(ts_tensor_numel(out[0]) == ts_tensor_numel(out[1]));
+    float *a = ts_tensor_data(out[0]), *b = ts_tensor_data(out[1]);
+    CHECK(memcmp(a, b, sizeof(float) * 37 * 300) == 0);
+    ts_release(out[0]), ts_release(out[1]);
+    ts_ctx_free(ce), ts_ctx_free(cc);
 }
 
 /* exp(x) computed twice, and tanh of each: the second exp and the second
@@ -371,6 +410,7 @@ int main(void) {
     test_buffers_shared_by_liveness();
     test_views_and_results_kept();
     test_common_subexpressions();
+    test_fusion_matches_eager();
     test_dump_and_force_eager();
     test_errors_surface_at_sync();
     test_reads_see_recorded_writes();

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 
 struct ts_node;
+struct ts_fused;
 
 /* A device backend: memory and kernels behind one small vtable. The CPU is
  * the only one so far; model code never sees which one runs it. */
@@ -21,6 +22,9 @@ typedef struct ts_backend {
     void (*copy)(ts_ctx *ctx, void *dst, const void *src, size_t bytes);
     ts_status (*run_node)(ts_ctx *ctx, struct ts_node *n);
     ts_status (*sync)(ts_ctx *ctx);
+    /* fusion: which ops this backend can run inside a fused group */
+    bool (*fusable)(int op);
+    ts_status (*run_fused)(ts_ctx *ctx, const struct ts_fused *f);
 } ts_backend;
 
 /* Size-class caching allocator: freed blocks go to a free list per size

@@ -33,6 +33,8 @@ typedef struct plan {
     int n_inplace;          /* outputs written over a dying input */
     int *cse_src;           /* per node: the earlier equal node, or -1 */
     int n_cse;
+    int *fuse_root;         /* per node: the group root it runs in, or -1 */
+    int n_fused;            /* nodes folded into a later node's loop */
 } plan;
 
 typedef struct ts_trace {
@@ -67,6 +69,7 @@ ts_status ts_trace_append(ts_ctx *ctx, ts_node *n) {
 static void plan_free(plan *p) {
     free(p->key), free(p->run), free(p->out_off), free(p->saved_off);
     free(p->buf_off), free(p->buf_bytes), free(p->buf_end), free(p->cse_src);
+    free(p->fuse_root);
     free(p);
 }
 
@@ -317,7 +320,7 @@ static bool pass_on(const char *name);
 static void build_key(ts_trace *t, const unsigned char *run, bytes *b) {
     /* plans built with other passes switched off are other plans */
     put_i64(b, pass_on("dce") | pass_on("plan") << 1 | pass_on("inplace") << 2 |
-                   pass_on("cse") << 3);
+                   pass_on("cse") << 3 | pass_on("fuse") << 4);
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
         put_i64(b, n->op);
@@ -533,12 +536,137 @@ static bool cse_pass(ts_trace *t, plan *p) {
     return true;
 }
 
+/* ---- elementwise fusion ----
+ * A fusable node whose result is read once, by a fusable node of the same
+ * output shape, contiguously, and not kept after the graph, joins that
+ * reader's group: the group runs as one loop at the reader's place and the
+ * result never reaches memory. Moving a node later is safe unless an
+ * in-place write in between touches what it reads; such pairs stay apart.
+ * Groups are bounded (TS_FUSE_MAX nodes, TS_FUSE_MAX_EXT outside inputs). */
+
+static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
+    p->fuse_root = malloc(sizeof(int) * (size_t)(t->n + 1));
+    int *readers = calloc((size_t)t->n + 1, sizeof(int));
+    int *size = malloc(sizeof(int) * (size_t)(t->n + 1)); /* group sizes */
+    if (!p->fuse_root || !readers || !size) {
+        free(readers), free(size);
+        return false;
+    }
+    for (int i = 0; i < t->n; i++) p->fuse_root[i] = -1, size[i] = 1;
+    if (!pass_on("fuse") || !ctx->backend->fusable) {
+        free(readers), free(size);
+        return true;
+    }
+    for (int j = 0; j < t->n; j++) {
+        if (!p->run[j]) continue;
+        ts_node *n = t->nodes[j];
+        for (int k = 0; k < n->n_in; k++) {
+            int sc = canon_input(p, n->in[k]->storage->scratch);
+            if (sc > 0 && (sc - 1) % SLOTS == 0) readers[(sc - 1) / SLOTS]++;
+        }
+        int so = canon_input(p, n->out_st->scratch);
+        if (!produces(n) && so > 0 && (so - 1) % SLOTS == 0)
+            readers[(so - 1) / SLOTS] += 2; /* written in place: keep it */
+    }
+    for (int j = 0; j < t->n; j++) {
+        ts_node *n = t->nodes[j];
+        if (!p->run[j] || !produces(n) || !ctx->backend->fusable(n->op)) continue;
+        for (int k = 0; k < n->n_in; k++) {
+            ts_tensor *x = n->in[k];
+            int sc = canon_input(p, x->storage->scratch);
+            if (sc <= 0 || (sc - 1) % SLOTS != 0) continue;
+            int i = (sc - 1) / SLOTS;
+            ts_node *m = t->nodes[i];
+            if (!p->run[i] || p->fuse_root[i] >= 0 || readers[i] != 1 ||
+                !ctx->backend->fusable(m->op) || (m->out_st->scratch2 & LIVE_AFTER) ||
+                m->out_desc.dtype != TS_F32 || x->offset != 0 ||
+                !ts_tensor_is_contiguous(x) ||
+                !ts_shape_equal(x->ndim, x->shape, n->out_desc.ndim, n->out_desc.shape) ||
+                !ts_shape_equal(m->out_desc.ndim, m->out_desc.shape,
+                                n->out_desc.ndim, n->out_desc.shape) ||
+                size[i] + size[j] > TS_FUSE_MAX)
+                continue;
+            /* in-place writes between i and j to anything i's group reads */
+            bool hazard = false;
+            for (int w = i + 1; w < j && !hazard; w++) {
+                ts_node *wn = t->nodes[w];
+                if (!p->run[w] || !ts_op_table[wn->op].in_place) continue;
+                for (int g = 0; g <= i && !hazard; g++) {
+                    if (g != i && p->fuse_root[g] != i) continue;
+                    for (int q = 0; q < t->nodes[g]->n_in; q++)
+                        for (int r = 0; r < wn->n_in; r++)
+                            hazard |= t->nodes[g]->in[q]->storage == wn->in[r]->storage;
+                }
+            }
+            if (hazard) continue;
+            /* count outside inputs of the merged group */
+            ts_storage *ext[2 * TS_FUSE_MAX * 3];
+            int n_ext = 0;
+            bool too_many = false;
+            for (int g = 0; g <= j && !too_many; g++) {
+                bool member = g == i || g == j || p->fuse_root[g] == i || p->fuse_root[g] == j;
+                if (!member) continue;
+                for (int q = 0; q < t->nodes[g]->n_in; q++) {
+                    int s2 = canon_input(p, t->nodes[g]->in[q]->storage->scratch);
+                    int src = s2 > 0 && (s2 - 1) % SLOTS == 0 ? (s2 - 1) / SLOTS : -1;
+                    bool inside = src >= 0 && (src == i || src == j ||
+                                               p->fuse_root[src] == i || p->fuse_root[src] == j);
+                    if (inside) continue;
+                    ts_storage *st = t->nodes[g]->in[q]->storage;
+                    bool seen = false;
+                    for (int e = 0; e < n_ext; e++) seen |= ext[e] == st;
+                    if (!seen) ext[n_ext++] = st;
+                    too_many = n_ext > TS_FUSE_MAX_EXT;
+                }
+            }
+            if (too_many) continue;
+            for (int g = 0; g < i; g++)
+                if (p->fuse_root[g] == i) p->fuse_root[g] = j;
+            p->fuse_root[i] = j;
+            size[j] += size[i];
+            p->n_fused += size[i];
+        }
+    }
+    free(readers), free(size);
+    return true;
+}
+
+/* The fused group whose root is j, in trace order, for the backend. */
+static void build_group(ts_trace *t, const plan *p, int j, ts_fused *f) {
+    memset(f, 0, sizeof *f);
+    int member_of[TS_FUSE_MAX];
+    for (int g = 0; g <= j; g++) {
+        if (g != j && p->fuse_root[g] != j) continue;
+        member_of[f->n_members] = g;
+        f->members[f->n_members++] = t->nodes[g];
+    }
+    for (int m = 0; m < f->n_members; m++) {
+        const ts_node *n = f->members[m];
+        for (int k = 0; k < n->n_in; k++) {
+            int sc = canon_input(p, n->in[k]->storage->scratch);
+            int src = sc > 0 && (sc - 1) % SLOTS == 0 ? (sc - 1) / SLOTS : -1;
+            int inside = -1;
+            for (int q = 0; q < m && src >= 0; q++)
+                if (member_of[q] == src) inside = q;
+            if (inside >= 0) {
+                f->arg[m][k] = -(inside + 1);
+                continue;
+            }
+            int e = 0; /* outside: by tensor (geometry matters) */
+            while (e < f->n_ext && f->ext[e] != n->in[k]) e++;
+            if (e == f->n_ext) f->ext[f->n_ext++] = n->in[k];
+            f->arg[m][k] = e;
+        }
+    }
+}
+
 static int find_root(int *root, int id) {
     while (root[id] != id) id = root[id] = root[root[id]];
     return id;
 }
 
-static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
+static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
+                       bool *invalid) {
     plan *p = calloc(1, sizeof *p);
     buffer *bufs = calloc((size_t)t->n * SLOTS + 1, sizeof *bufs);
     int *last = malloc(sizeof(int) * (size_t)(t->n * SLOTS + 1));
@@ -550,16 +678,17 @@ static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
     p->saved_off = malloc(sizeof(int64_t) * (size_t)(t->n * TS_MAX_SAVED + 1));
     if (!p->run || !p->out_off || !p->saved_off) goto oom;
     memcpy(p->run, run, (size_t)t->n);
-    if (!cse_pass(t, p)) goto oom;
+    if (!cse_pass(t, p) || !fuse_pass(ctx, t, p)) goto oom;
     run = p->run; /* eliminated nodes no longer run */
     for (int i = 0; i < t->n * SLOTS; i++) last[i] = -1;
     /* last use of every produced buffer: reads, and writes by copy_into */
     for (int i = 0; i < t->n; i++) {
         if (!run[i]) continue;
         ts_node *n = t->nodes[i];
+        int at = p->fuse_root[i] >= 0 ? p->fuse_root[i] : i; /* runs there */
         for (int k = 0; k < n->n_in; k++) {
             int sc = canon_input(p, n->in[k]->storage->scratch);
-            if (sc > 0) last[sc - 1] = i;
+            if (sc > 0 && last[sc - 1] < at) last[sc - 1] = at;
         }
         int so = canon_input(p, n->out_st->scratch);
         if (so > 0) last[so - 1] = i;
@@ -574,7 +703,12 @@ static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
     bool inplace = pass_on("inplace");
     for (int i = 0; i < t->n && inplace; i++) {
         ts_node *n = t->nodes[i];
-        if (!run[i] || !produces(n) || (n->out_st->scratch2 & LIVE_AFTER)) continue;
+        if (!run[i] || !produces(n) || (n->out_st->scratch2 & LIVE_AFTER) ||
+            p->fuse_root[i] >= 0)
+            continue;
+        bool group_root = false;
+        for (int g = 0; g < i && !group_root; g++) group_root = p->fuse_root[g] == i;
+        if (group_root) continue; /* its loop reads inputs the node never names */
         size_t out_bytes = slot_bytes(n, 0);
         for (int k = 0; k < n->n_in; k++) {
             ts_tensor *x = n->in[k];
@@ -582,6 +716,7 @@ static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
             if (!may_alias(n->op, k) || sc <= 0 || (x->storage->scratch2 & LIVE_AFTER))
                 continue;
             int producer = (sc - 1) / SLOTS, slot = (sc - 1) % SLOTS;
+            if (p->fuse_root[producer] >= 0) continue; /* never in memory */
             if (x->dtype != n->out_desc.dtype || x->offset != 0 ||
                 !ts_tensor_is_contiguous(x) ||
                 slot_bytes(t->nodes[producer], slot) != out_bytes ||
@@ -600,7 +735,7 @@ static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
         ts_node *n = t->nodes[i];
         p->out_off[i] = -1;
         for (int k = 0; k < TS_MAX_SAVED; k++) p->saved_off[i * TS_MAX_SAVED + k] = -1;
-        if (!run[i]) continue;
+        if (!run[i] || p->fuse_root[i] >= 0) continue;
         for (int slot = 0; slot < 1 + n->n_saved; slot++) {
             if (slot == 0 && ts_op_table[n->op].in_place) continue;
             ts_storage *s = slot == 0 ? n->out_st : n->saved[slot - 1]->storage;
@@ -644,7 +779,7 @@ static plan *make_plan(ts_trace *t, const unsigned char *run, bool *invalid) {
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
         int src = p->cse_src[i];
-        if (!run[i] && src < 0) continue;
+        if ((!run[i] && src < 0) || p->fuse_root[i] >= 0) continue;
         for (int slot = 0; slot < 1 + n->n_saved; slot++) {
             int id = (src >= 0 ? src : i) * SLOTS + slot;
             ts_storage *s = slot == 0 ? n->out_st : n->saved[slot - 1]->storage;
@@ -686,6 +821,8 @@ static void dump_node(FILE *f, ts_trace *t, int i, const plan *p) {
     if (p) {
         if (p->cse_src[i] >= 0)
             fprintf(f, " [= %%%d]", p->cse_src[i]);
+        else if (p->fuse_root[i] >= 0)
+            fprintf(f, " [fused into %%%d]", p->fuse_root[i]);
         else if (!p->run[i])
             fprintf(f, " [dead]");
         else if (p->out_off[i] >= 0)
@@ -716,8 +853,9 @@ static void dump_graph(ts_ctx *ctx, ts_trace *t, const plan *p) {
             int dead = 0;
             for (int i = 0; i < t->n; i++)
                 dead += !p->run[i] && !is_view_node(t->nodes[i]) && p->cse_src[i] < 0;
-            fprintf(f, "# common subexpressions removed: %d\n# outputs in place: %d\n",
-                    p->n_cse, p->n_inplace);
+            fprintf(f, "# common subexpressions removed: %d\n# outputs in place: %d\n"
+                       "# nodes fused into a later loop: %d\n",
+                    p->n_cse, p->n_inplace, p->n_fused);
             fprintf(f, "# dead nodes removed: %d\n# arena: %zu bytes\n"
                        "# kept results: %zu bytes\n# planned peak: %zu bytes\n",
                     dead, p->arena_bytes, p->kept_bytes,
@@ -810,7 +948,7 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
             }
             continue;
         }
-        if (!p->run[i]) continue;
+        if (!p->run[i] || p->fuse_root[i] >= 0) continue; /* members run at their root */
         ts_node *n = t->nodes[i];
         if (!ts_op_table[n->op].in_place)
             st = bind(ctx, t, n->out_st, p->out_off[i], slot_bytes(n, 0));
@@ -824,7 +962,16 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
         ts_contiguous_strides(hdr.ndim, hdr.shape, hdr.strides);
         ts_tensor *keep = n->out;
         n->out = &hdr;
-        st = ts_run_kernel(ctx, n);
+        bool root = false;
+        for (int g = 0; g < i && !root; g++) root = p->fuse_root[g] == i;
+        if (root) {
+            ts_fused f;
+            build_group(t, p, i, &f);
+            f.out = &hdr;
+            st = ctx->backend->run_fused(ctx, &f);
+        } else {
+            st = ts_run_kernel(ctx, n);
+        }
         n->out = keep;
         if (poison) /* arena buffers whose last user just ran: NaN them */
             for (int b = 0; b < p->n_bufs; b++)
@@ -895,7 +1042,7 @@ ts_status ts_sync(ts_ctx *ctx) {
         ctx->cstats.cache_hits++;
     } else {
         bool invalid = false;
-        p = make_plan(t, run, &invalid);
+        p = make_plan(ctx, t, run, &invalid);
         if (!p) {
             st = invalid ? ts_set_error(ctx, TS_ERR_STATE,
                                         "compiled graph: the memory plan puts "
@@ -924,6 +1071,7 @@ ts_status ts_sync(ts_ctx *ctx) {
     ctx->cstats.nodes_run = (uint64_t)(t->n - dead - views - p->n_cse);
     ctx->cstats.nodes_cse = (uint64_t)p->n_cse;
     ctx->cstats.outputs_in_place = (uint64_t)p->n_inplace;
+    ctx->cstats.nodes_fused = (uint64_t)p->n_fused;
     ctx->cstats.nodes_dead = (uint64_t)dead;
     ctx->cstats.arena_bytes = p->arena_bytes;
     ctx->cstats.planned_peak_bytes = p->arena_bytes + p->kept_bytes;

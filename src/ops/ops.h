@@ -97,6 +97,22 @@ extern const ts_op_def ts_op_table[TS_OP_COUNT];
  * reference, or NULL with the error recorded. NULL inputs propagate. */
 ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
                       const ts_attrs *attrs);
+/* A fused group of elementwise nodes (the compiler's fusion pass): the
+ * members run in order on f32 registers of one chunk at a time and the
+ * last one writes out; nothing in between touches memory. arg[m][k] is
+ * member m's input k: >= 0 an outside tensor ext[...], < 0 member
+ * -(arg + 1). */
+#define TS_FUSE_MAX 16
+#define TS_FUSE_MAX_EXT 11
+typedef struct ts_fused {
+    int n_members;
+    const ts_node *members[TS_FUSE_MAX];
+    int arg[TS_FUSE_MAX][3];
+    int n_ext;
+    ts_tensor *ext[TS_FUSE_MAX_EXT];
+    ts_tensor *out;
+} ts_fused;
+
 /* Compiled mode: appends n to the recorded graph (takes a reference). */
 ts_status ts_trace_append(ts_ctx *ctx, ts_node *n);
 

@@ -11,7 +11,7 @@ typedef ts_status (*ts_cpu_kernel)(ts_ctx *ctx, ts_node *n);
 /* Iteration over a shape for up to 4 operands (operand 0 is usually the
  * output), dims merged where every operand allows, size-1 dims dropped.
  * The last dim is the inner loop; "rows" are the other dims flattened. */
-#define CPU_ITER_MAX_OPS 4
+#define CPU_ITER_MAX_OPS (TS_FUSE_MAX_EXT + 1)
 typedef struct {
     int ndim;
     int nops;
@@ -90,6 +90,9 @@ void cpu_attention_bwd(const cpu_attn_shape *p, const float *q,
                        const float *k, const float *v, const float *out,
                        const float *lse, const float *dout, float *dq,
                        float *dk, float *dv);
+
+bool cpu_fusable(int op);
+ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f);
 
 /* Kernels, one per op (NULL where the op is a view). */
 extern const ts_cpu_kernel ts_cpu_kernels[TS_OP_COUNT];

@@ -51,7 +51,7 @@ static void run_chunks(ts_node *n, int nin, ts_tensor **ins, chunk_fn fn) {
     int last = it.ndim - 1;
 #pragma omp parallel for schedule(static) if (rows * inner > 32768)
     for (int64_t w = 0; w < items; w++) {
-        float bufs[CPU_ITER_MAX_OPS][CHUNK];
+        float bufs[4][CHUNK];
         int64_t r = w / per_row, c0 = (w % per_row) * CHUNK;
         int64_t len = inner - c0 < CHUNK ? inner - c0 : CHUNK;
         int64_t off[CPU_ITER_MAX_OPS];
@@ -441,5 +441,82 @@ CPU_KERNEL(adamw) {
         if (dt != TS_F32) cpu_scatter_f32(pp + i0 * (int64_t)ts_dtype_size(dt), dt, 1, buf, len);
     }
     free(gt);
+    return TS_OK;
+}
+
+bool cpu_fusable(int op) {
+    switch (op) {
+    case TS_OP_ADD: case TS_OP_SUB: case TS_OP_MUL: case TS_OP_DIV:
+    case TS_OP_EQ: case TS_OP_ADD_SCALAR: case TS_OP_MUL_SCALAR:
+    case TS_OP_NEG: case TS_OP_EXP: case TS_OP_LOG: case TS_OP_SQRT:
+    case TS_OP_RSQRT: case TS_OP_ABS: case TS_OP_POW_SCALAR: case TS_OP_TANH:
+    case TS_OP_SIGMOID: case TS_OP_RELU: case TS_OP_SILU: case TS_OP_GELU:
+    case TS_OP_UNARY_BACKWARD:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static void eval_chunk(const ts_node *n, float *y, const float **x, int64_t len) {
+    if (n->op == TS_OP_UNARY_BACKWARD)
+        unary_bwd_chunk(n, y, x, len);
+    else if (n->n_in == 2)
+        binary_chunk(n, y, x, len);
+    else
+        unary_chunk(n, y, x, len);
+}
+
+ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f) {
+    ts_tensor *out = f->out;
+    int64_t st[CPU_ITER_MAX_OPS][TS_MAX_DIMS];
+    memcpy(st[0], out->strides, sizeof st[0]);
+    for (int k = 0; k < f->n_ext; k++)
+        ts_broadcast_strides(f->ext[k], out->ndim, out->shape, st[k + 1]);
+    cpu_iter it;
+    cpu_iter_init(&it, out->ndim, out->shape, f->n_ext + 1, st);
+    int64_t rows = cpu_iter_rows(&it), inner = cpu_iter_inner(&it);
+    int64_t per_row = (inner + CHUNK - 1) / CHUNK, items = rows * per_row;
+    int last = it.ndim - 1, fail = 0;
+#pragma omp parallel reduction(| : fail) if (rows * inner > 32768)
+    {
+        /* registers: one chunk per outside input and per member */
+        float *regs = malloc(sizeof(float) * CHUNK * (size_t)(f->n_ext + f->n_members));
+        if (!regs) fail = 1;
+#pragma omp for schedule(static)
+        for (int64_t w = 0; w < items; w++) {
+            if (!regs) continue;
+            int64_t r = w / per_row, c0 = (w % per_row) * CHUNK;
+            int64_t len = inner - c0 < CHUNK ? inner - c0 : CHUNK;
+            int64_t off[CPU_ITER_MAX_OPS];
+            cpu_iter_offsets(&it, r, off);
+            const float *xv[TS_FUSE_MAX_EXT];
+            for (int k = 0; k < f->n_ext; k++) {
+                const ts_tensor *t = f->ext[k];
+                int64_t s = it.st[k + 1][last];
+                const char *p = ts_tensor_ptr(t) +
+                                (off[k + 1] + c0 * s) * (int64_t)ts_dtype_size(t->dtype);
+                xv[k] = view_f32(p, t->dtype, s, len, regs + (size_t)k * CHUNK);
+            }
+            char *yp = ts_tensor_ptr(out) + (off[0] + c0) * (int64_t)ts_dtype_size(out->dtype);
+            float *mreg = regs + (size_t)f->n_ext * CHUNK;
+            for (int m = 0; m < f->n_members; m++) {
+                const ts_node *n = f->members[m];
+                const float *x[3];
+                for (int k = 0; k < n->n_in; k++) {
+                    int a = f->arg[m][k];
+                    x[k] = a >= 0 ? xv[a] : mreg + (size_t)(-a - 1) * CHUNK;
+                }
+                bool root = m == f->n_members - 1;
+                float *y = root && out->dtype == TS_F32 ? (float *)yp
+                                                        : mreg + (size_t)m * CHUNK;
+                eval_chunk(n, y, x, len);
+                if (root && out->dtype != TS_F32)
+                    cpu_scatter_f32(yp, out->dtype, 1, y, len);
+            }
+        }
+        free(regs);
+    }
+    if (fail) return ts_set_error(ctx, TS_ERR_OOM, "fused elementwise: out of memory");
     return TS_OK;
 }
