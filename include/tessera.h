@@ -123,6 +123,7 @@ typedef struct {
     uint64_t nodes_cse;       /* removed as common subexpressions, last graph */
     uint64_t outputs_in_place; /* written over a dying input, last graph */
     uint64_t nodes_fused;     /* run inside a later node's loop, last graph */
+    uint64_t nodes_recomputed; /* run again for late readers, last graph */
     size_t planned_peak_bytes; /* last graph: arena + results kept after it */
     size_t arena_bytes;        /* last graph: intermediates' shared arena */
 } ts_compile_stats;

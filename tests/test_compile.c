@@ -292,6 +292,57 @@ static void test_common_subexpressions(void) {
     cse_case("-cse", 0);
 }
 
+/* Results read early and again much later are recomputed for the late
+ * readers, chains included (b = silu(x) * u needs silu(x) recomputed
+ * first): same bits as eager, less arena (TS_PASSES=-remat for contrast) */
+static ts_tensor *remat_program(ts_ctx *ctx) {
+    int64_t n = 1 << 14;
+    ts_tensor *x = ts_randn(ctx, TS_F32, 1, &n, 1, 1);
+    ts_tensor *u = ts_randn(ctx, TS_F32, 1, &n, 1, 2);
+    ts_tensor *a = ts_silu(x);
+    ts_tensor *b = ts_mul(a, u);
+    ts_tensor *early = ts_exp(b);                /* early readers of b, a */
+    ts_tensor *early2 = ts_sigmoid(a);
+    ts_tensor *w = ts_add(early, early2);
+    for (int i = 0; i < 40; i++) {              /* a long middle */
+        ts_tensor *z = ts_tanh(w);
+        ts_release(w);
+        w = ts_mul_scalar(z, 1.5);
+        ts_release(z);
+    }
+    ts_tensor *late = ts_mul(b, a);             /* late readers of b, a */
+    ts_tensor *late2 = ts_add(late, w);
+    ts_tensor *late3 = ts_sub(late2, a);
+    ts_tensor *tmp[] = {x, u, a, b, early, early2, w, late, late2};
+    for (int i = 0; i < 9; i++) ts_release(tmp[i]);
+    return late3;
+}
+
+static void test_rematerialization(void) {
+    ts_ctx *ce = test_ctx();
+    ts_tensor *want = remat_program(ce);
+    size_t arena[2];
+    for (int r = 0; r < 2; r++) {
+        if (r) setenv("TS_PASSES", "-remat", 1);
+        ts_ctx *cc = test_ctx();
+        ts_set_mode(cc, TS_MODE_COMPILED);
+        ts_tensor *got = remat_program(cc);
+        CHECK_OK(cc, ts_sync(cc));
+        ts_compile_stats st;
+        ts_get_compile_stats(cc, &st);
+        arena[r] = st.arena_bytes;
+        CHECK(r ? st.nodes_recomputed == 0 : st.nodes_recomputed >= 2);
+        CHECK(memcmp(ts_tensor_data(want), ts_tensor_data(got),
+                     sizeof(float) * (1 << 14)) == 0);
+        ts_release(got);
+        ts_ctx_free(cc);
+        unsetenv("TS_PASSES");
+    }
+    CHECK(arena[0] < arena[1]);
+    ts_release(want);
+    ts_ctx_free(ce);
+}
+
 static void test_views_and_results_kept(void) {
     /* a view of an intermediate outlives the op that made it */
     ts_ctx *ctx = test_ctx();
@@ -411,6 +462,7 @@ int main(void) {
     test_views_and_results_kept();
     test_common_subexpressions();
     test_fusion_matches_eager();
+    test_rematerialization();
     test_dump_and_force_eager();
     test_errors_surface_at_sync();
     test_reads_see_recorded_writes();

@@ -35,6 +35,10 @@ typedef struct plan {
     int n_cse;
     int *fuse_root;         /* per node: the group root it runs in, or -1 */
     int n_fused;            /* nodes folded into a later node's loop */
+    int n_remat;            /* results recomputed for late readers */
+    int *remat_node, *remat_at;
+    int64_t *remat_off;
+    size_t remat_saved_bytes; /* sum of (bytes x gap) avoided, for dumps */
 } plan;
 
 typedef struct ts_trace {
@@ -70,6 +74,7 @@ static void plan_free(plan *p) {
     free(p->key), free(p->run), free(p->out_off), free(p->saved_off);
     free(p->buf_off), free(p->buf_bytes), free(p->buf_end), free(p->cse_src);
     free(p->fuse_root);
+    free(p->remat_node), free(p->remat_at), free(p->remat_off);
     free(p);
 }
 
@@ -320,7 +325,7 @@ static bool pass_on(const char *name);
 static void build_key(ts_trace *t, const unsigned char *run, bytes *b) {
     /* plans built with other passes switched off are other plans */
     put_i64(b, pass_on("dce") | pass_on("plan") << 1 | pass_on("inplace") << 2 |
-                   pass_on("cse") << 3 | pass_on("fuse") << 4);
+                   pass_on("cse") << 3 | pass_on("fuse") << 4 | pass_on("remat") << 5);
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
         put_i64(b, n->op);
@@ -660,6 +665,119 @@ static void build_group(ts_trace *t, const plan *p, int j, ts_fused *f) {
     }
 }
 
+/* ---- rematerialization ----
+ * A cheap node (elementwise, a norm, a copy) whose result is read soon
+ * after it is made and then again much later (the forward pass and then
+ * the backward) is run twice instead: its first buffer dies after the early
+ * reads, and a second buffer, filled just before the first late read, lives
+ * only through the late ones. Only when every input is alive then anyway
+ * and nothing writes those inputs in place in between, so the result is
+ * the same bits and no other lifetime grows. */
+
+#define REMAT_MIN_GAP 32
+
+typedef struct {
+    int *pos;
+    int n, cap;
+} read_list;
+
+static bool reads_add(read_list *r, int pos) {
+    if (r->n == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 4;
+        int *q = realloc(r->pos, sizeof(int) * (size_t)cap);
+        if (!q) return false;
+        r->pos = q;
+        r->cap = cap;
+    }
+    int i = r->n++;
+    while (i > 0 && r->pos[i - 1] > pos) r->pos[i] = r->pos[i - 1], i--;
+    r->pos[i] = pos;
+    return true;
+}
+
+static bool remat_cheap(ts_op_id op) {
+    switch (op) {
+    case TS_OP_ADD: case TS_OP_SUB: case TS_OP_MUL: case TS_OP_ADD_SCALAR:
+    case TS_OP_MUL_SCALAR: case TS_OP_NEG: case TS_OP_SILU: case TS_OP_GELU:
+    case TS_OP_SIGMOID: case TS_OP_TANH: case TS_OP_RELU: case TS_OP_RMSNORM:
+    case TS_OP_COPY: case TS_OP_CAST:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static int last_read(const read_list *r) { return r->n ? r->pos[r->n - 1] : -1; }
+
+/* reads[id] for id < n * SLOTS: reads of node slot id; the remat buffer of
+ * node i (when chosen) is id n * SLOTS + i. */
+static bool remat_pass(ts_trace *t, plan *p, read_list *reads, bool *writes) {
+    int N = t->n;
+    p->remat_node = malloc(sizeof(int) * (size_t)(N + 1));
+    p->remat_at = malloc(sizeof(int) * (size_t)(N + 1));
+    p->remat_off = malloc(sizeof(int64_t) * (size_t)(N + 1));
+    if (!p->remat_node || !p->remat_at || !p->remat_off) return false;
+    if (!pass_on("remat")) return true;
+    for (int R = N - 1; R >= 0; R--) {
+        ts_node *n = t->nodes[R];
+        if (!p->run[R] || !produces(n) || p->fuse_root[R] >= 0 ||
+            !remat_cheap(n->op) || (n->out_st->scratch2 & LIVE_AFTER) ||
+            writes[R * SLOTS])
+            continue;
+        bool root = false;
+        for (int g = 0; g < R && !root; g++) root = p->fuse_root[g] == R;
+        if (root) continue;
+        read_list *r = &reads[R * SLOTS];
+        int best = -1, gap = 0, prev = R;
+        for (int k = 0; k < r->n; k++) {
+            if (r->pos[k] - prev > gap) gap = r->pos[k] - prev, best = k;
+            prev = r->pos[k];
+        }
+        if (best <= 0 || gap < REMAT_MIN_GAP) continue; /* no early reads */
+        int at = r->pos[best];
+        bool ok = true;
+        for (int s = 1; s <= n->n_saved && ok; s++) /* saved: alive then too */
+            ok = last_read(&reads[R * SLOTS + s]) >= at && !writes[R * SLOTS + s];
+        for (int k = 0; k < n->n_in && ok; k++) {
+            ts_storage *st = n->in[k]->storage;
+            int sc = canon_input(p, st->scratch);
+            if (sc > 0) {
+                int src = (sc - 1) / SLOTS;
+                ok = p->fuse_root[src] < 0 && last_read(&reads[sc - 1]) >= at &&
+                     !writes[sc - 1];
+            } else {
+                for (int w = R + 1; w < at && ok; w++) /* params change at the end */
+                    if (p->run[w] && ts_op_table[t->nodes[w]->op].in_place)
+                        for (int q = 0; q < t->nodes[w]->n_in; q++)
+                            ok &= t->nodes[w]->in[q]->storage != st;
+            }
+        }
+        if (!ok) continue;
+        /* the late reads move to the new buffer; the inputs gain a read */
+        read_list *nr = &reads[N * SLOTS + R];
+        for (int k = best; k < r->n; k++)
+            if (!reads_add(nr, r->pos[k])) return false;
+        p->remat_saved_bytes += slot_bytes(n, 0) / 1024 * (size_t)gap;
+        r->n = best;
+        for (int k = 0; k < n->n_in; k++) {
+            int sc = canon_input(p, n->in[k]->storage->scratch);
+            if (sc > 0 && !reads_add(&reads[sc - 1], at)) return false;
+        }
+        p->remat_node[p->n_remat] = R;
+        p->remat_at[p->n_remat++] = at;
+    }
+    return true;
+}
+
+/* the buffer a read of node slot id at position pos sees */
+static int buffer_at(const plan *p, int N, int id, int pos) {
+    if (id % SLOTS == 0)
+        for (int e = 0; e < p->n_remat; e++)
+            if (p->remat_node[e] == id / SLOTS && pos >= p->remat_at[e])
+                return N * SLOTS + id / SLOTS;
+    return id;
+}
+
 static int find_root(int *root, int id) {
     while (root[id] != id) id = root[id] = root[root[id]];
     return id;
@@ -668,10 +786,13 @@ static int find_root(int *root, int id) {
 static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
                        bool *invalid) {
     plan *p = calloc(1, sizeof *p);
-    buffer *bufs = calloc((size_t)t->n * SLOTS + 1, sizeof *bufs);
-    int *last = malloc(sizeof(int) * (size_t)(t->n * SLOTS + 1));
+    int ids = t->n * SLOTS + t->n; /* node slots, then remat buffers */
+    buffer *bufs = calloc((size_t)ids + 1, sizeof *bufs);
+    int *last = malloc(sizeof(int) * (size_t)(ids + 1));
     int *root = NULL;
-    if (!p || !bufs || !last) goto oom;
+    read_list *reads = calloc((size_t)ids + 1, sizeof *reads);
+    bool *writes = calloc((size_t)ids + 1, sizeof *writes);
+    if (!p || !bufs || !last || !reads || !writes) goto oom;
     p->n_nodes = t->n;
     p->run = malloc((size_t)t->n + 1);
     p->out_off = malloc(sizeof(int64_t) * (size_t)(t->n + 1));
@@ -680,26 +801,34 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
     memcpy(p->run, run, (size_t)t->n);
     if (!cse_pass(t, p) || !fuse_pass(ctx, t, p)) goto oom;
     run = p->run; /* eliminated nodes no longer run */
-    for (int i = 0; i < t->n * SLOTS; i++) last[i] = -1;
-    /* last use of every produced buffer: reads, and writes by copy_into */
+    /* every read of every produced buffer (members read where their group
+     * runs), and in-place writes (which last until they happen) */
     for (int i = 0; i < t->n; i++) {
         if (!run[i]) continue;
         ts_node *n = t->nodes[i];
         int at = p->fuse_root[i] >= 0 ? p->fuse_root[i] : i; /* runs there */
         for (int k = 0; k < n->n_in; k++) {
             int sc = canon_input(p, n->in[k]->storage->scratch);
-            if (sc > 0 && last[sc - 1] < at) last[sc - 1] = at;
+            if (sc > 0 && !reads_add(&reads[sc - 1], at)) goto oom;
         }
         int so = canon_input(p, n->out_st->scratch);
-        if (so > 0) last[so - 1] = i;
+        if (so > 0 && !produces(n)) {
+            writes[so - 1] = true;
+            if (!reads_add(&reads[so - 1], i)) goto oom;
+        }
+    }
+    if (!remat_pass(t, p, reads, writes)) goto oom;
+    for (int id = 0; id < ids; id++) {
+        last[id] = last_read(&reads[id]);
+        int made = id < t->n * SLOTS ? id / SLOTS : -1;
+        for (int e = 0; e < p->n_remat && made < 0; e++)
+            if (t->n * SLOTS + p->remat_node[e] == id) made = p->remat_at[e];
+        if (last[id] < made) last[id] = made;
     }
     /* in place: an output takes the buffer of an input that dies here */
-    root = malloc(sizeof(int) * (size_t)(t->n * SLOTS + 1));
+    root = malloc(sizeof(int) * (size_t)(ids + 1));
     if (!root) goto oom;
-    for (int id = 0; id < t->n * SLOTS; id++) {
-        root[id] = id;
-        if (last[id] < id / SLOTS) last[id] = id / SLOTS;
-    }
+    for (int id = 0; id < ids; id++) root[id] = id;
     bool inplace = pass_on("inplace");
     for (int i = 0; i < t->n && inplace; i++) {
         ts_node *n = t->nodes[i];
@@ -716,13 +845,13 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
             if (!may_alias(n->op, k) || sc <= 0 || (x->storage->scratch2 & LIVE_AFTER))
                 continue;
             int producer = (sc - 1) / SLOTS, slot = (sc - 1) % SLOTS;
-            if (p->fuse_root[producer] >= 0) continue; /* never in memory */
+            if (p->fuse_root[producer] >= 0 || slot != 0) continue;
             if (x->dtype != n->out_desc.dtype || x->offset != 0 ||
                 !ts_tensor_is_contiguous(x) ||
                 slot_bytes(t->nodes[producer], slot) != out_bytes ||
                 (size_t)ts_tensor_numel(x) * ts_dtype_size(x->dtype) != out_bytes)
                 continue;
-            int r = find_root(root, sc - 1);
+            int r = find_root(root, buffer_at(p, t->n, sc - 1, i));
             if (last[r] != i) continue; /* someone reads it later */
             root[i * SLOTS] = r;
             if (last[i * SLOTS] > last[r]) last[r] = last[i * SLOTS];
@@ -749,6 +878,12 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
             bufs[nb++] = (buffer){id, align64(sz ? sz : 1), i, last[id], 0};
         }
     }
+    for (int e = 0; e < p->n_remat; e++) { /* second buffers */
+        int R = p->remat_node[e], id = t->n * SLOTS + R;
+        if (root[id] != id) continue;
+        size_t sz = slot_bytes(t->nodes[R], 0);
+        bufs[nb++] = (buffer){id, align64(sz ? sz : 1), p->remat_at[e], last[id], 0};
+    }
     if (pass_on("plan")) {
         p->arena_bytes = place_buffers(bufs, nb);
     } else { /* no sharing: every intermediate gets its own bytes */
@@ -761,7 +896,7 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
         *invalid = true;
         goto oom;
     }
-    int64_t *off_of = malloc(sizeof(int64_t) * (size_t)(t->n * SLOTS + 1));
+    int64_t *off_of = malloc(sizeof(int64_t) * (size_t)(ids + 1));
     p->buf_off = malloc(sizeof(int64_t) * (size_t)(nb + 1));
     p->buf_bytes = malloc(sizeof(size_t) * (size_t)(nb + 1));
     p->buf_end = malloc(sizeof(int) * (size_t)(nb + 1));
@@ -791,11 +926,17 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
                 p->saved_off[i * TS_MAX_SAVED + slot - 1] = off;
         }
     }
+    for (int e = 0; e < p->n_remat; e++)
+        p->remat_off[e] = off_of[find_root(root, t->n * SLOTS + p->remat_node[e])];
     free(off_of), free(root), free(bufs), free(last);
+    for (int id = 0; id < ids; id++) free(reads[id].pos);
+    free(reads), free(writes);
     return p;
 oom:
     if (p) plan_free(p);
     free(root), free(bufs), free(last);
+    for (int id = 0; reads && id < ids; id++) free(reads[id].pos);
+    free(reads), free(writes);
     return NULL;
 }
 
@@ -854,8 +995,12 @@ static void dump_graph(ts_ctx *ctx, ts_trace *t, const plan *p) {
             for (int i = 0; i < t->n; i++)
                 dead += !p->run[i] && !is_view_node(t->nodes[i]) && p->cse_src[i] < 0;
             fprintf(f, "# common subexpressions removed: %d\n# outputs in place: %d\n"
-                       "# nodes fused into a later loop: %d\n",
-                    p->n_cse, p->n_inplace, p->n_fused);
+                       "# nodes fused into a later loop: %d\n"
+                       "# results recomputed for late readers: %d\n",
+                    p->n_cse, p->n_inplace, p->n_fused, p->n_remat);
+            for (int e = 0; e < p->n_remat; e++)
+                fprintf(f, "#   %%%d again before %%%d @arena+%lld\n", p->remat_node[e],
+                        p->remat_at[e], (long long)p->remat_off[e]);
             fprintf(f, "# dead nodes removed: %d\n# arena: %zu bytes\n"
                        "# kept results: %zu bytes\n# planned peak: %zu bytes\n",
                     dead, p->arena_bytes, p->kept_bytes,
@@ -948,6 +1093,27 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
             }
             continue;
         }
+        /* entries were chosen from the last node back: run them forward, so
+         * a recomputed input is ready before what recomputes from it */
+        for (int e = p->n_remat - 1; e >= 0 && st == TS_OK; e--) {
+            if (p->remat_at[e] != i) continue;
+            /* recompute into the second buffer; late readers (and equal
+             * nodes' storages) now see it */
+            ts_node *r = t->nodes[p->remat_node[e]];
+            void *data = (char *)t->arena + p->remat_off[e];
+            r->out_st->data = data;
+            for (int j = 0; j < t->n; j++)
+                if (p->cse_src[j] == p->remat_node[e]) t->nodes[j]->out_st->data = data;
+            ts_tensor rh = {.refcount = 1, .ctx = ctx, .dtype = r->out_desc.dtype,
+                            .ndim = r->out_desc.ndim, .storage = r->out_st};
+            memcpy(rh.shape, r->out_desc.shape, sizeof rh.shape);
+            ts_contiguous_strides(rh.ndim, rh.shape, rh.strides);
+            ts_tensor *keep = r->out;
+            r->out = &rh;
+            st = ts_run_kernel(ctx, r);
+            r->out = keep;
+        }
+        if (st != TS_OK) break;
         if (!p->run[i] || p->fuse_root[i] >= 0) continue; /* members run at their root */
         ts_node *n = t->nodes[i];
         if (!ts_op_table[n->op].in_place)
@@ -1072,6 +1238,7 @@ ts_status ts_sync(ts_ctx *ctx) {
     ctx->cstats.nodes_cse = (uint64_t)p->n_cse;
     ctx->cstats.outputs_in_place = (uint64_t)p->n_inplace;
     ctx->cstats.nodes_fused = (uint64_t)p->n_fused;
+    ctx->cstats.nodes_recomputed = (uint64_t)p->n_remat;
     ctx->cstats.nodes_dead = (uint64_t)dead;
     ctx->cstats.arena_bytes = p->arena_bytes;
     ctx->cstats.planned_peak_bytes = p->arena_bytes + p->kept_bytes;
