@@ -126,6 +126,8 @@ typedef struct {
     uint64_t nodes_recomputed; /* run again for late readers, last graph */
     size_t planned_peak_bytes; /* last graph: arena + results kept after it */
     size_t arena_bytes;        /* last graph: intermediates' shared arena */
+    size_t arena_lower_bound;  /* last graph: most intermediate bytes alive
+                                  at one moment (no plan can beat it) */
 } ts_compile_stats;
 void ts_get_compile_stats(const ts_ctx *ctx, ts_compile_stats *out);
 

@@ -39,6 +39,7 @@ typedef struct plan {
     int *remat_node, *remat_at;
     int64_t *remat_off;
     size_t remat_saved_bytes; /* sum of (bytes x gap) avoided, for dumps */
+    size_t arena_lower_bound; /* most bytes alive at one moment */
 } plan;
 
 typedef struct ts_trace {
@@ -364,6 +365,23 @@ static int by_size_desc(const void *a, const void *b) {
 }
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* The most bytes alive at any one position: no placement can use less. */
+static size_t live_bytes_bound(const buffer *bufs, int nb, int n_pos) {
+    int64_t *delta = calloc((size_t)n_pos + 2, sizeof(int64_t));
+    if (!delta) return 0;
+    for (int b = 0; b < nb; b++) {
+        delta[bufs[b].start] += (int64_t)bufs[b].bytes;
+        delta[bufs[b].end + 1] -= (int64_t)bufs[b].bytes;
+    }
+    int64_t live = 0, most = 0;
+    for (int i = 0; i <= n_pos; i++) {
+        live += delta[i];
+        if (live > most) most = live;
+    }
+    free(delta);
+    return (size_t)most;
+}
 
 /* Greedy placement: biggest first, each at the lowest offset that overlaps
  * no placed buffer whose lifetime meets its own. */
@@ -884,6 +902,7 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
         size_t sz = slot_bytes(t->nodes[R], 0);
         bufs[nb++] = (buffer){id, align64(sz ? sz : 1), p->remat_at[e], last[id], 0};
     }
+    p->arena_lower_bound = live_bytes_bound(bufs, nb, t->n);
     if (pass_on("plan")) {
         p->arena_bytes = place_buffers(bufs, nb);
     } else { /* no sharing: every intermediate gets its own bytes */
@@ -1001,6 +1020,8 @@ static void dump_graph(ts_ctx *ctx, ts_trace *t, const plan *p) {
             for (int e = 0; e < p->n_remat; e++)
                 fprintf(f, "#   %%%d again before %%%d @arena+%lld\n", p->remat_node[e],
                         p->remat_at[e], (long long)p->remat_off[e]);
+            fprintf(f, "# arena lower bound (most bytes alive at once): %zu bytes\n",
+                    p->arena_lower_bound);
             fprintf(f, "# dead nodes removed: %d\n# arena: %zu bytes\n"
                        "# kept results: %zu bytes\n# planned peak: %zu bytes\n",
                     dead, p->arena_bytes, p->kept_bytes,
@@ -1241,6 +1262,7 @@ ts_status ts_sync(ts_ctx *ctx) {
     ctx->cstats.nodes_recomputed = (uint64_t)p->n_remat;
     ctx->cstats.nodes_dead = (uint64_t)dead;
     ctx->cstats.arena_bytes = p->arena_bytes;
+    ctx->cstats.arena_lower_bound = p->arena_lower_bound;
     ctx->cstats.planned_peak_bytes = p->arena_bytes + p->kept_bytes;
     st = execute(ctx, t, p);
 done:
