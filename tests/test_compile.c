@@ -343,6 +343,38 @@ static void test_rematerialization(void) {
     ts_ctx_free(ce);
 }
 
+/* constants: ts_full values and what elementwise ops make of them are
+ * computed when the plan is built; a constant written through its data
+ * pointer is a constant no more (the next plan differs) */
+static void test_constant_folding(void) {
+    ts_ctx *ctx = test_ctx();
+    ts_set_mode(ctx, TS_MODE_COMPILED);
+    int64_t n = 1000;
+    ts_tensor *x = ts_randn(ctx, TS_F32, 1, &n, 1, 4);
+    ts_tensor *two = ts_full(ctx, TS_F32, 1, &n, 2.0);
+    ts_tensor *half = ts_scalar(ctx, TS_F32, 0.5);
+    for (int round = 0; round < 3; round++) {
+        ts_tensor *six = ts_mul_scalar(two, 3);       /* constant 6 */
+        ts_tensor *k = ts_add(six, half);             /* constant 6.5 */
+        ts_tensor *y = ts_mul(x, k);                  /* not constant */
+        ts_release(six), ts_release(k);
+        CHECK_OK(ctx, ts_sync(ctx));
+        ts_compile_stats st;
+        ts_get_compile_stats(ctx, &st);
+        float want = round < 2 ? 6.5f : 3.5f;
+        CHECK(st.nodes_folded == (round < 2 ? 2u : 0u));
+        float *px = ts_tensor_data(x), *py = ts_tensor_data(y);
+        CHECK(py[999] == px[999] * want);
+        ts_release(y);
+        if (round == 1) { /* written: 2 becomes 1 everywhere */
+            float *pt = ts_tensor_data(two);
+            for (int i = 0; i < n; i++) pt[i] = 1.0f;
+        }
+    }
+    ts_release(x), ts_release(two), ts_release(half);
+    ts_ctx_free(ctx);
+}
+
 static void test_views_and_results_kept(void) {
     /* a view of an intermediate outlives the op that made it */
     ts_ctx *ctx = test_ctx();
@@ -463,6 +495,7 @@ int main(void) {
     test_common_subexpressions();
     test_fusion_matches_eager();
     test_rematerialization();
+    test_constant_folding();
     test_dump_and_force_eager();
     test_errors_surface_at_sync();
     test_reads_see_recorded_writes();

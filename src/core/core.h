@@ -25,6 +25,8 @@ typedef struct ts_backend {
     /* fusion: which ops this backend can run inside a fused group */
     bool (*fusable)(int op);
     ts_status (*run_fused)(ts_ctx *ctx, const struct ts_fused *f);
+    /* constant folding: a fusable op on one element of each input */
+    float (*eval_scalar)(const struct ts_node *n, const float *args);
 } ts_backend;
 
 /* Size-class caching allocator: freed blocks go to a free list per size
@@ -74,6 +76,10 @@ typedef struct ts_storage {
     bool external; /* data not owned (not freed on release) */
     bool pending;  /* compiled mode: data not computed (nor allocated) yet */
     int pending_writes; /* compiled mode: recorded in-place writes to it */
+    bool uniform;       /* every element holds uniform_value (made by
+                           ts_full/ts_zeros/ts_scalar, not written since):
+                           a constant the compiler may fold */
+    double uniform_value;
     int scratch;   /* used by the compiler while it plans a graph */
     int scratch2;
 } ts_storage;

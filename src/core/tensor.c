@@ -186,12 +186,20 @@ ts_tensor *ts_full(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape,
         ts_release(t);
         return NULL;
     }
+    if (t) { /* the value as stored (rounded to dt) */
+        t->storage->uniform = true;
+        t->storage->uniform_value = ts_load_f64(t->storage->data, dt);
+    }
     return t;
 }
 
 ts_tensor *ts_zeros(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape) {
     ts_tensor *t = ts_tensor_new(ctx, dt, ndim, shape);
-    if (t) memset(t->storage->data, 0, t->storage->bytes);
+    if (t) {
+        memset(t->storage->data, 0, t->storage->bytes);
+        t->storage->uniform = true;
+        t->storage->uniform_value = 0;
+    }
     return t;
 }
 
@@ -286,6 +294,7 @@ bool ts_tensor_shares_storage(const ts_tensor *a, const ts_tensor *b) {
 
 void *ts_tensor_data(ts_tensor *t) {
     if (!t || ts_materialize(t) != TS_OK) return NULL;
+    t->storage->uniform = false; /* the caller may write through it */
     if (t->storage->device.kind != TS_DEVICE_CPU) return NULL;
     return ts_tensor_ptr(t);
 }
@@ -352,7 +361,7 @@ ts_status ts_get(ts_tensor *t, const int64_t *idx, double *out) {
 ts_status ts_set(ts_tensor *t, const int64_t *idx, double value) {
     char *p;
     ts_status s = element_ptr(t, idx, &p, "ts_set");
-    if (s == TS_OK) ts_store_f64(p, t->dtype, value);
+    if (s == TS_OK) ts_store_f64(p, t->dtype, value), t->storage->uniform = false;
     return s;
 }
 
@@ -399,6 +408,7 @@ ts_status ts_fill_(ts_tensor *dst, double value) {
         return st;
     }
     if (ts_materialize(dst) != TS_OK) return dst->ctx->status;
+    dst->storage->uniform = false;
     return fill_raw(dst, value);
 }
 

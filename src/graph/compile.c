@@ -40,6 +40,9 @@ typedef struct plan {
     int64_t *remat_off;
     size_t remat_saved_bytes; /* sum of (bytes x gap) avoided, for dumps */
     size_t arena_lower_bound; /* most bytes alive at one moment */
+    unsigned char *folded;  /* per node: its result is a known constant */
+    double *fold_value;
+    int n_folded;
 } plan;
 
 typedef struct ts_trace {
@@ -76,6 +79,7 @@ static void plan_free(plan *p) {
     free(p->buf_off), free(p->buf_bytes), free(p->buf_end), free(p->cse_src);
     free(p->fuse_root);
     free(p->remat_node), free(p->remat_at), free(p->remat_off);
+    free(p->folded), free(p->fold_value);
     free(p);
 }
 
@@ -326,7 +330,8 @@ static bool pass_on(const char *name);
 static void build_key(ts_trace *t, const unsigned char *run, bytes *b) {
     /* plans built with other passes switched off are other plans */
     put_i64(b, pass_on("dce") | pass_on("plan") << 1 | pass_on("inplace") << 2 |
-                   pass_on("cse") << 3 | pass_on("fuse") << 4 | pass_on("remat") << 5);
+                   pass_on("cse") << 3 | pass_on("fuse") << 4 | pass_on("remat") << 5 |
+                   pass_on("fold") << 6);
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
         put_i64(b, n->op);
@@ -336,8 +341,12 @@ static void build_key(ts_trace *t, const unsigned char *run, bytes *b) {
         put(b, n->attrs.f, sizeof n->attrs.f);
         put_i64(b, n->attrs.dtype);
         for (int k = 0; k < n->n_in; k++) {
-            put_i64(b, n->in[k]->storage->scratch);
+            ts_storage *st = n->in[k]->storage;
+            put_i64(b, st->scratch);
             put_geometry(b, n->in[k]);
+            /* outside constants enter the key by value: plans fold them */
+            put_i64(b, st->scratch < 0 && st->uniform);
+            if (st->scratch < 0 && st->uniform) put(b, &st->uniform_value, sizeof(double));
         }
         put_i64(b, n->out_st->scratch);
         put_i64(b, n->out_st->scratch2 & LIVE_AFTER);
@@ -465,6 +474,59 @@ static bool may_alias(ts_op_id op, int k) {
     }
 }
 
+/* ---- constant folding ----
+ * An elementwise node whose inputs are all constants (tensors made by
+ * ts_full/ts_zeros/ts_scalar and not written since, or results folded
+ * already) has a constant result: it is computed once, when the plan is
+ * built, on one element; at run time its buffer is filled with the value
+ * (or not made at all when only other folded nodes read it). */
+
+static bool fold_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
+    p->folded = calloc((size_t)t->n + 1, 1);
+    p->fold_value = calloc((size_t)t->n + 1, sizeof(double));
+    if (!p->folded || !p->fold_value) return false;
+    if (!pass_on("fold") || !ctx->backend->eval_scalar) return true;
+    for (int i = 0; i < t->n; i++) {
+        ts_node *n = t->nodes[i];
+        if (!p->run[i] || !produces(n) || !ctx->backend->fusable(n->op)) continue;
+        float args[3];
+        bool constant = true;
+        for (int k = 0; k < n->n_in && constant; k++) {
+            ts_storage *st = n->in[k]->storage;
+            int sc = st->scratch;
+            if (sc < 0 && st->uniform) {
+                args[k] = (float)st->uniform_value;
+            } else if (sc > 0 && (sc - 1) % SLOTS == 0 && p->folded[(sc - 1) / SLOTS]) {
+                args[k] = (float)p->fold_value[(sc - 1) / SLOTS];
+            } else {
+                constant = false;
+            }
+        }
+        if (!constant) continue;
+        /* as eager: computed in f32, stored in the output's dtype */
+        char one[8];
+        ts_store_f32(one, n->out_desc.dtype, ctx->backend->eval_scalar(n, args));
+        p->fold_value[i] = ts_load_f64(one, n->out_desc.dtype);
+        p->folded[i] = 1;
+        p->n_folded++;
+    }
+    /* folded results that only folded nodes read need no memory */
+    int *readers = calloc((size_t)t->n + 1, sizeof(int));
+    if (!readers) return false;
+    for (int j = 0; j < t->n; j++) {
+        if (!p->run[j] || p->folded[j]) continue;
+        for (int k = 0; k < t->nodes[j]->n_in; k++) {
+            int sc = t->nodes[j]->in[k]->storage->scratch;
+            if (sc > 0) readers[(sc - 1) / SLOTS]++;
+        }
+    }
+    for (int i = 0; i < t->n; i++)
+        if (p->folded[i] && !readers[i] && !(t->nodes[i]->out_st->scratch2 & LIVE_AFTER))
+            p->run[i] = 0;
+    free(readers);
+    return true;
+}
+
 /* ---- common-subexpression elimination ----
  * A node equal to an earlier one (same op, attributes and inputs, where an
  * input made by an eliminated node counts as made by its original) does
@@ -513,8 +575,8 @@ static uint64_t node_hash(const plan *p, const ts_node *n) {
     return fnv1a((const unsigned char *)v, sizeof(int64_t) * (size_t)nv) ^ h;
 }
 
-static bool cse_candidate(const ts_node *n) {
-    if (!produces(n) || (n->out_st->scratch2 & LIVE_AFTER)) return false;
+static bool cse_candidate(const plan *p, int i, const ts_node *n) {
+    if (p->folded[i] || !produces(n) || (n->out_st->scratch2 & LIVE_AFTER)) return false;
     for (int k = 0; k < n->n_saved; k++)
         if (n->saved[k]->storage->scratch2 & LIVE_AFTER) return false;
     return true;
@@ -537,7 +599,7 @@ static bool cse_pass(ts_trace *t, plan *p) {
     }
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
-        if (!p->run[i] || !cse_candidate(n)) continue;
+        if (!p->run[i] || !cse_candidate(p, i, n)) continue;
         uint64_t h = node_hash(p, n);
         int slot = (int)(h & (uint64_t)(cap - 1));
         for (;;) {
@@ -593,14 +655,15 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
     }
     for (int j = 0; j < t->n; j++) {
         ts_node *n = t->nodes[j];
-        if (!p->run[j] || !produces(n) || !ctx->backend->fusable(n->op)) continue;
+        if (!p->run[j] || p->folded[j] || !produces(n) || !ctx->backend->fusable(n->op))
+            continue;
         for (int k = 0; k < n->n_in; k++) {
             ts_tensor *x = n->in[k];
             int sc = canon_input(p, x->storage->scratch);
             if (sc <= 0 || (sc - 1) % SLOTS != 0) continue;
             int i = (sc - 1) / SLOTS;
             ts_node *m = t->nodes[i];
-            if (!p->run[i] || p->fuse_root[i] >= 0 || readers[i] != 1 ||
+            if (!p->run[i] || p->folded[i] || p->fuse_root[i] >= 0 || readers[i] != 1 ||
                 !ctx->backend->fusable(m->op) || (m->out_st->scratch2 & LIVE_AFTER) ||
                 m->out_desc.dtype != TS_F32 || x->offset != 0 ||
                 !ts_tensor_is_contiguous(x) ||
@@ -738,7 +801,7 @@ static bool remat_pass(ts_trace *t, plan *p, read_list *reads, bool *writes) {
     if (!pass_on("remat")) return true;
     for (int R = N - 1; R >= 0; R--) {
         ts_node *n = t->nodes[R];
-        if (!p->run[R] || !produces(n) || p->fuse_root[R] >= 0 ||
+        if (!p->run[R] || p->folded[R] || !produces(n) || p->fuse_root[R] >= 0 ||
             !remat_cheap(n->op) || (n->out_st->scratch2 & LIVE_AFTER) ||
             writes[R * SLOTS])
             continue;
@@ -817,7 +880,7 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
     p->saved_off = malloc(sizeof(int64_t) * (size_t)(t->n * TS_MAX_SAVED + 1));
     if (!p->run || !p->out_off || !p->saved_off) goto oom;
     memcpy(p->run, run, (size_t)t->n);
-    if (!cse_pass(t, p) || !fuse_pass(ctx, t, p)) goto oom;
+    if (!fold_pass(ctx, t, p) || !cse_pass(t, p) || !fuse_pass(ctx, t, p)) goto oom;
     run = p->run; /* eliminated nodes no longer run */
     /* every read of every produced buffer (members read where their group
      * runs), and in-place writes (which last until they happen) */
@@ -851,7 +914,7 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
     for (int i = 0; i < t->n && inplace; i++) {
         ts_node *n = t->nodes[i];
         if (!run[i] || !produces(n) || (n->out_st->scratch2 & LIVE_AFTER) ||
-            p->fuse_root[i] >= 0)
+            p->fuse_root[i] >= 0 || p->folded[i])
             continue;
         bool group_root = false;
         for (int g = 0; g < i && !group_root; g++) group_root = p->fuse_root[g] == i;
@@ -979,6 +1042,8 @@ static void dump_node(FILE *f, ts_trace *t, int i, const plan *p) {
             ts_shape_str(n->out_desc.ndim, n->out_desc.shape, sb, sizeof sb));
     if (n->out_st->scratch2 & LIVE_AFTER) fprintf(f, " [kept]");
     if (p) {
+        if (p->folded[i])
+            fprintf(f, " [constant %g]", p->fold_value[i]);
         if (p->cse_src[i] >= 0)
             fprintf(f, " [= %%%d]", p->cse_src[i]);
         else if (p->fuse_root[i] >= 0)
@@ -1015,8 +1080,9 @@ static void dump_graph(ts_ctx *ctx, ts_trace *t, const plan *p) {
                 dead += !p->run[i] && !is_view_node(t->nodes[i]) && p->cse_src[i] < 0;
             fprintf(f, "# common subexpressions removed: %d\n# outputs in place: %d\n"
                        "# nodes fused into a later loop: %d\n"
-                       "# results recomputed for late readers: %d\n",
-                    p->n_cse, p->n_inplace, p->n_fused, p->n_remat);
+                       "# results recomputed for late readers: %d\n"
+                       "# constants folded: %d\n",
+                    p->n_cse, p->n_inplace, p->n_fused, p->n_remat, p->n_folded);
             for (int e = 0; e < p->n_remat; e++)
                 fprintf(f, "#   %%%d again before %%%d @arena+%lld\n", p->remat_node[e],
                         p->remat_at[e], (long long)p->remat_off[e]);
@@ -1151,7 +1217,15 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
         n->out = &hdr;
         bool root = false;
         for (int g = 0; g < i && !root; g++) root = p->fuse_root[g] == i;
-        if (root) {
+        if (p->folded[i]) { /* a constant: fill, no kernel */
+            char one[8];
+            size_t es = ts_dtype_size(hdr.dtype);
+            ts_store_f64(one, hdr.dtype, p->fold_value[i]);
+            int64_t count = ts_tensor_numel(&hdr);
+            for (int64_t e = 0; e < count; e++) memcpy((char *)n->out_st->data + e * (int64_t)es, one, es);
+            n->out_st->uniform = true;
+            n->out_st->uniform_value = p->fold_value[i];
+        } else if (root) {
             ts_fused f;
             build_group(t, p, i, &f);
             f.out = &hdr;
@@ -1260,6 +1334,7 @@ ts_status ts_sync(ts_ctx *ctx) {
     ctx->cstats.outputs_in_place = (uint64_t)p->n_inplace;
     ctx->cstats.nodes_fused = (uint64_t)p->n_fused;
     ctx->cstats.nodes_recomputed = (uint64_t)p->n_remat;
+    ctx->cstats.nodes_folded = (uint64_t)p->n_folded;
     ctx->cstats.nodes_dead = (uint64_t)dead;
     ctx->cstats.arena_bytes = p->arena_bytes;
     ctx->cstats.arena_lower_bound = p->arena_lower_bound;

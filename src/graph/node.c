@@ -137,7 +137,7 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
             n->out_st = in[0]->storage;
             for (int i = 0; i < n_in; i++) /* reads must see these writes */
                 if (op == TS_OP_COPY_INTO ? i == 0 : (i == 0 || i == 2 || i == 3))
-                    in[i]->storage->pending_writes++;
+                    in[i]->storage->pending_writes++, in[i]->storage->uniform = false;
         } else {
             out = ts_tensor_new_pending(ctx, od.dtype, od.ndim, od.shape);
             if (!out) goto fail;
@@ -161,6 +161,9 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
         out = def->in_place ? ts_retain(in[0])
                             : ts_tensor_new(ctx, od.dtype, od.ndim, od.shape);
         if (!out) goto fail;
+        for (int i = 0; def->in_place && i < n_in; i++) /* written: no constant */
+            if (i == 0 || (op == TS_OP_ADAMW && (i == 2 || i == 3)))
+                in[i]->storage->uniform = false;
         for (int i = 0; i < n_saved; i++) {
             n->saved[i] = ts_tensor_new(ctx, sd[i].dtype, sd[i].ndim,
                                         sd[i].shape);

@@ -519,6 +519,7 @@ ts_status ts_copy_(ts_tensor *dst, ts_tensor *src) {
     if (ts_materialize(dst) != TS_OK || ts_materialize(src) != TS_OK)
         return ctx->status;
     if (ts_check_copy_shapes(ctx, dst, src)) return ctx->status;
+    dst->storage->uniform = false;
     bool old = ts_set_grad_enabled(ctx, false);
     ts_tensor *s = ts_expand(src, dst->ndim, dst->shape);
     ts_tensor *c = s ? ts_cast(s, dst->dtype) : NULL; /* contiguous, converted */

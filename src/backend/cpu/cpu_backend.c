@@ -58,7 +58,8 @@ static void cpu_copy_bytes(ts_ctx *ctx, void *dst, const void *src,
 
 const ts_backend ts_cpu_backend = {"cpu",          TS_DEVICE_CPU,  ts_alloc_bytes,
                                    ts_free_bytes,  cpu_copy_bytes, cpu_run_node,
-                                   cpu_sync,       cpu_fusable,    cpu_run_fused};
+                                   cpu_sync,       cpu_fusable,    cpu_run_fused,
+                                   cpu_eval_scalar};
 
 void cpu_iter_init(cpu_iter *it, int ndim, const int64_t *shape, int nops,
                    int64_t (*strides)[TS_MAX_DIMS]) {

@@ -467,6 +467,13 @@ static void eval_chunk(const ts_node *n, float *y, const float **x, int64_t len)
         unary_chunk(n, y, x, len);
 }
 
+float cpu_eval_scalar(const ts_node *n, const float *args) {
+    const float *x[3] = {args, args + 1, args + 2};
+    float y = 0.0f;
+    eval_chunk(n, &y, x, 1);
+    return y;
+}
+
 ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f) {
     ts_tensor *out = f->out;
     int64_t st[CPU_ITER_MAX_OPS][TS_MAX_DIMS];
