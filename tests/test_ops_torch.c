@@ -551,7 +551,23 @@ static double scaled_atol(ts_tensor *e, double atol) {
 
 #define MAX_INS 8
 
+/* Fingerprint of every output and gradient of the current case (FNV-1a
+ * over their bytes in their own dtype): the compiled run of a case must
+ * give the eager run's bits (one op per graph: same kernels, same order). */
+static uint64_t g_fp;
+
+static void fingerprint(ts_tensor *t) {
+    if (!t) return;
+    size_t n = (size_t)ts_tensor_numel(t) * ts_dtype_size(ts_tensor_dtype(t));
+    unsigned char *b = malloc(n ? n : 1);
+    if (!b) return;
+    if (ts_tensor_read(t, b, ts_tensor_dtype(t)) == TS_OK)
+        for (size_t i = 0; i < n; i++) g_fp = (g_fp ^ b[i]) * 1099511628211ull;
+    free(b);
+}
+
 static void run_case(ts_ctx *ctx, const tcase *c) {
+    g_fp = 1469598103934665603ull;
     char what[256], nm[16];
     ts_tensor *leaf[MAX_INS] = {0}, *x[MAX_INS] = {0};
     ts_tensor *outs[MAX_OUTS] = {0};
@@ -653,6 +669,7 @@ static void run_case(ts_ctx *ctx, const tcase *c) {
         CHECK(!ts_tensor_shares_storage(outs[0], leaf[0]));
     }
 
+    for (int j = 0; j < nout; j++) fingerprint(outs[j]);
     /* backward: loss = sum_j sum(out_j * gout_j), one ts_backward per output
      * (gradients accumulate) */
     int any_grad = 0;
@@ -683,6 +700,7 @@ static void run_case(ts_ctx *ctx, const tcase *c) {
             continue;
         snprintf(what, sizeof what, "%s: %s", c->name, nm);
         ts_tensor *g = ts_grad(leaf[i]);
+        fingerprint(g);
         ts_test_checks++;
         if (!g) {
             ts_test_failures++;
@@ -825,7 +843,22 @@ int main(int argc, char **argv) {
         if (argc > 2 && !strstr(cs[i].name, argv[2]))
             continue;
         int before = ts_test_failures;
+        uint64_t eager_fp = 0;
+        if (compiled) { /* the same case eagerly first, for its bits */
+            ts_ctx *ce = test_ctx();
+            run_case(ce, &cs[i]);
+            eager_fp = g_fp;
+            ts_ctx_free(ce);
+        }
         run_case(ctx, &cs[i]);
+        if (compiled) {
+            ts_test_checks++;
+            if (g_fp != eager_fp) {
+                ts_test_failures++;
+                fprintf(stderr, "%s: compiled results differ from eager bits\n",
+                        cs[i].name);
+            }
+        }
         ran++;
         if (ts_test_failures != before) {
             failed_cases++;
