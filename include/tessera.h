@@ -125,6 +125,7 @@ typedef struct {
     uint64_t nodes_fused;     /* run inside a later node's loop, last graph */
     uint64_t nodes_recomputed; /* run again for late readers, last graph */
     uint64_t nodes_folded;    /* constants computed when planning, last graph */
+    uint64_t patterns_rewritten; /* op-by-op math run as a fused kernel */
     size_t planned_peak_bytes; /* last graph: arena + results kept after it */
     size_t arena_bytes;        /* last graph: intermediates' shared arena */
     size_t arena_lower_bound;  /* last graph: most intermediate bytes alive

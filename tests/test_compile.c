@@ -375,6 +375,55 @@ static void test_constant_folding(void) {
     ts_ctx_free(ctx);
 }
 
+/* Op-by-op rmsnorm and attention are run by the fused kernels when their
+ * intermediates are read nowhere else (here: no gradients): results close
+ * to eager's (the fused kernels round differently), fewer bytes */
+static ts_tensor *by_hand(ts_ctx *ctx, bool with_mask) {
+    int64_t xs[3] = {2, 16, 64}, ws = 64, qs[4] = {2, 4, 16, 32};
+    ts_tensor *x = ts_randn(ctx, TS_F32, 3, xs, 1, 1);
+    ts_tensor *w = ts_randn(ctx, TS_F32, 1, &ws, 1, 2);
+    ts_tensor *sq = ts_mul(x, x);
+    int last = -1;
+    ts_tensor *ms = ts_mean(sq, 1, &last, true);
+    ts_tensor *a = ts_add_scalar(ms, 1e-6);
+    ts_tensor *r = ts_rsqrt(a);
+    ts_tensor *y = ts_mul(x, r);
+    ts_tensor *norm = ts_mul(y, w);                       /* rmsnorm */
+    int64_t qshape[4] = {2, 16, 4, 16};
+    ts_tensor *q4 = ts_reshape(norm, 4, qshape);
+    ts_tensor *q = ts_transpose(q4, 1, 2);                /* (2, 4, 16, 16) */
+    ts_tensor *k = ts_randn(ctx, TS_F32, 4, (int64_t[]){2, 4, 24, 16}, 1, 3);
+    ts_tensor *v = ts_randn(ctx, TS_F32, 4, (int64_t[]){2, 4, 24, 16}, 1, 4);
+    ts_tensor *kt = ts_transpose(k, -1, -2);
+    ts_tensor *s = ts_matmul(q, kt);
+    ts_tensor *ss = ts_mul_scalar(s, 0.25);
+    ts_tensor *mask = ts_randn(ctx, TS_F32, 2, (int64_t[]){16, 24}, 1, 5);
+    ts_tensor *sm = with_mask ? ts_add(ss, mask) : ts_retain(ss);
+    ts_tensor *pr = ts_softmax(sm, -1);
+    ts_tensor *o = ts_matmul(pr, v);                      /* attention */
+    ts_tensor *tmp[] = {x, w, sq, ms, a, r, y, norm, q4, q, k, v, kt, s, ss, mask, sm, pr};
+    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) ts_release(tmp[i]);
+    (void)qs;
+    return o;
+}
+
+static void test_fused_kernel_choice(void) {
+    for (int with_mask = 0; with_mask < 2; with_mask++) {
+        ts_ctx *ce = test_ctx(), *cc = test_ctx();
+        ts_tensor *want = by_hand(ce, with_mask);
+        ts_set_mode(cc, TS_MODE_COMPILED);
+        ts_set_grad_enabled(cc, false);
+        ts_tensor *got = by_hand(cc, with_mask);
+        CHECK_OK(cc, ts_sync(cc));
+        ts_compile_stats st;
+        ts_get_compile_stats(cc, &st);
+        CHECK(st.patterns_rewritten == 2);
+        test_allclose("fused kernels vs op by op", got, want, 1e-4, 1e-5);
+        ts_release(want), ts_release(got);
+        ts_ctx_free(ce), ts_ctx_free(cc);
+    }
+}
+
 static void test_views_and_results_kept(void) {
     /* a view of an intermediate outlives the op that made it */
     ts_ctx *ctx = test_ctx();
@@ -496,6 +545,7 @@ int main(void) {
     test_fusion_matches_eager();
     test_rematerialization();
     test_constant_folding();
+    test_fused_kernel_choice();
     test_dump_and_force_eager();
     test_errors_surface_at_sync();
     test_reads_see_recorded_writes();

@@ -43,6 +43,12 @@ typedef struct plan {
     unsigned char *folded;  /* per node: its result is a known constant */
     double *fold_value;
     int n_folded;
+    /* fused-kernel rewrites: per root node, the op that replaces its
+     * pattern (0 none), its inputs as (node, input) references, a scalar */
+    ts_op_id *rw_op;
+    int (*rw_ref)[4];
+    double *rw_f;
+    int n_rewritten;
 } plan;
 
 typedef struct ts_trace {
@@ -80,6 +86,7 @@ static void plan_free(plan *p) {
     free(p->fuse_root);
     free(p->remat_node), free(p->remat_at), free(p->remat_off);
     free(p->folded), free(p->fold_value);
+    free(p->rw_op), free(p->rw_ref), free(p->rw_f);
     free(p);
 }
 
@@ -331,7 +338,7 @@ static void build_key(ts_trace *t, const unsigned char *run, bytes *b) {
     /* plans built with other passes switched off are other plans */
     put_i64(b, pass_on("dce") | pass_on("plan") << 1 | pass_on("inplace") << 2 |
                    pass_on("cse") << 3 | pass_on("fuse") << 4 | pass_on("remat") << 5 |
-                   pass_on("fold") << 6);
+                   pass_on("fold") << 6 | pass_on("rewrite") << 7);
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
         put_i64(b, n->op);
@@ -576,7 +583,8 @@ static uint64_t node_hash(const plan *p, const ts_node *n) {
 }
 
 static bool cse_candidate(const plan *p, int i, const ts_node *n) {
-    if (p->folded[i] || !produces(n) || (n->out_st->scratch2 & LIVE_AFTER)) return false;
+    if (p->folded[i] || p->rw_op[i] || !produces(n) || (n->out_st->scratch2 & LIVE_AFTER))
+        return false;
     for (int k = 0; k < n->n_saved; k++)
         if (n->saved[k]->storage->scratch2 & LIVE_AFTER) return false;
     return true;
@@ -621,6 +629,230 @@ static bool cse_pass(ts_trace *t, plan *p) {
     return true;
 }
 
+/* ---- fused-kernel choice ----
+ * Math written out op by op is replaced by the fused kernel that computes
+ * it, when every intermediate is read only inside the pattern (so nothing
+ * else needs it, which in practice means inference and no-grad code):
+ *   rmsnorm:   y = x * rsqrt(mean(x*x | x^2, -1, keepdim) + eps) [* w]
+ *   attention: o = softmax(q @ k^T [* scale] [+ mask], -1) @ v
+ * (q, k, v of shape (B, H, T|S, D), k^T a transposed view). The fused
+ * kernels round differently from the op-by-op ones: close, not the same
+ * bits. */
+
+#define REF(node, input) ((node) * 8 + (input))
+
+/* the node producing x's storage when it runs, is read once, is not kept
+ * and has op `op`; else -1 */
+static int single_producer(const ts_trace *t, const plan *p, const int *readers,
+                           const ts_tensor *x, ts_op_id op) {
+    int sc = x->storage->scratch;
+    if (sc <= 0 || (sc - 1) % SLOTS != 0) return -1;
+    int i = (sc - 1) / SLOTS;
+    const ts_node *n = t->nodes[i];
+    if (!p->run[i] || n->op != op || readers[i] != 1 || p->folded[i] ||
+        (n->out_st->scratch2 & LIVE_AFTER) || x->offset != 0 ||
+        !ts_tensor_is_contiguous(x))
+        return -1;
+    return i;
+}
+
+static bool same_tensor(const ts_tensor *a, const ts_tensor *b) {
+    return a->storage == b->storage && same_geometry(a, b);
+}
+
+/* y = mul(x, r), r = rsqrt(add_scalar(mean(sq), eps)), sq = x*x or x^2 */
+static bool match_rmsnorm(const ts_trace *t, const plan *p, const int *readers,
+                          int y, int *members, int *nm, int *x_ref, double *eps) {
+    const ts_node *ny = t->nodes[y];
+    if (ny->op != TS_OP_MUL) return false;
+    for (int side = 0; side < 2; side++) {
+        const ts_tensor *x = ny->in[side], *rv = ny->in[1 - side];
+        int r = single_producer(t, p, readers, rv, TS_OP_RSQRT);
+        if (r < 0 || !ts_dtype_is_float(x->dtype) || x->ndim < 1) continue;
+        int a = single_producer(t, p, readers, t->nodes[r]->in[0], TS_OP_ADD_SCALAR);
+        if (a < 0) continue;
+        int m = single_producer(t, p, readers, t->nodes[a]->in[0], TS_OP_MEAN);
+        if (m < 0) continue;
+        const ts_node *nmn = t->nodes[m];
+        if (nmn->attrs.ni != 1 || nmn->attrs.i[0] != x->ndim - 1 || nmn->attrs.f[0] == 0)
+            continue; /* mean over the last dim, keepdim */
+        int q = single_producer(t, p, readers, nmn->in[0], TS_OP_MUL);
+        int q2 = single_producer(t, p, readers, nmn->in[0], TS_OP_POW_SCALAR);
+        if (q >= 0 && !(same_tensor(t->nodes[q]->in[0], x) && same_tensor(t->nodes[q]->in[1], x)))
+            q = -1;
+        if (q2 >= 0 && !(same_tensor(t->nodes[q2]->in[0], x) && t->nodes[q2]->attrs.f[0] == 2.0))
+            q2 = -1;
+        int sq = q >= 0 ? q : q2;
+        if (sq < 0 || x->dtype != ny->out_desc.dtype ||
+            !ts_shape_equal(x->ndim, x->shape, ny->out_desc.ndim, ny->out_desc.shape))
+            continue;
+        members[0] = sq, members[1] = m, members[2] = a, members[3] = r;
+        *nm = 4;
+        *x_ref = REF(y, side);
+        *eps = t->nodes[a]->attrs.f[0];
+        return true;
+    }
+    return false;
+}
+
+static bool rewrite_pass(ts_trace *t, plan *p) {
+    p->rw_op = calloc((size_t)t->n + 1, sizeof *p->rw_op);
+    p->rw_ref = calloc((size_t)t->n + 1, sizeof *p->rw_ref);
+    p->rw_f = calloc((size_t)t->n + 1, sizeof *p->rw_f);
+    int *readers = calloc((size_t)t->n + 1, sizeof(int));
+    if (!p->rw_op || !p->rw_ref || !p->rw_f || !readers) {
+        free(readers);
+        return false;
+    }
+    for (int i = 0; i < t->n; i++)
+        for (int k = 0; k < 4; k++) p->rw_ref[i][k] = -1;
+    if (!pass_on("rewrite")) {
+        free(readers);
+        return true;
+    }
+    for (int j = 0; j < t->n; j++) {
+        if (!p->run[j]) continue;
+        for (int k = 0; k < t->nodes[j]->n_in; k++) {
+            int sc = t->nodes[j]->in[k]->storage->scratch;
+            if (sc > 0) readers[(sc - 1) / SLOTS]++;
+        }
+        int so = t->nodes[j]->out_st->scratch;
+        if (!produces(t->nodes[j]) && so > 0) readers[(so - 1) / SLOTS] += 2;
+    }
+    for (int j = 0; j < t->n; j++) {
+        ts_node *n = t->nodes[j];
+        if (!p->run[j] || !produces(n) || p->folded[j]) continue;
+        int members[8], nm = 0;
+        /* rmsnorm, optionally times a weight of shape (C) */
+        int x_ref;
+        double eps;
+        if (n->op == TS_OP_MUL) {
+            int y = -1, w_ref = -1;
+            for (int side = 0; side < 2 && y < 0; side++) {
+                const ts_tensor *w = n->in[1 - side];
+                int cand = single_producer(t, p, readers, n->in[side], TS_OP_MUL);
+                if (cand >= 0 && w->ndim == 1 &&
+                    w->shape[0] == n->out_desc.shape[n->out_desc.ndim - 1] &&
+                    w->dtype == n->out_desc.dtype &&
+                    match_rmsnorm(t, p, readers, cand, members, &nm, &x_ref, &eps)) {
+                    y = cand;
+                    w_ref = REF(j, 1 - side);
+                }
+            }
+            if (y >= 0) {
+                members[nm++] = y;
+            } else if (!match_rmsnorm(t, p, readers, j, members, &nm, &x_ref, &eps)) {
+                nm = 0;
+            }
+            if (nm) {
+                p->rw_op[j] = TS_OP_RMSNORM;
+                p->rw_ref[j][0] = x_ref;
+                p->rw_ref[j][1] = w_ref;
+                p->rw_f[j] = eps;
+            }
+        }
+        /* attention: o = matmul(softmax(...), v) */
+        if (!nm && n->op == TS_OP_MATMUL && n->in[1]->ndim == 4) {
+            int sm = single_producer(t, p, readers, n->in[0], TS_OP_SOFTMAX);
+            if (sm >= 0 && t->nodes[sm]->attrs.i[0] == 3) {
+                const ts_tensor *cur = t->nodes[sm]->in[0];
+                int mask_ref = -1, chain[3], nc = 0;
+                double scale = 1.0;
+                int ad = single_producer(t, p, readers, cur, TS_OP_ADD);
+                if (ad >= 0) { /* + mask: the side made by the scaled product */
+                    for (int side = 0; side < 2 && mask_ref < 0; side++) {
+                        const ts_tensor *o = t->nodes[ad]->in[side];
+                        if (single_producer(t, p, readers, o, TS_OP_MUL_SCALAR) >= 0 ||
+                            single_producer(t, p, readers, o, TS_OP_MATMUL) >= 0) {
+                            mask_ref = REF(ad, 1 - side);
+                            cur = o;
+                        }
+                    }
+                    if (mask_ref >= 0) chain[nc++] = ad;
+                }
+                int ms = single_producer(t, p, readers, cur, TS_OP_MUL_SCALAR);
+                if (ms >= 0) {
+                    scale = t->nodes[ms]->attrs.f[0];
+                    chain[nc++] = ms;
+                    cur = t->nodes[ms]->in[0];
+                }
+                int qk = single_producer(t, p, readers, cur, TS_OP_MATMUL);
+                if (qk >= 0) {
+                    const ts_tensor *q = t->nodes[qk]->in[0], *kt = t->nodes[qk]->in[1];
+                    const ts_tensor *v = n->in[1];
+                    bool fits = q->ndim == 4 && kt->ndim == 4 && v->ndim == 4 &&
+                                q->dtype == kt->dtype && q->dtype == v->dtype &&
+                                kt->shape[0] == q->shape[0] && kt->shape[1] == q->shape[1] &&
+                                v->shape[0] == q->shape[0] && v->shape[1] == q->shape[1] &&
+                                kt->shape[2] == q->shape[3] && v->shape[2] == kt->shape[3] &&
+                                kt->strides[2] == 1; /* k^T: a transposed view */
+                    if (fits) {
+                        for (int c = 0; c < nc; c++) members[nm++] = chain[c];
+                        members[nm++] = qk;
+                        members[nm++] = sm;
+                        p->rw_op[j] = TS_OP_ATTENTION;
+                        p->rw_ref[j][0] = REF(qk, 0);
+                        p->rw_ref[j][1] = REF(qk, 1);
+                        p->rw_ref[j][2] = REF(j, 1);
+                        p->rw_ref[j][3] = mask_ref;
+                        p->rw_f[j] = scale;
+                    }
+                }
+            }
+        }
+        if (!p->rw_op[j]) continue;
+        for (int k = 0; k < nm; k++) p->run[members[k]] = 0; /* no buffers */
+        p->n_rewritten++;
+    }
+    free(readers);
+    return true;
+}
+
+/* Runs the fused kernel that replaces root j's pattern into out. */
+static ts_status run_rewrite(ts_ctx *ctx, ts_trace *t, const plan *p, int j,
+                             ts_tensor *out) {
+    ts_node fake;
+    memset(&fake, 0, sizeof fake);
+    fake.op = p->rw_op[j];
+    fake.out = out;
+    ts_tensor *args[4] = {NULL, NULL, NULL, NULL};
+    for (int k = 0; k < 4; k++) {
+        int r = p->rw_ref[j][k];
+        if (r >= 0 && (k < 2 || fake.op == TS_OP_ATTENTION)) args[k] = t->nodes[r / 8]->in[r % 8];
+    }
+    ts_tensor khdr; /* attention: k from its transposed view */
+    int64_t rows;
+    if (fake.op == TS_OP_RMSNORM) {
+        fake.in[0] = args[0];
+        fake.n_in = args[1] ? 2 : 1;
+        if (args[1]) fake.in[1] = args[1];
+        fake.attrs.f[0] = p->rw_f[j];
+        rows = ts_tensor_numel(out) / out->shape[out->ndim - 1];
+    } else {
+        khdr = *args[1];
+        khdr.shape[2] = args[1]->shape[3], khdr.shape[3] = args[1]->shape[2];
+        khdr.strides[2] = args[1]->strides[3], khdr.strides[3] = args[1]->strides[2];
+        fake.in[0] = args[0], fake.in[1] = &khdr, fake.in[2] = args[2];
+        fake.n_in = args[3] ? 4 : 3;
+        if (args[3]) fake.in[3] = args[3];
+        fake.attrs.i[0] = 0;
+        fake.attrs.i[1] = args[3] != NULL;
+        fake.attrs.f[0] = p->rw_f[j];
+        rows = ts_tensor_numel(out) / out->shape[3];
+    }
+    /* the saved row statistic (rstd or lse) goes to a scratch buffer */
+    ts_storage st = {.refcount = 1, .ctx = ctx, .external = true};
+    st.data = malloc(sizeof(float) * (size_t)(rows + 1));
+    ts_tensor saved = {.refcount = 1, .ctx = ctx, .dtype = TS_F32, .ndim = 1,
+                       .shape = {rows}, .strides = {1}, .storage = &st};
+    if (!st.data) return ts_set_error(ctx, TS_ERR_OOM, "fused kernel: out of memory");
+    fake.saved[0] = &saved;
+    fake.n_saved = 1;
+    ts_status s = ts_run_kernel(ctx, &fake);
+    free(st.data);
+    return s;
+}
+
 /* ---- elementwise fusion ----
  * A fusable node whose result is read once, by a fusable node of the same
  * output shape, contiguously, and not kept after the graph, joins that
@@ -655,7 +887,8 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
     }
     for (int j = 0; j < t->n; j++) {
         ts_node *n = t->nodes[j];
-        if (!p->run[j] || p->folded[j] || !produces(n) || !ctx->backend->fusable(n->op))
+        if (!p->run[j] || p->folded[j] || p->rw_op[j] || !produces(n) ||
+            !ctx->backend->fusable(n->op))
             continue;
         for (int k = 0; k < n->n_in; k++) {
             ts_tensor *x = n->in[k];
@@ -663,7 +896,8 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
             if (sc <= 0 || (sc - 1) % SLOTS != 0) continue;
             int i = (sc - 1) / SLOTS;
             ts_node *m = t->nodes[i];
-            if (!p->run[i] || p->folded[i] || p->fuse_root[i] >= 0 || readers[i] != 1 ||
+            if (!p->run[i] || p->folded[i] || p->rw_op[i] || p->fuse_root[i] >= 0 ||
+                readers[i] != 1 ||
                 !ctx->backend->fusable(m->op) || (m->out_st->scratch2 & LIVE_AFTER) ||
                 m->out_desc.dtype != TS_F32 || x->offset != 0 ||
                 !ts_tensor_is_contiguous(x) ||
@@ -801,7 +1035,7 @@ static bool remat_pass(ts_trace *t, plan *p, read_list *reads, bool *writes) {
     if (!pass_on("remat")) return true;
     for (int R = N - 1; R >= 0; R--) {
         ts_node *n = t->nodes[R];
-        if (!p->run[R] || p->folded[R] || !produces(n) || p->fuse_root[R] >= 0 ||
+        if (!p->run[R] || p->folded[R] || p->rw_op[R] || !produces(n) || p->fuse_root[R] >= 0 ||
             !remat_cheap(n->op) || (n->out_st->scratch2 & LIVE_AFTER) ||
             writes[R * SLOTS])
             continue;
@@ -880,7 +1114,9 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
     p->saved_off = malloc(sizeof(int64_t) * (size_t)(t->n * TS_MAX_SAVED + 1));
     if (!p->run || !p->out_off || !p->saved_off) goto oom;
     memcpy(p->run, run, (size_t)t->n);
-    if (!fold_pass(ctx, t, p) || !cse_pass(t, p) || !fuse_pass(ctx, t, p)) goto oom;
+    if (!fold_pass(ctx, t, p) || !rewrite_pass(t, p) || !cse_pass(t, p) ||
+        !fuse_pass(ctx, t, p))
+        goto oom;
     run = p->run; /* eliminated nodes no longer run */
     /* every read of every produced buffer (members read where their group
      * runs), and in-place writes (which last until they happen) */
@@ -896,6 +1132,12 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
         if (so > 0 && !produces(n)) {
             writes[so - 1] = true;
             if (!reads_add(&reads[so - 1], i)) goto oom;
+        }
+        for (int k = 0; p->rw_op[i] && k < 4; k++) { /* the fused kernel's inputs */
+            int r = p->rw_ref[i][k];
+            if (r < 0) continue;
+            int sc = canon_input(p, t->nodes[r / 8]->in[r % 8]->storage->scratch);
+            if (sc > 0 && !reads_add(&reads[sc - 1], i)) goto oom;
         }
     }
     if (!remat_pass(t, p, reads, writes)) goto oom;
@@ -914,7 +1156,7 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
     for (int i = 0; i < t->n && inplace; i++) {
         ts_node *n = t->nodes[i];
         if (!run[i] || !produces(n) || (n->out_st->scratch2 & LIVE_AFTER) ||
-            p->fuse_root[i] >= 0 || p->folded[i])
+            p->fuse_root[i] >= 0 || p->folded[i] || p->rw_op[i])
             continue;
         bool group_root = false;
         for (int g = 0; g < i && !group_root; g++) group_root = p->fuse_root[g] == i;
@@ -1044,6 +1286,8 @@ static void dump_node(FILE *f, ts_trace *t, int i, const plan *p) {
     if (p) {
         if (p->folded[i])
             fprintf(f, " [constant %g]", p->fold_value[i]);
+        if (p->rw_op[i])
+            fprintf(f, " [runs fused %s]", ts_op_table[p->rw_op[i]].name);
         if (p->cse_src[i] >= 0)
             fprintf(f, " [= %%%d]", p->cse_src[i]);
         else if (p->fuse_root[i] >= 0)
@@ -1217,7 +1461,9 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
         n->out = &hdr;
         bool root = false;
         for (int g = 0; g < i && !root; g++) root = p->fuse_root[g] == i;
-        if (p->folded[i]) { /* a constant: fill, no kernel */
+        if (p->rw_op[i]) {
+            st = run_rewrite(ctx, t, p, i, &hdr);
+        } else if (p->folded[i]) { /* a constant: fill, no kernel */
             char one[8];
             size_t es = ts_dtype_size(hdr.dtype);
             ts_store_f64(one, hdr.dtype, p->fold_value[i]);
@@ -1335,6 +1581,7 @@ ts_status ts_sync(ts_ctx *ctx) {
     ctx->cstats.nodes_fused = (uint64_t)p->n_fused;
     ctx->cstats.nodes_recomputed = (uint64_t)p->n_remat;
     ctx->cstats.nodes_folded = (uint64_t)p->n_folded;
+    ctx->cstats.patterns_rewritten = (uint64_t)p->n_rewritten;
     ctx->cstats.nodes_dead = (uint64_t)dead;
     ctx->cstats.arena_bytes = p->arena_bytes;
     ctx->cstats.arena_lower_bound = p->arena_lower_bound;
