@@ -126,6 +126,7 @@ typedef struct {
     uint64_t nodes_recomputed; /* run again for late readers, last graph */
     uint64_t nodes_folded;    /* constants computed when planning, last graph */
     uint64_t patterns_rewritten; /* op-by-op math run as a fused kernel */
+    uint64_t matmul_epilogues; /* matmuls whose result a fused loop ate */
     size_t planned_peak_bytes; /* last graph: arena + results kept after it */
     size_t arena_bytes;        /* last graph: intermediates' shared arena */
     size_t arena_lower_bound;  /* last graph: most intermediate bytes alive

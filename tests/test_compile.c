@@ -424,6 +424,46 @@ static void test_fused_kernel_choice(void) {
     }
 }
 
+/* matmul epilogues: gelu(x @ w + b) + r runs the product in row panels,
+ * each eaten by the fused loop while in cache. One panel gives eager's
+ * bits; several panels may not (OpenBLAS splits a smaller product across
+ * its threads differently), so they are held to 1e-5 (rel and abs) */
+static ts_tensor *linear_gelu_residual(ts_ctx *ctx, int64_t rows) {
+    int64_t xs[3] = {2, rows, 96}, ws[2] = {96, 80}, bs = 80, rs[3] = {2, rows, 80};
+    ts_tensor *x = ts_randn(ctx, TS_F32, 3, xs, 1, 1);
+    ts_tensor *w = ts_randn(ctx, TS_F32, 2, ws, 0.1, 2);
+    ts_tensor *b = ts_randn(ctx, TS_F32, 1, &bs, 1, 3);
+    ts_tensor *r = ts_randn(ctx, TS_F32, 3, rs, 1, 4);
+    ts_tensor *mm = ts_matmul(x, w);
+    ts_tensor *h = ts_add(mm, b);
+    ts_tensor *g = ts_gelu(h, TS_GELU_ERF);
+    ts_tensor *y = ts_add(g, r);
+    ts_tensor *tmp[] = {x, w, b, r, mm, h, g};
+    for (int i = 0; i < 7; i++) ts_release(tmp[i]);
+    return y;
+}
+
+static void test_matmul_epilogue(void) {
+    const int64_t rows[2] = {37, 3000}; /* one panel; many panels */
+    for (int c = 0; c < 2; c++) {
+        ts_ctx *ce = test_ctx(), *cc = test_ctx();
+        ts_tensor *want = linear_gelu_residual(ce, rows[c]);
+        ts_set_mode(cc, TS_MODE_COMPILED);
+        ts_tensor *got = linear_gelu_residual(cc, rows[c]);
+        CHECK_OK(cc, ts_sync(cc));
+        ts_compile_stats st;
+        ts_get_compile_stats(cc, &st);
+        CHECK(st.matmul_epilogues == 1 && st.arena_bytes == 0);
+        if (c == 0)
+            CHECK(memcmp(ts_tensor_data(want), ts_tensor_data(got),
+                         sizeof(float) * 2 * (size_t)rows[c] * 80) == 0);
+        else
+            test_allclose("epilogue in panels", got, want, 1e-5, 1e-5);
+        ts_release(want), ts_release(got);
+        ts_ctx_free(ce), ts_ctx_free(cc);
+    }
+}
+
 static void test_views_and_results_kept(void) {
     /* a view of an intermediate outlives the op that made it */
     ts_ctx *ctx = test_ctx();
@@ -546,6 +586,7 @@ int main(void) {
     test_rematerialization();
     test_constant_folding();
     test_fused_kernel_choice();
+    test_matmul_epilogue();
     test_dump_and_force_eager();
     test_errors_surface_at_sync();
     test_reads_see_recorded_writes();

@@ -35,6 +35,7 @@ typedef struct plan {
     int n_cse;
     int *fuse_root;         /* per node: the group root it runs in, or -1 */
     int n_fused;            /* nodes folded into a later node's loop */
+    int n_epilogue;         /* matmuls whose result a group eats panel-wise */
     int n_remat;            /* results recomputed for late readers */
     int *remat_node, *remat_at;
     int64_t *remat_off;
@@ -338,7 +339,8 @@ static void build_key(ts_trace *t, const unsigned char *run, bytes *b) {
     /* plans built with other passes switched off are other plans */
     put_i64(b, pass_on("dce") | pass_on("plan") << 1 | pass_on("inplace") << 2 |
                    pass_on("cse") << 3 | pass_on("fuse") << 4 | pass_on("remat") << 5 |
-                   pass_on("fold") << 6 | pass_on("rewrite") << 7);
+                   pass_on("fold") << 6 | pass_on("rewrite") << 7 |
+                   pass_on("epilogue") << 8);
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
         put_i64(b, n->op);
@@ -865,13 +867,14 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
     p->fuse_root = malloc(sizeof(int) * (size_t)(t->n + 1));
     int *readers = calloc((size_t)t->n + 1, sizeof(int));
     int *size = malloc(sizeof(int) * (size_t)(t->n + 1)); /* group sizes */
-    if (!p->fuse_root || !readers || !size) {
-        free(readers), free(size);
+    bool *has_head = calloc((size_t)t->n + 1, sizeof(bool));
+    if (!p->fuse_root || !readers || !size || !has_head) {
+        free(readers), free(size), free(has_head);
         return false;
     }
     for (int i = 0; i < t->n; i++) p->fuse_root[i] = -1, size[i] = 1;
     if (!pass_on("fuse") || !ctx->backend->fusable) {
-        free(readers), free(size);
+        free(readers), free(size), free(has_head);
         return true;
     }
     for (int j = 0; j < t->n; j++) {
@@ -896,9 +899,13 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
             if (sc <= 0 || (sc - 1) % SLOTS != 0) continue;
             int i = (sc - 1) / SLOTS;
             ts_node *m = t->nodes[i];
+            /* a matmul may head the group (epilogue fusion), one per group */
+            bool head = m->op == TS_OP_MATMUL && pass_on("epilogue") &&
+                        ctx->backend->run_fused && !has_head[j];
             if (!p->run[i] || p->folded[i] || p->rw_op[i] || p->fuse_root[i] >= 0 ||
                 readers[i] != 1 ||
-                !ctx->backend->fusable(m->op) || (m->out_st->scratch2 & LIVE_AFTER) ||
+                (!head && !ctx->backend->fusable(m->op)) ||
+                (m->out_st->scratch2 & LIVE_AFTER) ||
                 m->out_desc.dtype != TS_F32 || x->offset != 0 ||
                 !ts_tensor_is_contiguous(x) ||
                 !ts_shape_equal(x->ndim, x->shape, n->out_desc.ndim, n->out_desc.shape) ||
@@ -945,18 +952,25 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
             p->fuse_root[i] = j;
             size[j] += size[i];
             p->n_fused += size[i];
+            has_head[j] |= has_head[i] || head;
+            p->n_epilogue += head;
         }
     }
-    free(readers), free(size);
+    free(readers), free(size), free(has_head);
     return true;
 }
 
 /* The fused group whose root is j, in trace order, for the backend. */
 static void build_group(ts_trace *t, const plan *p, int j, ts_fused *f) {
     memset(f, 0, sizeof *f);
+    f->head_ext = -1;
     int member_of[TS_FUSE_MAX];
     for (int g = 0; g <= j; g++) {
         if (g != j && p->fuse_root[g] != j) continue;
+        if (t->nodes[g]->op == TS_OP_MATMUL) { /* the epilogue's head */
+            f->head = t->nodes[g];
+            continue;
+        }
         member_of[f->n_members] = g;
         f->members[f->n_members++] = t->nodes[g];
     }
@@ -976,6 +990,7 @@ static void build_group(ts_trace *t, const plan *p, int j, ts_fused *f) {
             while (e < f->n_ext && f->ext[e] != n->in[k]) e++;
             if (e == f->n_ext) f->ext[f->n_ext++] = n->in[k];
             f->arg[m][k] = e;
+            if (f->head && n->in[k]->storage == f->head->out_st) f->head_ext = e;
         }
     }
 }
@@ -1323,10 +1338,12 @@ static void dump_graph(ts_ctx *ctx, ts_trace *t, const plan *p) {
             for (int i = 0; i < t->n; i++)
                 dead += !p->run[i] && !is_view_node(t->nodes[i]) && p->cse_src[i] < 0;
             fprintf(f, "# common subexpressions removed: %d\n# outputs in place: %d\n"
+                       "# matmul epilogues: %d\n"
                        "# nodes fused into a later loop: %d\n"
                        "# results recomputed for late readers: %d\n"
                        "# constants folded: %d\n",
-                    p->n_cse, p->n_inplace, p->n_fused, p->n_remat, p->n_folded);
+                    p->n_cse, p->n_inplace, p->n_epilogue, p->n_fused, p->n_remat,
+                    p->n_folded);
             for (int e = 0; e < p->n_remat; e++)
                 fprintf(f, "#   %%%d again before %%%d @arena+%lld\n", p->remat_node[e],
                         p->remat_at[e], (long long)p->remat_off[e]);
@@ -1582,6 +1599,7 @@ ts_status ts_sync(ts_ctx *ctx) {
     ctx->cstats.nodes_recomputed = (uint64_t)p->n_remat;
     ctx->cstats.nodes_folded = (uint64_t)p->n_folded;
     ctx->cstats.patterns_rewritten = (uint64_t)p->n_rewritten;
+    ctx->cstats.matmul_epilogues = (uint64_t)p->n_epilogue;
     ctx->cstats.nodes_dead = (uint64_t)dead;
     ctx->cstats.arena_bytes = p->arena_bytes;
     ctx->cstats.arena_lower_bound = p->arena_lower_bound;

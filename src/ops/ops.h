@@ -111,6 +111,11 @@ typedef struct ts_fused {
     int n_ext;
     ts_tensor *ext[TS_FUSE_MAX_EXT];
     ts_tensor *out;
+    /* matmul epilogue: a matmul whose result only this group reads, given
+     * to the group as ext[head_ext]; computed panel by panel, each panel
+     * consumed while it is in cache, never stored whole */
+    const ts_node *head;
+    int head_ext;
 } ts_fused;
 
 /* Compiled mode: appends n to the recorded graph (takes a reference). */

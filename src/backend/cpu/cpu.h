@@ -94,6 +94,9 @@ void cpu_attention_bwd(const cpu_attn_shape *p, const float *q,
 bool cpu_fusable(int op);
 ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f);
 float cpu_eval_scalar(const ts_node *n, const float *args);
+/* A fused group headed by a matmul: the product in row panels, each
+ * consumed by the group while in cache. */
+ts_status cpu_matmul_epilogue(ts_ctx *ctx, const ts_fused *f);
 
 /* Kernels, one per op (NULL where the op is a view). */
 extern const ts_cpu_kernel ts_cpu_kernels[TS_OP_COUNT];

@@ -475,6 +475,7 @@ float cpu_eval_scalar(const ts_node *n, const float *args) {
 }
 
 ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f) {
+    if (f->head) return cpu_matmul_epilogue(ctx, f);
     ts_tensor *out = f->out;
     int64_t st[CPU_ITER_MAX_OPS][TS_MAX_DIMS];
     memcpy(st[0], out->strides, sizeof st[0]);

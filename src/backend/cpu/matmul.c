@@ -121,6 +121,106 @@ CPU_KERNEL(matmul) {
     return TS_OK;
 }
 
+/* ---- matmul epilogue ----
+ * out = group(A @ B, ...): A's rows (batch folded in) in panels of about
+ * 1 MiB of result; each panel's product goes to a scratch buffer and the
+ * fused group turns it into the same rows of out at once. Where the shapes
+ * do not allow panels (a broadcast A, a non-f32 product, outside inputs
+ * that are not row-regular) the product is made whole in a temporary. */
+
+/* t broadcast to (R, N) rows: one row stride, one column stride? */
+static bool row_strides(const ts_tensor *t, const ts_tensor *out, int64_t *rs,
+                        int64_t *cs) {
+    int64_t st[TS_MAX_DIMS];
+    ts_broadcast_strides(t, out->ndim, out->shape, st);
+    int last = out->ndim - 1;
+    *cs = st[last];
+    *rs = last > 0 ? st[last - 1] : 0;
+    for (int d = last - 2; d >= 0; d--)
+        if (out->shape[d] != 1 && st[d] != st[d + 1] * out->shape[d + 1]) return false;
+    /* rows collapse only when the row dims are themselves regular */
+    if (last > 0 && out->shape[last - 1] == 1) return false;
+    return true;
+}
+
+ts_status cpu_matmul_epilogue(ts_ctx *ctx, const ts_fused *f) {
+    const ts_node *mm = f->head;
+    ts_tensor *a = mm->in[0], *b = mm->in[1], *out = f->out;
+    int64_t N = out->shape[out->ndim - 1], K = a->shape[a->ndim - 1];
+    int64_t R = N ? ts_tensor_numel(out) / N : 0;
+    bool tb = false;
+    int64_t ldb = 0, lda = a->ndim >= 2 ? a->strides[a->ndim - 2] : K;
+    bool panels = a->dtype == TS_F32 && b->dtype == TS_F32 && b->ndim == 2 &&
+                  a->strides[a->ndim - 1] == 1 && lda >= K && K > 0 &&
+                  ts_tensor_numel(a) == R * K && ts_tensor_is_contiguous(out) &&
+                  blas_layout(K, N, b->strides[0], b->strides[1], &tb, &ldb);
+    int64_t expect = lda * (a->ndim >= 2 ? a->shape[a->ndim - 2] : 1);
+    for (int d = a->ndim - 3; d >= 0 && panels; d--) {
+        if (a->shape[d] != 1 && a->strides[d] != expect) panels = false;
+        expect *= a->shape[d];
+    }
+    if (a->ndim >= 2 && a->shape[a->ndim - 2] == 1 && a->ndim > 2) panels = false;
+    int64_t rs[TS_FUSE_MAX_EXT], cs[TS_FUSE_MAX_EXT];
+    for (int e = 0; e < f->n_ext && panels; e++)
+        if (e != f->head_ext) panels = row_strides(f->ext[e], out, &rs[e], &cs[e]);
+    ts_fused g = *f;
+    g.head = NULL;
+    ts_storage scratch_st = {.refcount = 1, .ctx = ctx, .external = true};
+    ts_tensor prod = {.refcount = 1, .ctx = ctx, .dtype = TS_F32, .storage = &scratch_st};
+    if (!panels) { /* the whole product in a temporary, then the group */
+        prod.ndim = out->ndim;
+        memcpy(prod.shape, out->shape, sizeof prod.shape);
+        ts_contiguous_strides(prod.ndim, prod.shape, prod.strides);
+        scratch_st.data = malloc(sizeof(float) * (size_t)(R * N + 1));
+        if (!scratch_st.data) return ts_set_error(ctx, TS_ERR_OOM, "matmul epilogue: out of memory");
+        ts_node mn = *mm;
+        mn.out = &prod;
+        ts_status st = cpu_matmul(ctx, &mn);
+        if (st == TS_OK) {
+            g.ext[f->head_ext] = &prod;
+            st = cpu_run_fused(ctx, &g);
+        }
+        free(scratch_st.data);
+        return st;
+    }
+    int64_t P = (int64_t)(262144 / (N > 0 ? N : 1));
+    P = P < 16 ? 16 : P;
+    P = P > R ? R : P;
+    scratch_st.data = malloc(sizeof(float) * (size_t)(P * N + 1));
+    if (!scratch_st.data) return ts_set_error(ctx, TS_ERR_OOM, "matmul epilogue: out of memory");
+    ts_tensor ext_panel[TS_FUSE_MAX_EXT], out_panel = *out;
+    ts_status st = TS_OK;
+    for (int64_t r0 = 0; r0 < R && st == TS_OK; r0 += P) {
+        int64_t rows = R - r0 < P ? R - r0 : P;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    (int)rows, (int)N, (int)K, 1.0f,
+                    (const float *)ts_tensor_ptr(a) + r0 * lda, (int)lda,
+                    (const float *)ts_tensor_ptr(b), (int)ldb, 0.0f,
+                    (float *)scratch_st.data, (int)N);
+        prod.ndim = 2, prod.shape[0] = rows, prod.shape[1] = N;
+        prod.strides[0] = N, prod.strides[1] = 1;
+        out_panel.ndim = 2, out_panel.shape[0] = rows, out_panel.shape[1] = N;
+        out_panel.strides[0] = N, out_panel.strides[1] = 1;
+        out_panel.offset = out->offset + r0 * N;
+        for (int e = 0; e < f->n_ext; e++) {
+            if (e == f->head_ext) {
+                g.ext[e] = &prod;
+                continue;
+            }
+            ext_panel[e] = *f->ext[e];
+            ext_panel[e].ndim = 2;
+            ext_panel[e].shape[0] = rows, ext_panel[e].shape[1] = N;
+            ext_panel[e].strides[0] = rs[e], ext_panel[e].strides[1] = cs[e];
+            ext_panel[e].offset = f->ext[e]->offset + r0 * rs[e];
+            g.ext[e] = &ext_panel[e];
+        }
+        g.out = &out_panel;
+        st = cpu_run_fused(ctx, &g);
+    }
+    free(scratch_st.data);
+    return st;
+}
+
 /* ---- small GEMM for fused kernels ---- */
 
 void cpu_gemm_f32_reference(int64_t M, int64_t N, int64_t K, const float *A,
