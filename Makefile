@@ -5,6 +5,7 @@ BUILD      ?= build
 BUILD_SAN  ?= build-san
 JOBS       ?= $(shell nproc)
 APT_PKGS   := build-essential cmake pkg-config libopenblas-openmp-dev libgomp1 \
+              libjansson-dev \
               python3 python3-torch python3-numpy
 
 .PHONY: run test deps build build-san bench bench-compile clean format

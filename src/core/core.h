@@ -74,6 +74,10 @@ typedef struct ts_storage {
     ts_device device;
     ts_ctx *ctx;
     bool external; /* data not owned (not freed on release) */
+    /* external data kept alive by an owner (a file mapping): released with
+     * the storage */
+    void *owner;
+    void (*owner_release)(void *owner);
     bool pending;  /* compiled mode: data not computed (nor allocated) yet */
     int pending_writes; /* compiled mode: recorded in-place writes to it */
     bool uniform;       /* every element holds uniform_value (made by
@@ -121,6 +125,11 @@ void ts_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 /* A new contiguous tensor with fresh (uninitialized) storage. */
 ts_tensor *ts_tensor_new(ts_ctx *ctx, ts_dtype dt, int ndim,
                          const int64_t *shape);
+/* A tensor over memory the caller owns (host, contiguous); owner_release
+ * (may be NULL) is called with owner when the storage dies. */
+ts_tensor *ts_tensor_wrap(ts_ctx *ctx, ts_dtype dt, int ndim,
+                          const int64_t *shape, void *data, void *owner,
+                          void (*owner_release)(void *));
 /* A tensor whose storage is allocated later (compiled mode). */
 ts_tensor *ts_tensor_new_pending(ts_ctx *ctx, ts_dtype dt, int ndim,
                                  const int64_t *shape);

@@ -66,7 +66,36 @@ void ts_storage_release(ts_storage *s) {
     if (!s || --s->refcount > 0) return;
     if (!s->external && s->data)
         s->ctx->backend->free(s->ctx, s->data, s->bytes);
+    if (s->owner_release) s->owner_release(s->owner);
     free(s);
+}
+
+ts_tensor *ts_tensor_wrap(ts_ctx *ctx, ts_dtype dt, int ndim,
+                          const int64_t *shape, void *data, void *owner,
+                          void (*owner_release)(void *)) {
+    ts_tensor *t = calloc(1, sizeof *t);
+    ts_storage *s = calloc(1, sizeof *s);
+    if (!t || !s) {
+        free(t), free(s);
+        ts_set_error(ctx, TS_ERR_OOM, "out of memory (tensor header)");
+        return NULL;
+    }
+    s->refcount = 1;
+    s->data = data;
+    s->bytes = (size_t)ts_shape_numel(ndim, shape) * ts_dtype_size(dt);
+    s->ctx = ctx;
+    s->device.kind = TS_DEVICE_CPU;
+    s->external = true;
+    s->owner = owner;
+    s->owner_release = owner_release;
+    t->refcount = 1;
+    t->ctx = ctx;
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (int d = 0; d < ndim && d < TS_MAX_DIMS; d++) t->shape[d] = shape[d];
+    ts_contiguous_strides(ndim, t->shape, t->strides);
+    t->storage = s;
+    return t;
 }
 
 #define storage_release ts_storage_release
