@@ -1,0 +1,73 @@
+/* qwen3_load.c — a Qwen3 model from a Hugging Face folder: config.json into
+ * the model's config, then every parameter by its Hugging Face name from the
+ * safetensors, shape-checked and converted to the model's dtype. */
+#include "tessera_models.h"
+
+#include <stdio.h>
+#include <string.h>
+
+ts_status ts_qwen3_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out) {
+    if (!ctx) return TS_ERR_INVALID_ARG;
+    if (!dir || !out) return ts_set_error(ctx, TS_ERR_INVALID_ARG, "ts_qwen3_load: NULL argument");
+    *out = NULL;
+    ts_model_config mc;
+    ts_status s = ts_config_load(ctx, dir, &mc);
+    if (s != TS_OK) return s;
+    if (mc.arch != TS_ARCH_QWEN3)
+        return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                            "%s: a %s model; ts_qwen3_load reads qwen3 ones", dir, mc.model_type);
+    ts_qwen3_config cfg = {.vocab = mc.vocab,
+                           .hidden = mc.hidden,
+                           .layers = mc.layers,
+                           .heads = mc.heads,
+                           .kv_heads = mc.kv_heads,
+                           .head_dim = mc.head_dim,
+                           .intermediate = mc.intermediate,
+                           .rms_eps = mc.norm_eps,
+                           .rope_theta = mc.rope_theta,
+                           .tie_word_embeddings = mc.tie_word_embeddings,
+                           .max_positions = mc.max_positions};
+    ts_safetensors *st = NULL;
+    ts_qwen3_model *m = NULL;
+    if ((s = ts_safetensors_open(ctx, dir, &st)) != TS_OK) return s;
+    if ((s = ts_qwen3_new(ctx, &cfg, 0, &m)) != TS_OK) {
+        ts_safetensors_close(st);
+        return s;
+    }
+    bool old = ts_set_grad_enabled(ctx, false);
+    for (int i = 0; i < ts_qwen3_num_params(m) && s == TS_OK; i++) {
+        const char *name = ts_qwen3_param_name(m, i);
+        ts_tensor *p = ts_qwen3_param(m, i);
+        ts_tensor *src = ts_safetensors_get(st, name);
+        if (!src) {
+            s = ts_set_error(ctx, TS_ERR_IO, "%s: the checkpoint has no tensor \"%s\"", dir, name);
+            break;
+        }
+        int nd = ts_tensor_ndim(p);
+        if (ts_tensor_ndim(src) != nd ||
+            memcmp(ts_tensor_shape(src), ts_tensor_shape(p), sizeof(int64_t) * (size_t)nd)) {
+            char a[128] = "", b[128] = "";
+            for (int d = 0; d < ts_tensor_ndim(src); d++)
+                snprintf(a + strlen(a), sizeof a - strlen(a), "%s%lld", d ? ", " : "",
+                         (long long)ts_tensor_shape(src)[d]);
+            for (int d = 0; d < nd; d++)
+                snprintf(b + strlen(b), sizeof b - strlen(b), "%s%lld", d ? ", " : "",
+                         (long long)ts_tensor_shape(p)[d]);
+            s = ts_set_error(ctx, TS_ERR_SHAPE,
+                             "%s: tensor \"%s\" has shape [%s] in the checkpoint; the config "
+                             "needs [%s]",
+                             dir, name, a, b);
+        } else {
+            s = ts_copy_(p, src);
+        }
+        ts_release(src);
+    }
+    ts_set_grad_enabled(ctx, old);
+    ts_safetensors_close(st);
+    if (s != TS_OK) {
+        ts_qwen3_free(m);
+        return s;
+    }
+    *out = m;
+    return TS_OK;
+}

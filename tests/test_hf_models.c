@@ -1,0 +1,175 @@
+/* test_hf_models.c — Hugging Face model folders as they are: config.json
+ * for each supported architecture (fields, defaults, llama3 rope scaling,
+ * errors naming the field), and Qwen3 models written by
+ * tests/reference/hf_qwen3.py loaded and run: logits equal the PyTorch
+ * reference's to 1e-4 of the logit scale (f32 and bf16 weights, tied and
+ * untied, GQA 1/2/4, sharded). argv[1]: the folder that script wrote. */
+#include "tessera_models.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *dir;
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) fputs(text, f), fclose(f);
+}
+
+static void test_configs(ts_ctx *ctx) {
+    char p[512];
+    ts_model_config c;
+    /* Llama 3.2 1B as published (abridged to the fields read) */
+    snprintf(p, sizeof p, "%s/llama.json", dir);
+    write_text(p, "{\"architectures\": [\"LlamaForCausalLM\"], \"bos_token_id\": 128000,"
+                  " \"eos_token_id\": [128001, 128008, 128009], \"head_dim\": 64,"
+                  " \"hidden_size\": 2048, \"intermediate_size\": 8192,"
+                  " \"max_position_embeddings\": 131072, \"model_type\": \"llama\","
+                  " \"num_attention_heads\": 32, \"num_hidden_layers\": 16,"
+                  " \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05,"
+                  " \"rope_scaling\": {\"factor\": 32.0, \"high_freq_factor\": 4.0,"
+                  " \"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192,"
+                  " \"rope_type\": \"llama3\"}, \"rope_theta\": 500000.0,"
+                  " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\","
+                  " \"vocab_size\": 128256}");
+    CHECK_OK(ctx, ts_config_load(ctx, p, &c));
+    CHECK(c.arch == TS_ARCH_LLAMA && c.hidden == 2048 && c.kv_heads == 8 && c.head_dim == 64);
+    CHECK(c.rope_llama3 && c.rope_factor == 32.0 && c.rope_original_max_positions == 8192);
+    CHECK(c.rope_theta == 500000.0 && c.tie_word_embeddings && c.dtype == TS_BF16);
+    CHECK(c.eos_token_id == 128001 && c.bos_token_id == 128000 && !c.attention_bias);
+    /* Qwen2: no head_dim (hidden / heads), biases on q, k, v */
+    snprintf(p, sizeof p, "%s/qwen2.json", dir);
+    write_text(p, "{\"model_type\": \"qwen2\", \"hidden_size\": 896, \"intermediate_size\": 4864,"
+                  " \"num_attention_heads\": 14, \"num_hidden_layers\": 24,"
+                  " \"num_key_value_heads\": 2, \"vocab_size\": 151936,"
+                  " \"rope_theta\": 1000000.0, \"tie_word_embeddings\": true}");
+    CHECK_OK(ctx, ts_config_load(ctx, p, &c));
+    CHECK(c.arch == TS_ARCH_QWEN2 && c.head_dim == 64 && c.attention_bias && !c.qk_norm);
+    /* GPT-2 small */
+    snprintf(p, sizeof p, "%s/gpt2.json", dir);
+    write_text(p, "{\"activation_function\": \"gelu_new\", \"architectures\": [\"GPT2LMHeadModel\"],"
+                  " \"model_type\": \"gpt2\", \"n_ctx\": 1024, \"n_embd\": 768, \"n_head\": 12,"
+                  " \"n_inner\": null, \"n_layer\": 12, \"n_positions\": 1024,"
+                  " \"layer_norm_epsilon\": 1e-05, \"vocab_size\": 50257}");
+    CHECK_OK(ctx, ts_config_load(ctx, p, &c));
+    CHECK(c.arch == TS_ARCH_GPT2 && c.intermediate == 3072 && c.head_dim == 64 &&
+          c.tie_word_embeddings && c.max_positions == 1024 && c.norm_eps == 1e-5);
+    /* the Qwen3 folders of the reference script */
+    snprintf(p, sizeof p, "%s/gqa2_untied", dir);
+    CHECK_OK(ctx, ts_config_load(ctx, p, &c));
+    CHECK(c.arch == TS_ARCH_QWEN3 && c.qk_norm && c.head_dim == 16 && c.hidden == 48);
+    /* errors */
+    snprintf(p, sizeof p, "%s/bad_unknown_type", dir);
+    CHECK(ts_config_load(ctx, p, &c) == TS_ERR_UNSUPPORTED);
+    CHECK_MSG(ctx, "model type \"mamba\" is not supported (supported: qwen3, qwen2, llama, gpt2)");
+    ts_clear_error(ctx);
+    snprintf(p, sizeof p, "%s/bad_no_field", dir);
+    CHECK(ts_config_load(ctx, p, &c) == TS_ERR_IO);
+    CHECK_MSG(ctx, "missing field \"hidden_size\"");
+    ts_clear_error(ctx);
+    snprintf(p, sizeof p, "%s/typo.json", dir);
+    write_text(p, "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": \"big\"}");
+    CHECK(ts_config_load(ctx, p, &c) == TS_ERR_IO);
+    CHECK_MSG(ctx, "field \"hidden_size\" must be an integer");
+    ts_clear_error(ctx);
+    snprintf(p, sizeof p, "%s/broken.json", dir);
+    write_text(p, "{\"model_type\": ");
+    CHECK(ts_config_load(ctx, p, &c) == TS_ERR_IO);
+    CHECK_MSG(ctx, "broken.json");
+    ts_clear_error(ctx);
+    snprintf(p, sizeof p, "%s/kv.json", dir);
+    write_text(p, "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                  " \"num_attention_heads\": 4, \"num_hidden_layers\": 1,"
+                  " \"num_key_value_heads\": 3, \"vocab_size\": 10}");
+    CHECK(ts_config_load(ctx, p, &c) == TS_ERR_IO);
+    CHECK_MSG(ctx, "num_key_value_heads (must divide num_attention_heads)");
+    ts_clear_error(ctx);
+}
+
+static void *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *b = malloc((size_t)len + 1);
+    *n = fread(b, 1, (size_t)len, f);
+    fclose(f);
+    return b;
+}
+
+static void test_model(ts_ctx *ctx, const char *name) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    ts_qwen3_model *m = NULL;
+    CHECK_OK(ctx, ts_qwen3_load(ctx, p, &m));
+    if (!m) return;
+    size_t ni, nl;
+    snprintf(p, sizeof p, "%s/%s.ids", dir, name);
+    int64_t *raw = read_file(p, &ni);
+    snprintf(p, sizeof p, "%s/%s.logits", dir, name);
+    float *want = read_file(p, &nl);
+    CHECK(raw && want);
+    if (!raw || !want) return;
+    int64_t shape[2] = {raw[0], raw[1]};
+    ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, raw + 2);
+    ts_tensor *logits = ts_qwen3_forward(m, ids, 0);
+    CHECK(logits != NULL);
+    if (logits) {
+        int64_t n = ts_tensor_numel(logits);
+        CHECK((size_t)n * 4 == nl);
+        float *got = ts_tensor_data(logits);
+        double scale = 0, err = 0;
+        for (int64_t i = 0; i < n && (size_t)i * 4 < nl; i++) {
+            scale = fmax(scale, fabs(want[i]));
+            err = fmax(err, fabs((double)got[i] - want[i]));
+        }
+        CHECK(err <= 1e-4 * scale);
+        printf("%-14s max |logit| %.3f, max error %.2e (%.2e of the scale)\n", name, scale,
+               err, err / scale);
+    }
+    ts_release(ids), ts_release(logits);
+    free(raw), free(want);
+    ts_qwen3_free(m);
+}
+
+static void test_bad_models(ts_ctx *ctx) {
+    char p[1024];
+    ts_qwen3_model *m = NULL;
+    snprintf(p, sizeof p, "%s/bad_missing_tensor", dir);
+    CHECK(ts_qwen3_load(ctx, p, &m) == TS_ERR_IO && !m);
+    CHECK_MSG(ctx, "the checkpoint has no tensor \"model.norm.weight\"");
+    ts_clear_error(ctx);
+    snprintf(p, sizeof p, "%s/bad_wrong_shape", dir);
+    CHECK(ts_qwen3_load(ctx, p, &m) == TS_ERR_SHAPE && !m);
+    CHECK_MSG(ctx, "tensor \"model.layers.0.mlp.gate_proj.weight\" has shape [80, 48] in the "
+                   "checkpoint; the config needs [81, 48]");
+    ts_clear_error(ctx);
+    char d2[600];
+    snprintf(d2, sizeof d2, "%s/llama_dir", dir);
+    mkdir(d2, 0755);
+    snprintf(p, sizeof p, "%s/config.json", d2);
+    write_text(p, "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                  " \"num_attention_heads\": 4, \"num_hidden_layers\": 1, \"vocab_size\": 10}");
+    CHECK(ts_qwen3_load(ctx, d2, &m) == TS_ERR_UNSUPPORTED);
+    CHECK_MSG(ctx, "a llama model; ts_qwen3_load reads qwen3 ones");
+    ts_clear_error(ctx);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s DIR (from tests/reference/hf_qwen3.py)\n", argv[0]);
+        return 2;
+    }
+    dir = argv[1];
+    ts_ctx *ctx = test_ctx();
+    test_configs(ctx);
+    const char *models[] = {"gqa2_untied", "mha_tied", "gqa4_sharded", "bf16_tied"};
+    for (int i = 0; i < 4; i++) test_model(ctx, models[i]);
+    test_bad_models(ctx);
+    ts_ctx_free(ctx);
+    return test_finish("test_hf_models");
+}
