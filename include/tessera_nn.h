@@ -89,6 +89,26 @@ ts_tensor *ts_qwen3_forward(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0);
 ts_tensor *ts_qwen3_loss(ts_qwen3_model *m, ts_tensor *ids, ts_tensor *targets,
                          ts_tensor **logits);
 
+/* ---- KV cache and generation --------------------------------------------- */
+
+/* Keys and values of every layer for B sequences of up to max_T positions
+ * (f32, allocated here). forward_cached runs ids (B, T) at the positions
+ * after those cached, attends to them too, appends its own, and returns
+ * the logits (B, T, V). */
+typedef struct ts_qwen3_cache ts_qwen3_cache;
+ts_status ts_qwen3_cache_new(ts_qwen3_model *m, int64_t B, int64_t max_T,
+                             ts_qwen3_cache **out);
+void ts_qwen3_cache_free(ts_qwen3_cache *kc);
+int64_t ts_qwen3_cache_len(const ts_qwen3_cache *kc);
+void ts_qwen3_cache_reset(ts_qwen3_cache *kc);
+ts_tensor *ts_qwen3_forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc,
+                                   ts_tensor *ids);
+/* Greedy decoding: the prompt in one pass, then n_new tokens one at a time
+ * through the cache, written to out. */
+ts_status ts_qwen3_generate_greedy(ts_qwen3_model *m, const int64_t *prompt,
+                                   int64_t n_prompt, int64_t n_new,
+                                   int64_t *out);
+
 /* ---- optimizer ---------------------------------------------------------- */
 
 /* torch.optim.AdamW's hyperparameters. */

@@ -132,6 +132,38 @@ static void test_model(ts_ctx *ctx, const char *name) {
                err, err / scale);
     }
     ts_release(ids), ts_release(logits);
+    /* greedy decoding through the KV cache: the reference's 32 tokens */
+    size_t ng;
+    snprintf(p, sizeof p, "%s/%s.greedy", dir, name);
+    int64_t *ref = read_file(p, &ng);
+    int64_t got[32];
+    CHECK(ref && ng == sizeof got);
+    CHECK_OK(ctx, ts_qwen3_generate_greedy(m, raw + 2, 5, 32, got));
+    int same = 0;
+    while (ref && same < 32 && got[same] == ref[same]) same++;
+    CHECK(same == 32);
+    if (same < 32) fprintf(stderr, "%s: greedy differs at token %d\n", name, same);
+    free(ref);
+    /* the cache: the prompt in two pieces gives the one-pass logits */
+    ts_qwen3_cache *kc;
+    CHECK_OK(ctx, ts_qwen3_cache_new(m, 1, 8, &kc));
+    int64_t s1[2] = {1, 3}, s2[2] = {1, 2}, s5[2] = {1, 5};
+    ts_tensor *a = ts_from_data(ctx, TS_I64, 2, s1, raw + 2);
+    ts_tensor *b = ts_from_data(ctx, TS_I64, 2, s2, raw + 5);
+    ts_tensor *all = ts_from_data(ctx, TS_I64, 2, s5, raw + 2);
+    ts_tensor *la = ts_qwen3_forward_cached(m, kc, a);
+    ts_tensor *lb = ts_qwen3_forward_cached(m, kc, b);
+    ts_tensor *lall = ts_qwen3_forward(m, all, 0);
+    ts_tensor *tail = ts_slice(lall, 1, 3, 5, 1);
+    test_allclose("cached logits", lb, tail, 1e-5, 1e-5);
+    CHECK(ts_qwen3_cache_len(kc) == 5);
+    ts_tensor *big = ts_from_data(ctx, TS_I64, 2, s5, raw + 2);
+    CHECK(ts_qwen3_forward_cached(m, kc, big) == NULL); /* 5 + 5 > 8 */
+    CHECK_MSG(ctx, "do not fit the cache");
+    ts_clear_error(ctx);
+    ts_release(a), ts_release(b), ts_release(all), ts_release(la), ts_release(lb);
+    ts_release(lall), ts_release(tail), ts_release(big);
+    ts_qwen3_cache_free(kc);
     free(raw), free(want);
     ts_qwen3_free(m);
 }

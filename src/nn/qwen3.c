@@ -250,10 +250,27 @@ static ts_tensor *project_heads(const ts_qwen3_model *m, ts_tensor *h,
     return rot;
 }
 
-/* x (B, T, C) -> self-attention output after o_proj (B, T, C). */
+/* One layer's keys and values for positions 0..len-1 (B, KV, max_T, D). */
+typedef struct {
+    ts_tensor *k, *v;
+    int64_t len;
+} kv_slot;
+
+/* Writes the new k or v (B, KV, T, D) at positions len..len+T-1 of the
+ * cache and returns the view of positions 0..len+T-1. */
+static ts_tensor *cache_append(ts_tensor *cache, ts_tensor *x, int64_t len) {
+    int64_t T = ts_tensor_dim(x, 2);
+    ts_tensor *dst = ts_slice(cache, 2, len, len + T, 1);
+    ts_status s = dst ? ts_copy_(dst, x) : TS_ERR_INVALID_ARG;
+    ts_release(dst);
+    return s == TS_OK ? ts_slice(cache, 2, 0, len + T, 1) : NULL;
+}
+
+/* x (B, T, C) -> self-attention output after o_proj (B, T, C); with a
+ * cache slot, attends to the cached positions too and appends its own. */
 static ts_tensor *attention_block(const ts_qwen3_model *m, const qwen3_layer *L,
                                   ts_tensor *x, ts_tensor *cos,
-                                  ts_tensor *sin) {
+                                  ts_tensor *sin, const kv_slot *kv) {
     const ts_qwen3_config *c = &m->cfg;
     int64_t B = ts_tensor_dim(x, 0), T = ts_tensor_dim(x, 1);
     ts_tensor *h = ts_rmsnorm(x, L->input_norm, c->rms_eps);
@@ -264,6 +281,12 @@ static ts_tensor *attention_block(const ts_qwen3_model *m, const qwen3_layer *L,
     ts_tensor *v = project_heads(m, h, L->v_proj, NULL, c->kv_heads, NULL,
                                  NULL); /* (B, KV, T, D) */
     ts_release(h);
+    if (kv) { /* keys and values of every position so far */
+        ts_tensor *ka = cache_append(kv->k, k, kv->len);
+        ts_tensor *va = cache_append(kv->v, v, kv->len);
+        ts_release(k), ts_release(v);
+        k = ka, v = va;
+    }
     ts_tensor *a = ts_attention(q, k, v, NULL, true, 0); /* (B, H, T, D) */
     ts_release(q), ts_release(k), ts_release(v);
     ts_tensor *at = ts_transpose(a, 1, 2); /* (B, T, H, D) */
@@ -279,8 +302,9 @@ static ts_tensor *attention_block(const ts_qwen3_model *m, const qwen3_layer *L,
 /* x (B, T, C) -> x + attn(norm(x)) -> that + mlp(norm(that)); takes over
  * the reference to x. */
 static ts_tensor *decoder_layer(const ts_qwen3_model *m, const qwen3_layer *L,
-                                ts_tensor *x, ts_tensor *cos, ts_tensor *sin) {
-    ts_tensor *a = attention_block(m, L, x, cos, sin);
+                                ts_tensor *x, ts_tensor *cos, ts_tensor *sin,
+                                const kv_slot *kv) {
+    ts_tensor *a = attention_block(m, L, x, cos, sin, kv);
     ts_tensor *x1 = ts_add(x, a);
     ts_release(x), ts_release(a);
     ts_tensor *h = ts_rmsnorm(x1, L->post_norm, m->cfg.rms_eps);
@@ -329,7 +353,7 @@ ts_tensor *ts_qwen3_forward(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0) {
         return NULL;
     ts_tensor *x = ts_embedding(m->embed, ids); /* (B, T, C) */
     for (int64_t i = 0; i < c->layers && x; i++)
-        x = decoder_layer(m, &m->layer[i], x, cos, sin);
+        x = decoder_layer(m, &m->layer[i], x, cos, sin, NULL);
     ts_release(cos), ts_release(sin);
     ts_tensor *h = ts_rmsnorm(x, m->norm, c->rms_eps);
     ts_release(x);
@@ -367,4 +391,122 @@ ts_tensor *ts_qwen3_loss(ts_qwen3_model *m, ts_tensor *ids, ts_tensor *targets,
     else
         ts_release(logits);
     return loss;
+}
+
+/* ---- KV cache and generation ---- */
+
+struct ts_qwen3_cache {
+    ts_qwen3_model *m;
+    int64_t B, max_T, len;
+    kv_slot *slot; /* one per layer */
+};
+
+ts_status ts_qwen3_cache_new(ts_qwen3_model *m, int64_t B, int64_t max_T,
+                             ts_qwen3_cache **out) {
+    if (!m || !out) return TS_ERR_INVALID_ARG;
+    *out = NULL;
+    const ts_qwen3_config *c = &m->cfg;
+    if (B < 1 || max_T < 1 || max_T > c->max_positions)
+        return ts_set_error(m->ctx, TS_ERR_RANGE,
+                            "qwen3_cache_new: batch %lld and length %lld (want >= 1, length "
+                            "<= max_positions %lld)",
+                            (long long)B, (long long)max_T, (long long)c->max_positions);
+    ts_qwen3_cache *kc = calloc(1, sizeof *kc);
+    if (kc) kc->slot = calloc((size_t)c->layers, sizeof *kc->slot);
+    if (!kc || !kc->slot) {
+        free(kc);
+        return ts_set_error(m->ctx, TS_ERR_OOM, "qwen3_cache_new: out of memory");
+    }
+    kc->m = m, kc->B = B, kc->max_T = max_T;
+    int64_t shape[4] = {B, c->kv_heads, max_T, c->head_dim};
+    for (int64_t i = 0; i < c->layers; i++) {
+        kc->slot[i].k = ts_zeros(m->ctx, TS_F32, 4, shape);
+        kc->slot[i].v = ts_zeros(m->ctx, TS_F32, 4, shape);
+        if (!kc->slot[i].k || !kc->slot[i].v) {
+            ts_qwen3_cache_free(kc);
+            return ts_ctx_status(m->ctx);
+        }
+    }
+    *out = kc;
+    return TS_OK;
+}
+
+void ts_qwen3_cache_free(ts_qwen3_cache *kc) {
+    if (!kc) return;
+    for (int64_t i = 0; i < kc->m->cfg.layers; i++)
+        ts_release(kc->slot[i].k), ts_release(kc->slot[i].v);
+    free(kc->slot);
+    free(kc);
+}
+
+int64_t ts_qwen3_cache_len(const ts_qwen3_cache *kc) { return kc ? kc->len : 0; }
+void ts_qwen3_cache_reset(ts_qwen3_cache *kc) {
+    if (kc) kc->len = 0;
+}
+
+ts_tensor *ts_qwen3_forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc,
+                                   ts_tensor *ids) {
+    if (!m || !kc) return NULL;
+    ts_ctx *ctx = m->ctx;
+    const ts_qwen3_config *c = &m->cfg;
+    if (!check_ids(ctx, "ids", ids)) return NULL;
+    int64_t B = ts_tensor_dim(ids, 0), T = ts_tensor_dim(ids, 1);
+    if (B != kc->B || kc->len + T > kc->max_T) {
+        ts_set_error(ctx, TS_ERR_RANGE,
+                     "qwen3_forward_cached: %lld x %lld new tokens do not fit the cache "
+                     "(batch %lld, %lld of %lld positions used)",
+                     (long long)B, (long long)T, (long long)kc->B, (long long)kc->len,
+                     (long long)kc->max_T);
+        return NULL;
+    }
+    ts_tensor *cos = NULL, *sin = NULL;
+    if (ts_rope_tables(ctx, T, c->head_dim, c->rope_theta, kc->len, &cos, &sin) != TS_OK)
+        return NULL;
+    ts_tensor *x = ts_embedding(m->embed, ids);
+    for (int64_t i = 0; i < c->layers && x; i++) {
+        kc->slot[i].len = kc->len;
+        x = decoder_layer(m, &m->layer[i], x, cos, sin, &kc->slot[i]);
+    }
+    ts_release(cos), ts_release(sin);
+    ts_tensor *h = ts_rmsnorm(x, m->norm, c->rms_eps);
+    ts_release(x);
+    ts_tensor *logits = ts_linear(h, m->lm_head, NULL);
+    ts_release(h);
+    if (logits) kc->len += T;
+    return logits;
+}
+
+ts_status ts_qwen3_generate_greedy(ts_qwen3_model *m, const int64_t *prompt, int64_t n_prompt,
+                                   int64_t n_new, int64_t *out) {
+    if (!m || !prompt || !out || n_prompt < 1 || n_new < 0)
+        return m ? ts_set_error(m->ctx, TS_ERR_INVALID_ARG,
+                                "qwen3_generate_greedy: a prompt of >= 1 token and n_new >= 0")
+                 : TS_ERR_INVALID_ARG;
+    ts_ctx *ctx = m->ctx;
+    ts_qwen3_cache *kc;
+    ts_status s = ts_qwen3_cache_new(m, 1, n_prompt + n_new, &kc);
+    if (s != TS_OK) return s;
+    bool old = ts_set_grad_enabled(ctx, false);
+    int64_t shape[2] = {1, n_prompt};
+    ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, prompt);
+    for (int64_t t = 0; t < n_new && s == TS_OK; t++) {
+        ts_tensor *logits = ts_qwen3_forward_cached(m, kc, ids);
+        ts_release(ids);
+        ids = NULL;
+        int64_t T = logits ? ts_tensor_dim(logits, 1) : 0;
+        ts_tensor *last = logits ? ts_slice(logits, 1, T - 1, T, 1) : NULL;
+        ts_tensor *best = last ? ts_argmax(last, -1, false) : NULL; /* (1, 1) */
+        double v;
+        s = best ? ts_item(best, &v) : ts_ctx_status(ctx);
+        if (s == TS_OK) {
+            out[t] = (int64_t)v;
+            int64_t one[2] = {1, 1};
+            ids = ts_from_data(ctx, TS_I64, 2, one, &out[t]);
+        }
+        ts_release(logits), ts_release(last), ts_release(best);
+    }
+    ts_release(ids);
+    ts_set_grad_enabled(ctx, old);
+    ts_qwen3_cache_free(kc);
+    return s;
 }

@@ -7,6 +7,7 @@ modeling_qwen3.py) gives for a batch of token ids:
   DIR/<case>/           the model folder
   DIR/<case>.ids        i64 (B, T), raw little-endian, B and T first (i64)
   DIR/<case>.logits     f32 (B, T, V), raw little-endian
+  DIR/<case>.greedy     i64 [32]: greedy continuation of ids[0, :5]
 Cases: GQA ratios 1, 2 and 4; tied and untied embeddings; head_dim unlike
 hidden/heads; rope_theta 1e4 and 1e6; f32 and bf16 weights; one sharded."""
 import json
@@ -120,6 +121,16 @@ def make(root, name, spec, seed):
         f.write(struct.pack("<qq", B, T) + ids.numpy().astype(np.int64).tobytes())
     with open(os.path.join(root, name + ".logits"), "wb") as f:
         f.write(logits.numpy().astype(np.float32).tobytes())
+    # greedy: 32 tokens after the first 5 ids of row 0, full recompute each step
+    seq = ids[0:1, :5]
+    new = []
+    with torch.no_grad():
+        for _ in range(32):
+            nxt = int(qwen3_forward(pf, cfgv, seq, 0)[0, -1].argmax())
+            new.append(nxt)
+            seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)
+    with open(os.path.join(root, name + ".greedy"), "wb") as f:
+        f.write(np.array(new, dtype=np.int64).tobytes())
 
 
 def main():
