@@ -5,12 +5,16 @@
 #include <string.h>
 
 int tessera_demo(int argc, char **argv);
+int tessera_info(int argc, char **argv);
+int tessera_logits(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: tessera <command> [options]\n"
             "commands:\n"
-            "  demo     train a tiny MLP for a few steps in eager mode\n");
+            "  demo     train a tiny MLP for a few steps in eager mode\n"
+            "  info     -m DIR: a Hugging Face model folder's architecture and size\n"
+            "  logits   -m DIR --ids 1,2,3 --out F.npy: logits of every position\n");
 }
 
 int main(int argc, char **argv) {
@@ -19,6 +23,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!strcmp(argv[1], "demo")) return tessera_demo(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "info")) return tessera_info(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "logits")) return tessera_logits(argc - 1, argv + 1);
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(stdout);
         return 0;

@@ -1,0 +1,43 @@
+#!/usr/bin/python3
+"""check_logits_cli.py TESSERA DIR — runs `tessera logits` on a model that
+hf_qwen3.py wrote and compares the .npy it writes with the PyTorch
+reference's logits (to 1e-4 of the logit scale); also `tessera info` and a
+bad --ids argument (exit status 2, message on stderr)."""
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+
+def main():
+    exe, root = sys.argv[1], sys.argv[2]
+    name = "gqa2_untied"
+    raw = np.fromfile(os.path.join(root, name + ".ids"), dtype=np.int64)
+    B, T = int(raw[0]), int(raw[1])
+    ids = raw[2:].reshape(B, T)
+    want = np.fromfile(os.path.join(root, name + ".logits"), dtype=np.float32).reshape(B, T, -1)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "l.npy")
+        r = subprocess.run([exe, "logits", "-m", os.path.join(root, name), "--ids",
+                            ",".join(str(int(i)) for i in ids[0]), "--out", out],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        got = np.load(out)
+    assert got.shape == want[0].shape, (got.shape, want[0].shape)
+    err = np.abs(got - want[0]).max() / np.abs(want[0]).max()
+    assert err <= 1e-4, err
+    r = subprocess.run([exe, "info", "-m", os.path.join(root, name)], capture_output=True, text=True)
+    assert r.returncode == 0 and "architecture   qwen3" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([exe, "logits", "-m", os.path.join(root, name), "--ids", "3,-1", "--out",
+                        "/dev/null"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--ids wants comma-separated token ids" in r.stderr, r.stderr
+    r = subprocess.run([exe, "info", "-m", os.path.join(root, "bad_unknown_type")],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "not supported" in r.stderr, r.stderr
+    print("check_logits_cli: logits within %.2e of the scale; info and errors as expected" % err)
+
+
+if __name__ == "__main__":
+    main()
