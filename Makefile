@@ -5,7 +5,7 @@ BUILD      ?= build
 BUILD_SAN  ?= build-san
 JOBS       ?= $(shell nproc)
 APT_PKGS   := build-essential cmake pkg-config libopenblas-openmp-dev libgomp1 \
-              libjansson-dev \
+              libjansson-dev libpcre2-dev libutf8proc-dev \
               python3 python3-torch python3-numpy
 
 .PHONY: run test deps build build-san bench bench-compile clean format
@@ -14,6 +14,7 @@ deps:
 	@missing=""; for p in $(APT_PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
