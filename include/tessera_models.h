@@ -16,6 +16,9 @@ extern "C" {
  * its exact shape (lm_head.weight may be absent when embeddings are tied);
  * errors name the tensor and the file. */
 ts_status ts_qwen3_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out);
+/* The same for any decoder the ts_qwen3 model covers: qwen3, qwen2 (q/k/v
+ * biases, no qk-norm) and llama (no qk-norm, llama3 rope scaling). */
+ts_status ts_decoder_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out);
 
 #ifdef __cplusplus
 }

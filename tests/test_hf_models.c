@@ -1,9 +1,11 @@
 /* test_hf_models.c — Hugging Face model folders as they are: config.json
  * for each supported architecture (fields, defaults, llama3 rope scaling,
  * errors naming the field), and Qwen3 models written by
- * tests/reference/hf_qwen3.py loaded and run: logits equal the PyTorch
- * reference's to 1e-4 of the logit scale (f32 and bf16 weights, tied and
- * untied, GQA 1/2/4, sharded). argv[1]: the folder that script wrote. */
+ * tests/reference/hf_qwen3.py and Qwen2/Llama ones by hf_decoders.py,
+ * loaded and run: logits equal the PyTorch references' to 1e-4 of the logit
+ * scale (f32 and bf16 weights, tied and untied, GQA 1/2/4, sharded, q/k/v
+ * biases, llama3 rope scaling) and 32 greedy tokens through the KV cache
+ * equal theirs. argv[1]: the folder those scripts wrote. */
 #include "tessera_models.h"
 #include "test_util.h"
 
@@ -101,11 +103,11 @@ static void *read_file(const char *path, size_t *n) {
     return b;
 }
 
-static void test_model(ts_ctx *ctx, const char *name) {
+static void test_model(ts_ctx *ctx, const char *name, bool any_decoder) {
     char p[512];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     ts_qwen3_model *m = NULL;
-    CHECK_OK(ctx, ts_qwen3_load(ctx, p, &m));
+    CHECK_OK(ctx, any_decoder ? ts_decoder_load(ctx, p, &m) : ts_qwen3_load(ctx, p, &m));
     if (!m) return;
     size_t ni, nl;
     snprintf(p, sizeof p, "%s/%s.ids", dir, name);
@@ -200,7 +202,10 @@ int main(int argc, char **argv) {
     ts_ctx *ctx = test_ctx();
     test_configs(ctx);
     const char *models[] = {"gqa2_untied", "mha_tied", "gqa4_sharded", "bf16_tied"};
-    for (int i = 0; i < 4; i++) test_model(ctx, models[i]);
+    for (int i = 0; i < 4; i++) test_model(ctx, models[i], false);
+    /* the same decoder for Qwen2 (q/k/v biases) and Llama (llama3 rope) */
+    const char *others[] = {"qwen2_tied", "llama_gqa4", "llama3_scaled"};
+    for (int i = 0; i < 3; i++) test_model(ctx, others[i], true);
     test_bad_models(ctx);
     ts_ctx_free(ctx);
     return test_finish("test_hf_models");

@@ -129,7 +129,7 @@ int tessera_logits(int argc, char **argv) {
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK) return 1;
     ts_qwen3_model *m;
-    if (ts_qwen3_load(ctx, dir, &m) != TS_OK) return fail(ctx, "model");
+    if (ts_decoder_load(ctx, dir, &m) != TS_OK) return fail(ctx, "model");
     int64_t shape[2] = {1, n};
     ts_tensor *t = ts_from_data(ctx, TS_I64, 2, shape, ids);
     bool old = ts_set_grad_enabled(ctx, false);

@@ -118,7 +118,7 @@ int tessera_run(int argc, char **argv) {
     ts_sampler *sm = NULL;
     int rc = 1;
     if (ts_tokenizer_load(ctx, dir, &tok) != TS_OK) { fail(ctx, "tokenizer"); goto done; }
-    if (ts_qwen3_load(ctx, dir, &m) != TS_OK) { fail(ctx, "model"); goto done; }
+    if (ts_decoder_load(ctx, dir, &m) != TS_OK) { fail(ctx, "model"); goto done; }
     if (ts_sampler_new(ctx, &s, &sm) != TS_OK) { fail(ctx, "sampling"); goto done; }
     int32_t *ids = NULL;
     size_t n_prompt = 0;

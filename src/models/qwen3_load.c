@@ -1,21 +1,27 @@
-/* qwen3_load.c — a Qwen3 model from a Hugging Face folder: config.json into
- * the model's config, then every parameter by its Hugging Face name from the
- * safetensors, shape-checked and converted to the model's dtype. */
+/* qwen3_load.c — decoder models (Qwen3, Qwen2, Llama: one decoder with
+ * their differences as config flags) from a Hugging Face folder: config.json
+ * into the decoder's config, then every parameter by its Hugging Face name
+ * from the safetensors, shape-checked and converted to the model's dtype. */
 #include "tessera_models.h"
 
 #include <stdio.h>
 #include <string.h>
 
-ts_status ts_qwen3_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out) {
+static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out, bool any_decoder) {
     if (!ctx) return TS_ERR_INVALID_ARG;
-    if (!dir || !out) return ts_set_error(ctx, TS_ERR_INVALID_ARG, "ts_qwen3_load: NULL argument");
+    if (!dir || !out) return ts_set_error(ctx, TS_ERR_INVALID_ARG, "model load: NULL argument");
     *out = NULL;
     ts_model_config mc;
     ts_status s = ts_config_load(ctx, dir, &mc);
     if (s != TS_OK) return s;
-    if (mc.arch != TS_ARCH_QWEN3)
+    if (!any_decoder && mc.arch != TS_ARCH_QWEN3)
         return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
                             "%s: a %s model; ts_qwen3_load reads qwen3 ones", dir, mc.model_type);
+    if (mc.arch == TS_ARCH_GPT2)
+        return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                            "%s: gpt2 models are read by ts_config_load but cannot be run yet "
+                            "(runnable: qwen3, qwen2, llama)",
+                            dir);
     ts_qwen3_config cfg = {.vocab = mc.vocab,
                            .hidden = mc.hidden,
                            .layers = mc.layers,
@@ -26,7 +32,21 @@ ts_status ts_qwen3_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out) {
                            .rms_eps = mc.norm_eps,
                            .rope_theta = mc.rope_theta,
                            .tie_word_embeddings = mc.tie_word_embeddings,
-                           .max_positions = mc.max_positions};
+                           .max_positions = mc.max_positions,
+                           .no_qk_norm = !mc.qk_norm,
+                           .attention_bias = mc.attention_bias,
+                           .rope_llama3 = mc.rope_llama3,
+                           .rope_factor = mc.rope_factor,
+                           .rope_low_freq_factor = mc.rope_low_freq_factor,
+                           .rope_high_freq_factor = mc.rope_high_freq_factor,
+                           .rope_original_max_positions = mc.rope_original_max_positions};
+    if (mc.rope_llama3 && !(mc.rope_factor > 0 && mc.rope_low_freq_factor > 0 &&
+                            mc.rope_high_freq_factor > mc.rope_low_freq_factor &&
+                            mc.rope_original_max_positions > 0))
+        return ts_set_error(ctx, TS_ERR_IO,
+                            "%s: rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < "
+                            "high_freq_factor and original_max_position_embeddings > 0",
+                            dir);
     ts_safetensors *st = NULL;
     ts_qwen3_model *m = NULL;
     if ((s = ts_safetensors_open(ctx, dir, &st)) != TS_OK) return s;
@@ -70,4 +90,12 @@ ts_status ts_qwen3_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out) {
     }
     *out = m;
     return TS_OK;
+}
+
+ts_status ts_qwen3_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out) {
+    return load(ctx, dir, out, false);
+}
+
+ts_status ts_decoder_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out) {
+    return load(ctx, dir, out, true);
 }

@@ -7,6 +7,7 @@
 #include "tessera_nn.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,8 +20,11 @@ typedef struct {
     ts_tensor *k_proj;     /* (KV*D, C) */
     ts_tensor *v_proj;     /* (KV*D, C) */
     ts_tensor *o_proj;     /* (C, H*D) */
-    ts_tensor *q_norm;     /* (D) */
+    ts_tensor *q_norm;     /* (D); NULL without qk-norm */
     ts_tensor *k_norm;     /* (D) */
+    ts_tensor *q_bias;     /* (H*D); NULL without attention bias */
+    ts_tensor *k_bias;     /* (KV*D) */
+    ts_tensor *v_bias;     /* (KV*D) */
     ts_tensor *gate_proj;  /* (F, C) */
     ts_tensor *up_proj;    /* (F, C) */
     ts_tensor *down_proj;  /* (C, F) */
@@ -92,17 +96,18 @@ static uint64_t param_seed(uint64_t seed, int i) {
     return z ^ (z >> 31);
 }
 
-/* A new parameter named name: Normal(0, 0.02) when normal, else ones. */
-static ts_tensor *add_param(ts_qwen3_model *m, uint64_t seed, bool normal,
+/* A new parameter named name: Normal(0, 0.02) when normal (1), else ones
+ * (0) or zeros (2, biases). */
+static ts_tensor *add_param(ts_qwen3_model *m, uint64_t seed, int normal,
                             int ndim, int64_t d0, int64_t d1,
                             const char *name) {
     int64_t shape[2] = {d0, d1};
     int i = m->n_params;
     if (i == m->cap_params)
         return NULL; /* sized in ts_qwen3_new */
-    ts_tensor *t = normal ? ts_randn(m->ctx, TS_F32, ndim, shape, 0.02,
-                                     param_seed(seed, i))
-                          : ts_full(m->ctx, TS_F32, ndim, shape, 1.0);
+    ts_tensor *t = normal == 1 ? ts_randn(m->ctx, TS_F32, ndim, shape, 0.02,
+                                          param_seed(seed, i))
+                   : ts_full(m->ctx, TS_F32, ndim, shape, normal == 2 ? 0.0 : 1.0);
     if (!t)
         return NULL;
     ts_set_requires_grad(t, true);
@@ -125,11 +130,16 @@ static bool add_layer(ts_qwen3_model *m, uint64_t seed, int i) {
             return false;                                                      \
     } while (0)
     PARAM(q_proj, true, 2, HD, C, "self_attn.q_proj.weight");
+    if (c->attention_bias) PARAM(q_bias, 2, 1, HD, 0, "self_attn.q_proj.bias");
     PARAM(k_proj, true, 2, KVD, C, "self_attn.k_proj.weight");
+    if (c->attention_bias) PARAM(k_bias, 2, 1, KVD, 0, "self_attn.k_proj.bias");
     PARAM(v_proj, true, 2, KVD, C, "self_attn.v_proj.weight");
+    if (c->attention_bias) PARAM(v_bias, 2, 1, KVD, 0, "self_attn.v_proj.bias");
     PARAM(o_proj, true, 2, C, HD, "self_attn.o_proj.weight");
-    PARAM(q_norm, false, 1, D, 0, "self_attn.q_norm.weight");
-    PARAM(k_norm, false, 1, D, 0, "self_attn.k_norm.weight");
+    if (!c->no_qk_norm) {
+        PARAM(q_norm, false, 1, D, 0, "self_attn.q_norm.weight");
+        PARAM(k_norm, false, 1, D, 0, "self_attn.k_norm.weight");
+    }
     PARAM(gate_proj, true, 2, F, C, "mlp.gate_proj.weight");
     PARAM(up_proj, true, 2, F, C, "mlp.up_proj.weight");
     PARAM(down_proj, true, 2, C, F, "mlp.down_proj.weight");
@@ -150,7 +160,7 @@ ts_status ts_qwen3_new(ts_ctx *ctx, const ts_qwen3_config *cfg, uint64_t seed,
     if (s != TS_OK)
         return s;
     ts_qwen3_model *m = calloc(1, sizeof *m);
-    int cap = 3 + 11 * (int)cfg->layers;
+    int cap = 3 + 14 * (int)cfg->layers;
     if (m) {
         m->ctx = ctx;
         m->cfg = *cfg;
@@ -229,11 +239,11 @@ ts_tensor *ts_qwen3_find_param(const ts_qwen3_model *m, const char *name) {
  * D when norm_w is set (Qwen3's qk-norm), heads to dim 1, RoPE when cos is
  * set. */
 static ts_tensor *project_heads(const ts_qwen3_model *m, ts_tensor *h,
-                                ts_tensor *w, ts_tensor *norm_w, int64_t n,
-                                ts_tensor *cos, ts_tensor *sin) {
+                                ts_tensor *w, ts_tensor *b, ts_tensor *norm_w,
+                                int64_t n, ts_tensor *cos, ts_tensor *sin) {
     int64_t B = ts_tensor_dim(h, 0), T = ts_tensor_dim(h, 1);
     int64_t shape[4] = {B, T, n, m->cfg.head_dim};
-    ts_tensor *p = ts_linear(h, w, NULL);   /* (B, T, n*D) */
+    ts_tensor *p = ts_linear(h, w, b);      /* (B, T, n*D) */
     ts_tensor *r = ts_reshape(p, 4, shape); /* (B, T, n, D), a view */
     ts_release(p);
     if (norm_w) {
@@ -274,12 +284,12 @@ static ts_tensor *attention_block(const ts_qwen3_model *m, const qwen3_layer *L,
     const ts_qwen3_config *c = &m->cfg;
     int64_t B = ts_tensor_dim(x, 0), T = ts_tensor_dim(x, 1);
     ts_tensor *h = ts_rmsnorm(x, L->input_norm, c->rms_eps);
-    ts_tensor *q = project_heads(m, h, L->q_proj, L->q_norm, c->heads, cos,
-                                 sin); /* (B, H, T, D) */
-    ts_tensor *k = project_heads(m, h, L->k_proj, L->k_norm, c->kv_heads, cos,
-                                 sin); /* (B, KV, T, D) */
-    ts_tensor *v = project_heads(m, h, L->v_proj, NULL, c->kv_heads, NULL,
-                                 NULL); /* (B, KV, T, D) */
+    ts_tensor *q = project_heads(m, h, L->q_proj, L->q_bias, L->q_norm,
+                                 c->heads, cos, sin); /* (B, H, T, D) */
+    ts_tensor *k = project_heads(m, h, L->k_proj, L->k_bias, L->k_norm,
+                                 c->kv_heads, cos, sin); /* (B, KV, T, D) */
+    ts_tensor *v = project_heads(m, h, L->v_proj, L->v_bias, NULL, c->kv_heads,
+                                 NULL, NULL); /* (B, KV, T, D) */
     ts_release(h);
     if (kv) { /* keys and values of every position so far */
         ts_tensor *ka = cache_append(kv->k, k, kv->len);
@@ -315,6 +325,46 @@ static ts_tensor *decoder_layer(const ts_qwen3_model *m, const qwen3_layer *L,
     return x2;
 }
 
+/* cos, sin (T, D) for positions pos0.. with the config's rope: HF's
+ * default, or Llama 3.1's rope_scaling of type llama3 (long wavelengths
+ * divided by factor, short ones kept, a smooth blend between). */
+static ts_status rope_for(const ts_qwen3_model *m, int64_t T, int64_t pos0,
+                          ts_tensor **cos, ts_tensor **sin) {
+    const ts_qwen3_config *c = &m->cfg;
+    if (!c->rope_llama3)
+        return ts_rope_tables(m->ctx, T, c->head_dim, c->rope_theta, pos0, cos, sin);
+    int64_t D = c->head_dim, half = D / 2, shape[2] = {T, D};
+    float *cb = malloc(sizeof(float) * (size_t)(T * D + 1));
+    float *sb = malloc(sizeof(float) * (size_t)(T * D + 1));
+    if (!cb || !sb) {
+        free(cb), free(sb);
+        return ts_set_error(m->ctx, TS_ERR_OOM, "rope: out of memory");
+    }
+    double old = (double)c->rope_original_max_positions;
+    double low_wl = old / c->rope_low_freq_factor, high_wl = old / c->rope_high_freq_factor;
+    for (int64_t i = 0; i < half; i++) {
+        double inv = 1.0 / pow(c->rope_theta, (double)(2 * i) / (double)D);
+        double wl = 2 * M_PI / inv;
+        if (wl > low_wl) {
+            inv /= c->rope_factor;
+        } else if (wl >= high_wl) {
+            double smooth = (old / wl - c->rope_low_freq_factor) /
+                            (c->rope_high_freq_factor - c->rope_low_freq_factor);
+            inv = (1 - smooth) * inv / c->rope_factor + smooth * inv;
+        }
+        float fi = (float)inv;
+        for (int64_t t = 0; t < T; t++) {
+            float ang = (float)(pos0 + t) * fi;
+            cb[t * D + i] = cb[t * D + i + half] = cosf(ang);
+            sb[t * D + i] = sb[t * D + i + half] = sinf(ang);
+        }
+    }
+    *cos = ts_from_data(m->ctx, TS_F32, 2, shape, cb);
+    *sin = ts_from_data(m->ctx, TS_F32, 2, shape, sb);
+    free(cb), free(sb);
+    return *cos && *sin ? TS_OK : ts_ctx_status(m->ctx);
+}
+
 static bool check_ids(ts_ctx *ctx, const char *what, ts_tensor *ids) {
     if (!ids) {
         if (ts_ctx_status(ctx) == TS_OK)
@@ -348,8 +398,7 @@ ts_tensor *ts_qwen3_forward(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0) {
         return NULL;
     }
     ts_tensor *cos = NULL, *sin = NULL;
-    if (ts_rope_tables(ctx, T, c->head_dim, c->rope_theta, pos0, &cos, &sin) !=
-        TS_OK)
+    if (rope_for(m, T, pos0, &cos, &sin) != TS_OK)
         return NULL;
     ts_tensor *x = ts_embedding(m->embed, ids); /* (B, T, C) */
     for (int64_t i = 0; i < c->layers && x; i++)
@@ -460,7 +509,7 @@ ts_tensor *ts_qwen3_forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc,
         return NULL;
     }
     ts_tensor *cos = NULL, *sin = NULL;
-    if (ts_rope_tables(ctx, T, c->head_dim, c->rope_theta, kc->len, &cos, &sin) != TS_OK)
+    if (rope_for(m, T, kc->len, &cos, &sin) != TS_OK)
         return NULL;
     ts_tensor *x = ts_embedding(m->embed, ids);
     for (int64_t i = 0; i < c->layers && x; i++) {
