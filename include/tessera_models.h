@@ -20,6 +20,18 @@ ts_status ts_qwen3_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out);
  * biases, no qk-norm) and llama (no qk-norm, llama3 rope scaling). */
 ts_status ts_decoder_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out);
 
+/* GPT-2 (inference): learned positions, LayerNorm, fused q/k/v, Conv1D
+ * weights (in, out), tanh GELU, tied LM head. */
+typedef struct ts_gpt2_model ts_gpt2_model;
+ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out);
+void ts_gpt2_free(ts_gpt2_model *m);
+/* ids (B, T) i32/i64 at positions pos0.. -> logits (B, T, V) */
+ts_tensor *ts_gpt2_forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0);
+/* greedy decoding with a KV cache: n_new tokens after the prompt */
+ts_status ts_gpt2_generate_greedy(ts_gpt2_model *m, const int64_t *prompt,
+                                  int64_t n_prompt, int64_t n_new,
+                                  int64_t *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -170,6 +170,46 @@ static void test_model(ts_ctx *ctx, const char *name, bool any_decoder) {
     ts_qwen3_free(m);
 }
 
+/* GPT-2: logits and 20 greedy tokens against the reference */
+static void test_gpt2(ts_ctx *ctx, const char *name) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    ts_gpt2_model *m = NULL;
+    CHECK_OK(ctx, ts_gpt2_load(ctx, p, &m));
+    if (!m) return;
+    size_t ni, nl, ng;
+    snprintf(p, sizeof p, "%s/%s.ids", dir, name);
+    int64_t *raw = read_file(p, &ni);
+    snprintf(p, sizeof p, "%s/%s.logits", dir, name);
+    float *want = read_file(p, &nl);
+    snprintf(p, sizeof p, "%s/%s.greedy", dir, name);
+    int64_t *ref = read_file(p, &ng);
+    CHECK(raw && want && ref && ng == 20 * sizeof(int64_t));
+    if (raw && want && ref) {
+        int64_t shape[2] = {raw[0], raw[1]};
+        ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, raw + 2);
+        ts_tensor *logits = ts_gpt2_forward(m, ids, 0);
+        CHECK(logits && (size_t)ts_tensor_numel(logits) * 4 == nl);
+        if (logits && (size_t)ts_tensor_numel(logits) * 4 == nl) {
+            float *got = ts_tensor_data(logits);
+            double scale = 0, err = 0;
+            for (int64_t i = 0; i < ts_tensor_numel(logits); i++) {
+                scale = fmax(scale, fabs(want[i]));
+                err = fmax(err, fabs((double)got[i] - want[i]));
+            }
+            CHECK(err <= 1e-4 * scale);
+            printf("%-14s max |logit| %.3f, max error %.2e (%.2e of the scale)\n", name, scale,
+                   err, err / scale);
+        }
+        int64_t out[20];
+        CHECK_OK(ctx, ts_gpt2_generate_greedy(m, raw + 2, 5, 20, out));
+        CHECK(!memcmp(out, ref, sizeof out));
+        ts_release(ids), ts_release(logits);
+    }
+    free(raw), free(want), free(ref);
+    ts_gpt2_free(m);
+}
+
 static void test_bad_models(ts_ctx *ctx) {
     char p[1024];
     ts_qwen3_model *m = NULL;
@@ -206,6 +246,8 @@ int main(int argc, char **argv) {
     /* the same decoder for Qwen2 (q/k/v biases) and Llama (llama3 rope) */
     const char *others[] = {"qwen2_tied", "llama_gqa4", "llama3_scaled"};
     for (int i = 0; i < 3; i++) test_model(ctx, others[i], true);
+    test_gpt2(ctx, "gpt2_prefixed");
+    test_gpt2(ctx, "gpt2_bare");
     test_bad_models(ctx);
     ts_ctx_free(ctx);
     return test_finish("test_hf_models");

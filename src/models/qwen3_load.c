@@ -19,8 +19,8 @@ static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out, bool a
                             "%s: a %s model; ts_qwen3_load reads qwen3 ones", dir, mc.model_type);
     if (mc.arch == TS_ARCH_GPT2)
         return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                            "%s: gpt2 models are read by ts_config_load but cannot be run yet "
-                            "(runnable: qwen3, qwen2, llama)",
+                            "%s: a gpt2 model; ts_decoder_load reads qwen3, qwen2 and llama "
+                            "(gpt2: ts_gpt2_load)",
                             dir);
     ts_qwen3_config cfg = {.vocab = mc.vocab,
                            .hidden = mc.hidden,

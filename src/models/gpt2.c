@@ -1,0 +1,253 @@
+/* gpt2.c — GPT-2 from a Hugging Face folder, for inference: learned
+ * position embeddings, pre-LayerNorm blocks with a fused q/k/v projection,
+ * Conv1D weights stored (in, out) as Hugging Face keeps them (used as they
+ * are: x @ W + b), the tanh GELU, the LM head tied to the token embedding;
+ * a KV cache for greedy generation. Parameters are read by name with or
+ * without the "transformer." prefix; the causal-mask buffers some
+ * checkpoints carry (attn.bias, attn.masked_bias) are ignored. */
+#include "tessera_models.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    ts_tensor *ln1_w, *ln1_b, *attn_w, *attn_b, *proj_w, *proj_b;
+    ts_tensor *ln2_w, *ln2_b, *fc_w, *fc_b, *fc_proj_w, *fc_proj_b;
+    ts_tensor *k, *v; /* cache (1, H, max_T, D) when generating */
+} gpt2_layer;
+
+struct ts_gpt2_model {
+    ts_ctx *ctx;
+    ts_model_config cfg;
+    ts_tensor *wte, *wpe, *lnf_w, *lnf_b;
+    gpt2_layer *layer;
+};
+
+static ts_tensor *get(ts_ctx *ctx, ts_safetensors *st, const char *dir, const char *name,
+                      int ndim, int64_t d0, int64_t d1, ts_status *s) {
+    if (*s) return NULL;
+    char full[256];
+    snprintf(full, sizeof full, "transformer.%s", name);
+    ts_tensor *t = NULL;
+    for (int k = 0; k < ts_safetensors_count(st) && !t; k++) {
+        const char *n = ts_safetensors_name(st, k);
+        if (!strcmp(n, full) || !strcmp(n, name)) t = ts_safetensors_get(st, n);
+    }
+    if (!t) {
+        *s = ts_set_error(ctx, TS_ERR_IO, "%s: the checkpoint has no tensor \"%s\"", dir, name);
+        return NULL;
+    }
+    int64_t want[2] = {d0, d1};
+    if (ts_tensor_ndim(t) != ndim ||
+        memcmp(ts_tensor_shape(t), want, sizeof(int64_t) * (size_t)ndim)) {
+        *s = ts_set_error(ctx, TS_ERR_SHAPE, "%s: tensor \"%s\" has the wrong shape for the config",
+                          dir, name);
+        ts_release(t);
+        return NULL;
+    }
+    if (ts_tensor_dtype(t) != TS_F32) { /* computed in f32 */
+        ts_tensor *f = ts_cast(t, TS_F32);
+        ts_release(t);
+        t = f;
+    }
+    return t;
+}
+
+void ts_gpt2_free(ts_gpt2_model *m) {
+    if (!m) return;
+    for (int64_t i = 0; m->layer && i < m->cfg.layers; i++) {
+        ts_tensor **p = &m->layer[i].ln1_w;
+        for (int k = 0; k < 14; k++) ts_release(p[k]);
+    }
+    ts_release(m->wte), ts_release(m->wpe), ts_release(m->lnf_w), ts_release(m->lnf_b);
+    free(m->layer);
+    free(m);
+}
+
+ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out) {
+    if (!ctx) return TS_ERR_INVALID_ARG;
+    if (!dir || !out) return ts_set_error(ctx, TS_ERR_INVALID_ARG, "gpt2_load: NULL argument");
+    *out = NULL;
+    ts_model_config c;
+    ts_status s = ts_config_load(ctx, dir, &c);
+    if (s) return s;
+    if (c.arch != TS_ARCH_GPT2)
+        return ts_set_error(ctx, TS_ERR_UNSUPPORTED, "%s: a %s model; ts_gpt2_load reads gpt2 ones",
+                            dir, c.model_type);
+    ts_safetensors *st;
+    if ((s = ts_safetensors_open(ctx, dir, &st))) return s;
+    ts_gpt2_model *m = calloc(1, sizeof *m);
+    if (m) m->layer = calloc((size_t)c.layers, sizeof *m->layer);
+    if (!m || !m->layer) {
+        ts_safetensors_close(st);
+        free(m);
+        return ts_set_error(ctx, TS_ERR_OOM, "gpt2_load: out of memory");
+    }
+    m->ctx = ctx, m->cfg = c;
+    int64_t C = c.hidden, F = c.intermediate;
+    bool old = ts_set_grad_enabled(ctx, false);
+    m->wte = get(ctx, st, dir, "wte.weight", 2, c.vocab, C, &s);
+    m->wpe = get(ctx, st, dir, "wpe.weight", 2, c.max_positions, C, &s);
+    for (int64_t i = 0; i < c.layers && !s; i++) {
+        gpt2_layer *L = &m->layer[i];
+        char n[128];
+#define P(field, suffix, nd, a, b)                                    \
+    snprintf(n, sizeof n, "h.%lld.%s", (long long)i, suffix);          \
+    L->field = get(ctx, st, dir, n, nd, a, b, &s)
+        P(ln1_w, "ln_1.weight", 1, C, 0);
+        P(ln1_b, "ln_1.bias", 1, C, 0);
+        P(attn_w, "attn.c_attn.weight", 2, C, 3 * C);
+        P(attn_b, "attn.c_attn.bias", 1, 3 * C, 0);
+        P(proj_w, "attn.c_proj.weight", 2, C, C);
+        P(proj_b, "attn.c_proj.bias", 1, C, 0);
+        P(ln2_w, "ln_2.weight", 1, C, 0);
+        P(ln2_b, "ln_2.bias", 1, C, 0);
+        P(fc_w, "mlp.c_fc.weight", 2, C, F);
+        P(fc_b, "mlp.c_fc.bias", 1, F, 0);
+        P(fc_proj_w, "mlp.c_proj.weight", 2, F, C);
+        P(fc_proj_b, "mlp.c_proj.bias", 1, C, 0);
+#undef P
+    }
+    m->lnf_w = get(ctx, st, dir, "ln_f.weight", 1, C, 0, &s);
+    m->lnf_b = get(ctx, st, dir, "ln_f.bias", 1, C, 0, &s);
+    ts_set_grad_enabled(ctx, old);
+    ts_safetensors_close(st);
+    if (s) {
+        ts_gpt2_free(m);
+        return s;
+    }
+    *out = m;
+    return TS_OK;
+}
+
+/* x @ W + b with W (in, out) */
+static ts_tensor *conv1d(ts_tensor *x, ts_tensor *w, ts_tensor *b) {
+    ts_tensor *y = ts_matmul(x, w);
+    ts_tensor *r = ts_add(y, b);
+    ts_release(y);
+    return r;
+}
+
+/* (B, T, C) slice [off, off+C) of the fused qkv -> heads (B, H, T, D) */
+static ts_tensor *heads(ts_tensor *qkv, int64_t off, const ts_model_config *c) {
+    int64_t B = ts_tensor_dim(qkv, 0), T = ts_tensor_dim(qkv, 1);
+    ts_tensor *part = ts_slice(qkv, 2, off, off + c->hidden, 1);
+    int64_t shape[4] = {B, T, c->heads, c->head_dim};
+    ts_tensor *r = ts_reshape(part, 4, shape);
+    ts_tensor *t = ts_transpose(r, 1, 2);
+    ts_release(part), ts_release(r);
+    return t;
+}
+
+static ts_tensor *append(ts_tensor *cache, ts_tensor *x, int64_t len) {
+    int64_t T = ts_tensor_dim(x, 2);
+    ts_tensor *dst = ts_slice(cache, 2, len, len + T, 1);
+    ts_status s = dst ? ts_copy_(dst, x) : TS_ERR_INVALID_ARG;
+    ts_release(dst);
+    return s == TS_OK ? ts_slice(cache, 2, 0, len + T, 1) : NULL;
+}
+
+/* ids (B, T) at positions pos0.. -> logits (B, T, V); with_cache: attends
+ * to and appends the layers' caches (B == 1) */
+static ts_tensor *forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0, bool with_cache) {
+    ts_ctx *ctx = m->ctx;
+    const ts_model_config *c = &m->cfg;
+    int64_t B = ts_tensor_dim(ids, 0), T = ts_tensor_dim(ids, 1), C = c->hidden;
+    if (pos0 + T > c->max_positions) {
+        ts_set_error(ctx, TS_ERR_RANGE, "gpt2: positions up to %lld past n_positions %lld",
+                     (long long)(pos0 + T), (long long)c->max_positions);
+        return NULL;
+    }
+    ts_tensor *pos = ts_arange(ctx, TS_I64, (double)pos0, (double)(pos0 + T), 1);
+    ts_tensor *pe = ts_embedding(m->wpe, pos);
+    ts_tensor *te = ts_embedding(m->wte, ids);
+    ts_tensor *x = ts_add(te, pe);
+    ts_release(pos), ts_release(pe), ts_release(te);
+    for (int64_t i = 0; i < c->layers && x; i++) {
+        gpt2_layer *L = &m->layer[i];
+        ts_tensor *h = ts_layernorm(x, L->ln1_w, L->ln1_b, c->norm_eps);
+        ts_tensor *qkv = conv1d(h, L->attn_w, L->attn_b);
+        ts_tensor *q = heads(qkv, 0, c), *k = heads(qkv, C, c), *v = heads(qkv, 2 * C, c);
+        if (with_cache) {
+            ts_tensor *ka = append(L->k, k, pos0), *va = append(L->v, v, pos0);
+            ts_release(k), ts_release(v);
+            k = ka, v = va;
+        }
+        ts_tensor *a = ts_attention(q, k, v, NULL, true, 0);
+        ts_tensor *at = ts_transpose(a, 1, 2);
+        int64_t shape[3] = {B, T, C};
+        ts_tensor *ar = ts_reshape(at, 3, shape);
+        ts_tensor *o = conv1d(ar, L->proj_w, L->proj_b);
+        ts_tensor *x1 = ts_add(x, o);
+        ts_tensor *h2 = ts_layernorm(x1, L->ln2_w, L->ln2_b, c->norm_eps);
+        ts_tensor *f = conv1d(h2, L->fc_w, L->fc_b);
+        ts_tensor *g = ts_gelu(f, TS_GELU_TANH);
+        ts_tensor *mo = conv1d(g, L->fc_proj_w, L->fc_proj_b);
+        ts_tensor *x2 = ts_add(x1, mo);
+        ts_tensor *tmp[] = {x, h, qkv, q, k, v, a, at, ar, o, x1, h2, f, g, mo};
+        for (size_t j = 0; j < sizeof tmp / sizeof *tmp; j++) ts_release(tmp[j]);
+        x = x2;
+    }
+    ts_tensor *hf = ts_layernorm(x, m->lnf_w, m->lnf_b, c->norm_eps);
+    ts_tensor *wt = ts_transpose(m->wte, 0, 1);
+    ts_tensor *logits = ts_matmul(hf, wt);
+    ts_release(x), ts_release(hf), ts_release(wt);
+    return logits;
+}
+
+ts_tensor *ts_gpt2_forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0) {
+    if (!m || !ids) return NULL;
+    if (ts_tensor_ndim(ids) != 2 ||
+        (ts_tensor_dtype(ids) != TS_I64 && ts_tensor_dtype(ids) != TS_I32)) {
+        ts_set_error(m->ctx, TS_ERR_SHAPE, "gpt2_forward: ids must be (B, T) of i32 or i64");
+        return NULL;
+    }
+    return forward(m, ids, pos0, false);
+}
+
+ts_status ts_gpt2_generate_greedy(ts_gpt2_model *m, const int64_t *prompt, int64_t n_prompt,
+                                  int64_t n_new, int64_t *out) {
+    if (!m || !prompt || !out || n_prompt < 1 || n_new < 0)
+        return m ? ts_set_error(m->ctx, TS_ERR_INVALID_ARG,
+                                "gpt2_generate_greedy: a prompt of >= 1 token and n_new >= 0")
+                 : TS_ERR_INVALID_ARG;
+    ts_ctx *ctx = m->ctx;
+    const ts_model_config *c = &m->cfg;
+    int64_t max_T = n_prompt + n_new;
+    ts_status s = TS_OK;
+    int64_t shape[4] = {1, c->heads, max_T, c->head_dim};
+    for (int64_t i = 0; i < c->layers && !s; i++) {
+        m->layer[i].k = ts_zeros(ctx, TS_F32, 4, shape);
+        m->layer[i].v = ts_zeros(ctx, TS_F32, 4, shape);
+        if (!m->layer[i].k || !m->layer[i].v) s = ts_ctx_status(ctx);
+    }
+    bool old = ts_set_grad_enabled(ctx, false);
+    int64_t pshape[2] = {1, n_prompt}, pos = 0;
+    ts_tensor *ids = s ? NULL : ts_from_data(ctx, TS_I64, 2, pshape, prompt);
+    for (int64_t t = 0; t < n_new && !s; t++) {
+        ts_tensor *logits = forward(m, ids, pos, true);
+        pos += ts_tensor_dim(ids, 1);
+        ts_release(ids);
+        ids = NULL;
+        int64_t T = logits ? ts_tensor_dim(logits, 1) : 0;
+        ts_tensor *last = logits ? ts_slice(logits, 1, T - 1, T, 1) : NULL;
+        ts_tensor *best = last ? ts_argmax(last, -1, false) : NULL;
+        double v;
+        s = best ? ts_item(best, &v) : ts_ctx_status(ctx);
+        if (!s) {
+            out[t] = (int64_t)v;
+            int64_t one[2] = {1, 1};
+            ids = ts_from_data(ctx, TS_I64, 2, one, &out[t]);
+        }
+        ts_release(logits), ts_release(last), ts_release(best);
+    }
+    ts_release(ids);
+    ts_set_grad_enabled(ctx, old);
+    for (int64_t i = 0; i < c->layers; i++) {
+        ts_release(m->layer[i].k), ts_release(m->layer[i].v);
+        m->layer[i].k = m->layer[i].v = NULL;
+    }
+    return s;
+}
