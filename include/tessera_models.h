@@ -19,6 +19,10 @@ ts_status ts_qwen3_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out);
 /* The same for any decoder the ts_qwen3 model covers: qwen3, qwen2 (q/k/v
  * biases, no qk-norm) and llama (no qk-norm, llama3 rope scaling). */
 ts_status ts_decoder_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out);
+/* ... keeping the embedding and projection matrices in weight_dtype (f32,
+ * or bf16: half the memory, read and widened to f32 as they are used). */
+ts_status ts_decoder_load_as(ts_ctx *ctx, const char *dir, ts_dtype weight_dtype,
+                             ts_qwen3_model **out);
 
 /* GPT-2 (inference): learned positions, LayerNorm, fused q/k/v, Conv1D
  * weights (in, out), tanh GELU, tied LM head. */

@@ -52,6 +52,9 @@ typedef struct {
     bool rope_llama3;     /* Llama 3.1 rope_scaling of type llama3 */
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int64_t rope_original_max_positions;
+    /* dtype of the embedding and projection matrices (f32 default, or
+     * bf16: kept in bf16, computed in f32); norms and biases stay f32 */
+    ts_dtype weight_dtype;
 } ts_qwen3_config;
 
 typedef struct ts_qwen3_model ts_qwen3_model;

@@ -246,6 +246,28 @@ int main(int argc, char **argv) {
     /* the same decoder for Qwen2 (q/k/v biases) and Llama (llama3 rope) */
     const char *others[] = {"qwen2_tied", "llama_gqa4", "llama3_scaled"};
     for (int i = 0; i < 3; i++) test_model(ctx, others[i], true);
+    /* the bf16 checkpoint kept in bf16 (computed in f32): same logits */
+    {
+        char p[512];
+        snprintf(p, sizeof p, "%s/bf16_tied", dir);
+        ts_qwen3_model *m32 = NULL, *m16 = NULL;
+        CHECK_OK(ctx, ts_decoder_load(ctx, p, &m32));
+        CHECK_OK(ctx, ts_decoder_load_as(ctx, p, TS_BF16, &m16));
+        CHECK(m16 && ts_tensor_dtype(ts_qwen3_find_param(m16, "model.embed_tokens.weight")) == TS_BF16);
+        int64_t ids[6] = {1, 5, 9, 2, 7, 3}, shape[2] = {1, 6};
+        ts_tensor *t = ts_from_data(ctx, TS_I64, 2, shape, ids);
+        ts_tensor *a = ts_qwen3_forward(m32, t, 0), *b = ts_qwen3_forward(m16, t, 0);
+        test_allclose("bf16-kept weights", b, a, 1e-4, 1e-4);
+        int64_t g32[12], g16[12];
+        CHECK_OK(ctx, ts_qwen3_generate_greedy(m32, ids, 6, 12, g32));
+        CHECK_OK(ctx, ts_qwen3_generate_greedy(m16, ids, 6, 12, g16));
+        CHECK(!memcmp(g32, g16, sizeof g32));
+        ts_release(t), ts_release(a), ts_release(b);
+        ts_qwen3_free(m32), ts_qwen3_free(m16);
+        CHECK(ts_decoder_load_as(ctx, p, TS_I32, &m16) == TS_ERR_DTYPE);
+        CHECK_MSG(ctx, "weights can be kept in f32 or bf16, not i32");
+        ts_clear_error(ctx);
+    }
     test_gpt2(ctx, "gpt2_prefixed");
     test_gpt2(ctx, "gpt2_bare");
     test_bad_models(ctx);

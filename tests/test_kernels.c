@@ -137,7 +137,43 @@ static void test_matmul_op(void) {
     ts_ctx_free(ctx);
 }
 
+/* f32 activations x bf16 weights (a linear layer's (N, K) weight seen
+ * transposed): the decode kernel (few rows), the widen-then-BLAS path (many
+ * rows) and the general path (a batched weight) against f32 products of
+ * the same (exactly widened) weights */
+static void test_mixed_matmul(void) {
+    ts_ctx *ctx = test_ctx();
+    const int64_t rows[3] = {1, 5, 300};
+    int64_t ws[2] = {70, 53}; /* (N, K) */
+    ts_tensor *w32 = ts_randn(ctx, TS_F32, 2, ws, 1, 7);
+    ts_tensor *wb = ts_cast(w32, TS_BF16), *wbf = ts_cast(wb, TS_F32);
+    ts_tensor *wt = ts_transpose(wb, 0, 1), *wtf = ts_transpose(wbf, 0, 1);
+    for (int c = 0; c < 3; c++) {
+        int64_t xs[3] = {1, rows[c], 53};
+        ts_tensor *x = ts_randn(ctx, TS_F32, 3, xs, 1, (uint64_t)c);
+        ts_tensor *y = ts_matmul(x, wt), *want = ts_matmul(x, wtf);
+        CHECK(y && ts_tensor_dtype(y) == TS_F32);
+        test_allclose("mixed matmul", y, want, 1e-5, 1e-5);
+        ts_release(x), ts_release(y), ts_release(want);
+    }
+    int64_t bs[3] = {2, 53, 70};
+    ts_tensor *bw = ts_randn(ctx, TS_BF16, 3, bs, 1, 9), *bwf = ts_cast(bw, TS_F32);
+    int64_t xs[3] = {2, 4, 53};
+    ts_tensor *x = ts_randn(ctx, TS_F32, 3, xs, 1, 3);
+    ts_tensor *y = ts_matmul(x, bw), *want = ts_matmul(x, bwf);
+    test_allclose("mixed matmul, batched weight", y, want, 1e-5, 1e-5);
+    ts_tensor *w32t = ts_transpose(w32, 0, 1);
+    ts_tensor *bad = ts_matmul(wb, w32t); /* bf16 x f32: refused */
+    CHECK(bad == NULL && ts_ctx_status(ctx) == TS_ERR_DTYPE);
+    ts_clear_error(ctx);
+    ts_release(w32t);
+    ts_release(x), ts_release(y), ts_release(want), ts_release(bw), ts_release(bwf);
+    ts_release(w32), ts_release(wb), ts_release(wbf), ts_release(wt), ts_release(wtf);
+    ts_ctx_free(ctx);
+}
+
 int main(void) {
+    test_mixed_matmul();
     test_gemm();
     test_attention();
     test_matmul_op();

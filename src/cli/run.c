@@ -26,7 +26,7 @@ static int usage(void) {
     fprintf(stderr,
             "usage: tessera run -m DIR -p TEXT [-n MAX_TOKENS] [--temperature T] [--top-k K]\n"
             "                   [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S]\n"
-            "                   [--stop STR]... [--eager|--compile]\n");
+            "                   [--stop STR]... [--dtype f32|bf16] [--eager|--compile]\n");
     return 2;
 }
 
@@ -73,6 +73,7 @@ int tessera_run(int argc, char **argv) {
     const char *dir = NULL, *prompt = NULL, *stops[MAX_STOPS];
     int n_stops = 0, max_new = 128, temperature_set = 0;
     bool compiled = false;
+    ts_dtype wdt = TS_F32;
     ts_sampling cli = ts_sampling_default();
     bool set[6] = {0}; /* which sampling options the command line gave */
     for (int i = 1; i < argc; i++) {
@@ -88,6 +89,8 @@ int tessera_run(int argc, char **argv) {
         else if (!strcmp(a, "--repetition-penalty") && v && parse_num(v, 1e-3, 100, &d)) cli.repetition_penalty = d, set[4] = 1, i++;
         else if (!strcmp(a, "--seed") && v && parse_num(v, 0, 1.8e19, &d)) cli.seed = (uint64_t)d, set[5] = 1, i++;
         else if (!strcmp(a, "--stop") && v && n_stops < MAX_STOPS && *v) stops[n_stops++] = v, i++;
+        else if (!strcmp(a, "--dtype") && v && (!strcmp(v, "f32") || !strcmp(v, "bf16")))
+            wdt = strcmp(v, "bf16") ? TS_F32 : TS_BF16, i++;
         else if (!strcmp(a, "--compile")) compiled = true;
         else if (!strcmp(a, "--eager")) compiled = false;
         else {
@@ -118,7 +121,7 @@ int tessera_run(int argc, char **argv) {
     ts_sampler *sm = NULL;
     int rc = 1;
     if (ts_tokenizer_load(ctx, dir, &tok) != TS_OK) { fail(ctx, "tokenizer"); goto done; }
-    if (ts_decoder_load(ctx, dir, &m) != TS_OK) { fail(ctx, "model"); goto done; }
+    if (ts_decoder_load_as(ctx, dir, wdt, &m) != TS_OK) { fail(ctx, "model"); goto done; }
     if (ts_sampler_new(ctx, &s, &sm) != TS_OK) { fail(ctx, "sampling"); goto done; }
     int32_t *ids = NULL;
     size_t n_prompt = 0;

@@ -7,7 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out, bool any_decoder) {
+static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out, bool any_decoder,
+                      ts_dtype weight_dtype) {
     if (!ctx) return TS_ERR_INVALID_ARG;
     if (!dir || !out) return ts_set_error(ctx, TS_ERR_INVALID_ARG, "model load: NULL argument");
     *out = NULL;
@@ -39,7 +40,11 @@ static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out, bool a
                            .rope_factor = mc.rope_factor,
                            .rope_low_freq_factor = mc.rope_low_freq_factor,
                            .rope_high_freq_factor = mc.rope_high_freq_factor,
-                           .rope_original_max_positions = mc.rope_original_max_positions};
+                           .rope_original_max_positions = mc.rope_original_max_positions,
+                           .weight_dtype = weight_dtype};
+    if (weight_dtype != TS_F32 && weight_dtype != TS_BF16)
+        return ts_set_error(ctx, TS_ERR_DTYPE, "%s: weights can be kept in f32 or bf16, not %s",
+                            dir, ts_dtype_name(weight_dtype));
     if (mc.rope_llama3 && !(mc.rope_factor > 0 && mc.rope_low_freq_factor > 0 &&
                             mc.rope_high_freq_factor > mc.rope_low_freq_factor &&
                             mc.rope_original_max_positions > 0))
@@ -93,9 +98,14 @@ static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out, bool a
 }
 
 ts_status ts_qwen3_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out) {
-    return load(ctx, dir, out, false);
+    return load(ctx, dir, out, false, TS_F32);
 }
 
 ts_status ts_decoder_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out) {
-    return load(ctx, dir, out, true);
+    return load(ctx, dir, out, true, TS_F32);
+}
+
+ts_status ts_decoder_load_as(ts_ctx *ctx, const char *dir, ts_dtype weight_dtype,
+                             ts_qwen3_model **out) {
+    return load(ctx, dir, out, true, weight_dtype);
 }

@@ -105,7 +105,8 @@ static ts_tensor *add_param(ts_qwen3_model *m, uint64_t seed, int normal,
     int i = m->n_params;
     if (i == m->cap_params)
         return NULL; /* sized in ts_qwen3_new */
-    ts_tensor *t = normal == 1 ? ts_randn(m->ctx, TS_F32, ndim, shape, 0.02,
+    ts_dtype dt = ndim == 2 ? m->cfg.weight_dtype : TS_F32; /* matrices */
+    ts_tensor *t = normal == 1 ? ts_randn(m->ctx, dt, ndim, shape, 0.02,
                                           param_seed(seed, i))
                    : ts_full(m->ctx, TS_F32, ndim, shape, normal == 2 ? 0.0 : 1.0);
     if (!t)
@@ -365,6 +366,15 @@ static ts_status rope_for(const ts_qwen3_model *m, int64_t T, int64_t pos0,
     return *cos && *sin ? TS_OK : ts_ctx_status(m->ctx);
 }
 
+/* token embeddings as f32, whatever the table's dtype (B, T, C) */
+static ts_tensor *embed_f32(const ts_qwen3_model *m, ts_tensor *ids) {
+    ts_tensor *e = ts_embedding(m->embed, ids);
+    if (!e || ts_tensor_dtype(e) == TS_F32) return e;
+    ts_tensor *f = ts_cast(e, TS_F32);
+    ts_release(e);
+    return f;
+}
+
 static bool check_ids(ts_ctx *ctx, const char *what, ts_tensor *ids) {
     if (!ids) {
         if (ts_ctx_status(ctx) == TS_OK)
@@ -400,7 +410,7 @@ ts_tensor *ts_qwen3_forward(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0) {
     ts_tensor *cos = NULL, *sin = NULL;
     if (rope_for(m, T, pos0, &cos, &sin) != TS_OK)
         return NULL;
-    ts_tensor *x = ts_embedding(m->embed, ids); /* (B, T, C) */
+    ts_tensor *x = embed_f32(m, ids); /* (B, T, C) */
     for (int64_t i = 0; i < c->layers && x; i++)
         x = decoder_layer(m, &m->layer[i], x, cos, sin, NULL);
     ts_release(cos), ts_release(sin);
@@ -511,7 +521,7 @@ ts_tensor *ts_qwen3_forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc,
     ts_tensor *cos = NULL, *sin = NULL;
     if (rope_for(m, T, kc->len, &cos, &sin) != TS_OK)
         return NULL;
-    ts_tensor *x = ts_embedding(m->embed, ids);
+    ts_tensor *x = embed_f32(m, ids);
     for (int64_t i = 0; i < c->layers && x; i++) {
         kc->slot[i].len = kc->len;
         x = decoder_layer(m, &m->layer[i], x, cos, sin, &kc->slot[i]);

@@ -270,7 +270,10 @@ ts_status ts_infer_matmul(ts_ctx *ctx, const ts_node *n, ts_desc *o,
     (void)s, (void)ns;
     const ts_tensor *a = n->in[0], *b = n->in[1];
     char sa[128], sb[128];
-    if (need_same_dtype(ctx, "matmul", a, b) || need_float(ctx, "matmul", 0, a))
+    /* same float dtypes, or f32 activations times bf16/f16 weights (computed
+     * in f32, an f32 result) */
+    bool mixed = a->dtype == TS_F32 && (b->dtype == TS_BF16 || b->dtype == TS_F16);
+    if ((!mixed && need_same_dtype(ctx, "matmul", a, b)) || need_float(ctx, "matmul", 0, a))
         return ctx->status;
     int64_t K = a->shape[a->ndim - 1];
     if (b->shape[b->ndim - 2] != K)

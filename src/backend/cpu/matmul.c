@@ -28,6 +28,69 @@ static bool blas_layout(int64_t r, int64_t c, int64_t sr, int64_t sc,
     return false;
 }
 
+/* dot(a[0..K), w[0..K)) with w bf16, converted 8 lanes at a time */
+static float dot_f32_bf16(const float *a, const uint16_t *w, int64_t K) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m256i w0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + k)));
+        __m256i w1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + k + 8)));
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k),
+                               _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8),
+                               _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)), acc1);
+    }
+    float lanes[8], s = 0;
+    _mm256_storeu_ps(lanes, _mm256_add_ps(acc0, acc1));
+    for (int i = 0; i < 8; i++) s += lanes[i];
+    for (; k < K; k++) s += a[k] * ts_bf16_to_f32(w[k]);
+    return s;
+}
+
+/* f32 activations x bf16/f16 weights. A weight shared by the batch and
+ * stored as rows of K (a linear layer's (N, K) weight seen transposed):
+ * few rows (decoding) go through a dot-product kernel that reads each
+ * weight once, converting on the fly; more rows convert the weight to f32
+ * once and use the BLAS. Anything else: TS_ERR_UNSUPPORTED (the general
+ * path packs per batch). */
+static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b, ts_tensor *y, int nb,
+                              int64_t M, int64_t N, int64_t K, int64_t batch,
+                              const int64_t *ast, const int64_t *bst) {
+    bool shared = true;
+    for (int d = 0; d < nb; d++) shared &= bst[d] == 0;
+    int64_t bsr = b->strides[b->ndim - 2], bsc = b->strides[b->ndim - 1];
+    int64_t asr = a->strides[a->ndim - 2], asc = a->strides[a->ndim - 1];
+    bool rows_of_k = bsr == 1 && (N == 1 || bsc >= K); /* column n = weight row n */
+    int64_t R = M * batch;                               /* rows of a, batch folded */
+    bool a_rows = asc == 1 && (asr >= K || (M == 1 && batch == 1));
+    int64_t expect = asr * M;
+    for (int d = nb - 1; d >= 0 && a_rows; d--) {
+        if (y->shape[d] != 1 && ast[d] != expect) a_rows = false;
+        expect *= y->shape[d];
+    }
+    if (!shared || !rows_of_k || !a_rows || y->dtype != TS_F32)
+        return TS_ERR_UNSUPPORTED;
+    const float *A = (const float *)ts_tensor_ptr(a);
+    float *Y = (float *)ts_tensor_ptr(y);
+    if (R <= 8 && b->dtype == TS_BF16) {
+        const uint16_t *W = (const uint16_t *)ts_tensor_ptr(b);
+#pragma omp parallel for schedule(static) if (N * K > 65536)
+        for (int64_t nn = 0; nn < N; nn++)
+            for (int64_t r = 0; r < R; r++)
+                Y[r * N + nn] = dot_f32_bf16(A + r * asr, W + nn * bsc, K);
+        return TS_OK;
+    }
+    /* widen the weight once: (N, K) f32, then Y = A @ W^T */
+    float *wf = malloc(sizeof(float) * (size_t)(N * K + 1));
+    if (!wf) return ts_set_error(ctx, TS_ERR_OOM, "matmul: out of memory");
+    int64_t shape[2] = {N, K}, src_st[2] = {bsc, bsr}, dst_st[2] = {K, 1};
+    cpu_copy_strided((char *)wf, TS_F32, dst_st, ts_tensor_ptr(b), b->dtype, src_st, 2, shape);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)R, (int)N, (int)K, 1.0f, A,
+                (int)(M == 1 && batch == 1 ? K : asr), wf, (int)K, 0.0f, Y, (int)N);
+    free(wf);
+    return TS_OK;
+}
+
 /* A (..., M, K) @ B (..., K, N) -> Y (batch..., M, N), Y contiguous. */
 CPU_KERNEL(matmul) {
     ts_tensor *a = n->in[0], *b = n->in[1], *y = n->out;
@@ -51,10 +114,15 @@ CPU_KERNEL(matmul) {
     }
     int64_t asr = a->strides[a->ndim - 2], asc = a->strides[a->ndim - 1];
     int64_t bsr = b->strides[b->ndim - 2], bsc = b->strides[b->ndim - 1];
-    bool f32 = a->dtype == TS_F32;
+    bool mixed = a->dtype == TS_F32 && b->dtype != TS_F32;
+    if (mixed) {
+        ts_status st = matmul_mixed(ctx, a, b, y, nb, M, N, K, batch, ast, bst);
+        if (st != TS_ERR_UNSUPPORTED) return st; /* else the general path */
+    }
+    bool f32 = a->dtype == TS_F32 && b->dtype == TS_F32;
     bool ta = false, tb = false;
     int64_t lda = 0, ldb = 0;
-    bool a_ok = f32 && blas_layout(M, K, asr, asc, &ta, &lda);
+    bool a_ok = a->dtype == TS_F32 && blas_layout(M, K, asr, asc, &ta, &lda);
     bool b_ok = f32 && blas_layout(K, N, bsr, bsc, &tb, &ldb);
 
     /* fold: b shared by every batch and a's batch rows stacked evenly */
@@ -80,8 +148,9 @@ CPU_KERNEL(matmul) {
     float *apack = NULL, *bpack = NULL, *ypack = NULL;
     if (!a_ok) apack = malloc(sizeof(float) * (size_t)(M * K));
     if (!b_ok) bpack = malloc(sizeof(float) * (size_t)(K * N));
-    if (!f32) ypack = malloc(sizeof(float) * (size_t)(M * N));
-    if ((!a_ok && !apack) || (!b_ok && !bpack) || (!f32 && !ypack)) {
+    bool y32 = y->dtype == TS_F32;
+    if (!y32) ypack = malloc(sizeof(float) * (size_t)(M * N));
+    if ((!a_ok && !apack) || (!b_ok && !bpack) || (!y32 && !ypack)) {
         free(apack), free(bpack), free(ypack);
         return ts_set_error(ctx, TS_ERR_OOM, "matmul: out of memory");
     }
@@ -109,11 +178,11 @@ CPU_KERNEL(matmul) {
             cpu_copy_strided((char *)bpack, TS_F32, pst_b, bp, b->dtype, st, 2, sh);
             Bm = bpack, tB = false, lB = N;
         }
-        float *Y = f32 ? yf + bi * M * N : ypack;
+        float *Y = y32 ? yf + bi * M * N : ypack;
         cblas_sgemm(CblasRowMajor, tA ? CblasTrans : CblasNoTrans,
                     tB ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, 1.0f,
                     A, (int)lA, Bm, (int)lB, 0.0f, Y, (int)N);
-        if (!f32)
+        if (!y32)
             cpu_scatter_f32(ts_tensor_ptr(y) + bi * M * N * (int64_t)ts_dtype_size(y->dtype),
                             y->dtype, 1, ypack, M * N);
     }
