@@ -8,7 +8,7 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-openmp-dev libgomp1 \
               libjansson-dev libpcre2-dev libutf8proc-dev \
               python3 python3-torch python3-numpy
 
-.PHONY: run test deps build build-san bench bench-compile bench-tokenizer clean format
+.PHONY: run test deps build build-san bench bench-compile bench-tokenizer bench-decode clean format
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -42,6 +42,9 @@ bench: build
 
 bench-compile: build
 	./$(BUILD)/bench_compile
+
+bench-decode: build
+	./$(BUILD)/bench_decode
 
 # needs the JavaScript peer installed by the test suite (make test)
 bench-tokenizer: build
