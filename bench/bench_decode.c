@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
     int64_t shape[2] = {1, P};
     ts_tensor *in = ts_from_data(ctx, TS_I64, 2, shape, ids);
     double a = now();
-    ts_tensor *logits = ts_qwen3_forward_cached(m, kc, in);
+    ts_tensor *logits = ts_qwen3_forward_cached_last(m, kc, in); /* as generation does */
     double prefill = now() - a;
     if (!logits) {
         fprintf(stderr, "bench_decode: %s\n", ts_errmsg(ctx));
@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
     a = now();
     for (int g = 0; g < G; g++) {
         ts_tensor *t = ts_from_data(ctx, TS_I64, 2, one, &tok);
-        ts_tensor *l = ts_qwen3_forward_cached(m, kc, t);
+        ts_tensor *l = ts_qwen3_forward_cached_last(m, kc, t);
         ts_tensor *best = ts_argmax(l, -1, false);
         double v = 0;
         ts_item(best, &v);

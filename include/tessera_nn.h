@@ -112,6 +112,10 @@ int64_t ts_qwen3_cache_len(const ts_qwen3_cache *kc);
 void ts_qwen3_cache_reset(ts_qwen3_cache *kc);
 ts_tensor *ts_qwen3_forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc,
                                    ts_tensor *ids);
+/* The same, with the logits of the last position only (B, 1, V): what
+ * generation needs, without the LM head over the whole prompt. */
+ts_tensor *ts_qwen3_forward_cached_last(ts_qwen3_model *m, ts_qwen3_cache *kc,
+                                        ts_tensor *ids);
 /* Greedy decoding: the prompt in one pass, then n_new tokens one at a time
  * through the cache, written to out. */
 ts_status ts_qwen3_generate_greedy(ts_qwen3_model *m, const int64_t *prompt,

@@ -163,7 +163,7 @@ int tessera_run(int argc, char **argv) {
         for (int64_t k = 0; k < cnt; k++) buf[k] = seq[n - (size_t)cnt + (size_t)k];
         ts_tensor *in = ts_from_data(ctx, TS_I64, 2, shape, buf);
         if (buf != in64) free(buf);
-        ts_tensor *logits = ts_qwen3_forward_cached(m, kc, in);
+        ts_tensor *logits = ts_qwen3_forward_cached_last(m, kc, in);
         ts_release(in);
         float *row = logits ? (float *)ts_tensor_data(logits) : NULL;
         if (!row) {
@@ -172,7 +172,7 @@ int tessera_run(int argc, char **argv) {
             break;
         }
         int64_t V = ts_tensor_dim(logits, 2);
-        int32_t next = ts_sampler_next(sm, row + (T_in - 1) * V, V, seq, n);
+        int32_t next = ts_sampler_next(sm, row, V, seq, n);
         ts_release(logits);
         if (generated == 0) t_first = now();
         seq[n++] = next;

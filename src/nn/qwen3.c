@@ -503,8 +503,8 @@ void ts_qwen3_cache_reset(ts_qwen3_cache *kc) {
     if (kc) kc->len = 0;
 }
 
-ts_tensor *ts_qwen3_forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc,
-                                   ts_tensor *ids) {
+static ts_tensor *forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc, ts_tensor *ids,
+                                 bool last_only) {
     if (!m || !kc) return NULL;
     ts_ctx *ctx = m->ctx;
     const ts_qwen3_config *c = &m->cfg;
@@ -527,12 +527,25 @@ ts_tensor *ts_qwen3_forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc,
         x = decoder_layer(m, &m->layer[i], x, cos, sin, &kc->slot[i]);
     }
     ts_release(cos), ts_release(sin);
+    if (last_only && x) { /* the next token needs the last position only */
+        ts_tensor *l = ts_slice(x, 1, T - 1, T, 1);
+        ts_release(x);
+        x = l;
+    }
     ts_tensor *h = ts_rmsnorm(x, m->norm, c->rms_eps);
     ts_release(x);
     ts_tensor *logits = ts_linear(h, m->lm_head, NULL);
     ts_release(h);
     if (logits) kc->len += T;
     return logits;
+}
+
+ts_tensor *ts_qwen3_forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc, ts_tensor *ids) {
+    return forward_cached(m, kc, ids, false);
+}
+
+ts_tensor *ts_qwen3_forward_cached_last(ts_qwen3_model *m, ts_qwen3_cache *kc, ts_tensor *ids) {
+    return forward_cached(m, kc, ids, true);
 }
 
 ts_status ts_qwen3_generate_greedy(ts_qwen3_model *m, const int64_t *prompt, int64_t n_prompt,
@@ -549,7 +562,7 @@ ts_status ts_qwen3_generate_greedy(ts_qwen3_model *m, const int64_t *prompt, int
     int64_t shape[2] = {1, n_prompt};
     ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, prompt);
     for (int64_t t = 0; t < n_new && s == TS_OK; t++) {
-        ts_tensor *logits = ts_qwen3_forward_cached(m, kc, ids);
+        ts_tensor *logits = ts_qwen3_forward_cached_last(m, kc, ids);
         ts_release(ids);
         ids = NULL;
         int64_t T = logits ? ts_tensor_dim(logits, 1) : 0;
