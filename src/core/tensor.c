@@ -70,9 +70,10 @@ void ts_storage_release(ts_storage *s) {
     free(s);
 }
 
-ts_tensor *ts_tensor_wrap(ts_ctx *ctx, ts_dtype dt, int ndim,
-                          const int64_t *shape, void *data, void *owner,
-                          void (*owner_release)(void *)) {
+/* A contiguous tensor header over a new storage object with no data yet
+ * (the callers fill in where the data is); NULL + OOM error on failure. */
+static ts_tensor *header_and_storage(ts_ctx *ctx, ts_dtype dt, int ndim,
+                                     const int64_t *shape) {
     ts_tensor *t = calloc(1, sizeof *t);
     ts_storage *s = calloc(1, sizeof *s);
     if (!t || !s) {
@@ -81,13 +82,9 @@ ts_tensor *ts_tensor_wrap(ts_ctx *ctx, ts_dtype dt, int ndim,
         return NULL;
     }
     s->refcount = 1;
-    s->data = data;
     s->bytes = (size_t)ts_shape_numel(ndim, shape) * ts_dtype_size(dt);
     s->ctx = ctx;
-    s->device.kind = TS_DEVICE_CPU;
-    s->external = true;
-    s->owner = owner;
-    s->owner_release = owner_release;
+    s->device.kind = ctx->backend->kind;
     t->refcount = 1;
     t->ctx = ctx;
     t->dtype = dt;
@@ -95,6 +92,19 @@ ts_tensor *ts_tensor_wrap(ts_ctx *ctx, ts_dtype dt, int ndim,
     for (int d = 0; d < ndim && d < TS_MAX_DIMS; d++) t->shape[d] = shape[d];
     ts_contiguous_strides(ndim, t->shape, t->strides);
     t->storage = s;
+    return t;
+}
+
+ts_tensor *ts_tensor_wrap(ts_ctx *ctx, ts_dtype dt, int ndim,
+                          const int64_t *shape, void *data, void *owner,
+                          void (*owner_release)(void *)) {
+    ts_tensor *t = header_and_storage(ctx, dt, ndim, shape);
+    if (!t) return NULL;
+    t->storage->data = data;
+    t->storage->device.kind = TS_DEVICE_CPU;
+    t->storage->external = true;
+    t->storage->owner = owner;
+    t->storage->owner_release = owner_release;
     return t;
 }
 
@@ -161,25 +171,8 @@ ts_tensor *ts_tensor_new(ts_ctx *ctx, ts_dtype dt, int ndim,
 
 ts_tensor *ts_tensor_new_pending(ts_ctx *ctx, ts_dtype dt, int ndim,
                                  const int64_t *shape) {
-    ts_tensor *t = calloc(1, sizeof *t);
-    ts_storage *s = calloc(1, sizeof *s);
-    if (!t || !s) {
-        free(t), free(s);
-        ts_set_error(ctx, TS_ERR_OOM, "out of memory (tensor header)");
-        return NULL;
-    }
-    s->refcount = 1;
-    s->bytes = (size_t)ts_shape_numel(ndim, shape) * ts_dtype_size(dt);
-    s->ctx = ctx;
-    s->device.kind = ctx->backend->kind;
-    s->pending = true;
-    t->refcount = 1;
-    t->ctx = ctx;
-    t->dtype = dt;
-    t->ndim = ndim;
-    for (int d = 0; d < ndim && d < TS_MAX_DIMS; d++) t->shape[d] = shape[d];
-    ts_contiguous_strides(ndim, t->shape, t->strides);
-    t->storage = s;
+    ts_tensor *t = header_and_storage(ctx, dt, ndim, shape);
+    if (t) t->storage->pending = true;
     return t;
 }
 
