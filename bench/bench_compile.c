@@ -41,7 +41,7 @@ typedef struct {
     size_t peak;      /* bytes above the step's starting point */
     size_t predicted; /* compiled: arena + kept */
     double loss;
-    uint64_t graphs; /* compiled graphs run per step */
+    uint64_t graphs;         /* compiled graphs run per step */
     uint64_t compiles, hits; /* plan cache over the whole run */
     size_t grad_bytes;       /* the gradients' share of peak (train) */
 } result;
@@ -61,15 +61,18 @@ typedef struct {
 static void runner_init(runner *u, const ts_qwen3_config *cfg, int B, int T,
                         int steps, ts_mode mode, bool train) {
     memset(u, 0, sizeof *u);
-    if (ts_ctx_new(&u->ctx, NULL) != TS_OK) exit(1);
-    if (ts_qwen3_new(u->ctx, cfg, 1, &u->m) != TS_OK) die(u->ctx, "model");
+    if (ts_ctx_new(&u->ctx, NULL) != TS_OK)
+        exit(1);
+    if (ts_qwen3_new(u->ctx, cfg, 1, &u->m) != TS_OK)
+        die(u->ctx, "model");
     ts_adamw_options o = ts_adamw_default_options();
     o.lr = 1e-4;
     if (train && ts_adamw_new(u->ctx, ts_qwen3_params(u->m),
                               ts_qwen3_num_params(u->m), &o, &u->opt) != TS_OK)
         die(u->ctx, "adamw");
     int64_t shape[2] = {B, T};
-    ts_tensor *ids = ts_rand(u->ctx, TS_F32, 2, shape, 0, (double)cfg->vocab, 7);
+    ts_tensor *ids =
+        ts_rand(u->ctx, TS_F32, 2, shape, 0, (double)cfg->vocab, 7);
     ts_tensor *tg = ts_rand(u->ctx, TS_F32, 2, shape, 0, (double)cfg->vocab, 8);
     u->ids = ts_cast(ids, TS_I64);
     u->targets = ts_cast(tg, TS_I64);
@@ -78,7 +81,8 @@ static void runner_init(runner *u, const ts_qwen3_config *cfg, int B, int T,
     u->train = train;
     u->times = calloc((size_t)steps + 1, sizeof(double));
     ts_set_mode(u->ctx, mode);
-    if (!train) ts_set_grad_enabled(u->ctx, false);
+    if (!train)
+        ts_set_grad_enabled(u->ctx, false);
 }
 
 static void runner_step(runner *u, int s) {
@@ -88,25 +92,31 @@ static void runner_step(runner *u, int s) {
     ts_get_compile_stats(ctx, &cs0);
     /* gradients are dropped before the step starts, so both modes count
      * them as new memory of the step */
-    if (u->train) ts_zero_grads(ts_qwen3_params(u->m), ts_qwen3_num_params(u->m));
+    if (u->train)
+        ts_zero_grads(ts_qwen3_params(u->m), ts_qwen3_num_params(u->m));
     ts_alloc_reset_peak(ctx);
     ts_alloc_get_stats(ctx, &before);
     double t0 = now(), loss = 0;
     if (u->train) {
         ts_tensor *l = ts_qwen3_loss(u->m, u->ids, u->targets, NULL);
-        if (!l || ts_backward(l, NULL) != TS_OK) die(ctx, "step");
-        if (ts_adamw_step(u->opt) != TS_OK) die(ctx, "adamw step");
+        if (!l || ts_backward(l, NULL) != TS_OK)
+            die(ctx, "step");
+        if (ts_adamw_step(u->opt) != TS_OK)
+            die(ctx, "adamw step");
         /* keep only the value: with the loss released, the autograd graph
          * (and every activation it saves) dies with the step, so the
          * compiler may place activations in the shared arena */
         ts_tensor *lv = ts_detach(l);
         ts_release(l);
-        if (ts_sync(ctx) != TS_OK) die(ctx, "sync");
-        if (ts_item(lv, &loss) != TS_OK) die(ctx, "loss");
+        if (ts_sync(ctx) != TS_OK)
+            die(ctx, "sync");
+        if (ts_item(lv, &loss) != TS_OK)
+            die(ctx, "loss");
         ts_release(lv);
     } else {
         ts_tensor *lg = ts_qwen3_forward(u->m, u->ids, 0);
-        if (!lg || ts_sync(ctx) != TS_OK) die(ctx, "prefill");
+        if (!lg || ts_sync(ctx) != TS_OK)
+            die(ctx, "prefill");
         ts_release(lg);
     }
     u->times[s] = now() - t0;
@@ -114,7 +124,8 @@ static void runner_step(runner *u, int s) {
     ts_get_compile_stats(ctx, &cs);
     /* the arena of the previous graph was already in use before */
     size_t base = before.bytes_in_use;
-    if (u->mode == TS_MODE_COMPILED && s > 0) base -= cs0.arena_bytes;
+    if (u->mode == TS_MODE_COMPILED && s > 0)
+        base -= cs0.arena_bytes;
     u->r.peak = after.peak_bytes_in_use - base;
     u->r.predicted = cs.planned_peak_bytes;
     u->r.loss = loss;
@@ -123,7 +134,8 @@ static void runner_step(runner *u, int s) {
     u->r.grad_bytes = 0;
     for (int i = 0; u->train && i < ts_qwen3_num_params(u->m); i++) {
         ts_tensor *g = ts_grad(ts_qwen3_param(u->m, i));
-        if (g) u->r.grad_bytes += (size_t)ts_tensor_numel(g) * 4;
+        if (g)
+            u->r.grad_bytes += (size_t)ts_tensor_numel(g) * 4;
     }
     u->r.hits = cs.cache_hits;
 }
@@ -162,8 +174,10 @@ static void report(const char *what, result e, result c) {
            "", e.peak / 1048576.0, c.peak / 1048576.0,
            100.0 * (1.0 - (double)c.peak / (double)e.peak));
     if (e.grad_bytes) { /* the usual split: activations vs gradients */
-        double ea = (double)(e.peak - e.grad_bytes), ca = (double)(c.peak - c.grad_bytes);
-        printf("%-14s activations (peak minus %.1f MiB of gradients): eager %.1f MiB  "
+        double ea = (double)(e.peak - e.grad_bytes),
+               ca = (double)(c.peak - c.grad_bytes);
+        printf("%-14s activations (peak minus %.1f MiB of gradients): eager "
+               "%.1f MiB  "
                "compiled %.1f MiB  (%.1f%% lower)\n",
                "", e.grad_bytes / 1048576.0, ea / 1048576.0, ca / 1048576.0,
                100.0 * (1.0 - ca / ea));
@@ -189,15 +203,23 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (steps < 1) steps = 1;
-    ts_qwen3_config cfg = {.vocab = 32000, .hidden = 512, .layers = 8,
-                           .heads = 8, .kv_heads = 4, .head_dim = 64,
-                           .intermediate = 1536, .rms_eps = 1e-6,
-                           .rope_theta = 1e6, .tie_word_embeddings = false,
+    if (steps < 1)
+        steps = 1;
+    ts_qwen3_config cfg = {.vocab = 32000,
+                           .hidden = 512,
+                           .layers = 8,
+                           .heads = 8,
+                           .kv_heads = 4,
+                           .head_dim = 64,
+                           .intermediate = 1536,
+                           .rms_eps = 1e-6,
+                           .rope_theta = 1e6,
+                           .tie_word_embeddings = false,
                            .max_positions = 4096};
     int B = 8, T = 256, P = 512;
     if (small) {
-        cfg.vocab = 1000, cfg.hidden = 128, cfg.layers = 2, cfg.intermediate = 384;
+        cfg.vocab = 1000, cfg.hidden = 128, cfg.layers = 2,
+        cfg.intermediate = 384;
         cfg.heads = 4, cfg.kv_heads = 2, cfg.head_dim = 32;
         B = 2, T = 64, P = 64;
     }
@@ -213,7 +235,8 @@ int main(int argc, char **argv) {
     char what[64];
     snprintf(what, sizeof what, "train %dx%d", B, T);
     report(what, e, c);
-    printf("%-14s loss after the steps: eager %.6f compiled %.6f\n", "", e.loss, c.loss);
+    printf("%-14s loss after the steps: eager %.6f compiled %.6f\n", "", e.loss,
+           c.loss);
     run_pair(&cfg, 1, P, steps, false, &pe, &pc);
     snprintf(what, sizeof what, "prefill %d", P);
     report(what, pe, pc);

@@ -25,8 +25,10 @@ static long rss_mib(void) {
     char line[256];
     long kb = 0;
     while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmRSS:", 6)) kb = atol(line + 6);
-    if (f) fclose(f);
+        if (!strncmp(line, "VmRSS:", 6))
+            kb = atol(line + 6);
+    if (f)
+        fclose(f);
     return kb / 1024;
 }
 
@@ -34,22 +36,37 @@ int main(int argc, char **argv) {
     bool f32 = false, small = false;
     int P = 512, G = 128;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--f32")) f32 = true;
-        else if (!strcmp(argv[i], "--small")) small = true;
-        else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) P = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--decode") && i + 1 < argc) G = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--f32"))
+            f32 = true;
+        else if (!strcmp(argv[i], "--small"))
+            small = true;
+        else if (!strcmp(argv[i], "--prefill") && i + 1 < argc)
+            P = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--decode") && i + 1 < argc)
+            G = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_decode [--f32] [--prefill N] [--decode N] [--small]\n");
+            fprintf(stderr, "usage: bench_decode [--f32] [--prefill N] "
+                            "[--decode N] [--small]\n");
             return 2;
         }
     }
-    ts_qwen3_config cfg = {.vocab = 151936, .hidden = 1024, .layers = 28, .heads = 16,
-                           .kv_heads = 8, .head_dim = 128, .intermediate = 3072,
-                           .rms_eps = 1e-6, .rope_theta = 1e6, .tie_word_embeddings = true,
-                           .max_positions = 40960, .weight_dtype = f32 ? TS_F32 : TS_BF16};
-    if (small) cfg.layers = 2, cfg.vocab = 4096, P = 64, G = 16;
+    ts_qwen3_config cfg = {.vocab = 151936,
+                           .hidden = 1024,
+                           .layers = 28,
+                           .heads = 16,
+                           .kv_heads = 8,
+                           .head_dim = 128,
+                           .intermediate = 3072,
+                           .rms_eps = 1e-6,
+                           .rope_theta = 1e6,
+                           .tie_word_embeddings = true,
+                           .max_positions = 40960,
+                           .weight_dtype = f32 ? TS_F32 : TS_BF16};
+    if (small)
+        cfg.layers = 2, cfg.vocab = 4096, P = 64, G = 16;
     ts_ctx *ctx;
-    if (ts_ctx_new(&ctx, NULL) != TS_OK) return 1;
+    if (ts_ctx_new(&ctx, NULL) != TS_OK)
+        return 1;
     ts_set_grad_enabled(ctx, false);
     double t0 = now();
     ts_qwen3_model *m;
@@ -62,20 +79,25 @@ int main(int argc, char **argv) {
         ts_tensor *p = ts_qwen3_param(m, i);
         ts_set_requires_grad(p, false);
         params += ts_tensor_numel(p);
-        wbytes += ts_tensor_numel(p) * (int64_t)ts_dtype_size(ts_tensor_dtype(p));
+        wbytes +=
+            ts_tensor_numel(p) * (int64_t)ts_dtype_size(ts_tensor_dtype(p));
     }
-    printf("Qwen3-0.6B architecture%s: %.1f M parameters, %.0f MiB of weights (%s), %d threads, "
+    printf("Qwen3-0.6B architecture%s: %.1f M parameters, %.0f MiB of weights "
+           "(%s), %d threads, "
            "built in %.1f s\n",
-           small ? " (small)" : "", params / 1e6, wbytes / 1048576.0, f32 ? "f32" : "bf16",
-           ts_get_num_threads(ctx), now() - t0);
+           small ? " (small)" : "", params / 1e6, wbytes / 1048576.0,
+           f32 ? "f32" : "bf16", ts_get_num_threads(ctx), now() - t0);
     ts_qwen3_cache *kc;
-    if (ts_qwen3_cache_new(m, 1, P + G, &kc) != TS_OK) return 1;
+    if (ts_qwen3_cache_new(m, 1, P + G, &kc) != TS_OK)
+        return 1;
     int64_t *ids = malloc(sizeof(int64_t) * (size_t)P);
-    for (int i = 0; i < P; i++) ids[i] = (i * 7919) % cfg.vocab;
+    for (int i = 0; i < P; i++)
+        ids[i] = (i * 7919) % cfg.vocab;
     int64_t shape[2] = {1, P};
     ts_tensor *in = ts_from_data(ctx, TS_I64, 2, shape, ids);
     double a = now();
-    ts_tensor *logits = ts_qwen3_forward_cached_last(m, kc, in); /* as generation does */
+    ts_tensor *logits =
+        ts_qwen3_forward_cached_last(m, kc, in); /* as generation does */
     double prefill = now() - a;
     if (!logits) {
         fprintf(stderr, "bench_decode: %s\n", ts_errmsg(ctx));
@@ -104,14 +126,19 @@ int main(int argc, char **argv) {
         double c0 = now();
         memcpy(dst, src, mb);
         double c = now() - c0;
-        if (c < best_copy) best_copy = c;
+        if (c < best_copy)
+            best_copy = c;
     }
     double copy_gbs = 2.0 * (double)mb / best_copy / 1e9; /* read + write */
-    double read_gbs = (double)wbytes * G / decode / 1e9;   /* weights read per token */
-    printf("prefill %d tokens: %.2f s, %.1f tokens/s\n", P, prefill, P / prefill);
-    printf("decode %d tokens: %.2f s, %.2f tokens/s; weights read at %.1f GB/s, memcpy moves "
+    double read_gbs =
+        (double)wbytes * G / decode / 1e9; /* weights read per token */
+    printf("prefill %d tokens: %.2f s, %.1f tokens/s\n", P, prefill,
+           P / prefill);
+    printf("decode %d tokens: %.2f s, %.2f tokens/s; weights read at %.1f "
+           "GB/s, memcpy moves "
            "%.1f GB/s (read+write): %.0f%% of the copy bandwidth\n",
-           G, decode, G / decode, read_gbs, copy_gbs, 100 * read_gbs / copy_gbs);
+           G, decode, G / decode, read_gbs, copy_gbs,
+           100 * read_gbs / copy_gbs);
     printf("resident memory: %ld MiB\n", rss_mib());
     free(src), free(dst), free(ids);
     ts_qwen3_cache_free(kc);

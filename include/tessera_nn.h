@@ -47,9 +47,9 @@ typedef struct {
     bool tie_word_embeddings; /* lm_head shares model.embed_tokens.weight */
     int64_t max_positions;    /* max_position_embeddings */
     /* The same decoder serves Qwen2 and Llama (zero = Qwen3's choices): */
-    bool no_qk_norm;      /* no q_norm/k_norm (Qwen2, Llama) */
-    bool attention_bias;  /* q/k/v projections with biases (Qwen2) */
-    bool rope_llama3;     /* Llama 3.1 rope_scaling of type llama3 */
+    bool no_qk_norm;     /* no q_norm/k_norm (Qwen2, Llama) */
+    bool attention_bias; /* q/k/v projections with biases (Qwen2) */
+    bool rope_llama3;    /* Llama 3.1 rope_scaling of type llama3 */
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int64_t rope_original_max_positions;
     /* dtype of the embedding and projection matrices (f32 default, or

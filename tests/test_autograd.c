@@ -15,7 +15,8 @@ static ts_tensor *vec(ts_ctx *ctx, int64_t n, const float *v) {
 
 static float g_at(ts_tensor *t, int64_t i) {
     ts_tensor *g = ts_grad(t);
-    if (!g) return NAN;
+    if (!g)
+        return NAN;
     double v = NAN;
     int64_t idx[TS_MAX_DIMS] = {0};
     idx[ts_tensor_ndim(g) - 1] = i;
@@ -73,9 +74,9 @@ static void test_views_and_broadcast(ts_ctx *ctx) {
     ts_set_requires_grad(w, true);
     float bv[2] = {10, 20};
     ts_tensor *b = vec(ctx, 2, bv);
-    ts_tensor *s = ts_slice(w, 1, 1, 3, 1);      /* (2, 2) */
-    ts_tensor *t = ts_transpose(s, 0, 1);        /* (2, 2): [c][r] */
-    ts_tensor *m = ts_mul(t, b);                 /* b over the last dim (r) */
+    ts_tensor *s = ts_slice(w, 1, 1, 3, 1); /* (2, 2) */
+    ts_tensor *t = ts_transpose(s, 0, 1);   /* (2, 2): [c][r] */
+    ts_tensor *m = ts_mul(t, b);            /* b over the last dim (r) */
     ts_tensor *l = ts_sum(m, 0, NULL, false);
     CHECK_OK(ctx, ts_backward(l, NULL));
     float gw[6];
@@ -93,7 +94,8 @@ static void test_views_and_broadcast(ts_ctx *ctx) {
     CHECK_OK(ctx, ts_backward(l2, NULL));
     CHECK(g_at(b, 0) == 4 && g_at(b, 1) == 4);
     ts_tensor *all[] = {w, b, s, t, m, l, e, l2};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) ts_release(all[i]);
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        ts_release(all[i]);
 }
 
 static void test_deep_graph(ts_ctx *ctx) {
@@ -125,7 +127,8 @@ static void test_shared_subexpression(ts_ctx *ctx) {
     CHECK_OK(ctx, ts_backward(l, NULL));
     CHECK_NEAR(g_at(a, 0), 2 * 0.5 + exp(0.5), 1e-6);
     ts_tensor *all[] = {a, sq, ex, y, l};
-    for (size_t i = 0; i < 5; i++) ts_release(all[i]);
+    for (size_t i = 0; i < 5; i++)
+        ts_release(all[i]);
 }
 
 static void test_errors(ts_ctx *ctx) {
@@ -153,7 +156,8 @@ static void test_errors(ts_ctx *ctx) {
     CHECK_OK(ctx, ts_backward(y, g3));
     CHECK_NEAR(g_at(x, 2), 2 * exp(3.0), 1e-4);
     CHECK(g_at(x, 1) == 0);
-    ts_release(x), ts_release(y), ts_release(g), ts_release(ids), ts_release(g3);
+    ts_release(x), ts_release(y), ts_release(g), ts_release(ids),
+        ts_release(g3);
 }
 
 static void test_bf16_leaf_grad_dtype(ts_ctx *ctx) {

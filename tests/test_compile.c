@@ -13,13 +13,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define B 2
-#define T 8
-#define C 32
-#define H 4
+#define B  2
+#define T  8
+#define C  32
+#define H  4
 #define KV 2
-#define D 8
-#define F 48
+#define D  8
+#define F  48
 
 typedef struct {
     ts_tensor *wq, *wk, *wv, *wo, *g1, *g2, *wg, *wu, *wd;
@@ -36,12 +36,16 @@ static void make_params(ts_ctx *ctx, block_params *p) {
     p->wq = param(ctx, C, H * D, 1), p->wk = param(ctx, C, KV * D, 2);
     p->wv = param(ctx, C, KV * D, 3), p->wo = param(ctx, H * D, C, 4);
     int64_t c = C;
-    p->g1 = ts_full(ctx, TS_F32, 1, &c, 1.0), p->g2 = ts_full(ctx, TS_F32, 1, &c, 1.0);
+    p->g1 = ts_full(ctx, TS_F32, 1, &c, 1.0),
+    p->g2 = ts_full(ctx, TS_F32, 1, &c, 1.0);
     ts_set_requires_grad(p->g1, true), ts_set_requires_grad(p->g2, true);
-    p->wg = param(ctx, C, F, 5), p->wu = param(ctx, C, F, 6), p->wd = param(ctx, F, C, 7);
+    p->wg = param(ctx, C, F, 5), p->wu = param(ctx, C, F, 6),
+    p->wd = param(ctx, F, C, 7);
 }
 
-static ts_tensor **param_list(block_params *p) { return (ts_tensor **)p; }
+static ts_tensor **param_list(block_params *p) {
+    return (ts_tensor **)p;
+}
 #define NPARAMS 9
 
 /* x (B, T, C) -> (B, T, C): pre-norm attention with RoPE and GQA, then a
@@ -49,10 +53,13 @@ static ts_tensor **param_list(block_params *p) { return (ts_tensor **)p; }
 static ts_tensor *block(block_params *p, ts_tensor *x, ts_tensor *cs,
                         ts_tensor *sn) {
     ts_tensor *h = ts_rmsnorm(x, p->g1, 1e-6);
-    ts_tensor *q = ts_matmul(h, p->wq), *k = ts_matmul(h, p->wk), *v = ts_matmul(h, p->wv);
+    ts_tensor *q = ts_matmul(h, p->wq), *k = ts_matmul(h, p->wk),
+              *v = ts_matmul(h, p->wv);
     int64_t qs[4] = {B, T, H, D}, ks[4] = {B, T, KV, D};
-    ts_tensor *q4 = ts_reshape(q, 4, qs), *k4 = ts_reshape(k, 4, ks), *v4 = ts_reshape(v, 4, ks);
-    ts_tensor *qt = ts_transpose(q4, 1, 2), *kt = ts_transpose(k4, 1, 2), *vt = ts_transpose(v4, 1, 2);
+    ts_tensor *q4 = ts_reshape(q, 4, qs), *k4 = ts_reshape(k, 4, ks),
+              *v4 = ts_reshape(v, 4, ks);
+    ts_tensor *qt = ts_transpose(q4, 1, 2), *kt = ts_transpose(k4, 1, 2),
+              *vt = ts_transpose(v4, 1, 2);
     ts_tensor *qr = ts_rope(qt, cs, sn), *kr = ts_rope(kt, cs, sn);
     ts_tensor *a = ts_attention(qr, kr, vt, NULL, true, 0);
     ts_tensor *at = ts_transpose(a, 1, 2);
@@ -66,16 +73,19 @@ static ts_tensor *block(block_params *p, ts_tensor *x, ts_tensor *cs,
     ts_tensor *gu = ts_mul(sg, u);
     ts_tensor *dn = ts_matmul(gu, p->wd);
     ts_tensor *y = ts_add(x1, dn);
-    ts_tensor *tmp[] = {h, q, k, v, q4, k4, v4, qt, kt, vt, qr, kr, a, at, af,
-                        o, x1, h2, g, u, sg, gu, dn};
-    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) ts_release(tmp[i]);
+    ts_tensor *tmp[] = {h, q,  k,  v, q4, k4, v4, qt, kt, vt, qr, kr,
+                        a, at, af, o, x1, h2, g,  u,  sg, gu, dn};
+    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++)
+        ts_release(tmp[i]);
     return y;
 }
 
 static bool same_bits(ts_tensor *a, ts_tensor *b) {
-    if (!a || !b || ts_tensor_numel(a) != ts_tensor_numel(b)) return false;
+    if (!a || !b || ts_tensor_numel(a) != ts_tensor_numel(b))
+        return false;
     int64_t n = ts_tensor_numel(a);
-    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    float *x = malloc(sizeof(float) * (size_t)n),
+          *y = malloc(sizeof(float) * (size_t)n);
     ts_tensor_read(a, x, TS_F32);
     ts_tensor_read(b, y, TS_F32);
     bool same = memcmp(x, y, sizeof(float) * (size_t)n) == 0;
@@ -90,7 +100,8 @@ static double train_step(ts_ctx *ctx, block_params *p, ts_tensor *x,
     ts_tensor *d = ts_sub(y, target);
     ts_tensor *d2 = ts_mul(d, d);
     ts_tensor *loss = ts_mean(d2, 0, NULL, false);
-    for (int i = 0; i < NPARAMS; i++) ts_zero_grad(param_list(p)[i]);
+    for (int i = 0; i < NPARAMS; i++)
+        ts_zero_grad(param_list(p)[i]);
     CHECK_OK(ctx, ts_backward(loss, NULL));
     bool old = ts_set_grad_enabled(ctx, false);
     for (int i = 0; i < NPARAMS; i++) {
@@ -114,8 +125,10 @@ static void test_block_and_training_match_eager(void) {
     make_params(ce, &pe);
     make_params(cc, &pc);
     int64_t xs[3] = {B, T, C};
-    ts_tensor *xe = ts_randn(ce, TS_F32, 3, xs, 1, 11), *xc = ts_randn(cc, TS_F32, 3, xs, 1, 11);
-    ts_tensor *te = ts_randn(ce, TS_F32, 3, xs, 1, 12), *tc = ts_randn(cc, TS_F32, 3, xs, 1, 12);
+    ts_tensor *xe = ts_randn(ce, TS_F32, 3, xs, 1, 11),
+              *xc = ts_randn(cc, TS_F32, 3, xs, 1, 11);
+    ts_tensor *te = ts_randn(ce, TS_F32, 3, xs, 1, 12),
+              *tc = ts_randn(cc, TS_F32, 3, xs, 1, 12);
     ts_tensor *cse, *sne, *csc, *snc;
     ts_rope_tables(ce, T, D, 10000, 0, &cse, &sne);
     ts_rope_tables(cc, T, D, 10000, 0, &csc, &snc);
@@ -134,7 +147,9 @@ static void test_block_and_training_match_eager(void) {
         double le = train_step(ce, &pe, xe, te, cse, sne);
         double lc = train_step(cc, &pc, xc, tc, csc, snc);
         CHECK(le == lc);
-        if (le != lc) fprintf(stderr, "step %d: eager %.9g compiled %.9g\n", step, le, lc);
+        if (le != lc)
+            fprintf(stderr, "step %d: eager %.9g compiled %.9g\n", step, le,
+                    lc);
     }
     for (int i = 0; i < NPARAMS; i++)
         CHECK(same_bits(param_list(&pe)[i], param_list(&pc)[i]));
@@ -144,7 +159,8 @@ static void test_block_and_training_match_eager(void) {
     CHECK(st1.cache_hits - st0.cache_hits == 4);
     CHECK(st1.arena_bytes > 0);
     ts_set_mode(cc, TS_MODE_EAGER);
-    for (int i = 0; i < NPARAMS; i++) ts_release(param_list(&pe)[i]), ts_release(param_list(&pc)[i]);
+    for (int i = 0; i < NPARAMS; i++)
+        ts_release(param_list(&pe)[i]), ts_release(param_list(&pc)[i]);
     ts_release(xe), ts_release(xc), ts_release(te), ts_release(tc);
     ts_release(cse), ts_release(sne), ts_release(csc), ts_release(snc);
     ts_ctx_free(ce), ts_ctx_free(cc);
@@ -158,7 +174,7 @@ static void test_cache_by_shape_and_dce(void) {
     for (int r = 0; r < 4; r++) {
         int64_t s[2] = {4, lens[r]};
         ts_tensor *x = ts_randn(ctx, TS_F32, 2, s, 1, (uint64_t)r);
-        ts_tensor *unused = ts_exp(x);        /* dead: nobody reads it */
+        ts_tensor *unused = ts_exp(x); /* dead: nobody reads it */
         ts_tensor *a = ts_tanh(x);
         ts_tensor *b = ts_mul_scalar(a, 2);
         ts_release(unused);
@@ -204,7 +220,8 @@ static size_t chain_arena(const char *passes, size_t *peak) {
     *peak = st.planned_peak_bytes;
     float *py = ts_tensor_data(y), *px = ts_tensor_data(x);
     float want = px[7];
-    for (int i = 0; i < 10; i++) want = i % 2 ? want * 0.5f : want + 1.0f;
+    for (int i = 0; i < 10; i++)
+        want = i % 2 ? want * 0.5f : want + 1.0f;
     CHECK(py[7] == want);
     ts_release(x), ts_release(y);
     ts_ctx_free(ctx);
@@ -237,14 +254,15 @@ static void test_fusion_matches_eager(void) {
         ts_tensor *hb0 = ts_randn(ctx, TS_F32, 2, s2, 1, 3);
         ts_tensor *hb = ts_cast(hb0, TS_BF16);
         ts_tensor *hf = ts_cast(hb, TS_F32);
-        ts_tensor *a = ts_add(x, b);          /* broadcast row */
+        ts_tensor *a = ts_add(x, b); /* broadcast row */
         ts_tensor *g = ts_gelu(a, TS_GELU_TANH);
         ts_tensor *m = ts_mul(g, hf);
         ts_tensor *nm = ts_neg(m);
         ts_tensor *e = ts_exp(nm);
         out[mode] = ts_sub(e, x);
         ts_tensor *tmp[] = {x, b, hb0, hb, hf, a, g, m, nm, e};
-        for (int i = 0; i < 10; i++) ts_release(tmp[i]);
+        for (int i = 0; i < 10; i++)
+            ts_release(tmp[i]);
         if (mode) {
             CHECK_OK(ctx, ts_sync(ctx));
             ts_get_compile_stats(ctx, &st);
@@ -261,7 +279,8 @@ static void test_fusion_matches_eager(void) {
 /* exp(x) computed twice, and tanh of each: the second exp and the second
  * tanh are the same computations and run once (TS_PASSES=-cse: twice) */
 static void cse_case(const char *passes, uint64_t want_cse) {
-    if (passes) setenv("TS_PASSES", passes, 1);
+    if (passes)
+        setenv("TS_PASSES", passes, 1);
     ts_ctx *ctx = test_ctx();
     ts_set_mode(ctx, TS_MODE_COMPILED);
     int64_t n = 100;
@@ -277,7 +296,8 @@ static void cse_case(const char *passes, uint64_t want_cse) {
     ts_get_compile_stats(ctx, &st);
     CHECK(st.nodes_cse == want_cse);
     CHECK(st.nodes_run == 6 - want_cse);
-    float *px = ts_tensor_data(x), *pz = ts_tensor_data(z), *po = ts_tensor_data(other);
+    float *px = ts_tensor_data(x), *pz = ts_tensor_data(z),
+          *po = ts_tensor_data(other);
     for (int i = 0; i < n; i++) {
         CHECK_NEAR(pz[i], 2 * tanhf(expf(px[i])), 1e-6);
         CHECK(po[i] == 2 * px[i]);
@@ -301,20 +321,21 @@ static ts_tensor *remat_program(ts_ctx *ctx) {
     ts_tensor *u = ts_randn(ctx, TS_F32, 1, &n, 1, 2);
     ts_tensor *a = ts_silu(x);
     ts_tensor *b = ts_mul(a, u);
-    ts_tensor *early = ts_exp(b);                /* early readers of b, a */
+    ts_tensor *early = ts_exp(b); /* early readers of b, a */
     ts_tensor *early2 = ts_sigmoid(a);
     ts_tensor *w = ts_add(early, early2);
-    for (int i = 0; i < 40; i++) {              /* a long middle */
+    for (int i = 0; i < 40; i++) { /* a long middle */
         ts_tensor *z = ts_tanh(w);
         ts_release(w);
         w = ts_mul_scalar(z, 1.5);
         ts_release(z);
     }
-    ts_tensor *late = ts_mul(b, a);             /* late readers of b, a */
+    ts_tensor *late = ts_mul(b, a); /* late readers of b, a */
     ts_tensor *late2 = ts_add(late, w);
     ts_tensor *late3 = ts_sub(late2, a);
     ts_tensor *tmp[] = {x, u, a, b, early, early2, w, late, late2};
-    for (int i = 0; i < 9; i++) ts_release(tmp[i]);
+    for (int i = 0; i < 9; i++)
+        ts_release(tmp[i]);
     return late3;
 }
 
@@ -323,7 +344,8 @@ static void test_rematerialization(void) {
     ts_tensor *want = remat_program(ce);
     size_t arena[2];
     for (int r = 0; r < 2; r++) {
-        if (r) setenv("TS_PASSES", "-remat", 1);
+        if (r)
+            setenv("TS_PASSES", "-remat", 1);
         ts_ctx *cc = test_ctx();
         ts_set_mode(cc, TS_MODE_COMPILED);
         ts_tensor *got = remat_program(cc);
@@ -354,9 +376,9 @@ static void test_constant_folding(void) {
     ts_tensor *two = ts_full(ctx, TS_F32, 1, &n, 2.0);
     ts_tensor *half = ts_scalar(ctx, TS_F32, 0.5);
     for (int round = 0; round < 3; round++) {
-        ts_tensor *six = ts_mul_scalar(two, 3);       /* constant 6 */
-        ts_tensor *k = ts_add(six, half);             /* constant 6.5 */
-        ts_tensor *y = ts_mul(x, k);                  /* not constant */
+        ts_tensor *six = ts_mul_scalar(two, 3); /* constant 6 */
+        ts_tensor *k = ts_add(six, half);       /* constant 6.5 */
+        ts_tensor *y = ts_mul(x, k);            /* not constant */
         ts_release(six), ts_release(k);
         CHECK_OK(ctx, ts_sync(ctx));
         ts_compile_stats st;
@@ -368,7 +390,8 @@ static void test_constant_folding(void) {
         ts_release(y);
         if (round == 1) { /* written: 2 becomes 1 everywhere */
             float *pt = ts_tensor_data(two);
-            for (int i = 0; i < n; i++) pt[i] = 1.0f;
+            for (int i = 0; i < n; i++)
+                pt[i] = 1.0f;
         }
     }
     ts_release(x), ts_release(two), ts_release(half);
@@ -388,10 +411,10 @@ static ts_tensor *by_hand(ts_ctx *ctx, bool with_mask) {
     ts_tensor *a = ts_add_scalar(ms, 1e-6);
     ts_tensor *r = ts_rsqrt(a);
     ts_tensor *y = ts_mul(x, r);
-    ts_tensor *norm = ts_mul(y, w);                       /* rmsnorm */
+    ts_tensor *norm = ts_mul(y, w); /* rmsnorm */
     int64_t qshape[4] = {2, 16, 4, 16};
     ts_tensor *q4 = ts_reshape(norm, 4, qshape);
-    ts_tensor *q = ts_transpose(q4, 1, 2);                /* (2, 4, 16, 16) */
+    ts_tensor *q = ts_transpose(q4, 1, 2); /* (2, 4, 16, 16) */
     ts_tensor *k = ts_randn(ctx, TS_F32, 4, (int64_t[]){2, 4, 24, 16}, 1, 3);
     ts_tensor *v = ts_randn(ctx, TS_F32, 4, (int64_t[]){2, 4, 24, 16}, 1, 4);
     ts_tensor *kt = ts_transpose(k, -1, -2);
@@ -400,9 +423,11 @@ static ts_tensor *by_hand(ts_ctx *ctx, bool with_mask) {
     ts_tensor *mask = ts_randn(ctx, TS_F32, 2, (int64_t[]){16, 24}, 1, 5);
     ts_tensor *sm = with_mask ? ts_add(ss, mask) : ts_retain(ss);
     ts_tensor *pr = ts_softmax(sm, -1);
-    ts_tensor *o = ts_matmul(pr, v);                      /* attention */
-    ts_tensor *tmp[] = {x, w, sq, ms, a, r, y, norm, q4, q, k, v, kt, s, ss, mask, sm, pr};
-    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) ts_release(tmp[i]);
+    ts_tensor *o = ts_matmul(pr, v); /* attention */
+    ts_tensor *tmp[] = {x, w, sq, ms, a, r,  y,    norm, q4,
+                        q, k, v,  kt, s, ss, mask, sm,   pr};
+    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++)
+        ts_release(tmp[i]);
     (void)qs;
     return o;
 }
@@ -429,7 +454,8 @@ static void test_fused_kernel_choice(void) {
  * bits; several panels may not (OpenBLAS splits a smaller product across
  * its threads differently), so they are held to 1e-5 (rel and abs) */
 static ts_tensor *linear_gelu_residual(ts_ctx *ctx, int64_t rows) {
-    int64_t xs[3] = {2, rows, 96}, ws[2] = {96, 80}, bs = 80, rs[3] = {2, rows, 80};
+    int64_t xs[3] = {2, rows, 96}, ws[2] = {96, 80}, bs = 80,
+            rs[3] = {2, rows, 80};
     ts_tensor *x = ts_randn(ctx, TS_F32, 3, xs, 1, 1);
     ts_tensor *w = ts_randn(ctx, TS_F32, 2, ws, 0.1, 2);
     ts_tensor *b = ts_randn(ctx, TS_F32, 1, &bs, 1, 3);
@@ -439,7 +465,8 @@ static ts_tensor *linear_gelu_residual(ts_ctx *ctx, int64_t rows) {
     ts_tensor *g = ts_gelu(h, TS_GELU_ERF);
     ts_tensor *y = ts_add(g, r);
     ts_tensor *tmp[] = {x, w, b, r, mm, h, g};
-    for (int i = 0; i < 7; i++) ts_release(tmp[i]);
+    for (int i = 0; i < 7; i++)
+        ts_release(tmp[i]);
     return y;
 }
 
@@ -505,11 +532,14 @@ static void test_dump_and_force_eager(void) {
     bool saw_dead = false, saw_sigmoid = false;
     while (f && fgets(line, sizeof line, f)) {
         saw_dead |= strstr(line, "# dead nodes removed: 1") != NULL;
-        saw_sigmoid |= strstr(line, "sigmoid(in0:f32[8]) -> f32[8] [kept]") != NULL;
+        saw_sigmoid |=
+            strstr(line, "sigmoid(in0:f32[8]) -> f32[8] [kept]") != NULL;
     }
-    if (f) fclose(f);
+    if (f)
+        fclose(f);
     CHECK(saw_dead && saw_sigmoid);
-    const char *files[] = {"graph-000-before.txt", "graph-000-after.txt", "graph-000.dot"};
+    const char *files[] = {"graph-000-before.txt", "graph-000-after.txt",
+                           "graph-000.dot"};
     for (int i = 0; i < 3; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
         struct stat sb;

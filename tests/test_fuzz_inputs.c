@@ -19,7 +19,8 @@ static uint32_t rnd(void) {
 
 static unsigned char *slurp(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    if (!f)
+        return NULL;
     fseek(f, 0, SEEK_END);
     long len = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -31,20 +32,27 @@ static unsigned char *slurp(const char *path, size_t *n) {
 
 static void spit(const char *path, const unsigned char *b, size_t n) {
     FILE *f = fopen(path, "wb");
-    if (f) fwrite(b, 1, n, f), fclose(f);
+    if (f)
+        fwrite(b, 1, n, f), fclose(f);
 }
 
 /* a copy of src with a few random changes */
-static size_t mutate(const unsigned char *src, size_t n, unsigned char *dst, size_t header_end) {
+static size_t mutate(const unsigned char *src, size_t n, unsigned char *dst,
+                     size_t header_end) {
     memcpy(dst, src, n);
     size_t len = n;
     int kind = (int)(rnd() % 4);
-    if (kind == 0) len = rnd() % (n + 1);                          /* cut short */
-    if (kind == 1)                                                 /* flip in the header */
-        for (int k = 0; k < 1 + (int)(rnd() % 4); k++) dst[8 + rnd() % (header_end - 8)] ^= (unsigned char)(1 + rnd() % 255);
-    if (kind == 2) dst[rnd() % 8] = (unsigned char)rnd();          /* header length */
-    if (kind == 3)                                                 /* anywhere */
-        for (int k = 0; k < 1 + (int)(rnd() % 8); k++) dst[rnd() % n] = (unsigned char)rnd();
+    if (kind == 0)
+        len = rnd() % (n + 1); /* cut short */
+    if (kind == 1)             /* flip in the header */
+        for (int k = 0; k < 1 + (int)(rnd() % 4); k++)
+            dst[8 + rnd() % (header_end - 8)] ^=
+                (unsigned char)(1 + rnd() % 255);
+    if (kind == 2)
+        dst[rnd() % 8] = (unsigned char)rnd(); /* header length */
+    if (kind == 3)                             /* anywhere */
+        for (int k = 0; k < 1 + (int)(rnd() % 8); k++)
+            dst[rnd() % n] = (unsigned char)rnd();
     return len;
 }
 
@@ -56,7 +64,9 @@ static bool error_ok(ts_ctx *ctx, ts_status s) {
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: %s SAFETENSORS TOKENIZER_JSON CONFIG_JSON WORK_DIR\n", argv[0]);
+        fprintf(stderr,
+                "usage: %s SAFETENSORS TOKENIZER_JSON CONFIG_JSON WORK_DIR\n",
+                argv[0]);
         return 2;
     }
     ts_ctx *ctx = test_ctx();
@@ -66,7 +76,8 @@ int main(int argc, char **argv) {
     unsigned char *st_bytes = slurp(argv[1], &n);
     CHECK(st_bytes && n > 8);
     size_t hlen = 0;
-    for (int i = 7; i >= 0 && st_bytes; i--) hlen = (hlen << 8) | st_bytes[i];
+    for (int i = 7; i >= 0 && st_bytes; i--)
+        hlen = (hlen << 8) | st_bytes[i];
     unsigned char *buf = malloc(n + 1);
     snprintf(path, sizeof path, "%s/fuzz.safetensors", argv[4]);
     int opened = 0, all_ok = 1;
@@ -79,10 +90,12 @@ int main(int argc, char **argv) {
         if (st) {
             opened++;
             for (int k = 0; k < ts_safetensors_count(st); k++) {
-                ts_tensor *t = ts_safetensors_get(st, ts_safetensors_name(st, k));
+                ts_tensor *t =
+                    ts_safetensors_get(st, ts_safetensors_name(st, k));
                 all_ok &= t != NULL;
                 if (t) { /* touch every byte: the bounds were checked */
-                    float *tmp = malloc(sizeof(float) * (size_t)(ts_tensor_numel(t) + 1));
+                    float *tmp = malloc(sizeof(float) *
+                                        (size_t)(ts_tensor_numel(t) + 1));
                     ts_tensor_read(t, tmp, TS_F32);
                     free(tmp);
                 }
@@ -92,21 +105,25 @@ int main(int argc, char **argv) {
         }
     }
     CHECK(all_ok);
-    printf("safetensors: 2000 mutations, %d still valid and fully read\n", opened);
+    printf("safetensors: 2000 mutations, %d still valid and fully read\n",
+           opened);
     /* tokenizer.json and config.json: mutated text */
     const char *files[2] = {argv[2], argv[3]};
     for (int f = 0; f < 2; f++) {
         unsigned char *src = slurp(files[f], &n);
         CHECK(src != NULL);
-        if (!src) continue;
+        if (!src)
+            continue;
         unsigned char *m = malloc(n + 1);
         int iters = f == 0 ? 40 : 1000, ok = 1, loaded = 0;
         snprintf(path, sizeof path, "%s/fuzz_%d.json", argv[4], f);
         for (int it = 0; it < iters; it++) {
             memcpy(m, src, n);
             size_t len = n;
-            if (rnd() % 2) len = rnd() % (n + 1);
-            for (int k = 0; k < 1 + (int)(rnd() % 6); k++) m[rnd() % n] = "{}[]\":,0 a\\-9e"[rnd() % 15];
+            if (rnd() % 2)
+                len = rnd() % (n + 1);
+            for (int k = 0; k < 1 + (int)(rnd() % 6); k++)
+                m[rnd() % n] = "{}[]\":,0 a\\-9e"[rnd() % 15];
             spit(path, m, len);
             if (f == 0) {
                 ts_tokenizer *tok = NULL;
@@ -115,7 +132,8 @@ int main(int argc, char **argv) {
                     loaded++;
                     int32_t *ids;
                     size_t k;
-                    if (ts_tokenizer_encode(tok, "Hello, world! 123", 17, true, &ids, &k) == TS_OK)
+                    if (ts_tokenizer_encode(tok, "Hello, world! 123", 17, true,
+                                            &ids, &k) == TS_OK)
                         free(ids);
                     ts_clear_error(ctx);
                     ts_tokenizer_free(tok);
@@ -128,8 +146,8 @@ int main(int argc, char **argv) {
             }
         }
         CHECK(ok);
-        printf("%s: %d mutations, %d still loaded\n", f ? "config.json" : "tokenizer.json", iters,
-               loaded);
+        printf("%s: %d mutations, %d still loaded\n",
+               f ? "config.json" : "tokenizer.json", iters, loaded);
         free(src), free(m);
     }
     /* random bytes into the real tokenizer: valid UTF-8 encodes and decodes
@@ -140,10 +158,12 @@ int main(int argc, char **argv) {
     for (int it = 0; it < 3000 && tok; it++) {
         unsigned char s[64];
         size_t len = rnd() % sizeof s;
-        for (size_t k = 0; k < len; k++) s[k] = (unsigned char)(rnd() % 3 ? 32 + rnd() % 95 : rnd());
+        for (size_t k = 0; k < len; k++)
+            s[k] = (unsigned char)(rnd() % 3 ? 32 + rnd() % 95 : rnd());
         int32_t *ids;
         size_t k;
-        ts_status st = ts_tokenizer_encode(tok, (const char *)s, len, true, &ids, &k);
+        ts_status st =
+            ts_tokenizer_encode(tok, (const char *)s, len, true, &ids, &k);
         ok &= error_ok(ctx, st);
         if (st == TS_OK) {
             char *back;

@@ -18,7 +18,8 @@ static const char *dir;
 
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
-    if (f) fputs(text, f), fclose(f);
+    if (f)
+        fputs(text, f), fclose(f);
 }
 
 static void test_configs(ts_ctx *ctx) {
@@ -26,54 +27,68 @@ static void test_configs(ts_ctx *ctx) {
     ts_model_config c;
     /* Llama 3.2 1B as published (abridged to the fields read) */
     snprintf(p, sizeof p, "%s/llama.json", dir);
-    write_text(p, "{\"architectures\": [\"LlamaForCausalLM\"], \"bos_token_id\": 128000,"
-                  " \"eos_token_id\": [128001, 128008, 128009], \"head_dim\": 64,"
-                  " \"hidden_size\": 2048, \"intermediate_size\": 8192,"
-                  " \"max_position_embeddings\": 131072, \"model_type\": \"llama\","
-                  " \"num_attention_heads\": 32, \"num_hidden_layers\": 16,"
-                  " \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05,"
-                  " \"rope_scaling\": {\"factor\": 32.0, \"high_freq_factor\": 4.0,"
-                  " \"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192,"
-                  " \"rope_type\": \"llama3\"}, \"rope_theta\": 500000.0,"
-                  " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\","
-                  " \"vocab_size\": 128256}");
+    write_text(
+        p,
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"bos_token_id\": 128000,"
+        " \"eos_token_id\": [128001, 128008, 128009], \"head_dim\": 64,"
+        " \"hidden_size\": 2048, \"intermediate_size\": 8192,"
+        " \"max_position_embeddings\": 131072, \"model_type\": \"llama\","
+        " \"num_attention_heads\": 32, \"num_hidden_layers\": 16,"
+        " \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05,"
+        " \"rope_scaling\": {\"factor\": 32.0, \"high_freq_factor\": 4.0,"
+        " \"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192,"
+        " \"rope_type\": \"llama3\"}, \"rope_theta\": 500000.0,"
+        " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\","
+        " \"vocab_size\": 128256}");
     CHECK_OK(ctx, ts_config_load(ctx, p, &c));
-    CHECK(c.arch == TS_ARCH_LLAMA && c.hidden == 2048 && c.kv_heads == 8 && c.head_dim == 64);
-    CHECK(c.rope_llama3 && c.rope_factor == 32.0 && c.rope_original_max_positions == 8192);
-    CHECK(c.rope_theta == 500000.0 && c.tie_word_embeddings && c.dtype == TS_BF16);
-    CHECK(c.eos_token_id == 128001 && c.bos_token_id == 128000 && !c.attention_bias);
+    CHECK(c.arch == TS_ARCH_LLAMA && c.hidden == 2048 && c.kv_heads == 8 &&
+          c.head_dim == 64);
+    CHECK(c.rope_llama3 && c.rope_factor == 32.0 &&
+          c.rope_original_max_positions == 8192);
+    CHECK(c.rope_theta == 500000.0 && c.tie_word_embeddings &&
+          c.dtype == TS_BF16);
+    CHECK(c.eos_token_id == 128001 && c.bos_token_id == 128000 &&
+          !c.attention_bias);
     /* Qwen2: no head_dim (hidden / heads), biases on q, k, v */
     snprintf(p, sizeof p, "%s/qwen2.json", dir);
-    write_text(p, "{\"model_type\": \"qwen2\", \"hidden_size\": 896, \"intermediate_size\": 4864,"
+    write_text(p, "{\"model_type\": \"qwen2\", \"hidden_size\": 896, "
+                  "\"intermediate_size\": 4864,"
                   " \"num_attention_heads\": 14, \"num_hidden_layers\": 24,"
                   " \"num_key_value_heads\": 2, \"vocab_size\": 151936,"
                   " \"rope_theta\": 1000000.0, \"tie_word_embeddings\": true}");
     CHECK_OK(ctx, ts_config_load(ctx, p, &c));
-    CHECK(c.arch == TS_ARCH_QWEN2 && c.head_dim == 64 && c.attention_bias && !c.qk_norm);
+    CHECK(c.arch == TS_ARCH_QWEN2 && c.head_dim == 64 && c.attention_bias &&
+          !c.qk_norm);
     /* GPT-2 small */
     snprintf(p, sizeof p, "%s/gpt2.json", dir);
-    write_text(p, "{\"activation_function\": \"gelu_new\", \"architectures\": [\"GPT2LMHeadModel\"],"
-                  " \"model_type\": \"gpt2\", \"n_ctx\": 1024, \"n_embd\": 768, \"n_head\": 12,"
+    write_text(p, "{\"activation_function\": \"gelu_new\", \"architectures\": "
+                  "[\"GPT2LMHeadModel\"],"
+                  " \"model_type\": \"gpt2\", \"n_ctx\": 1024, \"n_embd\": "
+                  "768, \"n_head\": 12,"
                   " \"n_inner\": null, \"n_layer\": 12, \"n_positions\": 1024,"
                   " \"layer_norm_epsilon\": 1e-05, \"vocab_size\": 50257}");
     CHECK_OK(ctx, ts_config_load(ctx, p, &c));
-    CHECK(c.arch == TS_ARCH_GPT2 && c.intermediate == 3072 && c.head_dim == 64 &&
-          c.tie_word_embeddings && c.max_positions == 1024 && c.norm_eps == 1e-5);
+    CHECK(c.arch == TS_ARCH_GPT2 && c.intermediate == 3072 &&
+          c.head_dim == 64 && c.tie_word_embeddings &&
+          c.max_positions == 1024 && c.norm_eps == 1e-5);
     /* the Qwen3 folders of the reference script */
     snprintf(p, sizeof p, "%s/gqa2_untied", dir);
     CHECK_OK(ctx, ts_config_load(ctx, p, &c));
-    CHECK(c.arch == TS_ARCH_QWEN3 && c.qk_norm && c.head_dim == 16 && c.hidden == 48);
+    CHECK(c.arch == TS_ARCH_QWEN3 && c.qk_norm && c.head_dim == 16 &&
+          c.hidden == 48);
     /* errors */
     snprintf(p, sizeof p, "%s/bad_unknown_type", dir);
     CHECK(ts_config_load(ctx, p, &c) == TS_ERR_UNSUPPORTED);
-    CHECK_MSG(ctx, "model type \"mamba\" is not supported (supported: qwen3, qwen2, llama, gpt2)");
+    CHECK_MSG(ctx, "model type \"mamba\" is not supported (supported: qwen3, "
+                   "qwen2, llama, gpt2)");
     ts_clear_error(ctx);
     snprintf(p, sizeof p, "%s/bad_no_field", dir);
     CHECK(ts_config_load(ctx, p, &c) == TS_ERR_IO);
     CHECK_MSG(ctx, "missing field \"hidden_size\"");
     ts_clear_error(ctx);
     snprintf(p, sizeof p, "%s/typo.json", dir);
-    write_text(p, "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": \"big\"}");
+    write_text(p, "{\"model_type\": \"llama\", \"vocab_size\": 10, "
+                  "\"hidden_size\": \"big\"}");
     CHECK(ts_config_load(ctx, p, &c) == TS_ERR_IO);
     CHECK_MSG(ctx, "field \"hidden_size\" must be an integer");
     ts_clear_error(ctx);
@@ -83,7 +98,8 @@ static void test_configs(ts_ctx *ctx) {
     CHECK_MSG(ctx, "broken.json");
     ts_clear_error(ctx);
     snprintf(p, sizeof p, "%s/kv.json", dir);
-    write_text(p, "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+    write_text(p, "{\"model_type\": \"qwen3\", \"hidden_size\": 64, "
+                  "\"intermediate_size\": 96,"
                   " \"num_attention_heads\": 4, \"num_hidden_layers\": 1,"
                   " \"num_key_value_heads\": 3, \"vocab_size\": 10}");
     CHECK(ts_config_load(ctx, p, &c) == TS_ERR_IO);
@@ -93,7 +109,8 @@ static void test_configs(ts_ctx *ctx) {
 
 static void *read_file(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    if (!f)
+        return NULL;
     fseek(f, 0, SEEK_END);
     long len = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -107,15 +124,18 @@ static void test_model(ts_ctx *ctx, const char *name, bool any_decoder) {
     char p[512];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     ts_qwen3_model *m = NULL;
-    CHECK_OK(ctx, any_decoder ? ts_decoder_load(ctx, p, &m) : ts_qwen3_load(ctx, p, &m));
-    if (!m) return;
+    CHECK_OK(ctx, any_decoder ? ts_decoder_load(ctx, p, &m)
+                              : ts_qwen3_load(ctx, p, &m));
+    if (!m)
+        return;
     size_t ni, nl;
     snprintf(p, sizeof p, "%s/%s.ids", dir, name);
     int64_t *raw = read_file(p, &ni);
     snprintf(p, sizeof p, "%s/%s.logits", dir, name);
     float *want = read_file(p, &nl);
     CHECK(raw && want);
-    if (!raw || !want) return;
+    if (!raw || !want)
+        return;
     int64_t shape[2] = {raw[0], raw[1]};
     ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, raw + 2);
     ts_tensor *logits = ts_qwen3_forward(m, ids, 0);
@@ -130,8 +150,8 @@ static void test_model(ts_ctx *ctx, const char *name, bool any_decoder) {
             err = fmax(err, fabs((double)got[i] - want[i]));
         }
         CHECK(err <= 1e-4 * scale);
-        printf("%-14s max |logit| %.3f, max error %.2e (%.2e of the scale)\n", name, scale,
-               err, err / scale);
+        printf("%-14s max |logit| %.3f, max error %.2e (%.2e of the scale)\n",
+               name, scale, err, err / scale);
     }
     ts_release(ids), ts_release(logits);
     /* greedy decoding through the KV cache: the reference's 32 tokens */
@@ -142,9 +162,11 @@ static void test_model(ts_ctx *ctx, const char *name, bool any_decoder) {
     CHECK(ref && ng == sizeof got);
     CHECK_OK(ctx, ts_qwen3_generate_greedy(m, raw + 2, 5, 32, got));
     int same = 0;
-    while (ref && same < 32 && got[same] == ref[same]) same++;
+    while (ref && same < 32 && got[same] == ref[same])
+        same++;
     CHECK(same == 32);
-    if (same < 32) fprintf(stderr, "%s: greedy differs at token %d\n", name, same);
+    if (same < 32)
+        fprintf(stderr, "%s: greedy differs at token %d\n", name, same);
     free(ref);
     /* the cache: the prompt in two pieces gives the one-pass logits */
     ts_qwen3_cache *kc;
@@ -163,7 +185,8 @@ static void test_model(ts_ctx *ctx, const char *name, bool any_decoder) {
     CHECK(ts_qwen3_forward_cached(m, kc, big) == NULL); /* 5 + 5 > 8 */
     CHECK_MSG(ctx, "do not fit the cache");
     ts_clear_error(ctx);
-    ts_release(a), ts_release(b), ts_release(all), ts_release(la), ts_release(lb);
+    ts_release(a), ts_release(b), ts_release(all), ts_release(la),
+        ts_release(lb);
     ts_release(lall), ts_release(tail), ts_release(big);
     ts_qwen3_cache_free(kc);
     free(raw), free(want);
@@ -176,7 +199,8 @@ static void test_gpt2(ts_ctx *ctx, const char *name) {
     snprintf(p, sizeof p, "%s/%s", dir, name);
     ts_gpt2_model *m = NULL;
     CHECK_OK(ctx, ts_gpt2_load(ctx, p, &m));
-    if (!m) return;
+    if (!m)
+        return;
     size_t ni, nl, ng;
     snprintf(p, sizeof p, "%s/%s.ids", dir, name);
     int64_t *raw = read_file(p, &ni);
@@ -198,8 +222,9 @@ static void test_gpt2(ts_ctx *ctx, const char *name) {
                 err = fmax(err, fabs((double)got[i] - want[i]));
             }
             CHECK(err <= 1e-4 * scale);
-            printf("%-14s max |logit| %.3f, max error %.2e (%.2e of the scale)\n", name, scale,
-                   err, err / scale);
+            printf(
+                "%-14s max |logit| %.3f, max error %.2e (%.2e of the scale)\n",
+                name, scale, err, err / scale);
         }
         int64_t out[20];
         CHECK_OK(ctx, ts_gpt2_generate_greedy(m, raw + 2, 5, 20, out));
@@ -219,15 +244,18 @@ static void test_bad_models(ts_ctx *ctx) {
     ts_clear_error(ctx);
     snprintf(p, sizeof p, "%s/bad_wrong_shape", dir);
     CHECK(ts_qwen3_load(ctx, p, &m) == TS_ERR_SHAPE && !m);
-    CHECK_MSG(ctx, "tensor \"model.layers.0.mlp.gate_proj.weight\" has shape [80, 48] in the "
+    CHECK_MSG(ctx, "tensor \"model.layers.0.mlp.gate_proj.weight\" has shape "
+                   "[80, 48] in the "
                    "checkpoint; the config needs [81, 48]");
     ts_clear_error(ctx);
     char d2[600];
     snprintf(d2, sizeof d2, "%s/llama_dir", dir);
     mkdir(d2, 0755);
     snprintf(p, sizeof p, "%s/config.json", d2);
-    write_text(p, "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96,"
-                  " \"num_attention_heads\": 4, \"num_hidden_layers\": 1, \"vocab_size\": 10}");
+    write_text(p, "{\"model_type\": \"llama\", \"hidden_size\": 64, "
+                  "\"intermediate_size\": 96,"
+                  " \"num_attention_heads\": 4, \"num_hidden_layers\": 1, "
+                  "\"vocab_size\": 10}");
     CHECK(ts_qwen3_load(ctx, d2, &m) == TS_ERR_UNSUPPORTED);
     CHECK_MSG(ctx, "a llama model; ts_qwen3_load reads qwen3 ones");
     ts_clear_error(ctx);
@@ -235,17 +263,21 @@ static void test_bad_models(ts_ctx *ctx) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s DIR (from tests/reference/hf_qwen3.py)\n", argv[0]);
+        fprintf(stderr, "usage: %s DIR (from tests/reference/hf_qwen3.py)\n",
+                argv[0]);
         return 2;
     }
     dir = argv[1];
     ts_ctx *ctx = test_ctx();
     test_configs(ctx);
-    const char *models[] = {"gqa2_untied", "mha_tied", "gqa4_sharded", "bf16_tied"};
-    for (int i = 0; i < 4; i++) test_model(ctx, models[i], false);
+    const char *models[] = {"gqa2_untied", "mha_tied", "gqa4_sharded",
+                            "bf16_tied"};
+    for (int i = 0; i < 4; i++)
+        test_model(ctx, models[i], false);
     /* the same decoder for Qwen2 (q/k/v biases) and Llama (llama3 rope) */
     const char *others[] = {"qwen2_tied", "llama_gqa4", "llama3_scaled"};
-    for (int i = 0; i < 3; i++) test_model(ctx, others[i], true);
+    for (int i = 0; i < 3; i++)
+        test_model(ctx, others[i], true);
     /* the bf16 checkpoint kept in bf16 (computed in f32): same logits */
     {
         char p[512];
@@ -253,10 +285,12 @@ int main(int argc, char **argv) {
         ts_qwen3_model *m32 = NULL, *m16 = NULL;
         CHECK_OK(ctx, ts_decoder_load(ctx, p, &m32));
         CHECK_OK(ctx, ts_decoder_load_as(ctx, p, TS_BF16, &m16));
-        CHECK(m16 && ts_tensor_dtype(ts_qwen3_find_param(m16, "model.embed_tokens.weight")) == TS_BF16);
+        CHECK(m16 && ts_tensor_dtype(ts_qwen3_find_param(
+                         m16, "model.embed_tokens.weight")) == TS_BF16);
         int64_t ids[6] = {1, 5, 9, 2, 7, 3}, shape[2] = {1, 6};
         ts_tensor *t = ts_from_data(ctx, TS_I64, 2, shape, ids);
-        ts_tensor *a = ts_qwen3_forward(m32, t, 0), *b = ts_qwen3_forward(m16, t, 0);
+        ts_tensor *a = ts_qwen3_forward(m32, t, 0),
+                  *b = ts_qwen3_forward(m16, t, 0);
         test_allclose("bf16-kept weights", b, a, 1e-4, 1e-4);
         int64_t g32[12], g16[12];
         CHECK_OK(ctx, ts_qwen3_generate_greedy(m32, ids, 6, 12, g32));

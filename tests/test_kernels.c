@@ -15,7 +15,8 @@ static float frand(void) {
 }
 static float *rand_buf(int64_t n) {
     float *p = malloc(sizeof(float) * (size_t)(n ? n : 1));
-    for (int64_t i = 0; i < n; i++) p[i] = frand();
+    for (int64_t i = 0; i < n; i++)
+        p[i] = frand();
     return p;
 }
 
@@ -25,21 +26,24 @@ static double worst(const float *a, const float *b, int64_t n, double rtol,
     double w = 0;
     for (int64_t i = 0; i < n; i++) {
         double e = fabs((double)a[i] - b[i]) / (atol + rtol * fabs(b[i]));
-        if (!(e <= w)) w = e; /* NaN counts as worst */
+        if (!(e <= w))
+            w = e; /* NaN counts as worst */
     }
     return w;
 }
 
 static void test_gemm(void) {
-    const int64_t sizes[][3] = {{1, 1, 1},   {4, 16, 8},  {5, 17, 3},
+    const int64_t sizes[][3] = {{1, 1, 1},     {4, 16, 8},    {5, 17, 3},
                                 {32, 64, 128}, {33, 70, 129}, {3, 48, 1}};
     for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
         int64_t M = sizes[c][0], N = sizes[c][1], K = sizes[c][2];
         int64_t lda = K + 3, ldb = N + 5, ldc = N + 1; /* padded rows */
         float *A = rand_buf(M * lda), *B = rand_buf(K * ldb);
-        float *C1 = rand_buf(M * ldc), *C2 = malloc(sizeof(float) * (size_t)(M * ldc));
+        float *C1 = rand_buf(M * ldc),
+              *C2 = malloc(sizeof(float) * (size_t)(M * ldc));
         for (int acc = 0; acc < 2; acc++) {
-            for (int64_t i = 0; i < M * ldc; i++) C2[i] = C1[i];
+            for (int64_t i = 0; i < M * ldc; i++)
+                C2[i] = C1[i];
             cpu_gemm_f32(M, N, K, A, lda, B, ldb, C1, ldc, acc);
             cpu_gemm_f32_reference(M, N, K, A, lda, B, ldb, C2, ldc, acc);
             double w = worst(C1, C2, M * ldc, 1e-5, 1e-5);
@@ -54,53 +58,69 @@ static void test_gemm(void) {
 
 static void attention_case(int64_t B, int64_t H, int64_t KV, int64_t T,
                            int64_t S, int64_t D, bool causal, bool mask) {
-    cpu_attn_shape p = {.B = B, .H = H, .KV = KV, .T = T, .S = S, .D = D,
-                        .causal = causal, .scale = 1.0f / sqrtf((float)D)};
+    cpu_attn_shape p = {.B = B,
+                        .H = H,
+                        .KV = KV,
+                        .T = T,
+                        .S = S,
+                        .D = D,
+                        .causal = causal,
+                        .scale = 1.0f / sqrtf((float)D)};
     float *q = rand_buf(B * H * T * D), *k = rand_buf(B * KV * S * D);
     float *v = rand_buf(B * KV * S * D), *m = NULL;
     if (mask) { /* (T, S) broadcast over B and H, some -inf */
         m = rand_buf(T * S);
         for (int64_t i = 0; i < T * S; i++)
-            if (i % 7 == 3) m[i] = -INFINITY;
-        for (int64_t t = 0; t < T; t++) m[t * S] = 0; /* no empty row */
+            if (i % 7 == 3)
+                m[i] = -INFINITY;
+        for (int64_t t = 0; t < T; t++)
+            m[t * S] = 0; /* no empty row */
         p.mask = m;
         p.mask_st[0] = p.mask_st[1] = 0;
         p.mask_st[2] = S;
         p.mask_st[3] = 1;
     }
     int64_t no = B * H * T * D, nl = B * H * T, nk = B * KV * S * D;
-    float *o1 = malloc(sizeof(float) * (size_t)no), *o2 = malloc(sizeof(float) * (size_t)no);
-    float *l1 = malloc(sizeof(float) * (size_t)nl), *l2 = malloc(sizeof(float) * (size_t)nl);
+    float *o1 = malloc(sizeof(float) * (size_t)no),
+          *o2 = malloc(sizeof(float) * (size_t)no);
+    float *l1 = malloc(sizeof(float) * (size_t)nl),
+          *l2 = malloc(sizeof(float) * (size_t)nl);
     cpu_attention_fwd(&p, q, k, v, o1, l1);
     cpu_attention_reference(&p, q, k, v, o2, l2);
-    double wo = worst(o1, o2, no, 1e-4, 1e-5), wl = worst(l1, l2, nl, 1e-5, 1e-5);
+    double wo = worst(o1, o2, no, 1e-4, 1e-5),
+           wl = worst(l1, l2, nl, 1e-5, 1e-5);
     CHECK(wo <= 1 && wl <= 1);
     float *g = rand_buf(no);
-    float *dq1 = malloc(sizeof(float) * (size_t)no), *dq2 = malloc(sizeof(float) * (size_t)no);
-    float *dk1 = malloc(sizeof(float) * (size_t)nk), *dk2 = malloc(sizeof(float) * (size_t)nk);
-    float *dv1 = malloc(sizeof(float) * (size_t)nk), *dv2 = malloc(sizeof(float) * (size_t)nk);
+    float *dq1 = malloc(sizeof(float) * (size_t)no),
+          *dq2 = malloc(sizeof(float) * (size_t)no);
+    float *dk1 = malloc(sizeof(float) * (size_t)nk),
+          *dk2 = malloc(sizeof(float) * (size_t)nk);
+    float *dv1 = malloc(sizeof(float) * (size_t)nk),
+          *dv2 = malloc(sizeof(float) * (size_t)nk);
     cpu_attention_bwd(&p, q, k, v, o1, l1, g, dq1, dk1, dv1);
     cpu_attention_bwd_reference(&p, q, k, v, g, dq2, dk2, dv2);
-    double wq = worst(dq1, dq2, no, 1e-3, 1e-4), wk = worst(dk1, dk2, nk, 1e-3, 1e-4);
+    double wq = worst(dq1, dq2, no, 1e-3, 1e-4),
+           wk = worst(dk1, dk2, nk, 1e-3, 1e-4);
     double wv = worst(dv1, dv2, nk, 1e-3, 1e-4);
     CHECK(wq <= 1 && wk <= 1 && wv <= 1);
     if (wo > 1 || wl > 1 || wq > 1 || wk > 1 || wv > 1)
-        fprintf(stderr,
-                "attention B%lld H%lld KV%lld T%lld S%lld D%lld causal %d mask %d:"
-                " out %.3g lse %.3g dq %.3g dk %.3g dv %.3g (x tolerance)\n",
-                (long long)B, (long long)H, (long long)KV, (long long)T,
-                (long long)S, (long long)D, causal, mask, wo, wl, wq, wk, wv);
+        fprintf(
+            stderr,
+            "attention B%lld H%lld KV%lld T%lld S%lld D%lld causal %d mask %d:"
+            " out %.3g lse %.3g dq %.3g dk %.3g dv %.3g (x tolerance)\n",
+            (long long)B, (long long)H, (long long)KV, (long long)T,
+            (long long)S, (long long)D, causal, mask, wo, wl, wq, wk, wv);
     free(q), free(k), free(v), free(m), free(o1), free(o2), free(l1), free(l2);
     free(g), free(dq1), free(dq2), free(dk1), free(dk2), free(dv1), free(dv2);
 }
 
 static void test_attention(void) {
     attention_case(1, 2, 2, 5, 5, 8, false, false);
-    attention_case(2, 4, 2, 17, 17, 16, true, false);   /* GQA, causal */
-    attention_case(1, 8, 2, 70, 70, 32, true, false);   /* several blocks */
-    attention_case(1, 4, 1, 3, 100, 16, true, false);   /* decode: S > T */
-    attention_case(2, 2, 1, 33, 65, 24, false, true);   /* mask */
-    attention_case(1, 2, 2, 40, 40, 64, true, true);    /* causal + mask */
+    attention_case(2, 4, 2, 17, 17, 16, true, false); /* GQA, causal */
+    attention_case(1, 8, 2, 70, 70, 32, true, false); /* several blocks */
+    attention_case(1, 4, 1, 3, 100, 16, true, false); /* decode: S > T */
+    attention_case(2, 2, 1, 33, 65, 24, false, true); /* mask */
+    attention_case(1, 2, 2, 40, 40, 64, true, true);  /* causal + mask */
     attention_case(1, 1, 1, 1, 1, 4, true, false);
 }
 
@@ -109,10 +129,10 @@ static void test_matmul_op(void) {
     ts_ctx *ctx = test_ctx();
     int64_t M = 37, K = 19, N = 23;
     int64_t as[3] = {3, K, M}, bs[2] = {N, K};
-    ts_tensor *a0 = ts_randn(ctx, TS_F32, 3, as, 1, 1);  /* (3, K, M) */
-    ts_tensor *b0 = ts_randn(ctx, TS_F32, 2, bs, 1, 2);  /* (N, K) */
-    ts_tensor *a = ts_transpose(a0, 1, 2);                /* (3, M, K) view */
-    ts_tensor *b = ts_transpose(b0, 0, 1);                /* (K, N) view */
+    ts_tensor *a0 = ts_randn(ctx, TS_F32, 3, as, 1, 1); /* (3, K, M) */
+    ts_tensor *b0 = ts_randn(ctx, TS_F32, 2, bs, 1, 2); /* (N, K) */
+    ts_tensor *a = ts_transpose(a0, 1, 2);              /* (3, M, K) view */
+    ts_tensor *b = ts_transpose(b0, 0, 1);              /* (K, N) view */
     for (int dt = 0; dt < 2; dt++) {
         ts_tensor *ac = dt ? ts_cast(a, TS_BF16) : ts_retain(a);
         ts_tensor *bc = dt ? ts_cast(b, TS_BF16) : ts_retain(b);
@@ -126,10 +146,12 @@ static void test_matmul_op(void) {
         ts_tensor_read(bc, B, TS_F32);
         ts_tensor_read(y, Y, TS_F32);
         for (int i = 0; i < 3; i++)
-            cpu_gemm_f32_reference(M, N, K, A + i * M * K, K, B, N, R + i * M * N, N, false);
+            cpu_gemm_f32_reference(M, N, K, A + i * M * K, K, B, N,
+                                   R + i * M * N, N, false);
         double w = worst(Y, R, 3 * M * N, dt ? 1e-2 : 1e-5, dt ? 1e-2 : 1e-5);
         CHECK(w <= 1);
-        if (w > 1) fprintf(stderr, "matmul op dtype %d: %.3g x tol\n", dt, w);
+        if (w > 1)
+            fprintf(stderr, "matmul op dtype %d: %.3g x tol\n", dt, w);
         free(A), free(B), free(Y), free(R);
         ts_release(ac), ts_release(bc), ts_release(y);
     }
@@ -157,7 +179,8 @@ static void test_mixed_matmul(void) {
         ts_release(x), ts_release(y), ts_release(want);
     }
     int64_t bs[3] = {2, 53, 70};
-    ts_tensor *bw = ts_randn(ctx, TS_BF16, 3, bs, 1, 9), *bwf = ts_cast(bw, TS_F32);
+    ts_tensor *bw = ts_randn(ctx, TS_BF16, 3, bs, 1, 9),
+              *bwf = ts_cast(bw, TS_F32);
     int64_t xs[3] = {2, 4, 53};
     ts_tensor *x = ts_randn(ctx, TS_F32, 3, xs, 1, 3);
     ts_tensor *y = ts_matmul(x, bw), *want = ts_matmul(x, bwf);
@@ -167,8 +190,10 @@ static void test_mixed_matmul(void) {
     CHECK(bad == NULL && ts_ctx_status(ctx) == TS_ERR_DTYPE);
     ts_clear_error(ctx);
     ts_release(w32t);
-    ts_release(x), ts_release(y), ts_release(want), ts_release(bw), ts_release(bwf);
-    ts_release(w32), ts_release(wb), ts_release(wbf), ts_release(wt), ts_release(wtf);
+    ts_release(x), ts_release(y), ts_release(want), ts_release(bw),
+        ts_release(bwf);
+    ts_release(w32), ts_release(wb), ts_release(wbf), ts_release(wt),
+        ts_release(wtf);
     ts_ctx_free(ctx);
 }
 

@@ -557,12 +557,15 @@ static double scaled_atol(ts_tensor *e, double atol) {
 static uint64_t g_fp;
 
 static void fingerprint(ts_tensor *t) {
-    if (!t) return;
+    if (!t)
+        return;
     size_t n = (size_t)ts_tensor_numel(t) * ts_dtype_size(ts_tensor_dtype(t));
     unsigned char *b = malloc(n ? n : 1);
-    if (!b) return;
+    if (!b)
+        return;
     if (ts_tensor_read(t, b, ts_tensor_dtype(t)) == TS_OK)
-        for (size_t i = 0; i < n; i++) g_fp = (g_fp ^ b[i]) * 1099511628211ull;
+        for (size_t i = 0; i < n; i++)
+            g_fp = (g_fp ^ b[i]) * 1099511628211ull;
     free(b);
 }
 
@@ -669,7 +672,8 @@ static void run_case(ts_ctx *ctx, const tcase *c) {
         CHECK(!ts_tensor_shares_storage(outs[0], leaf[0]));
     }
 
-    for (int j = 0; j < nout; j++) fingerprint(outs[j]);
+    for (int j = 0; j < nout; j++)
+        fingerprint(outs[j]);
     /* backward: loss = sum_j sum(out_j * gout_j), one ts_backward per output
      * (gradients accumulate) */
     int any_grad = 0;
@@ -837,7 +841,8 @@ int main(int argc, char **argv) {
      * each op call is recorded and runs when its result is read */
     const char *mode = getenv("TS_TEST_MODE");
     bool compiled = mode && !strcmp(mode, "compiled");
-    if (compiled) ts_set_mode(ctx, TS_MODE_COMPILED);
+    if (compiled)
+        ts_set_mode(ctx, TS_MODE_COMPILED);
     int failed_cases = 0, ran = 0;
     for (int i = 0; i < n; i++) {
         if (argc > 2 && !strstr(cs[i].name, argv[2]))
@@ -870,10 +875,11 @@ int main(int argc, char **argv) {
     if (compiled) {
         ts_compile_stats cs_stats;
         ts_get_compile_stats(ctx, &cs_stats);
-        printf("compiled graphs run: %llu, compilations %llu, cache hits %llu\n",
-               (unsigned long long)cs_stats.graphs_run,
-               (unsigned long long)cs_stats.compilations,
-               (unsigned long long)cs_stats.cache_hits);
+        printf(
+            "compiled graphs run: %llu, compilations %llu, cache hits %llu\n",
+            (unsigned long long)cs_stats.graphs_run,
+            (unsigned long long)cs_stats.compilations,
+            (unsigned long long)cs_stats.cache_hits);
         CHECK(cs_stats.graphs_run > 0);
         ts_set_mode(ctx, TS_MODE_EAGER);
     }

@@ -41,12 +41,17 @@ static void check_values(ts_ctx *ctx, ts_safetensors *st, bool want_views) {
         return;
     }
     CHECK(ts_tensor_dtype(f32) == TS_F32 && ts_tensor_dim(f32, 1) == 4);
-    for (int i = 0; i < 12; i++) CHECK(at(f32, i) == i * 0.5);
+    for (int i = 0; i < 12; i++)
+        CHECK(at(f32, i) == i * 0.5);
     CHECK(ts_tensor_dtype(bf) == TS_BF16);
-    for (int i = 0; i < 6; i++) CHECK(at(bf, i) == i - 2.5);
-    for (int i = 0; i < 4; i++) CHECK(at(f16, i) == i / 4.0);
-    for (int i = 0; i < 5; i++) CHECK(at(i64, i) == i * 1000000007.0);
-    for (int i = 0; i < 6; i++) CHECK(at(i32, i) == i - 3);
+    for (int i = 0; i < 6; i++)
+        CHECK(at(bf, i) == i - 2.5);
+    for (int i = 0; i < 4; i++)
+        CHECK(at(f16, i) == i / 4.0);
+    for (int i = 0; i < 5; i++)
+        CHECK(at(i64, i) == i * 1000000007.0);
+    for (int i = 0; i < 6; i++)
+        CHECK(at(i32, i) == i - 3);
     double v;
     CHECK_OK(ctx, ts_item(sc, &v));
     CHECK(v == 7.25 && ts_tensor_ndim(sc) == 0);
@@ -57,7 +62,8 @@ static void check_values(ts_ctx *ctx, ts_safetensors *st, bool want_views) {
     CHECK((ts_tensor_data(again) == ts_tensor_data(f32)) == want_views);
     ts_release(again);
     ts_tensor *all[] = {f32, bf, f16, i64, i32, sc, em};
-    for (int i = 0; i < 7; i++) ts_release(all[i]);
+    for (int i = 0; i < 7; i++)
+        ts_release(all[i]);
 }
 
 static void test_valid(ts_ctx *ctx) {
@@ -65,7 +71,8 @@ static void test_valid(ts_ctx *ctx) {
     snprintf(p, sizeof p, "%s/valid.safetensors", dir);
     ts_safetensors *st;
     CHECK_OK(ctx, ts_safetensors_open(ctx, p, &st));
-    if (!st) return;
+    if (!st)
+        return;
     CHECK(ts_safetensors_count(st) == 7);
     CHECK(!strcmp(ts_safetensors_name(st, 0), "w.f32")); /* by offset */
     CHECK(!strcmp(ts_safetensors_metadata(st, "format"), "pt"));
@@ -85,7 +92,8 @@ static void test_valid(ts_ctx *ctx) {
     /* unaligned data: copies with the same values */
     snprintf(p, sizeof p, "%s/unaligned.safetensors", dir);
     CHECK_OK(ctx, ts_safetensors_open(ctx, p, &st));
-    if (st) check_values(ctx, st, false), ts_safetensors_close(st);
+    if (st)
+        check_values(ctx, st, false), ts_safetensors_close(st);
     /* a sharded folder */
     snprintf(p, sizeof p, "%s/sharded", dir);
     CHECK_OK(ctx, ts_safetensors_open(ctx, p, &st));
@@ -106,19 +114,26 @@ static void test_malformed(ts_ctx *ctx) {
         ts_status status;
         const char *msg;
     } cases[] = {
-        {"truncated", TS_ERR_IO, "tensor \"w.f32\" ends at byte 48 but the data section has 43"},
+        {"truncated", TS_ERR_IO,
+         "tensor \"w.f32\" ends at byte 48 but the data section has 43"},
         {"tiny", TS_ERR_IO, "3 bytes, too short for a safetensors header"},
-        {"header_too_long", TS_ERR_IO, "header length 1000000000 is over the limit"},
+        {"header_too_long", TS_ERR_IO,
+         "header length 1000000000 is over the limit"},
         {"header_past_end", TS_ERR_IO, "header length 4096 runs past the end"},
         {"not_json", TS_ERR_IO, "header is not valid JSON"},
         {"not_object", TS_ERR_IO, "header is not a JSON object"},
         {"unknown_dtype", TS_ERR_IO, "tensor \"w.f32\": unknown dtype \"Q7\""},
         {"unsupported_dtype", TS_ERR_UNSUPPORTED, "dtype F64 is not supported"},
-        {"size_mismatch", TS_ERR_IO, "shape x dtype size is 60 bytes but data_offsets span 48"},
+        {"size_mismatch", TS_ERR_IO,
+         "shape x dtype size is 60 bytes but data_offsets span 48"},
         {"negative_shape", TS_ERR_IO, "shape entry 0 is not a size >= 0"},
         {"missing_field", TS_ERR_IO, "needs \"dtype\" (string), \"shape\""},
-        {"overlap", TS_ERR_IO, "tensor \"b\" starts at byte 16 of the data, where 32 was expected (overlap)"},
-        {"hole", TS_ERR_IO, "tensor \"b\" starts at byte 32 of the data, where 16 was expected (hole)"},
+        {"overlap", TS_ERR_IO,
+         "tensor \"b\" starts at byte 16 of the data, where 32 was expected "
+         "(overlap)"},
+        {"hole", TS_ERR_IO,
+         "tensor \"b\" starts at byte 32 of the data, where 16 was expected "
+         "(hole)"},
         {"past_data", TS_ERR_IO, "ends at byte 64 but the data section has 48"},
         {"trailing_bytes", TS_ERR_IO, "16 bytes after the last tensor"},
         {"duplicate_key", TS_ERR_IO, "header is not valid JSON"},
@@ -136,7 +151,8 @@ static void test_malformed(ts_ctx *ctx) {
         ts_clear_error(ctx);
     }
     ts_safetensors *st;
-    CHECK(ts_safetensors_open(ctx, "/nonexistent/x.safetensors", &st) == TS_ERR_IO);
+    CHECK(ts_safetensors_open(ctx, "/nonexistent/x.safetensors", &st) ==
+          TS_ERR_IO);
     CHECK_MSG(ctx, "cannot open");
     ts_clear_error(ctx);
     CHECK(ts_safetensors_open(ctx, dir, &st) == TS_ERR_IO); /* no model file */
@@ -172,15 +188,17 @@ static void test_save_round_trip(ts_ctx *ctx) {
     /* a failed save keeps the previous file: a NULL tensor midway */
     ts_tensor *bad[2] = {c, NULL};
     const char *bn[2] = {"x", "y"};
-    CHECK(ts_safetensors_save(ctx, p, 2, bn, bad, 0, NULL) == TS_ERR_INVALID_ARG);
+    CHECK(ts_safetensors_save(ctx, p, 2, bn, bad, 0, NULL) ==
+          TS_ERR_INVALID_ARG);
     CHECK_MSG(ctx, "entry 1 has no tensor");
     ts_clear_error(ctx);
-    CHECK(ts_safetensors_save(ctx, "/nonexistent/dir/x.safetensors", 1, names, ts, 0, NULL) ==
-          TS_ERR_IO);
+    CHECK(ts_safetensors_save(ctx, "/nonexistent/dir/x.safetensors", 1, names,
+                              ts, 0, NULL) == TS_ERR_IO);
     CHECK_MSG(ctx, "cannot create");
     ts_clear_error(ctx);
     const char *dup[2] = {"same", "same"};
-    CHECK(ts_safetensors_save(ctx, p, 2, dup, ts, 0, NULL) == TS_ERR_INVALID_ARG);
+    CHECK(ts_safetensors_save(ctx, p, 2, dup, ts, 0, NULL) ==
+          TS_ERR_INVALID_ARG);
     CHECK_MSG(ctx, "tensor \"same\" given twice");
     ts_clear_error(ctx);
     CHECK_OK(ctx, ts_safetensors_open(ctx, p, &st));
@@ -196,7 +214,8 @@ static void test_save_round_trip(ts_ctx *ctx) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s DIR (from tests/ref/st_files.py)\n", argv[0]);
+        fprintf(stderr, "usage: %s DIR (from tests/ref/st_files.py)\n",
+                argv[0]);
         return 2;
     }
     dir = argv[1];

@@ -13,10 +13,12 @@ static const float L4[4] = {2, 1, 0, -1};
 static void draw(ts_ctx *ctx, ts_sampling s, int n, double *freq) {
     ts_sampler *sm;
     CHECK_OK(ctx, ts_sampler_new(ctx, &s, &sm));
-    for (int i = 0; i < 4; i++) freq[i] = 0;
+    for (int i = 0; i < 4; i++)
+        freq[i] = 0;
     for (int i = 0; i < n && sm; i++) {
         int32_t t = ts_sampler_next(sm, L4, 4, NULL, 0);
-        if (t >= 0 && t < 4) freq[t] += 1.0 / n;
+        if (t >= 0 && t < 4)
+            freq[t] += 1.0 / n;
     }
     ts_sampler_free(sm);
 }
@@ -24,15 +26,19 @@ static void draw(ts_ctx *ctx, ts_sampling s, int n, double *freq) {
 /* softmax of L4 / temp over the first `keep` entries */
 static void expect(double temp, int keep, double *p) {
     double z = 0;
-    for (int i = 0; i < 4; i++) z += p[i] = i < keep ? exp(L4[i] / temp) : 0;
-    for (int i = 0; i < 4; i++) p[i] /= z;
+    for (int i = 0; i < 4; i++)
+        z += p[i] = i < keep ? exp(L4[i] / temp) : 0;
+    for (int i = 0; i < 4; i++)
+        p[i] /= z;
 }
 
-static void check_freq(const char *what, const double *got, const double *want) {
+static void check_freq(const char *what, const double *got,
+                       const double *want) {
     for (int i = 0; i < 4; i++) {
         CHECK_NEAR(got[i], want[i], 0.012);
         if (fabs(got[i] - want[i]) > 0.012)
-            fprintf(stderr, "%s: token %d at %.4f, expected %.4f\n", what, i, got[i], want[i]);
+            fprintf(stderr, "%s: token %d at %.4f, expected %.4f\n", what, i,
+                    got[i], want[i]);
     }
 }
 
@@ -51,22 +57,27 @@ int main(void) {
     int32_t a[50], b[50];
     for (int r = 0; r < 2; r++) {
         CHECK_OK(ctx, ts_sampler_new(ctx, &s, &sm));
-        for (int i = 0; i < 50; i++) (r ? b : a)[i] = ts_sampler_next(sm, L4, 4, NULL, 0);
+        for (int i = 0; i < 50; i++)
+            (r ? b : a)[i] = ts_sampler_next(sm, L4, 4, NULL, 0);
         ts_sampler_free(sm);
     }
     CHECK(!memcmp(a, b, sizeof a));
     /* frequencies against the filtered softmax, 40000 draws each */
     double got[4], want[4];
     int N = 40000;
-    draw(ctx, s, N, got), expect(1, 4, want), check_freq("temperature 1", got, want);
+    draw(ctx, s, N, got), expect(1, 4, want),
+        check_freq("temperature 1", got, want);
     s.temperature = 0.5;
-    draw(ctx, s, N, got), expect(0.5, 4, want), check_freq("temperature 0.5", got, want);
+    draw(ctx, s, N, got), expect(0.5, 4, want),
+        check_freq("temperature 0.5", got, want);
     s.temperature = 1, s.top_k = 2;
     draw(ctx, s, N, got), expect(1, 2, want), check_freq("top_k 2", got, want);
     s.top_k = 0, s.top_p = 0.7; /* 0.644 < 0.7 <= 0.881: two tokens */
-    draw(ctx, s, N, got), expect(1, 2, want), check_freq("top_p 0.7", got, want);
+    draw(ctx, s, N, got), expect(1, 2, want),
+        check_freq("top_p 0.7", got, want);
     s.top_p = 1, s.min_p = 0.2; /* p >= 0.2 x 0.644: tokens 0 and 1 */
-    draw(ctx, s, N, got), expect(1, 2, want), check_freq("min_p 0.2", got, want);
+    draw(ctx, s, N, got), expect(1, 2, want),
+        check_freq("min_p 0.2", got, want);
     s.min_p = 0, s.top_k = 1; /* top_k 1 is greedy */
     draw(ctx, s, 100, got);
     CHECK_NEAR(got[0], 1.0, 1e-9);

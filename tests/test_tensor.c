@@ -30,7 +30,8 @@ static void test_bf16_rounding(void) {
     int bad = 0;
     for (uint32_t h = 0; h < 65536; h++) {
         float f = ts_bf16_to_f32((uint16_t)h);
-        if (!isnan(f) && ts_f32_to_bf16(f) != h) bad++;
+        if (!isnan(f) && ts_f32_to_bf16(f) != h)
+            bad++;
     }
     CHECK(bad == 0);
 }
@@ -42,7 +43,8 @@ static void test_f16_against_f16c(void) {
     for (uint32_t h = 0; h < 65536; h++) {
         float ours = ts_f16_to_f32((uint16_t)h);
         float hw = _cvtsh_ss((unsigned short)h);
-        if (memcmp(&ours, &hw, 4) != 0 && !(isnan(ours) && isnan(hw))) bad++;
+        if (memcmp(&ours, &hw, 4) != 0 && !(isnan(ours) && isnan(hw)))
+            bad++;
     }
     CHECK(bad == 0);
     uint64_t s = 42;
@@ -51,12 +53,14 @@ static void test_f16_against_f16c(void) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         uint32_t u = (uint32_t)(s >> 32);
         /* bias toward the f16 range and its edges */
-        if (i % 2) u = (u & 0x80000000u) | (0x30000000u + (u % 0x18000000u));
+        if (i % 2)
+            u = (u & 0x80000000u) | (0x30000000u + (u % 0x18000000u));
         float f = bits_f(u);
         uint16_t ours = ts_f32_to_f16(f);
         uint16_t hw = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
         if (isnan(f)) {
-            if ((ours & 0x7c00) != 0x7c00 || !(ours & 0x3ff)) bad++;
+            if ((ours & 0x7c00) != 0x7c00 || !(ours & 0x3ff))
+                bad++;
         } else if (ours != hw) {
             if (bad < 5)
                 fprintf(stderr, "f16(%a): ours %04x, F16C %04x\n", (double)f,
@@ -65,15 +69,16 @@ static void test_f16_against_f16c(void) {
         }
     }
     CHECK(bad == 0);
-    CHECK(ts_f32_to_f16(65520.0f) == 0x7c00);  /* rounds up to Inf */
-    CHECK(ts_f32_to_f16(65504.0f) == 0x7bff);  /* largest finite */
-    CHECK(ts_f32_to_f16(5.9604645e-8f) == 1);  /* smallest subnormal */
-    CHECK(ts_f32_to_f16(2.9802322e-8f) == 0);  /* half of it: tie to even */
+    CHECK(ts_f32_to_f16(65520.0f) == 0x7c00); /* rounds up to Inf */
+    CHECK(ts_f32_to_f16(65504.0f) == 0x7bff); /* largest finite */
+    CHECK(ts_f32_to_f16(5.9604645e-8f) == 1); /* smallest subnormal */
+    CHECK(ts_f32_to_f16(2.9802322e-8f) == 0); /* half of it: tie to even */
 }
 
 static ts_tensor *iota(ts_ctx *ctx, int nd, const int64_t *shape) {
     int64_t n = 1;
-    for (int i = 0; i < nd; i++) n *= shape[i];
+    for (int i = 0; i < nd; i++)
+        n *= shape[i];
     ts_tensor *r = ts_arange(ctx, TS_F32, 0, (double)n, 1);
     ts_tensor *v = ts_reshape(r, nd, shape);
     ts_release(r);
@@ -148,7 +153,8 @@ static void test_views(ts_ctx *ctx) {
     CHECK_OK(ctx, ts_set(s, w, -7));
     CHECK(at(x, 0, 0, 3) == -7);
     ts_tensor *all[] = {x, p, s, s2, r, rp, t, tr, tr2, c, e, sq, us, pc};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) ts_release(all[i]);
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        ts_release(all[i]);
 }
 
 static void test_print(ts_ctx *ctx) {
@@ -169,9 +175,12 @@ static void test_print(ts_ctx *ctx) {
     int64_t big = 5000;
     ts_tensor *r = ts_arange(ctx, TS_I64, 0, 5000, 1);
     s = ts_to_string(r);
-    CHECK(s && !strcmp(s, "tensor([   0,    1,    2, ..., 4997, 4998, 4999], dtype=i64, "
-                          "shape=[5000])"));
-    if (s && !strstr(s, "4997")) fprintf(stderr, "got: %s\n", s);
+    CHECK(s &&
+          !strcmp(
+              s, "tensor([   0,    1,    2, ..., 4997, 4998, 4999], dtype=i64, "
+                 "shape=[5000])"));
+    if (s && !strstr(s, "4997"))
+        fprintf(stderr, "got: %s\n", s);
     (void)big;
     free(s);
     ts_tensor *sc = ts_scalar(ctx, TS_F32, 3.5);
@@ -268,7 +277,8 @@ static void test_fill_copy(ts_ctx *ctx) {
     CHECK_OK(ctx, ts_copy_(top, row)); /* broadcast + cast into a view */
     float out[12];
     CHECK_OK(ctx, ts_tensor_read(x, out, TS_F32));
-    CHECK(out[0] == 1 && out[1] == 2 && out[5] == 2 && out[9] == 2.5f && out[8] == 0);
+    CHECK(out[0] == 1 && out[1] == 2 && out[5] == 2 && out[9] == 2.5f &&
+          out[8] == 0);
     ts_release(x), ts_release(col), ts_release(row), ts_release(top);
 }
 
@@ -279,12 +289,14 @@ static void test_random(ts_ctx *ctx) {
     float *pa = ts_tensor_data(a), *pb = ts_tensor_data(b);
     CHECK(memcmp(pa, pb, sizeof(float) * (size_t)n) == 0);
     double s = 0, s2 = 0;
-    for (int64_t i = 0; i < n; i++) s += pa[i], s2 += (double)pa[i] * pa[i];
+    for (int64_t i = 0; i < n; i++)
+        s += pa[i], s2 += (double)pa[i] * pa[i];
     CHECK_NEAR(s / (double)n, 0.0, 0.03);
     CHECK_NEAR(sqrt(s2 / (double)n), 2.0, 0.03);
     ts_tensor *u = ts_rand(ctx, TS_F32, 1, &n, -1, 3, 9);
     float *pu = ts_tensor_data(u), lo = 10, hi = -10;
-    for (int64_t i = 0; i < n; i++) lo = fminf(lo, pu[i]), hi = fmaxf(hi, pu[i]);
+    for (int64_t i = 0; i < n; i++)
+        lo = fminf(lo, pu[i]), hi = fmaxf(hi, pu[i]);
     CHECK(lo >= -1 && hi < 3 && lo < -0.99 && hi > 2.99);
     ts_release(a), ts_release(b), ts_release(u);
 }

@@ -70,7 +70,8 @@ int test_allclose(const char *what, ts_tensor *a, ts_tensor *b, double rtol,
             else
                 err = fabs(x[i] - y[i]) / (atol + rtol * fabs(y[i]));
             if (err > worst || wi < 0) {
-                if (err > worst) worst = err;
+                if (err > worst)
+                    worst = err;
                 wi = i;
             }
         }
@@ -83,7 +84,8 @@ int test_allclose(const char *what, ts_tensor *a, ts_tensor *b, double rtol,
         }
     }
     free(x), free(y), free(fx), free(fy);
-    if (!ok) ts_test_failures++;
+    if (!ok)
+        ts_test_failures++;
     return ok;
 }
 

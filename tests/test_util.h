@@ -11,47 +11,47 @@
 extern int ts_test_failures;
 extern int ts_test_checks;
 
-#define CHECK(cond)                                                          \
-    do {                                                                     \
-        ts_test_checks++;                                                    \
-        if (!(cond)) {                                                       \
-            ts_test_failures++;                                              \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, \
-                    #cond);                                                  \
-        }                                                                    \
+#define CHECK(cond)                                                            \
+    do {                                                                       \
+        ts_test_checks++;                                                      \
+        if (!(cond)) {                                                         \
+            ts_test_failures++;                                                \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,   \
+                    #cond);                                                    \
+        }                                                                      \
     } while (0)
 
-#define CHECK_OK(ctx, expr)                                                  \
-    do {                                                                     \
-        ts_test_checks++;                                                    \
-        ts_status s_ = (expr);                                               \
-        if (s_ != TS_OK) {                                                   \
-            ts_test_failures++;                                              \
-            fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__,         \
-                    __LINE__, #expr, ts_status_name(s_), ts_errmsg(ctx));    \
-        }                                                                    \
+#define CHECK_OK(ctx, expr)                                                    \
+    do {                                                                       \
+        ts_test_checks++;                                                      \
+        ts_status s_ = (expr);                                                 \
+        if (s_ != TS_OK) {                                                     \
+            ts_test_failures++;                                                \
+            fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, \
+                    #expr, ts_status_name(s_), ts_errmsg(ctx));                \
+        }                                                                      \
     } while (0)
 
 /* Checks that msg contains needle. */
-#define CHECK_MSG(ctx, needle)                                               \
-    do {                                                                     \
-        ts_test_checks++;                                                    \
-        if (!strstr(ts_errmsg(ctx), (needle))) {                             \
-            ts_test_failures++;                                              \
-            fprintf(stderr, "%s:%d: error message \"%s\" lacks \"%s\"\n",    \
-                    __FILE__, __LINE__, ts_errmsg(ctx), (needle));           \
-        }                                                                    \
+#define CHECK_MSG(ctx, needle)                                                 \
+    do {                                                                       \
+        ts_test_checks++;                                                      \
+        if (!strstr(ts_errmsg(ctx), (needle))) {                               \
+            ts_test_failures++;                                                \
+            fprintf(stderr, "%s:%d: error message \"%s\" lacks \"%s\"\n",      \
+                    __FILE__, __LINE__, ts_errmsg(ctx), (needle));             \
+        }                                                                      \
     } while (0)
 
-#define CHECK_NEAR(a, b, tol)                                                \
-    do {                                                                     \
-        ts_test_checks++;                                                    \
-        double a_ = (a), b_ = (b);                                           \
-        if (!(a_ - b_ <= (tol) && b_ - a_ <= (tol))) {                       \
-            ts_test_failures++;                                              \
-            fprintf(stderr, "%s:%d: %s = %.9g, expected %.9g (tol %g)\n",    \
-                    __FILE__, __LINE__, #a, a_, b_, (double)(tol));          \
-        }                                                                    \
+#define CHECK_NEAR(a, b, tol)                                                  \
+    do {                                                                       \
+        ts_test_checks++;                                                      \
+        double a_ = (a), b_ = (b);                                             \
+        if (!(a_ - b_ <= (tol) && b_ - a_ <= (tol))) {                         \
+            ts_test_failures++;                                                \
+            fprintf(stderr, "%s:%d: %s = %.9g, expected %.9g (tol %g)\n",      \
+                    __FILE__, __LINE__, #a, a_, b_, (double)(tol));            \
+        }                                                                      \
     } while (0)
 
 ts_ctx *test_ctx(void);

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define N_PER 100 /* points per class */
+#define N_PER   100 /* points per class */
 #define CLASSES 3
-#define HIDDEN 64
+#define HIDDEN  64
 
 static void make_spirals(float *x, int64_t *y) {
     unsigned s = 12345;
@@ -29,7 +29,8 @@ static void make_spirals(float *x, int64_t *y) {
 }
 
 static int check(ts_ctx *ctx, const char *what) {
-    if (ts_ctx_status(ctx) == TS_OK) return 0;
+    if (ts_ctx_status(ctx) == TS_OK)
+        return 0;
     fprintf(stderr, "tessera demo: %s failed: %s\n", what, ts_errmsg(ctx));
     return 1;
 }
@@ -40,7 +41,8 @@ int tessera_demo(int argc, char **argv) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
             steps = atoi(argv[++i]);
             if (steps < 1 || steps > 1000000) {
-                fprintf(stderr, "tessera demo: --steps %s (want 1..1000000)\n", argv[i]);
+                fprintf(stderr, "tessera demo: --steps %s (want 1..1000000)\n",
+                        argv[i]);
                 return 2;
             }
         } else {
@@ -64,19 +66,21 @@ int tessera_demo(int argc, char **argv) {
 
     int64_t s1[2] = {2, HIDDEN}, s2[2] = {HIDDEN, CLASSES};
     int64_t b1s = HIDDEN, b2s = CLASSES;
-    ts_tensor *params[4] = {
-        ts_randn(ctx, TS_F32, 2, s1, 1.0, 1), ts_zeros(ctx, TS_F32, 1, &b1s),
-        ts_randn(ctx, TS_F32, 2, s2, sqrt(2.0 / HIDDEN), 2),
-        ts_zeros(ctx, TS_F32, 1, &b2s)};
+    ts_tensor *params[4] = {ts_randn(ctx, TS_F32, 2, s1, 1.0, 1),
+                            ts_zeros(ctx, TS_F32, 1, &b1s),
+                            ts_randn(ctx, TS_F32, 2, s2, sqrt(2.0 / HIDDEN), 2),
+                            ts_zeros(ctx, TS_F32, 1, &b2s)};
     ts_tensor *mom[4];
     for (int i = 0; i < 4; i++) {
         ts_set_requires_grad(params[i], true);
         mom[i] = ts_zeros(ctx, TS_F32, ts_tensor_ndim(params[i]),
                           ts_tensor_shape(params[i]));
     }
-    if (check(ctx, "setup")) return 1;
-    printf("tessera demo: MLP 2 -> %d -> %d on %lld spiral points, %d threads\n",
-           HIDDEN, CLASSES, (long long)n, ts_get_num_threads(ctx));
+    if (check(ctx, "setup"))
+        return 1;
+    printf(
+        "tessera demo: MLP 2 -> %d -> %d on %lld spiral points, %d threads\n",
+        HIDDEN, CLASSES, (long long)n, ts_get_num_threads(ctx));
     const double lr = 0.5, beta = 0.9;
     double first = 0, loss_v = 0;
     for (int step = 0; step <= steps; step++) {
@@ -86,16 +90,21 @@ int tessera_demo(int argc, char **argv) {
         ts_tensor *z0 = ts_matmul(h, params[2]);
         ts_tensor *logits = ts_add(z0, params[3]);
         ts_tensor *loss = ts_cross_entropy(logits, y, -100, TS_REDUCE_MEAN);
-        for (int i = 0; i < 4; i++) ts_zero_grad(params[i]);
-        if (loss) ts_backward(loss, NULL);
-        if (check(ctx, "training step")) return 1;
+        for (int i = 0; i < 4; i++)
+            ts_zero_grad(params[i]);
+        if (loss)
+            ts_backward(loss, NULL);
+        if (check(ctx, "training step"))
+            return 1;
         ts_item(loss, &loss_v);
-        if (step == 0) first = loss_v;
+        if (step == 0)
+            first = loss_v;
         if (step % 50 == 0 || step == steps) {
             ts_tensor *pred = ts_argmax(logits, 1, false);
             int64_t *p = ts_tensor_data(pred), correct = 0;
             int64_t *t = ts_tensor_data(y);
-            for (int64_t i = 0; i < n; i++) correct += p[i] == t[i];
+            for (int64_t i = 0; i < n; i++)
+                correct += p[i] == t[i];
             printf("step %4d  loss %.4f  accuracy %5.1f%%\n", step, loss_v,
                    100.0 * (double)correct / (double)n);
             ts_release(pred);
@@ -114,15 +123,18 @@ int tessera_demo(int argc, char **argv) {
         ts_set_grad_enabled(ctx, old);
         ts_release(h0), ts_release(h1), ts_release(h), ts_release(z0);
         ts_release(logits), ts_release(loss);
-        if (check(ctx, "update")) return 1;
+        if (check(ctx, "update"))
+            return 1;
     }
     printf("loss %.4f -> %.4f\n", first, loss_v);
-    for (int i = 0; i < 4; i++) ts_release(params[i]), ts_release(mom[i]);
+    for (int i = 0; i < 4; i++)
+        ts_release(params[i]), ts_release(mom[i]);
     ts_release(x), ts_release(y);
     ts_alloc_stats st;
     ts_alloc_get_stats(ctx, &st);
     printf("allocator: %llu system allocations, %llu served from the cache\n",
-           (unsigned long long)st.system_allocs, (unsigned long long)st.cache_hits);
+           (unsigned long long)st.system_allocs,
+           (unsigned long long)st.cache_hits);
     ts_ctx_free(ctx);
     return loss_v < first ? 0 : 1;
 }

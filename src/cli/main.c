@@ -11,14 +11,17 @@ int tessera_run(int argc, char **argv);
 int tessera_tokenize(int argc, char **argv);
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tessera <command> [options]\n"
-            "commands:\n"
-            "  run      -m DIR -p TEXT: generate text from a Hugging Face model folder\n"
-            "  tokenize -m DIR TEXT (or --decode 1,2,3): the model's tokenizer\n"
-            "  demo     train a tiny MLP for a few steps in eager mode\n"
-            "  info     -m DIR: a Hugging Face model folder's architecture and size\n"
-            "  logits   -m DIR --ids 1,2,3 --out F.npy: logits of every position\n");
+    fprintf(
+        f, "usage: tessera <command> [options]\n"
+           "commands:\n"
+           "  run      -m DIR -p TEXT: generate text from a Hugging Face model "
+           "folder\n"
+           "  tokenize -m DIR TEXT (or --decode 1,2,3): the model's tokenizer\n"
+           "  demo     train a tiny MLP for a few steps in eager mode\n"
+           "  info     -m DIR: a Hugging Face model folder's architecture and "
+           "size\n"
+           "  logits   -m DIR --ids 1,2,3 --out F.npy: logits of every "
+           "position\n");
 }
 
 int main(int argc, char **argv) {
@@ -26,11 +29,16 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (!strcmp(argv[1], "demo")) return tessera_demo(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "info")) return tessera_info(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "run")) return tessera_run(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "tokenize")) return tessera_tokenize(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "logits")) return tessera_logits(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "demo"))
+        return tessera_demo(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "info"))
+        return tessera_info(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "run"))
+        return tessera_run(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "tokenize"))
+        return tessera_tokenize(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "logits"))
+        return tessera_logits(argc - 1, argv + 1);
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(stdout);
         return 0;

@@ -30,11 +30,14 @@ int tessera_info(int argc, char **argv) {
         return 2;
     }
     ts_ctx *ctx;
-    if (ts_ctx_new(&ctx, NULL) != TS_OK) return 1;
+    if (ts_ctx_new(&ctx, NULL) != TS_OK)
+        return 1;
     ts_model_config c;
-    if (ts_config_load(ctx, dir, &c) != TS_OK) return fail(ctx, "config");
+    if (ts_config_load(ctx, dir, &c) != TS_OK)
+        return fail(ctx, "config");
     ts_safetensors *st;
-    if (ts_safetensors_open(ctx, dir, &st) != TS_OK) return fail(ctx, "weights");
+    if (ts_safetensors_open(ctx, dir, &st) != TS_OK)
+        return fail(ctx, "weights");
     int64_t params = 0, bytes = 0;
     int dtypes[TS_DTYPE_COUNT] = {0};
     for (int i = 0; i < ts_safetensors_count(st); i++) {
@@ -44,49 +47,60 @@ int tessera_info(int argc, char **argv) {
             return fail(ctx, "weights");
         }
         params += ts_tensor_numel(t);
-        bytes += ts_tensor_numel(t) * (int64_t)ts_dtype_size(ts_tensor_dtype(t));
+        bytes +=
+            ts_tensor_numel(t) * (int64_t)ts_dtype_size(ts_tensor_dtype(t));
         dtypes[ts_tensor_dtype(t)]++;
         ts_release(t);
     }
     printf("architecture   %s\n", c.model_type);
-    printf("layers         %lld\nhidden         %lld\nheads          %lld (%lld KV heads, "
-           "head dim %lld)\nmlp            %lld\nvocab          %lld\nmax positions  %lld\n",
-           (long long)c.layers, (long long)c.hidden, (long long)c.heads, (long long)c.kv_heads,
-           (long long)c.head_dim, (long long)c.intermediate, (long long)c.vocab,
+    printf("layers         %lld\nhidden         %lld\nheads          %lld "
+           "(%lld KV heads, "
+           "head dim %lld)\nmlp            %lld\nvocab          %lld\nmax "
+           "positions  %lld\n",
+           (long long)c.layers, (long long)c.hidden, (long long)c.heads,
+           (long long)c.kv_heads, (long long)c.head_dim,
+           (long long)c.intermediate, (long long)c.vocab,
            (long long)c.max_positions);
-    printf("tied embedding %s\nrope theta     %g%s\n", c.tie_word_embeddings ? "yes" : "no",
-           c.rope_theta, c.rope_llama3 ? " (llama3 scaling)" : "");
-    printf("parameters     %lld (%.1f M) in %d tensors\n", (long long)params, params / 1e6,
-           ts_safetensors_count(st));
+    printf("tied embedding %s\nrope theta     %g%s\n",
+           c.tie_word_embeddings ? "yes" : "no", c.rope_theta,
+           c.rope_llama3 ? " (llama3 scaling)" : "");
+    printf("parameters     %lld (%.1f M) in %d tensors\n", (long long)params,
+           params / 1e6, ts_safetensors_count(st));
     printf("stored dtypes ");
     for (int d = 0; d < TS_DTYPE_COUNT; d++)
-        if (dtypes[d]) printf(" %s x %d", ts_dtype_name((ts_dtype)d), dtypes[d]);
-    printf("\nweights        %.1f MiB on disk; %.1f MiB as f32\n", bytes / 1048576.0,
-           params * 4 / 1048576.0);
+        if (dtypes[d])
+            printf(" %s x %d", ts_dtype_name((ts_dtype)d), dtypes[d]);
+    printf("\nweights        %.1f MiB on disk; %.1f MiB as f32\n",
+           bytes / 1048576.0, params * 4 / 1048576.0);
     ts_safetensors_close(st);
     ts_ctx_free(ctx);
     return 0;
 }
 
 /* A .npy file (format 1.0) of f32 data with the given shape. */
-static int write_npy(const char *path, const float *data, int nd, const int64_t *shape) {
+static int write_npy(const char *path, const float *data, int nd,
+                     const int64_t *shape) {
     char hdr[256], dims[160] = "";
     for (int d = 0; d < nd; d++)
-        snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%lld%s", (long long)shape[d],
-                 nd == 1 || d + 1 < nd ? ", " : "");
-    int n = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }",
-                     dims);
+        snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%lld%s",
+                 (long long)shape[d], nd == 1 || d + 1 < nd ? ", " : "");
+    int n = snprintf(
+        hdr, sizeof hdr,
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }", dims);
     int total = 10 + n + 1, pad = (64 - total % 64) % 64;
     FILE *f = fopen(path, "wb");
-    if (!f) return -1;
+    if (!f)
+        return -1;
     unsigned short hl = (unsigned short)(n + pad + 1);
     fwrite("\x93NUMPY\x01\x00", 1, 8, f);
     fputc(hl & 0xff, f), fputc(hl >> 8, f);
     fwrite(hdr, 1, (size_t)n, f);
-    for (int i = 0; i < pad; i++) fputc(' ', f);
+    for (int i = 0; i < pad; i++)
+        fputc(' ', f);
     fputc('\n', f);
     size_t count = 1;
-    for (int d = 0; d < nd; d++) count *= (size_t)shape[d];
+    for (int d = 0; d < nd; d++)
+        count *= (size_t)shape[d];
     size_t w = fwrite(data, sizeof(float), count, f);
     return fclose(f) == 0 && w == count ? 0 : -1;
 }
@@ -104,7 +118,8 @@ int tessera_logits(int argc, char **argv) {
             dir = NULL, i = argc;
     }
     if (!dir || !ids_arg || !out) {
-        fprintf(stderr, "usage: tessera logits -m DIR --ids 1,2,3 --out FILE.npy\n");
+        fprintf(stderr,
+                "usage: tessera logits -m DIR --ids 1,2,3 --out FILE.npy\n");
         return 2;
     }
     int64_t ids[4096];
@@ -114,9 +129,11 @@ int tessera_logits(int argc, char **argv) {
         errno = 0;
         long long v = strtoll(p, &end, 10);
         if (end == p || errno || v < 0 || n == 4096 || (*end && *end != ',')) {
-            fprintf(stderr, "tessera logits: --ids wants comma-separated token ids >= 0 "
-                            "(at most 4096); got \"%s\"\n",
-                    ids_arg);
+            fprintf(
+                stderr,
+                "tessera logits: --ids wants comma-separated token ids >= 0 "
+                "(at most 4096); got \"%s\"\n",
+                ids_arg);
             return 2;
         }
         ids[n++] = v;
@@ -127,9 +144,11 @@ int tessera_logits(int argc, char **argv) {
         return 2;
     }
     ts_ctx *ctx;
-    if (ts_ctx_new(&ctx, NULL) != TS_OK) return 1;
+    if (ts_ctx_new(&ctx, NULL) != TS_OK)
+        return 1;
     ts_qwen3_model *m;
-    if (ts_decoder_load(ctx, dir, &m) != TS_OK) return fail(ctx, "model");
+    if (ts_decoder_load(ctx, dir, &m) != TS_OK)
+        return fail(ctx, "model");
     int64_t shape[2] = {1, n};
     ts_tensor *t = ts_from_data(ctx, TS_I64, 2, shape, ids);
     bool old = ts_set_grad_enabled(ctx, false);
@@ -142,7 +161,9 @@ int tessera_logits(int argc, char **argv) {
     }
     int64_t oshape[2] = {n, ts_tensor_dim(logits, 2)};
     int rc = write_npy(out, ts_tensor_data(logits), 2, oshape);
-    if (rc) fprintf(stderr, "tessera logits: cannot write %s: %s\n", out, strerror(errno));
+    if (rc)
+        fprintf(stderr, "tessera logits: cannot write %s: %s\n", out,
+                strerror(errno));
     ts_release(logits);
     ts_qwen3_free(m);
     ts_ctx_free(ctx);

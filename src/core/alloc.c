@@ -11,10 +11,10 @@
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
-#define POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define POISON(p, n)   ASAN_POISON_MEMORY_REGION(p, n)
 #define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
 #else
-#define POISON(p, n) ((void)(p), (void)(n))
+#define POISON(p, n)   ((void)(p), (void)(n))
 #define UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
 
@@ -28,13 +28,15 @@ static size_t class_bytes(int c) {
 
 static int size_class(size_t bytes) {
     for (int c = 0; c < TS_ALLOC_CLASSES; c++)
-        if (class_bytes(c) >= bytes) return c;
+        if (class_bytes(c) >= bytes)
+            return c;
     return -1;
 }
 
 void *ts_alloc_bytes(ts_ctx *ctx, size_t bytes) {
     ts_allocator *a = &ctx->alloc;
-    if (bytes == 0) bytes = 1;
+    if (bytes == 0)
+        bytes = 1;
     int c = size_class(bytes);
     size_t rounded = c >= 0 ? class_bytes(c) : (bytes + 63) & ~(size_t)63;
     void *p = NULL;
@@ -51,7 +53,8 @@ void *ts_alloc_bytes(ts_ctx *ctx, size_t bytes) {
             ts_alloc_empty_cache(ctx);
             p = aligned_alloc(64, rounded);
         }
-        if (!p) return NULL;
+        if (!p)
+            return NULL;
         a->stats.system_allocs++;
     }
     a->stats.bytes_in_use += rounded;
@@ -61,9 +64,11 @@ void *ts_alloc_bytes(ts_ctx *ctx, size_t bytes) {
 }
 
 void ts_free_bytes(ts_ctx *ctx, void *p, size_t bytes) {
-    if (!p) return;
+    if (!p)
+        return;
     ts_allocator *a = &ctx->alloc;
-    if (bytes == 0) bytes = 1;
+    if (bytes == 0)
+        bytes = 1;
     int c = size_class(bytes);
     size_t rounded = c >= 0 ? class_bytes(c) : (bytes + 63) & ~(size_t)63;
     a->stats.bytes_in_use -= rounded;
@@ -81,7 +86,8 @@ void ts_free_bytes(ts_ctx *ctx, void *p, size_t bytes) {
 }
 
 void ts_alloc_empty_cache(ts_ctx *ctx) {
-    if (!ctx) return;
+    if (!ctx)
+        return;
     ts_allocator *a = &ctx->alloc;
     for (int c = 0; c < TS_ALLOC_CLASSES; c++) {
         ts_free_block *b = a->free_lists[c];
@@ -102,10 +108,12 @@ void ts_allocator_destroy(ts_allocator *a) {
 }
 
 void ts_alloc_get_stats(const ts_ctx *ctx, ts_alloc_stats *out) {
-    if (!ctx || !out) return;
+    if (!ctx || !out)
+        return;
     *out = ctx->alloc.stats;
 }
 
 void ts_alloc_reset_peak(ts_ctx *ctx) {
-    if (ctx) ctx->alloc.stats.peak_bytes_in_use = ctx->alloc.stats.bytes_in_use;
+    if (ctx)
+        ctx->alloc.stats.peak_bytes_in_use = ctx->alloc.stats.bytes_in_use;
 }

@@ -22,7 +22,8 @@ const char *ts_status_name(ts_status s) {
 }
 
 ts_status ts_set_error(ts_ctx *ctx, ts_status s, const char *fmt, ...) {
-    if (!ctx) return s;
+    if (!ctx)
+        return s;
     ctx->status = s;
     va_list ap;
     va_start(ap, fmt);
@@ -40,7 +41,8 @@ ts_status ts_ctx_status(const ts_ctx *ctx) {
 }
 
 void ts_clear_error(ts_ctx *ctx) {
-    if (!ctx) return;
+    if (!ctx)
+        return;
     ctx->status = TS_OK;
     ctx->errmsg[0] = '\0';
 }
@@ -55,7 +57,8 @@ static int default_threads(void) {
     if (env && *env) {
         char *end;
         long v = strtol(env, &end, 10);
-        if (*end == '\0' && v >= 1 && v <= 1024) return (int)v;
+        if (*end == '\0' && v >= 1 && v <= 1024)
+            return (int)v;
         fprintf(stderr,
                 "tessera: ignoring TS_NUM_THREADS=\"%s\" (want 1..1024)\n",
                 env);
@@ -65,17 +68,20 @@ static int default_threads(void) {
 }
 
 ts_status ts_ctx_new(ts_ctx **out, const ts_ctx_options *opt) {
-    if (!out) return TS_ERR_INVALID_ARG;
+    if (!out)
+        return TS_ERR_INVALID_ARG;
     *out = NULL;
     if (opt && (opt->num_threads < 0 || opt->num_threads > 1024))
         return TS_ERR_RANGE;
     ts_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!ctx) return TS_ERR_OOM;
+    if (!ctx)
+        return TS_ERR_OOM;
     ctx->grad_enabled = true;
     ctx->num_threads =
         opt && opt->num_threads > 0 ? opt->num_threads : default_threads();
     ctx->alloc.no_cache = opt ? opt->no_alloc_cache : false;
-    if (getenv("TS_NO_ALLOC_CACHE")) ctx->alloc.no_cache = true;
+    if (getenv("TS_NO_ALLOC_CACHE"))
+        ctx->alloc.no_cache = true;
     ctx->backend = &ts_cpu_backend;
     const char *pe = getenv("TS_PROFILE");
     ctx->profile = pe && *pe && strcmp(pe, "0") != 0;
@@ -89,17 +95,22 @@ ts_status ts_ctx_new(ts_ctx **out, const ts_ctx_options *opt) {
 void ts_profile_report(ts_ctx *ctx, FILE *f);
 
 void ts_ctx_free(ts_ctx *ctx) {
-    if (!ctx) return;
-    if (ctx->profile) ts_profile_report(ctx, stderr);
+    if (!ctx)
+        return;
+    if (ctx->profile)
+        ts_profile_report(ctx, stderr);
     ts_trace_destroy(ctx);
     ts_allocator_destroy(&ctx->alloc);
     free(ctx);
 }
 
-int ts_get_num_threads(const ts_ctx *ctx) { return ctx ? ctx->num_threads : 1; }
+int ts_get_num_threads(const ts_ctx *ctx) {
+    return ctx ? ctx->num_threads : 1;
+}
 
 ts_status ts_set_num_threads(ts_ctx *ctx, int n) {
-    if (!ctx) return TS_ERR_INVALID_ARG;
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
     if (n < 1 || n > 1024)
         return ts_set_error(ctx, TS_ERR_RANGE,
                             "ts_set_num_threads: %d threads (want 1..1024)", n);
@@ -109,10 +120,13 @@ ts_status ts_set_num_threads(ts_ctx *ctx, int n) {
 }
 
 bool ts_set_grad_enabled(ts_ctx *ctx, bool enabled) {
-    if (!ctx) return false;
+    if (!ctx)
+        return false;
     bool old = ctx->grad_enabled;
     ctx->grad_enabled = enabled;
     return old;
 }
 
-bool ts_is_grad_enabled(const ts_ctx *ctx) { return ctx && ctx->grad_enabled; }
+bool ts_is_grad_enabled(const ts_ctx *ctx) {
+    return ctx && ctx->grad_enabled;
+}

@@ -78,13 +78,13 @@ typedef struct ts_storage {
      * the storage */
     void *owner;
     void (*owner_release)(void *owner);
-    bool pending;  /* compiled mode: data not computed (nor allocated) yet */
+    bool pending; /* compiled mode: data not computed (nor allocated) yet */
     int pending_writes; /* compiled mode: recorded in-place writes to it */
     bool uniform;       /* every element holds uniform_value (made by
                            ts_full/ts_zeros/ts_scalar, not written since):
                            a constant the compiler may fold */
     double uniform_value;
-    int scratch;   /* used by the compiler while it plans a graph */
+    int scratch; /* used by the compiler while it plans a graph */
     int scratch2;
 } ts_storage;
 
@@ -98,7 +98,7 @@ struct ts_tensor {
     int64_t offset;               /* elements from storage->data */
     ts_storage *storage;
     bool requires_grad;
-    ts_tensor *grad;        /* accumulated gradient (leaves) */
+    ts_tensor *grad;         /* accumulated gradient (leaves) */
     struct ts_node *grad_fn; /* the node that made this tensor, when it
                                 needs a gradient; strong reference */
     int scratch;             /* used by the compiler while it plans */
@@ -142,30 +142,46 @@ static inline char *ts_tensor_ptr(const ts_tensor *t) {
 }
 bool ts_shape_equal(int na, const int64_t *a, int nb, const int64_t *b);
 /* "[2, 3, 4]" into buf. */
-const char *ts_shape_str(int ndim, const int64_t *shape, char *buf,
-                         size_t n);
+const char *ts_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 /* Normalizes a possibly negative dim against ndim; -1 when out of range. */
 int ts_norm_dim(int dim, int ndim);
 
 /* Element conversion helpers for kernels. */
 static inline float ts_load_f32(const void *p, ts_dtype dt) {
     switch (dt) {
-    case TS_F32: return *(const float *)p;
-    case TS_BF16: return ts_bf16_to_f32(*(const uint16_t *)p);
-    case TS_F16: return ts_f16_to_f32(*(const uint16_t *)p);
-    case TS_I32: return (float)*(const int32_t *)p;
-    case TS_I64: return (float)*(const int64_t *)p;
-    default: return 0.0f;
+    case TS_F32:
+        return *(const float *)p;
+    case TS_BF16:
+        return ts_bf16_to_f32(*(const uint16_t *)p);
+    case TS_F16:
+        return ts_f16_to_f32(*(const uint16_t *)p);
+    case TS_I32:
+        return (float)*(const int32_t *)p;
+    case TS_I64:
+        return (float)*(const int64_t *)p;
+    default:
+        return 0.0f;
     }
 }
 static inline void ts_store_f32(void *p, ts_dtype dt, float v) {
     switch (dt) {
-    case TS_F32: *(float *)p = v; break;
-    case TS_BF16: *(uint16_t *)p = ts_f32_to_bf16(v); break;
-    case TS_F16: *(uint16_t *)p = ts_f32_to_f16(v); break;
-    case TS_I32: *(int32_t *)p = (int32_t)v; break;
-    case TS_I64: *(int64_t *)p = (int64_t)v; break;
-    default: break;
+    case TS_F32:
+        *(float *)p = v;
+        break;
+    case TS_BF16:
+        *(uint16_t *)p = ts_f32_to_bf16(v);
+        break;
+    case TS_F16:
+        *(uint16_t *)p = ts_f32_to_f16(v);
+        break;
+    case TS_I32:
+        *(int32_t *)p = (int32_t)v;
+        break;
+    case TS_I64:
+        *(int64_t *)p = (int64_t)v;
+        break;
+    default:
+        break;
     }
 }
 double ts_load_f64(const void *p, ts_dtype dt);

@@ -40,7 +40,9 @@ uint16_t ts_f32_to_bf16(float x) {
     return (uint16_t)(u >> 16);
 }
 
-float ts_bf16_to_f32(uint16_t x) { return bits_f32((uint32_t)x << 16); }
+float ts_bf16_to_f32(uint16_t x) {
+    return bits_f32((uint32_t)x << 16);
+}
 
 /* IEEE binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits. */
 uint16_t ts_f32_to_f16(float x) {
@@ -51,7 +53,7 @@ uint16_t ts_f32_to_f16(float x) {
         return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
     if (ax >= 0x477ff000u) /* rounds to >= 65520: overflow to Inf */
         return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) { /* below 2^-14: subnormal or zero */
+    if (ax < 0x38800000u) {   /* below 2^-14: subnormal or zero */
         if (ax < 0x33000000u) /* below 2^-25: rounds to zero */
             return sign;
         uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
@@ -59,7 +61,8 @@ uint16_t ts_f32_to_f16(float x) {
         uint32_t q = mant >> shift;
         uint32_t rem = mant & ((1u << shift) - 1u);
         uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1u))) q++;
+        if (rem > half || (rem == half && (q & 1u)))
+            q++;
         return (uint16_t)(sign | q);
     }
     uint32_t r = ax - 0x38000000u; /* rebias exponent 127 -> 15 */
@@ -72,27 +75,38 @@ float ts_f16_to_f32(uint16_t h) {
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t mant = h & 0x3ffu;
     if (exp == 0) {
-        if (mant == 0) return bits_f32(sign);
+        if (mant == 0)
+            return bits_f32(sign);
         /* subnormal: mant * 2^-24 */
         float v = (float)mant * 5.9604644775390625e-8f;
         return sign ? -v : v;
     }
-    if (exp == 31) return bits_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp == 31)
+        return bits_f32(sign | 0x7f800000u | (mant << 13));
     return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
 double ts_load_f64(const void *p, ts_dtype dt) {
     switch (dt) {
-    case TS_I64: return (double)*(const int64_t *)p;
-    case TS_I32: return (double)*(const int32_t *)p;
-    default: return (double)ts_load_f32(p, dt);
+    case TS_I64:
+        return (double)*(const int64_t *)p;
+    case TS_I32:
+        return (double)*(const int32_t *)p;
+    default:
+        return (double)ts_load_f32(p, dt);
     }
 }
 
 void ts_store_f64(void *p, ts_dtype dt, double v) {
     switch (dt) {
-    case TS_I64: *(int64_t *)p = (int64_t)v; break;
-    case TS_I32: *(int32_t *)p = (int32_t)v; break;
-    default: ts_store_f32(p, dt, (float)v); break;
+    case TS_I64:
+        *(int64_t *)p = (int64_t)v;
+        break;
+    case TS_I32:
+        *(int32_t *)p = (int32_t)v;
+        break;
+    default:
+        ts_store_f32(p, dt, (float)v);
+        break;
     }
 }

@@ -40,9 +40,10 @@ typedef struct {
 
 static double elem(ts_tensor *t, const int64_t *idx) {
     int64_t off = 0;
-    for (int d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
-    return ts_load_f64(ts_tensor_ptr(t) + off * (int64_t)ts_dtype_size(t->dtype),
-                       t->dtype);
+    for (int d = 0; d < t->ndim; d++)
+        off += idx[d] * t->strides[d];
+    return ts_load_f64(
+        ts_tensor_ptr(t) + off * (int64_t)ts_dtype_size(t->dtype), t->dtype);
 }
 
 static void fmt_value(const print_opts *o, double v, char *out, size_t n) {
@@ -77,7 +78,8 @@ static void put_dim(strbuf *sb, const print_opts *o, int64_t *idx, int d,
             i = n - 3;
             sb_put(sb, d == t->ndim - 1 ? "..., " : "...,\n");
             if (d != t->ndim - 1)
-                for (int k = 0; k < indent + 1; k++) sb_put(sb, " ");
+                for (int k = 0; k < indent + 1; k++)
+                    sb_put(sb, " ");
         }
         idx[d] = i;
         if (d == t->ndim - 1)
@@ -89,8 +91,10 @@ static void put_dim(strbuf *sb, const print_opts *o, int64_t *idx, int d,
                 sb_put(sb, ", ");
             } else {
                 sb_put(sb, ",");
-                for (int k = d; k < t->ndim - 1; k++) sb_put(sb, "\n");
-                for (int k = 0; k < indent + 1; k++) sb_put(sb, " ");
+                for (int k = d; k < t->ndim - 1; k++)
+                    sb_put(sb, "\n");
+                for (int k = 0; k < indent + 1; k++)
+                    sb_put(sb, " ");
             }
         }
     }
@@ -98,7 +102,8 @@ static void put_dim(strbuf *sb, const print_opts *o, int64_t *idx, int d,
 }
 
 char *ts_to_string(ts_tensor *t) {
-    if (!t || ts_materialize(t) != TS_OK) return NULL;
+    if (!t || ts_materialize(t) != TS_OK)
+        return NULL;
     print_opts o = {.t = t};
     int64_t numel = ts_tensor_numel(t);
     o.summarize = numel > 1000;
@@ -109,11 +114,14 @@ char *ts_to_string(ts_tensor *t) {
     for (int64_t i = 0; i < numel; i++) {
         double v = fabs(elem(t, idx));
         if (isfinite(v)) {
-            if (v > maxabs) maxabs = v;
-            if (v > 0 && v < minabs) minabs = v;
+            if (v > maxabs)
+                maxabs = v;
+            if (v > 0 && v < minabs)
+                minabs = v;
         }
         for (int d = t->ndim - 1; d >= 0; d--) {
-            if (++idx[d] < t->shape[d]) break;
+            if (++idx[d] < t->shape[d])
+                break;
             idx[d] = 0;
         }
     }
@@ -123,9 +131,11 @@ char *ts_to_string(ts_tensor *t) {
     for (int64_t i = 0; i < numel; i++) {
         char s[64];
         fmt_value(&o, elem(t, idx), s, sizeof s);
-        if ((int)strlen(s) > o.width) o.width = (int)strlen(s);
+        if ((int)strlen(s) > o.width)
+            o.width = (int)strlen(s);
         for (int d = t->ndim - 1; d >= 0; d--) {
-            if (++idx[d] < t->shape[d]) break;
+            if (++idx[d] < t->shape[d])
+                break;
             idx[d] = 0;
         }
     }
@@ -145,7 +155,8 @@ char *ts_to_string(ts_tensor *t) {
                  ? ts_shape_str(t->ndim, t->shape, shp, sizeof shp)
                  : "");
     sb_put(&sb, tail);
-    if (t->grad_fn) sb_put(&sb, " <grad_fn>");
+    if (t->grad_fn)
+        sb_put(&sb, " <grad_fn>");
     if (sb.oom) {
         free(sb.buf);
         ts_set_error(t->ctx, TS_ERR_OOM, "ts_to_string: out of memory");
@@ -155,9 +166,11 @@ char *ts_to_string(ts_tensor *t) {
 }
 
 ts_status ts_print(ts_tensor *t, FILE *f) {
-    if (!t || !f) return TS_ERR_INVALID_ARG;
+    if (!t || !f)
+        return TS_ERR_INVALID_ARG;
     char *s = ts_to_string(t);
-    if (!s) return TS_ERR_OOM;
+    if (!s)
+        return TS_ERR_OOM;
     fprintf(f, "%s\n", s);
     free(s);
     return TS_OK;

@@ -16,10 +16,13 @@ static uint64_t splitmix64(uint64_t *x) {
 }
 
 static void rng_seed(rng *r, uint64_t seed) {
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&seed);
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
 
 static uint64_t rng_next(rng *r) {
     uint64_t *s = r->s;
@@ -42,7 +45,8 @@ static ts_tensor *fill_random(ts_ctx *ctx, ts_dtype dt, int ndim,
                               const int64_t *shape, uint64_t seed, bool normal,
                               double a, double b) {
     ts_tensor *t = ts_tensor_new(ctx, dt, ndim, shape);
-    if (!t) return NULL;
+    if (!t)
+        return NULL;
     rng r;
     rng_seed(&r, seed);
     int64_t n = ts_tensor_numel(t);
@@ -60,7 +64,8 @@ static ts_tensor *fill_random(ts_ctx *ctx, ts_dtype dt, int ndim,
             v1 = a + (b - a) * rng_uniform(&r);
         }
         ts_store_f64(p + (size_t)i * es, dt, v0);
-        if (i + 1 < n) ts_store_f64(p + (size_t)(i + 1) * es, dt, v1);
+        if (i + 1 < n)
+            ts_store_f64(p + (size_t)(i + 1) * es, dt, v1);
     }
     return t;
 }
@@ -77,8 +82,8 @@ ts_tensor *ts_randn(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape,
 ts_tensor *ts_rand(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape,
                    double lo, double hi, uint64_t seed) {
     if (ctx && !(lo <= hi && isfinite(lo) && isfinite(hi))) {
-        ts_set_error(ctx, TS_ERR_RANGE, "ts_rand: range [%g, %g) is empty",
-                     lo, hi);
+        ts_set_error(ctx, TS_ERR_RANGE, "ts_rand: range [%g, %g) is empty", lo,
+                     hi);
         return NULL;
     }
     return fill_random(ctx, dt, ndim, shape, seed, false, lo, hi);

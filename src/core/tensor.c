@@ -9,7 +9,8 @@
 
 int64_t ts_shape_numel(int ndim, const int64_t *shape) {
     int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
     return n;
 }
 
@@ -22,30 +23,34 @@ void ts_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
 }
 
 bool ts_shape_equal(int na, const int64_t *a, int nb, const int64_t *b) {
-    if (na != nb) return false;
+    if (na != nb)
+        return false;
     for (int i = 0; i < na; i++)
-        if (a[i] != b[i]) return false;
+        if (a[i] != b[i])
+            return false;
     return true;
 }
 
-const char *ts_shape_str(int ndim, const int64_t *shape, char *buf,
-                         size_t n) {
+const char *ts_shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
     size_t p = (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < ndim && p < n; i++)
         p += (size_t)snprintf(buf + p, n - p, "%s%lld", i ? ", " : "",
                               (long long)shape[i]);
-    if (p < n) snprintf(buf + p, n - p, "]");
+    if (p < n)
+        snprintf(buf + p, n - p, "]");
     return buf;
 }
 
 int ts_norm_dim(int dim, int ndim) {
-    if (dim < 0) dim += ndim;
+    if (dim < 0)
+        dim += ndim;
     return dim >= 0 && dim < ndim ? dim : -1;
 }
 
 static ts_storage *storage_new(ts_ctx *ctx, size_t bytes) {
     ts_storage *s = calloc(1, sizeof *s);
-    if (!s) return NULL;
+    if (!s)
+        return NULL;
     s->data = ctx->backend->alloc(ctx, bytes);
     if (!s->data) {
         free(s);
@@ -59,14 +64,17 @@ static ts_storage *storage_new(ts_ctx *ctx, size_t bytes) {
 }
 
 void ts_storage_retain(ts_storage *s) {
-    if (s) s->refcount++;
+    if (s)
+        s->refcount++;
 }
 
 void ts_storage_release(ts_storage *s) {
-    if (!s || --s->refcount > 0) return;
+    if (!s || --s->refcount > 0)
+        return;
     if (!s->external && s->data)
         s->ctx->backend->free(s->ctx, s->data, s->bytes);
-    if (s->owner_release) s->owner_release(s->owner);
+    if (s->owner_release)
+        s->owner_release(s->owner);
     free(s);
 }
 
@@ -89,7 +97,8 @@ static ts_tensor *header_and_storage(ts_ctx *ctx, ts_dtype dt, int ndim,
     t->ctx = ctx;
     t->dtype = dt;
     t->ndim = ndim;
-    for (int d = 0; d < ndim && d < TS_MAX_DIMS; d++) t->shape[d] = shape[d];
+    for (int d = 0; d < ndim && d < TS_MAX_DIMS; d++)
+        t->shape[d] = shape[d];
     ts_contiguous_strides(ndim, t->shape, t->strides);
     t->storage = s;
     return t;
@@ -99,7 +108,8 @@ ts_tensor *ts_tensor_wrap(ts_ctx *ctx, ts_dtype dt, int ndim,
                           const int64_t *shape, void *data, void *owner,
                           void (*owner_release)(void *)) {
     ts_tensor *t = header_and_storage(ctx, dt, ndim, shape);
-    if (!t) return NULL;
+    if (!t)
+        return NULL;
     t->storage->data = data;
     t->storage->device.kind = TS_DEVICE_CPU;
     t->storage->external = true;
@@ -111,8 +121,10 @@ ts_tensor *ts_tensor_wrap(ts_ctx *ctx, ts_dtype dt, int ndim,
 #define storage_release ts_storage_release
 
 ts_status ts_materialize(ts_tensor *t) {
-    if (!t) return TS_ERR_INVALID_ARG;
-    if (!t->storage->pending && !t->storage->pending_writes) return TS_OK;
+    if (!t)
+        return TS_ERR_INVALID_ARG;
+    if (!t->storage->pending && !t->storage->pending_writes)
+        return TS_OK;
     ts_status st = ts_sync(t->ctx);
     if (st == TS_OK && (t->storage->pending || t->storage->pending_writes))
         return ts_set_error(t->ctx, TS_ERR_STATE,
@@ -145,15 +157,18 @@ static bool shape_valid(ts_ctx *ctx, const char *fn, int ndim,
 
 ts_tensor *ts_tensor_new(ts_ctx *ctx, ts_dtype dt, int ndim,
                          const int64_t *shape) {
-    if (!ctx) return NULL;
+    if (!ctx)
+        return NULL;
     if ((unsigned)dt >= TS_DTYPE_COUNT) {
         ts_set_error(ctx, TS_ERR_DTYPE, "unknown dtype %d", (int)dt);
         return NULL;
     }
-    if (!shape_valid(ctx, "ts_empty", ndim, shape)) return NULL;
+    if (!shape_valid(ctx, "ts_empty", ndim, shape))
+        return NULL;
     ts_tensor *t = calloc(1, sizeof *t);
     size_t bytes = (size_t)ts_shape_numel(ndim, shape) * ts_dtype_size(dt);
-    if (t) t->storage = storage_new(ctx, bytes);
+    if (t)
+        t->storage = storage_new(ctx, bytes);
     if (!t || !t->storage) {
         free(t);
         ts_set_error(ctx, TS_ERR_OOM, "out of memory allocating %zu bytes",
@@ -164,7 +179,8 @@ ts_tensor *ts_tensor_new(ts_ctx *ctx, ts_dtype dt, int ndim,
     t->ctx = ctx;
     t->dtype = dt;
     t->ndim = ndim;
-    if (ndim) memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    if (ndim)
+        memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
     ts_contiguous_strides(ndim, t->shape, t->strides);
     return t;
 }
@@ -172,7 +188,8 @@ ts_tensor *ts_tensor_new(ts_ctx *ctx, ts_dtype dt, int ndim,
 ts_tensor *ts_tensor_new_pending(ts_ctx *ctx, ts_dtype dt, int ndim,
                                  const int64_t *shape) {
     ts_tensor *t = header_and_storage(ctx, dt, ndim, shape);
-    if (t) t->storage->pending = true;
+    if (t)
+        t->storage->pending = true;
     return t;
 }
 
@@ -236,13 +253,15 @@ ts_tensor *ts_from_data(ts_ctx *ctx, ts_dtype dt, int ndim,
         return NULL;
     }
     ts_tensor *t = ts_tensor_new(ctx, dt, ndim, shape);
-    if (t) memcpy(t->storage->data, data, t->storage->bytes);
+    if (t)
+        memcpy(t->storage->data, data, t->storage->bytes);
     return t;
 }
 
 ts_tensor *ts_arange(ts_ctx *ctx, ts_dtype dt, double start, double end,
                      double step) {
-    if (!ctx) return NULL;
+    if (!ctx)
+        return NULL;
     if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step)) {
         ts_set_error(ctx, TS_ERR_RANGE,
                      "ts_arange: start %g, end %g, step %g (step must be "
@@ -253,7 +272,8 @@ ts_tensor *ts_arange(ts_ctx *ctx, ts_dtype dt, double start, double end,
     double count = ceil((end - start) / step);
     int64_t n = count > 0 ? (int64_t)count : 0;
     ts_tensor *t = ts_tensor_new(ctx, dt, 1, &n);
-    if (!t) return NULL;
+    if (!t)
+        return NULL;
     size_t es = ts_dtype_size(dt);
     for (int64_t i = 0; i < n; i++)
         ts_store_f64((char *)t->storage->data + (size_t)i * es, dt,
@@ -262,30 +282,43 @@ ts_tensor *ts_arange(ts_ctx *ctx, ts_dtype dt, double start, double end,
 }
 
 ts_tensor *ts_retain(ts_tensor *t) {
-    if (t) t->refcount++;
+    if (t)
+        t->refcount++;
     return t;
 }
 
 void ts_release(ts_tensor *t) {
-    if (!t || --t->refcount > 0) return;
+    if (!t || --t->refcount > 0)
+        return;
     ts_release(t->grad);
     storage_release(t->storage);
     struct ts_node *fn = t->grad_fn;
-    if (fn) ts_node_forget_out(fn, t);
+    if (fn)
+        ts_node_forget_out(fn, t);
     free(t);
-    if (fn) ts_node_release(fn);
+    if (fn)
+        ts_node_release(fn);
 }
 
-ts_ctx *ts_tensor_ctx(const ts_tensor *t) { return t ? t->ctx : NULL; }
-ts_dtype ts_tensor_dtype(const ts_tensor *t) { return t ? t->dtype : TS_F32; }
-int ts_tensor_ndim(const ts_tensor *t) { return t ? t->ndim : 0; }
-const int64_t *ts_tensor_shape(const ts_tensor *t) { return t ? t->shape : NULL; }
+ts_ctx *ts_tensor_ctx(const ts_tensor *t) {
+    return t ? t->ctx : NULL;
+}
+ts_dtype ts_tensor_dtype(const ts_tensor *t) {
+    return t ? t->dtype : TS_F32;
+}
+int ts_tensor_ndim(const ts_tensor *t) {
+    return t ? t->ndim : 0;
+}
+const int64_t *ts_tensor_shape(const ts_tensor *t) {
+    return t ? t->shape : NULL;
+}
 const int64_t *ts_tensor_strides(const ts_tensor *t) {
     return t ? t->strides : NULL;
 }
 
 int64_t ts_tensor_dim(const ts_tensor *t, int dim) {
-    if (!t) return -1;
+    if (!t)
+        return -1;
     int d = ts_norm_dim(dim, t->ndim);
     return d < 0 ? -1 : t->shape[d];
 }
@@ -295,10 +328,12 @@ int64_t ts_tensor_numel(const ts_tensor *t) {
 }
 
 bool ts_tensor_is_contiguous(const ts_tensor *t) {
-    if (!t) return false;
+    if (!t)
+        return false;
     int64_t s = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] != 1 && t->strides[i] != s) return false;
+        if (t->shape[i] != 1 && t->strides[i] != s)
+            return false;
         s *= t->shape[i];
     }
     return true;
@@ -306,7 +341,8 @@ bool ts_tensor_is_contiguous(const ts_tensor *t) {
 
 ts_device ts_tensor_device(const ts_tensor *t) {
     ts_device d = {TS_DEVICE_CPU, 0};
-    if (t) d = t->storage->device;
+    if (t)
+        d = t->storage->device;
     return d;
 }
 
@@ -315,25 +351,30 @@ bool ts_tensor_shares_storage(const ts_tensor *a, const ts_tensor *b) {
 }
 
 void *ts_tensor_data(ts_tensor *t) {
-    if (!t || ts_materialize(t) != TS_OK) return NULL;
+    if (!t || ts_materialize(t) != TS_OK)
+        return NULL;
     t->storage->uniform = false; /* the caller may write through it */
-    if (t->storage->device.kind != TS_DEVICE_CPU) return NULL;
+    if (t->storage->device.kind != TS_DEVICE_CPU)
+        return NULL;
     return ts_tensor_ptr(t);
 }
 
 ts_status ts_tensor_read(ts_tensor *t, void *dst, ts_dtype dst_dt) {
-    if (!t) return TS_ERR_INVALID_ARG;
+    if (!t)
+        return TS_ERR_INVALID_ARG;
     if (!dst || (unsigned)dst_dt >= TS_DTYPE_COUNT)
         return ts_set_error(t->ctx, TS_ERR_INVALID_ARG,
                             "ts_tensor_read: NULL destination or bad dtype");
-    if (ts_materialize(t) != TS_OK) return t->ctx->status;
+    if (ts_materialize(t) != TS_OK)
+        return t->ctx->status;
     int64_t n = ts_tensor_numel(t);
     size_t es = ts_dtype_size(t->dtype), ds = ts_dtype_size(dst_dt);
     const char *base = ts_tensor_ptr(t);
     int64_t idx[TS_MAX_DIMS] = {0};
     for (int64_t i = 0; i < n; i++) {
         int64_t off = 0;
-        for (int d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
+        for (int d = 0; d < t->ndim; d++)
+            off += idx[d] * t->strides[d];
         const char *src = base + off * (int64_t)es;
         char *out = (char *)dst + (size_t)i * ds;
         if (dst_dt == t->dtype)
@@ -344,7 +385,8 @@ ts_status ts_tensor_read(ts_tensor *t, void *dst, ts_dtype dst_dt) {
         else
             ts_store_f32(out, dst_dt, ts_load_f32(src, t->dtype));
         for (int d = t->ndim - 1; d >= 0; d--) {
-            if (++idx[d] < t->shape[d]) break;
+            if (++idx[d] < t->shape[d])
+                break;
             idx[d] = 0;
         }
     }
@@ -353,8 +395,10 @@ ts_status ts_tensor_read(ts_tensor *t, void *dst, ts_dtype dst_dt) {
 
 static ts_status element_ptr(ts_tensor *t, const int64_t *idx, char **p,
                              const char *fn) {
-    if (!t) return TS_ERR_INVALID_ARG;
-    if (ts_materialize(t) != TS_OK) return t->ctx->status;
+    if (!t)
+        return TS_ERR_INVALID_ARG;
+    if (ts_materialize(t) != TS_OK)
+        return t->ctx->status;
     if (t->ndim > 0 && !idx)
         return ts_set_error(t->ctx, TS_ERR_INVALID_ARG, "%s: index is NULL",
                             fn);
@@ -376,19 +420,22 @@ static ts_status element_ptr(ts_tensor *t, const int64_t *idx, char **p,
 ts_status ts_get(ts_tensor *t, const int64_t *idx, double *out) {
     char *p;
     ts_status s = element_ptr(t, idx, &p, "ts_get");
-    if (s == TS_OK && out) *out = ts_load_f64(p, t->dtype);
+    if (s == TS_OK && out)
+        *out = ts_load_f64(p, t->dtype);
     return s;
 }
 
 ts_status ts_set(ts_tensor *t, const int64_t *idx, double value) {
     char *p;
     ts_status s = element_ptr(t, idx, &p, "ts_set");
-    if (s == TS_OK) ts_store_f64(p, t->dtype, value), t->storage->uniform = false;
+    if (s == TS_OK)
+        ts_store_f64(p, t->dtype, value), t->storage->uniform = false;
     return s;
 }
 
 ts_status ts_item(ts_tensor *t, double *out) {
-    if (!t) return TS_ERR_INVALID_ARG;
+    if (!t)
+        return TS_ERR_INVALID_ARG;
     if (ts_tensor_numel(t) != 1) {
         char sb[128];
         return ts_set_error(t->ctx, TS_ERR_SHAPE,
@@ -411,10 +458,12 @@ static ts_status fill_raw(ts_tensor *dst, double value) {
     int64_t idx[TS_MAX_DIMS] = {0};
     for (int64_t i = 0; i < n; i++) {
         int64_t off = 0;
-        for (int d = 0; d < dst->ndim; d++) off += idx[d] * dst->strides[d];
+        for (int d = 0; d < dst->ndim; d++)
+            off += idx[d] * dst->strides[d];
         memcpy(base + off * (int64_t)es, one, es);
         for (int d = dst->ndim - 1; d >= 0; d--) {
-            if (++idx[d] < dst->shape[d]) break;
+            if (++idx[d] < dst->shape[d])
+                break;
             idx[d] = 0;
         }
     }
@@ -422,14 +471,16 @@ static ts_status fill_raw(ts_tensor *dst, double value) {
 }
 
 ts_status ts_fill_(ts_tensor *dst, double value) {
-    if (!dst) return TS_ERR_INVALID_ARG;
+    if (!dst)
+        return TS_ERR_INVALID_ARG;
     if (dst->ctx->mode == TS_MODE_COMPILED) { /* record as a copy */
         ts_tensor *v = ts_scalar(dst->ctx, dst->dtype, value);
         ts_status st = v ? ts_copy_(dst, v) : dst->ctx->status;
         ts_release(v);
         return st;
     }
-    if (ts_materialize(dst) != TS_OK) return dst->ctx->status;
+    if (ts_materialize(dst) != TS_OK)
+        return dst->ctx->status;
     dst->storage->uniform = false;
     return fill_raw(dst, value);
 }
@@ -437,7 +488,8 @@ ts_status ts_fill_(ts_tensor *dst, double value) {
 /* ---- autograd flags (the engine itself lives in src/graph) ---- */
 
 ts_status ts_set_requires_grad(ts_tensor *t, bool on) {
-    if (!t) return TS_ERR_INVALID_ARG;
+    if (!t)
+        return TS_ERR_INVALID_ARG;
     if (t->grad_fn)
         return ts_set_error(t->ctx, TS_ERR_STATE,
                             "ts_set_requires_grad: only leaf tensors (not "
@@ -452,17 +504,25 @@ ts_status ts_set_requires_grad(ts_tensor *t, bool on) {
     return TS_OK;
 }
 
-bool ts_requires_grad(const ts_tensor *t) { return t && t->requires_grad; }
-bool ts_is_leaf(const ts_tensor *t) { return t && !t->grad_fn; }
-ts_tensor *ts_grad(const ts_tensor *t) { return t ? t->grad : NULL; }
+bool ts_requires_grad(const ts_tensor *t) {
+    return t && t->requires_grad;
+}
+bool ts_is_leaf(const ts_tensor *t) {
+    return t && !t->grad_fn;
+}
+ts_tensor *ts_grad(const ts_tensor *t) {
+    return t ? t->grad : NULL;
+}
 
 void ts_zero_grad(ts_tensor *t) {
-    if (!t) return;
+    if (!t)
+        return;
     ts_release(t->grad);
     t->grad = NULL;
 }
 
 ts_tensor *ts_detach(ts_tensor *t) {
-    if (!t) return NULL;
+    if (!t)
+        return NULL;
     return ts_tensor_view_of(t, t->ndim, t->shape, t->strides, t->offset);
 }

@@ -22,27 +22,41 @@ struct ts_sampler {
 };
 
 ts_sampling ts_sampling_default(void) {
-    ts_sampling s = {.temperature = 0, .top_k = 0, .top_p = 1, .min_p = 0,
-                     .repetition_penalty = 1, .seed = 0};
+    ts_sampling s = {.temperature = 0,
+                     .top_k = 0,
+                     .top_p = 1,
+                     .min_p = 0,
+                     .repetition_penalty = 1,
+                     .seed = 0};
     return s;
 }
 
 ts_status ts_sampling_check(ts_ctx *ctx, const ts_sampling *s) {
-    if (!s) return ts_set_error(ctx, TS_ERR_INVALID_ARG, "sampling: NULL parameters");
+    if (!s)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "sampling: NULL parameters");
     if (!(s->temperature >= 0 && s->temperature <= 100))
-        return ts_set_error(ctx, TS_ERR_RANGE, "temperature %g (want 0..100)", s->temperature);
-    if (s->top_k < 0) return ts_set_error(ctx, TS_ERR_RANGE, "top_k %lld (want >= 0)", (long long)s->top_k);
+        return ts_set_error(ctx, TS_ERR_RANGE, "temperature %g (want 0..100)",
+                            s->temperature);
+    if (s->top_k < 0)
+        return ts_set_error(ctx, TS_ERR_RANGE, "top_k %lld (want >= 0)",
+                            (long long)s->top_k);
     if (!(s->top_p > 0 && s->top_p <= 1))
-        return ts_set_error(ctx, TS_ERR_RANGE, "top_p %g (want 0 < top_p <= 1)", s->top_p);
+        return ts_set_error(ctx, TS_ERR_RANGE, "top_p %g (want 0 < top_p <= 1)",
+                            s->top_p);
     if (!(s->min_p >= 0 && s->min_p <= 1))
-        return ts_set_error(ctx, TS_ERR_RANGE, "min_p %g (want 0..1)", s->min_p);
+        return ts_set_error(ctx, TS_ERR_RANGE, "min_p %g (want 0..1)",
+                            s->min_p);
     if (!(s->repetition_penalty > 0 && s->repetition_penalty <= 100))
-        return ts_set_error(ctx, TS_ERR_RANGE, "repetition_penalty %g (want 0 < r <= 100)",
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "repetition_penalty %g (want 0 < r <= 100)",
                             s->repetition_penalty);
     return TS_OK;
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
 
 static uint64_t next_u64(uint64_t *s) {
     uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
@@ -52,11 +66,14 @@ static uint64_t next_u64(uint64_t *s) {
 }
 
 ts_status ts_sampler_new(ts_ctx *ctx, const ts_sampling *s, ts_sampler **out) {
-    if (!ctx || !out) return TS_ERR_INVALID_ARG;
+    if (!ctx || !out)
+        return TS_ERR_INVALID_ARG;
     *out = NULL;
-    if (ts_sampling_check(ctx, s) != TS_OK) return ctx->status;
+    if (ts_sampling_check(ctx, s) != TS_OK)
+        return ctx->status;
     ts_sampler *sm = calloc(1, sizeof *sm);
-    if (!sm) return ts_set_error(ctx, TS_ERR_OOM, "sampler: out of memory");
+    if (!sm)
+        return ts_set_error(ctx, TS_ERR_OOM, "sampler: out of memory");
     sm->ctx = ctx;
     sm->s = *s;
     uint64_t x = s->seed;
@@ -71,7 +88,8 @@ ts_status ts_sampler_new(ts_ctx *ctx, const ts_sampling *s, ts_sampler **out) {
 }
 
 void ts_sampler_free(ts_sampler *sm) {
-    if (!sm) return;
+    if (!sm)
+        return;
     free(sm->work), free(sm->order);
     free(sm);
 }
@@ -79,18 +97,22 @@ void ts_sampler_free(ts_sampler *sm) {
 static int by_logit_desc(const void *a, const void *b, void *base) {
     const float *l = base;
     float x = l[*(const int32_t *)a], y = l[*(const int32_t *)b];
-    if (x != y) return x < y ? 1 : -1;
+    if (x != y)
+        return x < y ? 1 : -1;
     return *(const int32_t *)a - *(const int32_t *)b; /* ties: lower id first */
 }
 
-int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V, const int32_t *seen,
-                        size_t n_seen) {
-    if (!sm || !logits || V <= 0) return -1;
+int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
+                        const int32_t *seen, size_t n_seen) {
+    if (!sm || !logits || V <= 0)
+        return -1;
     if (V > sm->cap) {
         float *w = realloc(sm->work, sizeof(float) * (size_t)V);
         int32_t *o = realloc(sm->order, sizeof(int32_t) * (size_t)V);
-        if (w) sm->work = w;
-        if (o) sm->order = o;
+        if (w)
+            sm->work = w;
+        if (o)
+            sm->order = o;
         if (!w || !o) {
             ts_set_error(sm->ctx, TS_ERR_OOM, "sampler: out of memory");
             return -1;
@@ -103,10 +125,12 @@ int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V, const in
     if (s->repetition_penalty != 1)
         for (size_t i = 0; i < n_seen; i++) {
             int32_t t = seen[i];
-            if (t < 0 || t >= V) continue;
+            if (t < 0 || t >= V)
+                continue;
             /* applied once per distinct token, as HF's gather/scatter does */
             bool first = true;
-            for (size_t j = 0; j < i && first; j++) first = seen[j] != t;
+            for (size_t j = 0; j < i && first; j++)
+                first = seen[j] != t;
             if (first)
                 l[t] = l[t] > 0 ? l[t] / (float)s->repetition_penalty
                                 : l[t] * (float)s->repetition_penalty;
@@ -114,17 +138,21 @@ int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V, const in
     if (s->temperature == 0 || s->top_k == 1) { /* greedy: first of the best */
         int32_t best = 0;
         for (int64_t i = 1; i < V; i++)
-            if (l[i] > l[best]) best = (int32_t)i;
+            if (l[i] > l[best])
+                best = (int32_t)i;
         return best;
     }
-    for (int64_t i = 0; i < V; i++) l[i] /= (float)s->temperature;
+    for (int64_t i = 0; i < V; i++)
+        l[i] /= (float)s->temperature;
     int32_t *ord = sm->order;
-    for (int64_t i = 0; i < V; i++) ord[i] = (int32_t)i;
+    for (int64_t i = 0; i < V; i++)
+        ord[i] = (int32_t)i;
     qsort_r(ord, (size_t)V, sizeof *ord, by_logit_desc, l);
     int64_t keep = s->top_k > 0 && s->top_k < V ? s->top_k : V;
     /* softmax over the kept, in order */
     double mx = l[ord[0]], sum = 0;
-    for (int64_t i = 0; i < keep; i++) sum += exp((double)l[ord[i]] - mx);
+    for (int64_t i = 0; i < keep; i++)
+        sum += exp((double)l[ord[i]] - mx);
     if (s->top_p < 1) { /* smallest prefix whose mass reaches top_p */
         double acc = 0;
         for (int64_t i = 0; i < keep; i++) {
@@ -135,18 +163,22 @@ int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V, const in
             }
         }
     }
-    if (s->min_p > 0) /* p >= min_p * p(best), i.e. logit >= best + log(min_p) */
+    if (s->min_p >
+        0) /* p >= min_p * p(best), i.e. logit >= best + log(min_p) */
         for (int64_t i = 1; i < keep; i++)
             if ((double)l[ord[i]] - mx < log(s->min_p)) {
                 keep = i;
                 break;
             }
     sum = 0;
-    for (int64_t i = 0; i < keep; i++) sum += exp((double)l[ord[i]] - mx);
-    double u = (double)(next_u64(sm->rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
+    for (int64_t i = 0; i < keep; i++)
+        sum += exp((double)l[ord[i]] - mx);
+    double u =
+        (double)(next_u64(sm->rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
     for (int64_t i = 0; i < keep; i++) {
         u -= exp((double)l[ord[i]] - mx);
-        if (u < 0) return ord[i];
+        if (u < 0)
+            return ord[i];
     }
     return ord[keep - 1];
 }

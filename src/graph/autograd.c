@@ -17,7 +17,8 @@ static bool vec_push(node_vec *a, ts_node *n) {
     if (a->n == a->cap) {
         size_t cap = a->cap ? a->cap * 2 : 64;
         ts_node **p = realloc(a->v, cap * sizeof *p);
-        if (!p) return false;
+        if (!p)
+            return false;
         a->v = p;
         a->cap = cap;
     }
@@ -36,7 +37,8 @@ static bool topo_sort(ts_node *root, node_vec *order) {
             n->visit = 1;
             for (int i = 0; i < n->n_in && ok; i++) {
                 ts_node *p = n->in[i]->grad_fn;
-                if (p && p->visit == 0) ok = vec_push(&stack, p);
+                if (p && p->visit == 0)
+                    ok = vec_push(&stack, p);
             }
         } else {
             stack.n--;
@@ -54,7 +56,8 @@ static bool topo_sort(ts_node *root, node_vec *order) {
 static ts_status accumulate(ts_ctx *ctx, ts_tensor **acc, ts_tensor *g,
                             ts_dtype dt) {
     ts_tensor *gc = g->dtype == dt ? ts_retain(g) : ts_cast(g, dt);
-    if (!gc) return ctx->status;
+    if (!gc)
+        return ctx->status;
     if (!*acc) {
         *acc = ts_contiguous(gc);
     } else {
@@ -67,7 +70,8 @@ static ts_status accumulate(ts_ctx *ctx, ts_tensor **acc, ts_tensor *g,
 }
 
 ts_status ts_backward(ts_tensor *root, ts_tensor *grad) {
-    if (!root) return TS_ERR_INVALID_ARG;
+    if (!root)
+        return TS_ERR_INVALID_ARG;
     ts_ctx *ctx = root->ctx;
     char sb[128], gb[128];
     if (!root->requires_grad)
@@ -90,9 +94,9 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad) {
             ts_shape_str(root->ndim, root->shape, sb, sizeof sb));
     }
     bool old_mode = ts_set_grad_enabled(ctx, false);
-    ts_tensor *seed = grad ? ts_retain(grad)
-                           : ts_full(ctx, root->dtype, root->ndim, root->shape,
-                                     1.0);
+    ts_tensor *seed =
+        grad ? ts_retain(grad)
+             : ts_full(ctx, root->dtype, root->ndim, root->shape, 1.0);
     ts_status st = seed ? TS_OK : ctx->status;
     if (st == TS_OK && !root->grad_fn) { /* a leaf */
         st = accumulate(ctx, &root->grad, seed, root->dtype);
@@ -103,14 +107,15 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad) {
     node_vec order = {0};
     if (st == TS_OK && !topo_sort(root->grad_fn, &order))
         st = ts_set_error(ctx, TS_ERR_OOM, "ts_backward: out of memory");
-    if (st == TS_OK) st = accumulate(ctx, &root->grad_fn->grad_acc, seed,
-                                     root->dtype);
+    if (st == TS_OK)
+        st = accumulate(ctx, &root->grad_fn->grad_acc, seed, root->dtype);
     ts_release(seed);
     for (size_t k = order.n; k-- > 0 && st == TS_OK;) {
         ts_node *n = order.v[k];
         ts_tensor *g = n->grad_acc;
         n->grad_acc = NULL;
-        if (!g) continue;
+        if (!g)
+            continue;
         bool want[TS_MAX_INPUTS] = {0};
         ts_tensor *gin[TS_MAX_INPUTS] = {0};
         for (int i = 0; i < n->n_in; i++)

@@ -11,7 +11,8 @@
 
 ts_ctx *ts_ctx_of(int n, ts_tensor **in) {
     for (int i = 0; i < n; i++)
-        if (in[i]) return in[i]->ctx;
+        if (in[i])
+            return in[i]->ctx;
     return NULL;
 }
 
@@ -24,14 +25,17 @@ static bool draining;
 
 static void node_destroy(ts_node *n) {
     ts_storage_release(n->out_st);
-    for (int i = 0; i < n->n_in; i++) ts_release(n->in[i]);
-    for (int i = 0; i < n->n_saved; i++) ts_release(n->saved[i]);
+    for (int i = 0; i < n->n_in; i++)
+        ts_release(n->in[i]);
+    for (int i = 0; i < n->n_saved; i++)
+        ts_release(n->saved[i]);
     ts_release(n->grad_acc);
     free(n);
 }
 
 void ts_node_release(ts_node *n) {
-    if (!n || --n->refcount > 0) return;
+    if (!n || --n->refcount > 0)
+        return;
     if (draining) {
         if (n_pending == cap_pending) {
             size_t cap = cap_pending ? cap_pending * 2 : 64;
@@ -48,7 +52,8 @@ void ts_node_release(ts_node *n) {
     }
     draining = true;
     node_destroy(n);
-    while (n_pending) node_destroy(pending[--n_pending]);
+    while (n_pending)
+        node_destroy(pending[--n_pending]);
     draining = false;
     free(pending);
     pending = NULL;
@@ -56,32 +61,39 @@ void ts_node_release(ts_node *n) {
 }
 
 void ts_node_forget_out(ts_node *n, const ts_tensor *out) {
-    if (n->out == out) n->out = NULL;
+    if (n->out == out)
+        n->out = NULL;
 }
 
 ts_status ts_run_kernel(ts_ctx *ctx, ts_node *n) {
-    if (!ctx->profile) return ctx->backend->run_node(ctx, n);
+    if (!ctx->profile)
+        return ctx->backend->run_node(ctx, n);
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     ts_status st = ctx->backend->run_node(ctx, n);
     clock_gettime(CLOCK_MONOTONIC, &b);
-    ctx->prof_seconds[n->op] += (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    ctx->prof_seconds[n->op] +=
+        (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
     ctx->prof_calls[n->op]++;
     return st;
 }
 
 void ts_profile_report(ts_ctx *ctx, FILE *f) {
     double total = 0;
-    for (int i = 0; i < TS_OP_COUNT; i++) total += ctx->prof_seconds[i];
+    for (int i = 0; i < TS_OP_COUNT; i++)
+        total += ctx->prof_seconds[i];
     fprintf(f, "tessera profile (kernel time per op, %.3f s in all):\n", total);
     for (;;) { /* largest first */
         int best = -1;
         for (int i = 0; i < TS_OP_COUNT; i++)
-            if (ctx->prof_calls[i] && (best < 0 || ctx->prof_seconds[i] > ctx->prof_seconds[best]))
+            if (ctx->prof_calls[i] &&
+                (best < 0 || ctx->prof_seconds[i] > ctx->prof_seconds[best]))
                 best = i;
-        if (best < 0) break;
-        fprintf(f, "  %-24s %9.3f s %5.1f%% %8llu calls\n", ts_op_table[best].name,
-                ctx->prof_seconds[best], 100 * ctx->prof_seconds[best] / (total > 0 ? total : 1),
+        if (best < 0)
+            break;
+        fprintf(f, "  %-24s %9.3f s %5.1f%% %8llu calls\n",
+                ts_op_table[best].name, ctx->prof_seconds[best],
+                100 * ctx->prof_seconds[best] / (total > 0 ? total : 1),
                 (unsigned long long)ctx->prof_calls[best]);
         ctx->prof_calls[best] = 0;
     }
@@ -94,15 +106,17 @@ static bool input_needs_grad(const ts_tensor *t) {
 ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
                       const ts_attrs *attrs) {
     const ts_op_def *def = &ts_op_table[op];
-    if (!ctx) ctx = ts_ctx_of(n_in, in);
-    if (!ctx) return NULL;
+    if (!ctx)
+        ctx = ts_ctx_of(n_in, in);
+    if (!ctx)
+        return NULL;
     for (int i = 0; i < n_in; i++) {
         if (!in[i]) {
             /* keep the first error: a NULL input usually means an earlier
              * op failed */
             if (ctx->status == TS_OK)
-                ts_set_error(ctx, TS_ERR_INVALID_ARG,
-                             "%s: input %d is NULL", def->name, i);
+                ts_set_error(ctx, TS_ERR_INVALID_ARG, "%s: input %d is NULL",
+                             def->name, i);
             return NULL;
         }
         if (in[i]->ctx != ctx) {
@@ -120,15 +134,18 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
     n->refcount = 1;
     n->op = op;
     n->n_in = n_in;
-    for (int i = 0; i < n_in; i++) n->in[i] = ts_retain(in[i]);
-    if (attrs) n->attrs = *attrs;
+    for (int i = 0; i < n_in; i++)
+        n->in[i] = ts_retain(in[i]);
+    if (attrs)
+        n->attrs = *attrs;
 
     ts_desc od, sd[TS_MAX_SAVED];
     memset(&od, 0, sizeof od);
     memset(sd, 0, sizeof sd);
     int n_saved = 0;
     ts_tensor *out = NULL;
-    if (def->infer(ctx, n, &od, sd, &n_saved) != TS_OK) goto fail;
+    if (def->infer(ctx, n, &od, sd, &n_saved) != TS_OK)
+        goto fail;
     if (ctx->mode == TS_MODE_COMPILED && !def->is_view) {
         /* record: the output's storage exists, its data comes at sync */
         n->out_desc = od;
@@ -136,11 +153,14 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
             out = ts_retain(in[0]);
             n->out_st = in[0]->storage;
             for (int i = 0; i < n_in; i++) /* reads must see these writes */
-                if (op == TS_OP_COPY_INTO ? i == 0 : (i == 0 || i == 2 || i == 3))
-                    in[i]->storage->pending_writes++, in[i]->storage->uniform = false;
+                if (op == TS_OP_COPY_INTO ? i == 0
+                                          : (i == 0 || i == 2 || i == 3))
+                    in[i]->storage->pending_writes++,
+                        in[i]->storage->uniform = false;
         } else {
             out = ts_tensor_new_pending(ctx, od.dtype, od.ndim, od.shape);
-            if (!out) goto fail;
+            if (!out)
+                goto fail;
             n->out_st = out->storage;
         }
         ts_storage_retain(n->out_st);
@@ -148,35 +168,43 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
             n->saved_desc[i] = sd[i];
             n->saved[i] = ts_tensor_new_pending(ctx, sd[i].dtype, sd[i].ndim,
                                                 sd[i].shape);
-            if (!n->saved[i]) goto fail;
+            if (!n->saved[i])
+                goto fail;
             n->n_saved = i + 1;
         }
-        if (ts_trace_append(ctx, n) != TS_OK) goto fail;
+        if (ts_trace_append(ctx, n) != TS_OK)
+            goto fail;
         n->out = def->in_place ? NULL : out;
     } else if (def->is_view) {
-        out = ts_tensor_view_of(in[0], od.ndim, od.shape, od.strides,
-                                od.offset);
-        if (!out) goto fail;
+        out =
+            ts_tensor_view_of(in[0], od.ndim, od.shape, od.strides, od.offset);
+        if (!out)
+            goto fail;
     } else {
         out = def->in_place ? ts_retain(in[0])
                             : ts_tensor_new(ctx, od.dtype, od.ndim, od.shape);
-        if (!out) goto fail;
-        for (int i = 0; def->in_place && i < n_in; i++) /* written: no constant */
+        if (!out)
+            goto fail;
+        for (int i = 0; def->in_place && i < n_in;
+             i++) /* written: no constant */
             if (i == 0 || (op == TS_OP_ADAMW && (i == 2 || i == 3)))
                 in[i]->storage->uniform = false;
         for (int i = 0; i < n_saved; i++) {
-            n->saved[i] = ts_tensor_new(ctx, sd[i].dtype, sd[i].ndim,
-                                        sd[i].shape);
-            if (!n->saved[i]) goto fail;
+            n->saved[i] =
+                ts_tensor_new(ctx, sd[i].dtype, sd[i].ndim, sd[i].shape);
+            if (!n->saved[i])
+                goto fail;
             n->n_saved = i + 1;
         }
         n->out = out;
-        if (ts_run_kernel(ctx, n) != TS_OK) goto fail;
+        if (ts_run_kernel(ctx, n) != TS_OK)
+            goto fail;
     }
 
     bool track = false;
     if (ctx->grad_enabled && def->backward)
-        for (int i = 0; i < n_in; i++) track |= input_needs_grad(in[i]);
+        for (int i = 0; i < n_in; i++)
+            track |= input_needs_grad(in[i]);
     if (track && !def->in_place) {
         out->requires_grad = true;
         out->grad_fn = n; /* the node's one reference moves to out */

@@ -20,7 +20,8 @@ static const struct {
              {"gpt2", "GPT2LMHeadModel", TS_ARCH_GPT2}};
 
 const char *ts_arch_name(ts_arch a) {
-    return (unsigned)a < sizeof archs / sizeof *archs ? archs[a].model_type : "unknown";
+    return (unsigned)a < sizeof archs / sizeof *archs ? archs[a].model_type
+                                                      : "unknown";
 }
 
 typedef struct {
@@ -32,17 +33,20 @@ typedef struct {
 
 /* an integer field; absent: def (or an error when required) */
 static int64_t get_int(reader *r, const char *key, bool required, int64_t def) {
-    if (r->st) return def;
+    if (r->st)
+        return def;
     json_t *v = json_object_get(r->root, key);
     if (!v || json_is_null(v)) {
         if (required)
-            r->st = ts_set_error(r->ctx, TS_ERR_IO, "%s: missing field \"%s\" (model type %s)",
-                                 r->path,
-                                 key, json_string_value(json_object_get(r->root, "model_type")));
+            r->st = ts_set_error(
+                r->ctx, TS_ERR_IO, "%s: missing field \"%s\" (model type %s)",
+                r->path, key,
+                json_string_value(json_object_get(r->root, "model_type")));
         return def;
     }
     if (!json_is_integer(v) || json_integer_value(v) < 0) {
-        r->st = ts_set_error(r->ctx, TS_ERR_IO, "%s: field \"%s\" must be an integer >= 0",
+        r->st = ts_set_error(r->ctx, TS_ERR_IO,
+                             "%s: field \"%s\" must be an integer >= 0",
                              r->path, key);
         return def;
     }
@@ -50,22 +54,28 @@ static int64_t get_int(reader *r, const char *key, bool required, int64_t def) {
 }
 
 static double get_num(reader *r, const char *key, double def) {
-    if (r->st) return def;
+    if (r->st)
+        return def;
     json_t *v = json_object_get(r->root, key);
-    if (!v || json_is_null(v)) return def;
+    if (!v || json_is_null(v))
+        return def;
     if (!json_is_number(v)) {
-        r->st = ts_set_error(r->ctx, TS_ERR_IO, "%s: field \"%s\" must be a number", r->path, key);
+        r->st = ts_set_error(r->ctx, TS_ERR_IO,
+                             "%s: field \"%s\" must be a number", r->path, key);
         return def;
     }
     return json_number_value(v);
 }
 
 static bool get_bool(reader *r, const char *key, bool def) {
-    if (r->st) return def;
+    if (r->st)
+        return def;
     json_t *v = json_object_get(r->root, key);
-    if (!v || json_is_null(v)) return def;
+    if (!v || json_is_null(v))
+        return def;
     if (!json_is_boolean(v)) {
-        r->st = ts_set_error(r->ctx, TS_ERR_IO, "%s: field \"%s\" must be true or false", r->path,
+        r->st = ts_set_error(r->ctx, TS_ERR_IO,
+                             "%s: field \"%s\" must be true or false", r->path,
                              key);
         return def;
     }
@@ -75,13 +85,17 @@ static bool get_bool(reader *r, const char *key, bool def) {
 /* bos/eos: an integer or a list (the first) */
 static int64_t get_token(reader *r, const char *key) {
     json_t *v = json_object_get(r->root, key);
-    if (json_is_array(v)) v = json_array_get(v, 0);
+    if (json_is_array(v))
+        v = json_array_get(v, 0);
     return json_is_integer(v) ? json_integer_value(v) : -1;
 }
 
 ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
-    if (!ctx) return TS_ERR_INVALID_ARG;
-    if (!path || !out) return ts_set_error(ctx, TS_ERR_INVALID_ARG, "ts_config_load: NULL argument");
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!path || !out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "ts_config_load: NULL argument");
     memset(out, 0, sizeof *out);
     char file[4096];
     struct stat sb;
@@ -92,27 +106,34 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
     json_error_t jerr;
     json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return ts_set_error(ctx, TS_ERR_IO, "%s: %s (line %d)", file, jerr.text, jerr.line);
+        return ts_set_error(ctx, TS_ERR_IO, "%s: %s (line %d)", file, jerr.text,
+                            jerr.line);
     reader r = {ctx, file, root, TS_OK};
     if (!json_is_object(root))
         r.st = ts_set_error(ctx, TS_ERR_IO, "%s: not a JSON object", file);
     /* which architecture */
     const char *mt = json_string_value(json_object_get(root, "model_type"));
     json_t *arr = json_object_get(root, "architectures");
-    const char *an = json_is_array(arr) ? json_string_value(json_array_get(arr, 0)) : NULL;
+    const char *an =
+        json_is_array(arr) ? json_string_value(json_array_get(arr, 0)) : NULL;
     int found = -1;
     for (size_t i = 0; i < sizeof archs / sizeof *archs && !r.st; i++)
         if ((mt && !strcmp(mt, archs[i].model_type)) ||
             (!mt && an && !strcmp(an, archs[i].architecture)))
             found = (int)i;
     if (!r.st && found < 0)
-        r.st = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                            "%s: model type \"%s\" is not supported (supported: qwen3, qwen2, "
-                            "llama, gpt2)",
-                            file, mt ? mt : an ? an : "(none given)");
+        r.st = ts_set_error(
+            ctx, TS_ERR_UNSUPPORTED,
+            "%s: model type \"%s\" is not supported (supported: qwen3, qwen2, "
+            "llama, gpt2)",
+            file,
+            mt   ? mt
+            : an ? an
+                 : "(none given)");
     if (!r.st) {
         out->arch = archs[found].arch;
-        snprintf(out->model_type, sizeof out->model_type, "%s", archs[found].model_type);
+        snprintf(out->model_type, sizeof out->model_type, "%s",
+                 archs[found].model_type);
         out->vocab = get_int(&r, "vocab_size", true, 0);
         if (out->arch == TS_ARCH_GPT2) {
             out->hidden = get_int(&r, "n_embd", true, 0);
@@ -128,13 +149,15 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
             out->hidden = get_int(&r, "hidden_size", true, 0);
             out->layers = get_int(&r, "num_hidden_layers", true, 0);
             out->heads = get_int(&r, "num_attention_heads", true, 0);
-            out->kv_heads = get_int(&r, "num_key_value_heads", false, out->heads);
+            out->kv_heads =
+                get_int(&r, "num_key_value_heads", false, out->heads);
             out->intermediate = get_int(&r, "intermediate_size", true, 0);
-            out->max_positions = get_int(&r, "max_position_embeddings", false, 2048);
+            out->max_positions =
+                get_int(&r, "max_position_embeddings", false, 2048);
             out->norm_eps = get_num(&r, "rms_norm_eps", 1e-6);
             out->rope_theta = get_num(&r, "rope_theta", 10000.0);
-            out->tie_word_embeddings = get_bool(&r, "tie_word_embeddings",
-                                                out->arch != TS_ARCH_LLAMA);
+            out->tie_word_embeddings =
+                get_bool(&r, "tie_word_embeddings", out->arch != TS_ARCH_LLAMA);
             out->attention_bias = out->arch == TS_ARCH_QWEN2
                                       ? true
                                       : get_bool(&r, "attention_bias", false);
@@ -144,15 +167,17 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
                                 out->heads ? out->hidden / out->heads : 0);
         out->bos_token_id = get_token(&r, "bos_token_id");
         out->eos_token_id = get_token(&r, "eos_token_id");
-        const char *td = json_string_value(json_object_get(root, "torch_dtype"));
-        out->dtype = td && !strcmp(td, "bfloat16") ? TS_BF16
+        const char *td =
+            json_string_value(json_object_get(root, "torch_dtype"));
+        out->dtype = td && !strcmp(td, "bfloat16")  ? TS_BF16
                      : td && !strcmp(td, "float16") ? TS_F16
-                                                     : TS_F32;
+                                                    : TS_F32;
     }
     json_t *rs = json_object_get(root, "rope_scaling");
     if (!r.st && json_is_object(rs)) {
         const char *type = json_string_value(json_object_get(rs, "rope_type"));
-        if (!type) type = json_string_value(json_object_get(rs, "type"));
+        if (!type)
+            type = json_string_value(json_object_get(rs, "type"));
         if (type && !strcmp(type, "llama3")) {
             reader q = {ctx, file, rs, TS_OK};
             out->rope_llama3 = true;
@@ -163,25 +188,29 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
                 get_int(&q, "original_max_position_embeddings", false, 8192);
             r.st = q.st;
         } else if (type && strcmp(type, "default")) {
-            r.st = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                                "%s: rope_scaling type \"%s\" is not supported (llama3)", file,
-                                type);
+            r.st = ts_set_error(
+                ctx, TS_ERR_UNSUPPORTED,
+                "%s: rope_scaling type \"%s\" is not supported (llama3)", file,
+                type);
         }
     }
     /* sizes that make a model */
     if (!r.st) {
-        const char *bad = out->vocab <= 0          ? "vocab_size"
-                          : out->hidden <= 0       ? "hidden_size"
-                          : out->layers <= 0       ? "num_hidden_layers"
-                          : out->heads <= 0        ? "num_attention_heads"
-                          : out->kv_heads <= 0 || out->heads % out->kv_heads
-                              ? "num_key_value_heads (must divide num_attention_heads)"
-                          : out->head_dim <= 0 || out->head_dim % 2 ? "head_dim (must be even)"
-                          : out->intermediate <= 0 ? "intermediate_size"
-                          : !(out->norm_eps > 0)   ? "the norm epsilon"
-                          : !(out->rope_theta > 0) && out->arch != TS_ARCH_GPT2 ? "rope_theta"
-                                                                                : NULL;
-        if (bad) r.st = ts_set_error(ctx, TS_ERR_IO, "%s: invalid %s", file, bad);
+        const char *bad =
+            out->vocab <= 0    ? "vocab_size"
+            : out->hidden <= 0 ? "hidden_size"
+            : out->layers <= 0 ? "num_hidden_layers"
+            : out->heads <= 0  ? "num_attention_heads"
+            : out->kv_heads <= 0 || out->heads % out->kv_heads
+                ? "num_key_value_heads (must divide num_attention_heads)"
+            : out->head_dim <= 0 || out->head_dim % 2
+                ? "head_dim (must be even)"
+            : out->intermediate <= 0 ? "intermediate_size"
+            : !(out->norm_eps > 0)   ? "the norm epsilon"
+            : !(out->rope_theta > 0) && out->arch != TS_ARCH_GPT2 ? "rope_theta"
+                                                                  : NULL;
+        if (bad)
+            r.st = ts_set_error(ctx, TS_ERR_IO, "%s: invalid %s", file, bad);
     }
     json_decref(root);
     return r.st;

@@ -52,7 +52,8 @@ struct ts_safetensors {
 
 static void map_release(void *p) {
     file_map *m = p;
-    if (--m->refcount > 0) return;
+    if (--m->refcount > 0)
+        return;
     munmap(m->base, m->len);
     free(m);
 }
@@ -61,20 +62,22 @@ static const struct {
     const char *name;
     int dt; /* ts_dtype, or -1: known to safetensors, not supported here */
 } dtypes[] = {{"F32", TS_F32}, {"BF16", TS_BF16}, {"F16", TS_F16},
-              {"I32", TS_I32}, {"I64", TS_I64},  {"F64", -1},
-              {"I8", -1},      {"U8", -1},       {"I16", -1},
-              {"U16", -1},     {"U32", -1},      {"U64", -1},
-              {"BOOL", -1},    {"F8_E4M3", -1},  {"F8_E5M2", -1}};
+              {"I32", TS_I32}, {"I64", TS_I64},   {"F64", -1},
+              {"I8", -1},      {"U8", -1},        {"I16", -1},
+              {"U16", -1},     {"U32", -1},       {"U64", -1},
+              {"BOOL", -1},    {"F8_E4M3", -1},   {"F8_E5M2", -1}};
 
 static const char *dtype_tag(ts_dtype dt) {
     for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
-        if (dtypes[i].dt == (int)dt) return dtypes[i].name;
+        if (dtypes[i].dt == (int)dt)
+            return dtypes[i].name;
     return NULL;
 }
 
 static int by_begin(const void *a, const void *b) {
     const entry *x = a, *y = b;
-    if (x->file != y->file) return x->file - y->file;
+    if (x->file != y->file)
+        return x->file - y->file;
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
@@ -82,7 +85,8 @@ static bool push_entry(ts_safetensors *st, const entry *e) {
     if (st->n == st->cap) {
         int cap = st->cap ? 2 * st->cap : 64;
         entry *p = realloc(st->e, sizeof *p * (size_t)cap);
-        if (!p) return false;
+        if (!p)
+            return false;
         st->e = p;
         st->cap = cap;
     }
@@ -95,61 +99,72 @@ static ts_status parse_entry(ts_ctx *ctx, const char *path, const char *name,
                              json_t *v, entry *e) {
     memset(e, 0, sizeof *e);
     if (!json_is_object(v))
-        return ts_set_error(ctx, TS_ERR_IO, "%s: tensor \"%s\": header entry is not an object",
+        return ts_set_error(ctx, TS_ERR_IO,
+                            "%s: tensor \"%s\": header entry is not an object",
                             path, name);
     json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape");
     json_t *off = json_object_get(v, "data_offsets");
     if (!json_is_string(dt) || !json_is_array(sh) || !json_is_array(off))
-        return ts_set_error(ctx, TS_ERR_IO,
-                            "%s: tensor \"%s\": needs \"dtype\" (string), \"shape\" "
-                            "(array) and \"data_offsets\" (array)",
-                            path, name);
+        return ts_set_error(
+            ctx, TS_ERR_IO,
+            "%s: tensor \"%s\": needs \"dtype\" (string), \"shape\" "
+            "(array) and \"data_offsets\" (array)",
+            path, name);
     const char *tag = json_string_value(dt);
     int found = -2;
     for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
-        if (!strcmp(dtypes[i].name, tag)) found = dtypes[i].dt;
+        if (!strcmp(dtypes[i].name, tag))
+            found = dtypes[i].dt;
     if (found == -2)
-        return ts_set_error(ctx, TS_ERR_IO, "%s: tensor \"%s\": unknown dtype \"%s\"", path,
+        return ts_set_error(ctx, TS_ERR_IO,
+                            "%s: tensor \"%s\": unknown dtype \"%s\"", path,
                             name, tag);
     if (found == -1)
-        return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                            "%s: tensor \"%s\": dtype %s is not supported (F32, BF16, "
-                            "F16, I32, I64)",
-                            path, name, tag);
+        return ts_set_error(
+            ctx, TS_ERR_UNSUPPORTED,
+            "%s: tensor \"%s\": dtype %s is not supported (F32, BF16, "
+            "F16, I32, I64)",
+            path, name, tag);
     e->dt = (ts_dtype)found;
     size_t nd = json_array_size(sh);
     if (nd > TS_MAX_DIMS)
-        return ts_set_error(ctx, TS_ERR_IO, "%s: tensor \"%s\": %zu dims (at most %d)", path,
+        return ts_set_error(ctx, TS_ERR_IO,
+                            "%s: tensor \"%s\": %zu dims (at most %d)", path,
                             name, nd, TS_MAX_DIMS);
     e->ndim = (int)nd;
     uint64_t numel = 1;
     for (size_t d = 0; d < nd; d++) {
         json_t *x = json_array_get(sh, d);
         if (!json_is_integer(x) || json_integer_value(x) < 0)
-            return ts_set_error(ctx, TS_ERR_IO,
-                                "%s: tensor \"%s\": shape entry %zu is not a size >= 0",
-                                path, name, d);
+            return ts_set_error(
+                ctx, TS_ERR_IO,
+                "%s: tensor \"%s\": shape entry %zu is not a size >= 0", path,
+                name, d);
         e->shape[d] = json_integer_value(x);
         if (e->shape[d] && numel > UINT64_MAX / 16 / (uint64_t)e->shape[d])
-            return ts_set_error(ctx, TS_ERR_IO, "%s: tensor \"%s\": shape too large", path,
+            return ts_set_error(ctx, TS_ERR_IO,
+                                "%s: tensor \"%s\": shape too large", path,
                                 name);
         numel *= (uint64_t)e->shape[d];
     }
     json_t *b = json_array_get(off, 0), *en = json_array_get(off, 1);
-    if (json_array_size(off) != 2 || !json_is_integer(b) || !json_is_integer(en) ||
-        json_integer_value(b) < 0 || json_integer_value(en) < json_integer_value(b))
-        return ts_set_error(ctx, TS_ERR_IO,
-                            "%s: tensor \"%s\": data_offsets must be [begin, end] with "
-                            "0 <= begin <= end",
-                            path, name);
+    if (json_array_size(off) != 2 || !json_is_integer(b) ||
+        !json_is_integer(en) || json_integer_value(b) < 0 ||
+        json_integer_value(en) < json_integer_value(b))
+        return ts_set_error(
+            ctx, TS_ERR_IO,
+            "%s: tensor \"%s\": data_offsets must be [begin, end] with "
+            "0 <= begin <= end",
+            path, name);
     e->begin = (uint64_t)json_integer_value(b);
     e->end = (uint64_t)json_integer_value(en);
     if (e->end - e->begin != numel * ts_dtype_size(e->dt))
-        return ts_set_error(ctx, TS_ERR_IO,
-                            "%s: tensor \"%s\": shape x dtype size is %llu bytes but "
-                            "data_offsets span %llu",
-                            path, name, (unsigned long long)(numel * ts_dtype_size(e->dt)),
-                            (unsigned long long)(e->end - e->begin));
+        return ts_set_error(
+            ctx, TS_ERR_IO,
+            "%s: tensor \"%s\": shape x dtype size is %llu bytes but "
+            "data_offsets span %llu",
+            path, name, (unsigned long long)(numel * ts_dtype_size(e->dt)),
+            (unsigned long long)(e->end - e->begin));
     return TS_OK;
 }
 
@@ -157,7 +172,8 @@ static ts_status open_file(ts_safetensors *st, const char *path) {
     ts_ctx *ctx = st->ctx;
     int fd = open(path, O_RDONLY);
     if (fd < 0)
-        return ts_set_error(ctx, TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return ts_set_error(ctx, TS_ERR_IO, "%s: cannot open: %s", path,
+                            strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
@@ -166,22 +182,27 @@ static ts_status open_file(ts_safetensors *st, const char *path) {
     size_t len = (size_t)sb.st_size;
     if (len < 8) {
         close(fd);
-        return ts_set_error(ctx, TS_ERR_IO,
-                            "%s: %zu bytes, too short for a safetensors header (truncated?)",
-                            path, len);
+        return ts_set_error(
+            ctx, TS_ERR_IO,
+            "%s: %zu bytes, too short for a safetensors header (truncated?)",
+            path, len);
     }
     void *base = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (base == MAP_FAILED)
-        return ts_set_error(ctx, TS_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
+        return ts_set_error(ctx, TS_ERR_IO, "%s: cannot map: %s", path,
+                            strerror(errno));
     file_map *m = calloc(1, sizeof *m);
     int fi = st->n_files;
     file_map **maps = realloc(st->maps, sizeof *maps * (size_t)(fi + 1));
-    if (maps) st->maps = maps;
+    if (maps)
+        st->maps = maps;
     char **paths = realloc(st->paths, sizeof *paths * (size_t)(fi + 1));
-    if (paths) st->paths = paths;
+    if (paths)
+        st->paths = paths;
     uint64_t *ds = realloc(st->data_start, sizeof *ds * (size_t)(fi + 1));
-    if (ds) st->data_start = ds;
+    if (ds)
+        st->data_start = ds;
     char *pcopy = strdup(path);
     if (!m || !maps || !paths || !ds || !pcopy) {
         munmap(base, len);
@@ -195,47 +216,59 @@ static ts_status open_file(ts_safetensors *st, const char *path) {
 
     const unsigned char *p = base;
     uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | p[i];
+    for (int i = 7; i >= 0; i--)
+        hlen = (hlen << 8) | p[i];
     if (hlen > MAX_HEADER)
-        return ts_set_error(ctx, TS_ERR_IO, "%s: header length %llu is over the limit of %llu",
+        return ts_set_error(ctx, TS_ERR_IO,
+                            "%s: header length %llu is over the limit of %llu",
                             path, (unsigned long long)hlen, MAX_HEADER);
     if (8 + hlen > len)
-        return ts_set_error(ctx, TS_ERR_IO,
-                            "%s: header length %llu runs past the end of the %zu-byte "
-                            "file (truncated?)",
-                            path, (unsigned long long)hlen, len);
+        return ts_set_error(
+            ctx, TS_ERR_IO,
+            "%s: header length %llu runs past the end of the %zu-byte "
+            "file (truncated?)",
+            path, (unsigned long long)hlen, len);
     st->data_start[fi] = 8 + hlen;
     uint64_t data_len = len - 8 - hlen;
     json_error_t jerr;
-    json_t *root = json_loadb((const char *)p + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb((const char *)p + 8, (size_t)hlen,
+                              JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return ts_set_error(ctx, TS_ERR_IO, "%s: header is not valid JSON (%s, column %d)", path,
-                            jerr.text, jerr.column);
+        return ts_set_error(ctx, TS_ERR_IO,
+                            "%s: header is not valid JSON (%s, column %d)",
+                            path, jerr.text, jerr.column);
     ts_status s = TS_OK;
     if (!json_is_object(root))
-        s = ts_set_error(ctx, TS_ERR_IO, "%s: header is not a JSON object", path);
+        s = ts_set_error(ctx, TS_ERR_IO, "%s: header is not a JSON object",
+                         path);
     int first = st->n;
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v) {
-        if (s != TS_OK) break;
+        if (s != TS_OK)
+            break;
         if (!strcmp(key, "__metadata__")) {
             const char *mk;
             json_t *mv;
             if (!json_is_object(v)) {
-                s = ts_set_error(ctx, TS_ERR_IO, "%s: __metadata__ is not an object", path);
+                s = ts_set_error(ctx, TS_ERR_IO,
+                                 "%s: __metadata__ is not an object", path);
                 break;
             }
             json_object_foreach(v, mk, mv) {
                 if (!json_is_string(mv)) {
-                    s = ts_set_error(ctx, TS_ERR_IO, "%s: __metadata__ \"%s\" is not a string",
+                    s = ts_set_error(ctx, TS_ERR_IO,
+                                     "%s: __metadata__ \"%s\" is not a string",
                                      path, mk);
                     break;
                 }
-                if (fi > 0) continue; /* the first file's metadata */
-                char **mm = realloc(st->meta, sizeof *mm * (size_t)(2 * st->n_meta + 2));
+                if (fi > 0)
+                    continue; /* the first file's metadata */
+                char **mm = realloc(st->meta,
+                                    sizeof *mm * (size_t)(2 * st->n_meta + 2));
                 if (!mm) {
-                    s = ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", path);
+                    s = ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory",
+                                     path);
                     break;
                 }
                 st->meta = mm;
@@ -247,7 +280,8 @@ static ts_status open_file(ts_safetensors *st, const char *path) {
         }
         entry e;
         s = parse_entry(ctx, path, key, v, &e);
-        if (s != TS_OK) break;
+        if (s != TS_OK)
+            break;
         e.file = fi;
         e.name = strdup(key);
         if (!e.name || !push_entry(st, &e)) {
@@ -256,31 +290,35 @@ static ts_status open_file(ts_safetensors *st, const char *path) {
         }
     }
     json_decref(root);
-    if (s != TS_OK) return s;
+    if (s != TS_OK)
+        return s;
     /* the data section: tensors back to back from 0 to its end */
     qsort(st->e + first, (size_t)(st->n - first), sizeof *st->e, by_begin);
     uint64_t at = 0;
     for (int i = first; i < st->n; i++) {
         const entry *e = &st->e[i];
         if (e->begin != at)
-            return ts_set_error(ctx, TS_ERR_IO,
-                                "%s: tensor \"%s\" starts at byte %llu of the data, where "
-                                "%llu was expected (%s)",
-                                path, e->name, (unsigned long long)e->begin,
-                                (unsigned long long)at, e->begin < at ? "overlap" : "hole");
+            return ts_set_error(
+                ctx, TS_ERR_IO,
+                "%s: tensor \"%s\" starts at byte %llu of the data, where "
+                "%llu was expected (%s)",
+                path, e->name, (unsigned long long)e->begin,
+                (unsigned long long)at, e->begin < at ? "overlap" : "hole");
         at = e->end;
     }
     if (at > data_len)
-        return ts_set_error(ctx, TS_ERR_IO,
-                            "%s: tensor \"%s\" ends at byte %llu but the data section has "
-                            "%llu (truncated?)",
-                            path, st->e[st->n - 1].name, (unsigned long long)at,
-                            (unsigned long long)data_len);
+        return ts_set_error(
+            ctx, TS_ERR_IO,
+            "%s: tensor \"%s\" ends at byte %llu but the data section has "
+            "%llu (truncated?)",
+            path, st->e[st->n - 1].name, (unsigned long long)at,
+            (unsigned long long)data_len);
     if (at < data_len)
-        return ts_set_error(ctx, TS_ERR_IO,
-                            "%s: %llu bytes after the last tensor are not described by "
-                            "the header",
-                            path, (unsigned long long)(data_len - at));
+        return ts_set_error(
+            ctx, TS_ERR_IO,
+            "%s: %llu bytes after the last tensor are not described by "
+            "the header",
+            path, (unsigned long long)(data_len - at));
     return TS_OK;
 }
 
@@ -294,13 +332,14 @@ static bool exists(const char *p) {
     return stat(p, &sb) == 0;
 }
 
-static ts_status open_index(ts_safetensors *st, const char *dir, const char *index) {
+static ts_status open_index(ts_safetensors *st, const char *dir,
+                            const char *index) {
     ts_ctx *ctx = st->ctx;
     json_error_t jerr;
     json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return ts_set_error(ctx, TS_ERR_IO, "%s: not valid JSON (%s, line %d)", index, jerr.text,
-                            jerr.line);
+        return ts_set_error(ctx, TS_ERR_IO, "%s: not valid JSON (%s, line %d)",
+                            index, jerr.text, jerr.line);
     json_t *wm = json_object_get(root, "weight_map");
     ts_status s = TS_OK;
     if (!json_is_object(wm)) {
@@ -312,30 +351,36 @@ static ts_status open_index(ts_safetensors *st, const char *dir, const char *ind
     json_t *v;
     json_object_foreach(wm, name, v) {
         if (!json_is_string(v)) {
-            s = ts_set_error(ctx, TS_ERR_IO, "%s: weight_map[\"%s\"] is not a file name", index,
+            s = ts_set_error(ctx, TS_ERR_IO,
+                             "%s: weight_map[\"%s\"] is not a file name", index,
                              name);
             goto done;
         }
         const char *shard = json_string_value(v);
         if (strchr(shard, '/')) {
-            s = ts_set_error(ctx, TS_ERR_IO, "%s: shard \"%s\" is not a file in the folder",
+            s = ts_set_error(ctx, TS_ERR_IO,
+                             "%s: shard \"%s\" is not a file in the folder",
                              index, shard);
             goto done;
         }
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, shard);
         bool seen = false;
-        for (int f = 0; f < st->n_files; f++) seen |= !strcmp(st->paths[f], path);
-        if (!seen && (s = open_file(st, path)) != TS_OK) goto done;
+        for (int f = 0; f < st->n_files; f++)
+            seen |= !strcmp(st->paths[f], path);
+        if (!seen && (s = open_file(st, path)) != TS_OK)
+            goto done;
     }
     json_object_foreach(wm, name, v) { /* every listed tensor is in its shard */
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, json_string_value(v));
         bool found = false;
         for (int i = 0; i < st->n && !found; i++)
-            found = !strcmp(st->e[i].name, name) && !strcmp(st->paths[st->e[i].file], path);
+            found = !strcmp(st->e[i].name, name) &&
+                    !strcmp(st->paths[st->e[i].file], path);
         if (!found) {
-            s = ts_set_error(ctx, TS_ERR_IO, "%s: tensor \"%s\" is not in its shard %s", index,
+            s = ts_set_error(ctx, TS_ERR_IO,
+                             "%s: tensor \"%s\" is not in its shard %s", index,
                              name, path);
             goto done;
         }
@@ -345,13 +390,17 @@ done:
     return s;
 }
 
-ts_status ts_safetensors_open(ts_ctx *ctx, const char *path, ts_safetensors **out) {
-    if (!ctx) return TS_ERR_INVALID_ARG;
+ts_status ts_safetensors_open(ts_ctx *ctx, const char *path,
+                              ts_safetensors **out) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
     if (!path || !out)
-        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "ts_safetensors_open: NULL argument");
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "ts_safetensors_open: NULL argument");
     *out = NULL;
     ts_safetensors *st = calloc(1, sizeof *st);
-    if (!st) return ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+    if (!st)
+        return ts_set_error(ctx, TS_ERR_OOM, "out of memory");
     st->ctx = ctx;
     ts_status s;
     if (is_dir(path)) {
@@ -361,19 +410,22 @@ ts_status ts_safetensors_open(ts_ctx *ctx, const char *path, ts_safetensors **ou
             s = open_index(st, path, p);
         } else {
             snprintf(p, sizeof p, "%s/model.safetensors", path);
-            s = exists(p) ? open_file(st, p)
-                          : ts_set_error(ctx, TS_ERR_IO,
-                                         "%s: no model.safetensors or "
-                                         "model.safetensors.index.json in the folder",
-                                         path);
+            s = exists(p)
+                    ? open_file(st, p)
+                    : ts_set_error(ctx, TS_ERR_IO,
+                                   "%s: no model.safetensors or "
+                                   "model.safetensors.index.json in the folder",
+                                   path);
         }
     } else {
         s = open_file(st, path);
     }
-    for (int i = 0; s == TS_OK && i < st->n; i++) /* names unique across shards */
+    for (int i = 0; s == TS_OK && i < st->n;
+         i++) /* names unique across shards */
         for (int j = i + 1; j < st->n && s == TS_OK; j++)
             if (!strcmp(st->e[i].name, st->e[j].name))
-                s = ts_set_error(ctx, TS_ERR_IO, "%s: tensor \"%s\" appears twice", path,
+                s = ts_set_error(ctx, TS_ERR_IO,
+                                 "%s: tensor \"%s\" appears twice", path,
                                  st->e[i].name);
     if (s != TS_OK) {
         ts_safetensors_close(st);
@@ -384,18 +436,24 @@ ts_status ts_safetensors_open(ts_ctx *ctx, const char *path, ts_safetensors **ou
 }
 
 void ts_safetensors_close(ts_safetensors *st) {
-    if (!st) return;
-    for (int i = 0; i < st->n; i++) free(st->e[i].name);
+    if (!st)
+        return;
+    for (int i = 0; i < st->n; i++)
+        free(st->e[i].name);
     for (int f = 0; f < st->n_files; f++) {
         map_release(st->maps[f]);
         free(st->paths[f]);
     }
-    for (int k = 0; k < 2 * st->n_meta; k++) free(st->meta[k]);
-    free(st->meta), free(st->e), free(st->maps), free(st->paths), free(st->data_start);
+    for (int k = 0; k < 2 * st->n_meta; k++)
+        free(st->meta[k]);
+    free(st->meta), free(st->e), free(st->maps), free(st->paths),
+        free(st->data_start);
     free(st);
 }
 
-int ts_safetensors_count(const ts_safetensors *st) { return st ? st->n : 0; }
+int ts_safetensors_count(const ts_safetensors *st) {
+    return st ? st->n : 0;
+}
 
 const char *ts_safetensors_name(const ts_safetensors *st, int i) {
     return st && i >= 0 && i < st->n ? st->e[i].name : NULL;
@@ -403,18 +461,22 @@ const char *ts_safetensors_name(const ts_safetensors *st, int i) {
 
 const char *ts_safetensors_metadata(const ts_safetensors *st, const char *key) {
     for (int k = 0; st && key && k < st->n_meta; k++)
-        if (!strcmp(st->meta[2 * k], key)) return st->meta[2 * k + 1];
+        if (!strcmp(st->meta[2 * k], key))
+            return st->meta[2 * k + 1];
     return NULL;
 }
 
 ts_tensor *ts_safetensors_get(ts_safetensors *st, const char *name) {
-    if (!st) return NULL;
+    if (!st)
+        return NULL;
     const entry *e = NULL;
     for (int i = 0; name && i < st->n && !e; i++)
-        if (!strcmp(st->e[i].name, name)) e = &st->e[i];
+        if (!strcmp(st->e[i].name, name))
+            e = &st->e[i];
     if (!e) {
         ts_set_error(st->ctx, TS_ERR_INVALID_ARG, "%s: no tensor \"%s\"",
-                     st->n_files ? st->paths[0] : "safetensors", name ? name : "(null)");
+                     st->n_files ? st->paths[0] : "safetensors",
+                     name ? name : "(null)");
         return NULL;
     }
     file_map *m = st->maps[e->file];
@@ -422,8 +484,10 @@ ts_tensor *ts_safetensors_get(ts_safetensors *st, const char *name) {
     if ((uintptr_t)p % ts_dtype_size(e->dt) != 0) /* unaligned: a copy */
         return ts_from_data(st->ctx, e->dt, e->ndim, e->shape, p);
     m->refcount++;
-    ts_tensor *t = ts_tensor_wrap(st->ctx, e->dt, e->ndim, e->shape, p, m, map_release);
-    if (!t) map_release(m);
+    ts_tensor *t =
+        ts_tensor_wrap(st->ctx, e->dt, e->ndim, e->shape, p, m, map_release);
+    if (!t)
+        map_release(m);
     return t;
 }
 
@@ -433,8 +497,10 @@ static bool write_all(int fd, const void *p, size_t n) {
     const char *c = p;
     while (n) {
         ssize_t w = write(fd, c, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return false;
         c += w;
         n -= (size_t)w;
     }
@@ -444,29 +510,37 @@ static bool write_all(int fd, const void *p, size_t n) {
 ts_status ts_safetensors_save(ts_ctx *ctx, const char *path, int n,
                               const char *const *names, ts_tensor *const *ts,
                               int n_meta, const char *const *meta) {
-    if (!ctx) return TS_ERR_INVALID_ARG;
-    if (!path || n < 0 || (n && (!names || !ts)) || n_meta < 0 || (n_meta && !meta))
-        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "ts_safetensors_save: bad arguments");
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!path || n < 0 || (n && (!names || !ts)) || n_meta < 0 ||
+        (n_meta && !meta))
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "ts_safetensors_save: bad arguments");
     json_t *root = json_object();
     ts_status s = root ? TS_OK : ts_set_error(ctx, TS_ERR_OOM, "out of memory");
     uint64_t off = 0;
     for (int i = 0; i < n && s == TS_OK; i++) {
-        if (!names[i] || !*names[i] || !strcmp(names[i], "__metadata__") || !ts[i]) {
+        if (!names[i] || !*names[i] || !strcmp(names[i], "__metadata__") ||
+            !ts[i]) {
             s = ts_set_error(ctx, TS_ERR_INVALID_ARG,
-                             "%s: entry %d has no tensor or an invalid name", path, i);
+                             "%s: entry %d has no tensor or an invalid name",
+                             path, i);
             break;
         }
         if (json_object_get(root, names[i])) {
-            s = ts_set_error(ctx, TS_ERR_INVALID_ARG, "%s: tensor \"%s\" given twice", path,
-                             names[i]);
+            s = ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                             "%s: tensor \"%s\" given twice", path, names[i]);
             break;
         }
         json_t *shape = json_array();
         for (int d = 0; d < ts_tensor_ndim(ts[i]); d++)
-            json_array_append_new(shape, json_integer(ts_tensor_shape(ts[i])[d]));
-        uint64_t bytes = (uint64_t)ts_tensor_numel(ts[i]) * ts_dtype_size(ts_tensor_dtype(ts[i]));
-        json_t *e = json_pack("{s:s, s:o, s:[I, I]}", "dtype", dtype_tag(ts_tensor_dtype(ts[i])),
-                              "shape", shape, "data_offsets", (json_int_t)off,
+            json_array_append_new(shape,
+                                  json_integer(ts_tensor_shape(ts[i])[d]));
+        uint64_t bytes = (uint64_t)ts_tensor_numel(ts[i]) *
+                         ts_dtype_size(ts_tensor_dtype(ts[i]));
+        json_t *e = json_pack("{s:s, s:o, s:[I, I]}", "dtype",
+                              dtype_tag(ts_tensor_dtype(ts[i])), "shape", shape,
+                              "data_offsets", (json_int_t)off,
                               (json_int_t)(off + bytes));
         if (!e || json_object_set_new(root, names[i], e))
             s = ts_set_error(ctx, TS_ERR_OOM, "out of memory");
@@ -479,9 +553,12 @@ ts_status ts_safetensors_save(ts_ctx *ctx, const char *path, int n,
         if (!m || json_object_set_new(root, "__metadata__", m))
             s = ts_set_error(ctx, TS_ERR_OOM, "out of memory");
     }
-    char *hdr = s == TS_OK ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    char *hdr = s == TS_OK
+                    ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER)
+                    : NULL;
     json_decref(root);
-    if (s == TS_OK && !hdr) s = ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+    if (s == TS_OK && !hdr)
+        s = ts_set_error(ctx, TS_ERR_OOM, "out of memory");
     if (s != TS_OK) {
         free(hdr);
         return s;
@@ -492,33 +569,39 @@ ts_status ts_safetensors_save(ts_ctx *ctx, const char *path, int n,
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
         free(hdr);
-        return ts_set_error(ctx, TS_ERR_IO, "%s: cannot create %s: %s", path, tmp,
-                            strerror(errno));
+        return ts_set_error(ctx, TS_ERR_IO, "%s: cannot create %s: %s", path,
+                            tmp, strerror(errno));
     }
     unsigned char len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
     bool ok = write_all(fd, len8, 8) && write_all(fd, hdr, hl) &&
               write_all(fd, "        ", padded - hl);
     free(hdr);
     for (int i = 0; i < n && ok; i++) {
-        size_t bytes = (size_t)ts_tensor_numel(ts[i]) * ts_dtype_size(ts_tensor_dtype(ts[i]));
+        size_t bytes = (size_t)ts_tensor_numel(ts[i]) *
+                       ts_dtype_size(ts_tensor_dtype(ts[i]));
         void *buf = malloc(bytes ? bytes : 1);
-        ok = buf && ts_tensor_read(ts[i], buf, ts_tensor_dtype(ts[i])) == TS_OK &&
+        ok = buf &&
+             ts_tensor_read(ts[i], buf, ts_tensor_dtype(ts[i])) == TS_OK &&
              write_all(fd, buf, bytes);
         free(buf);
     }
     ok = ok && fsync(fd) == 0;
     ok = close(fd) == 0 && ok;
-    if (ok && rename(tmp, path) != 0) ok = false;
+    if (ok && rename(tmp, path) != 0)
+        ok = false;
     if (!ok) {
         int err = errno;
         unlink(tmp);
-        return ts_set_error(ctx, TS_ERR_IO, "%s: write failed (%s); the previous file is kept",
+        return ts_set_error(ctx, TS_ERR_IO,
+                            "%s: write failed (%s); the previous file is kept",
                             path, strerror(err));
     }
     char dcopy[4096]; /* make the rename durable */
     snprintf(dcopy, sizeof dcopy, "%s", path);
     int dfd = open(dirname(dcopy), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) fsync(dfd), close(dfd);
+    if (dfd >= 0)
+        fsync(dfd), close(dfd);
     return TS_OK;
 }

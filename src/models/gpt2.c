@@ -25,25 +25,30 @@ struct ts_gpt2_model {
     gpt2_layer *layer;
 };
 
-static ts_tensor *get(ts_ctx *ctx, ts_safetensors *st, const char *dir, const char *name,
-                      int ndim, int64_t d0, int64_t d1, ts_status *s) {
-    if (*s) return NULL;
+static ts_tensor *get(ts_ctx *ctx, ts_safetensors *st, const char *dir,
+                      const char *name, int ndim, int64_t d0, int64_t d1,
+                      ts_status *s) {
+    if (*s)
+        return NULL;
     char full[256];
     snprintf(full, sizeof full, "transformer.%s", name);
     ts_tensor *t = NULL;
     for (int k = 0; k < ts_safetensors_count(st) && !t; k++) {
         const char *n = ts_safetensors_name(st, k);
-        if (!strcmp(n, full) || !strcmp(n, name)) t = ts_safetensors_get(st, n);
+        if (!strcmp(n, full) || !strcmp(n, name))
+            t = ts_safetensors_get(st, n);
     }
     if (!t) {
-        *s = ts_set_error(ctx, TS_ERR_IO, "%s: the checkpoint has no tensor \"%s\"", dir, name);
+        *s = ts_set_error(ctx, TS_ERR_IO,
+                          "%s: the checkpoint has no tensor \"%s\"", dir, name);
         return NULL;
     }
     int64_t want[2] = {d0, d1};
     if (ts_tensor_ndim(t) != ndim ||
         memcmp(ts_tensor_shape(t), want, sizeof(int64_t) * (size_t)ndim)) {
-        *s = ts_set_error(ctx, TS_ERR_SHAPE, "%s: tensor \"%s\" has the wrong shape for the config",
-                          dir, name);
+        *s = ts_set_error(
+            ctx, TS_ERR_SHAPE,
+            "%s: tensor \"%s\" has the wrong shape for the config", dir, name);
         ts_release(t);
         return NULL;
     }
@@ -56,30 +61,40 @@ static ts_tensor *get(ts_ctx *ctx, ts_safetensors *st, const char *dir, const ch
 }
 
 void ts_gpt2_free(ts_gpt2_model *m) {
-    if (!m) return;
+    if (!m)
+        return;
     for (int64_t i = 0; m->layer && i < m->cfg.layers; i++) {
         ts_tensor **p = &m->layer[i].ln1_w;
-        for (int k = 0; k < 14; k++) ts_release(p[k]);
+        for (int k = 0; k < 14; k++)
+            ts_release(p[k]);
     }
-    ts_release(m->wte), ts_release(m->wpe), ts_release(m->lnf_w), ts_release(m->lnf_b);
+    ts_release(m->wte), ts_release(m->wpe), ts_release(m->lnf_w),
+        ts_release(m->lnf_b);
     free(m->layer);
     free(m);
 }
 
 ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out) {
-    if (!ctx) return TS_ERR_INVALID_ARG;
-    if (!dir || !out) return ts_set_error(ctx, TS_ERR_INVALID_ARG, "gpt2_load: NULL argument");
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!dir || !out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "gpt2_load: NULL argument");
     *out = NULL;
     ts_model_config c;
     ts_status s = ts_config_load(ctx, dir, &c);
-    if (s) return s;
+    if (s)
+        return s;
     if (c.arch != TS_ARCH_GPT2)
-        return ts_set_error(ctx, TS_ERR_UNSUPPORTED, "%s: a %s model; ts_gpt2_load reads gpt2 ones",
-                            dir, c.model_type);
+        return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                            "%s: a %s model; ts_gpt2_load reads gpt2 ones", dir,
+                            c.model_type);
     ts_safetensors *st;
-    if ((s = ts_safetensors_open(ctx, dir, &st))) return s;
+    if ((s = ts_safetensors_open(ctx, dir, &st)))
+        return s;
     ts_gpt2_model *m = calloc(1, sizeof *m);
-    if (m) m->layer = calloc((size_t)c.layers, sizeof *m->layer);
+    if (m)
+        m->layer = calloc((size_t)c.layers, sizeof *m->layer);
     if (!m || !m->layer) {
         ts_safetensors_close(st);
         free(m);
@@ -93,8 +108,8 @@ ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out) {
     for (int64_t i = 0; i < c.layers && !s; i++) {
         gpt2_layer *L = &m->layer[i];
         char n[128];
-#define P(field, suffix, nd, a, b)                                    \
-    snprintf(n, sizeof n, "h.%lld.%s", (long long)i, suffix);          \
+#define P(field, suffix, nd, a, b)                                             \
+    snprintf(n, sizeof n, "h.%lld.%s", (long long)i, suffix);                  \
     L->field = get(ctx, st, dir, n, nd, a, b, &s)
         P(ln1_w, "ln_1.weight", 1, C, 0);
         P(ln1_b, "ln_1.bias", 1, C, 0);
@@ -151,16 +166,19 @@ static ts_tensor *append(ts_tensor *cache, ts_tensor *x, int64_t len) {
 
 /* ids (B, T) at positions pos0.. -> logits (B, T, V); with_cache: attends
  * to and appends the layers' caches (B == 1) */
-static ts_tensor *forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0, bool with_cache) {
+static ts_tensor *forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0,
+                          bool with_cache) {
     ts_ctx *ctx = m->ctx;
     const ts_model_config *c = &m->cfg;
     int64_t B = ts_tensor_dim(ids, 0), T = ts_tensor_dim(ids, 1), C = c->hidden;
     if (pos0 + T > c->max_positions) {
-        ts_set_error(ctx, TS_ERR_RANGE, "gpt2: positions up to %lld past n_positions %lld",
+        ts_set_error(ctx, TS_ERR_RANGE,
+                     "gpt2: positions up to %lld past n_positions %lld",
                      (long long)(pos0 + T), (long long)c->max_positions);
         return NULL;
     }
-    ts_tensor *pos = ts_arange(ctx, TS_I64, (double)pos0, (double)(pos0 + T), 1);
+    ts_tensor *pos =
+        ts_arange(ctx, TS_I64, (double)pos0, (double)(pos0 + T), 1);
     ts_tensor *pe = ts_embedding(m->wpe, pos);
     ts_tensor *te = ts_embedding(m->wte, ids);
     ts_tensor *x = ts_add(te, pe);
@@ -169,7 +187,8 @@ static ts_tensor *forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0, bool w
         gpt2_layer *L = &m->layer[i];
         ts_tensor *h = ts_layernorm(x, L->ln1_w, L->ln1_b, c->norm_eps);
         ts_tensor *qkv = conv1d(h, L->attn_w, L->attn_b);
-        ts_tensor *q = heads(qkv, 0, c), *k = heads(qkv, C, c), *v = heads(qkv, 2 * C, c);
+        ts_tensor *q = heads(qkv, 0, c), *k = heads(qkv, C, c),
+                  *v = heads(qkv, 2 * C, c);
         if (with_cache) {
             ts_tensor *ka = append(L->k, k, pos0), *va = append(L->v, v, pos0);
             ts_release(k), ts_release(v);
@@ -187,7 +206,8 @@ static ts_tensor *forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0, bool w
         ts_tensor *mo = conv1d(g, L->fc_proj_w, L->fc_proj_b);
         ts_tensor *x2 = ts_add(x1, mo);
         ts_tensor *tmp[] = {x, h, qkv, q, k, v, a, at, ar, o, x1, h2, f, g, mo};
-        for (size_t j = 0; j < sizeof tmp / sizeof *tmp; j++) ts_release(tmp[j]);
+        for (size_t j = 0; j < sizeof tmp / sizeof *tmp; j++)
+            ts_release(tmp[j]);
         x = x2;
     }
     ts_tensor *hf = ts_layernorm(x, m->lnf_w, m->lnf_b, c->norm_eps);
@@ -198,20 +218,24 @@ static ts_tensor *forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0, bool w
 }
 
 ts_tensor *ts_gpt2_forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0) {
-    if (!m || !ids) return NULL;
+    if (!m || !ids)
+        return NULL;
     if (ts_tensor_ndim(ids) != 2 ||
         (ts_tensor_dtype(ids) != TS_I64 && ts_tensor_dtype(ids) != TS_I32)) {
-        ts_set_error(m->ctx, TS_ERR_SHAPE, "gpt2_forward: ids must be (B, T) of i32 or i64");
+        ts_set_error(m->ctx, TS_ERR_SHAPE,
+                     "gpt2_forward: ids must be (B, T) of i32 or i64");
         return NULL;
     }
     return forward(m, ids, pos0, false);
 }
 
-ts_status ts_gpt2_generate_greedy(ts_gpt2_model *m, const int64_t *prompt, int64_t n_prompt,
-                                  int64_t n_new, int64_t *out) {
+ts_status ts_gpt2_generate_greedy(ts_gpt2_model *m, const int64_t *prompt,
+                                  int64_t n_prompt, int64_t n_new,
+                                  int64_t *out) {
     if (!m || !prompt || !out || n_prompt < 1 || n_new < 0)
         return m ? ts_set_error(m->ctx, TS_ERR_INVALID_ARG,
-                                "gpt2_generate_greedy: a prompt of >= 1 token and n_new >= 0")
+                                "gpt2_generate_greedy: a prompt of >= 1 token "
+                                "and n_new >= 0")
                  : TS_ERR_INVALID_ARG;
     ts_ctx *ctx = m->ctx;
     const ts_model_config *c = &m->cfg;
@@ -221,7 +245,8 @@ ts_status ts_gpt2_generate_greedy(ts_gpt2_model *m, const int64_t *prompt, int64
     for (int64_t i = 0; i < c->layers && !s; i++) {
         m->layer[i].k = ts_zeros(ctx, TS_F32, 4, shape);
         m->layer[i].v = ts_zeros(ctx, TS_F32, 4, shape);
-        if (!m->layer[i].k || !m->layer[i].v) s = ts_ctx_status(ctx);
+        if (!m->layer[i].k || !m->layer[i].v)
+            s = ts_ctx_status(ctx);
     }
     bool old = ts_set_grad_enabled(ctx, false);
     int64_t pshape[2] = {1, n_prompt}, pos = 0;

@@ -7,22 +7,28 @@
 #include <stdio.h>
 #include <string.h>
 
-static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out, bool any_decoder,
-                      ts_dtype weight_dtype) {
-    if (!ctx) return TS_ERR_INVALID_ARG;
-    if (!dir || !out) return ts_set_error(ctx, TS_ERR_INVALID_ARG, "model load: NULL argument");
+static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out,
+                      bool any_decoder, ts_dtype weight_dtype) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!dir || !out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "model load: NULL argument");
     *out = NULL;
     ts_model_config mc;
     ts_status s = ts_config_load(ctx, dir, &mc);
-    if (s != TS_OK) return s;
+    if (s != TS_OK)
+        return s;
     if (!any_decoder && mc.arch != TS_ARCH_QWEN3)
         return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                            "%s: a %s model; ts_qwen3_load reads qwen3 ones", dir, mc.model_type);
+                            "%s: a %s model; ts_qwen3_load reads qwen3 ones",
+                            dir, mc.model_type);
     if (mc.arch == TS_ARCH_GPT2)
-        return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                            "%s: a gpt2 model; ts_decoder_load reads qwen3, qwen2 and llama "
-                            "(gpt2: ts_gpt2_load)",
-                            dir);
+        return ts_set_error(
+            ctx, TS_ERR_UNSUPPORTED,
+            "%s: a gpt2 model; ts_decoder_load reads qwen3, qwen2 and llama "
+            "(gpt2: ts_gpt2_load)",
+            dir);
     ts_qwen3_config cfg = {.vocab = mc.vocab,
                            .hidden = mc.hidden,
                            .layers = mc.layers,
@@ -40,21 +46,26 @@ static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out, bool a
                            .rope_factor = mc.rope_factor,
                            .rope_low_freq_factor = mc.rope_low_freq_factor,
                            .rope_high_freq_factor = mc.rope_high_freq_factor,
-                           .rope_original_max_positions = mc.rope_original_max_positions,
+                           .rope_original_max_positions =
+                               mc.rope_original_max_positions,
                            .weight_dtype = weight_dtype};
     if (weight_dtype != TS_F32 && weight_dtype != TS_BF16)
-        return ts_set_error(ctx, TS_ERR_DTYPE, "%s: weights can be kept in f32 or bf16, not %s",
+        return ts_set_error(ctx, TS_ERR_DTYPE,
+                            "%s: weights can be kept in f32 or bf16, not %s",
                             dir, ts_dtype_name(weight_dtype));
-    if (mc.rope_llama3 && !(mc.rope_factor > 0 && mc.rope_low_freq_factor > 0 &&
-                            mc.rope_high_freq_factor > mc.rope_low_freq_factor &&
-                            mc.rope_original_max_positions > 0))
-        return ts_set_error(ctx, TS_ERR_IO,
-                            "%s: rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < "
-                            "high_freq_factor and original_max_position_embeddings > 0",
-                            dir);
+    if (mc.rope_llama3 &&
+        !(mc.rope_factor > 0 && mc.rope_low_freq_factor > 0 &&
+          mc.rope_high_freq_factor > mc.rope_low_freq_factor &&
+          mc.rope_original_max_positions > 0))
+        return ts_set_error(
+            ctx, TS_ERR_IO,
+            "%s: rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < "
+            "high_freq_factor and original_max_position_embeddings > 0",
+            dir);
     ts_safetensors *st = NULL;
     ts_qwen3_model *m = NULL;
-    if ((s = ts_safetensors_open(ctx, dir, &st)) != TS_OK) return s;
+    if ((s = ts_safetensors_open(ctx, dir, &st)) != TS_OK)
+        return s;
     if ((s = ts_qwen3_new(ctx, &cfg, 0, &m)) != TS_OK) {
         ts_safetensors_close(st);
         return s;
@@ -65,21 +76,25 @@ static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out, bool a
         ts_tensor *p = ts_qwen3_param(m, i);
         ts_tensor *src = ts_safetensors_get(st, name);
         if (!src) {
-            s = ts_set_error(ctx, TS_ERR_IO, "%s: the checkpoint has no tensor \"%s\"", dir, name);
+            s = ts_set_error(ctx, TS_ERR_IO,
+                             "%s: the checkpoint has no tensor \"%s\"", dir,
+                             name);
             break;
         }
         int nd = ts_tensor_ndim(p);
         if (ts_tensor_ndim(src) != nd ||
-            memcmp(ts_tensor_shape(src), ts_tensor_shape(p), sizeof(int64_t) * (size_t)nd)) {
+            memcmp(ts_tensor_shape(src), ts_tensor_shape(p),
+                   sizeof(int64_t) * (size_t)nd)) {
             char a[128] = "", b[128] = "";
             for (int d = 0; d < ts_tensor_ndim(src); d++)
-                snprintf(a + strlen(a), sizeof a - strlen(a), "%s%lld", d ? ", " : "",
-                         (long long)ts_tensor_shape(src)[d]);
+                snprintf(a + strlen(a), sizeof a - strlen(a), "%s%lld",
+                         d ? ", " : "", (long long)ts_tensor_shape(src)[d]);
             for (int d = 0; d < nd; d++)
-                snprintf(b + strlen(b), sizeof b - strlen(b), "%s%lld", d ? ", " : "",
-                         (long long)ts_tensor_shape(p)[d]);
+                snprintf(b + strlen(b), sizeof b - strlen(b), "%s%lld",
+                         d ? ", " : "", (long long)ts_tensor_shape(p)[d]);
             s = ts_set_error(ctx, TS_ERR_SHAPE,
-                             "%s: tensor \"%s\" has shape [%s] in the checkpoint; the config "
+                             "%s: tensor \"%s\" has shape [%s] in the "
+                             "checkpoint; the config "
                              "needs [%s]",
                              dir, name, a, b);
         } else {
@@ -105,7 +120,7 @@ ts_status ts_decoder_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out) {
     return load(ctx, dir, out, true, TS_F32);
 }
 
-ts_status ts_decoder_load_as(ts_ctx *ctx, const char *dir, ts_dtype weight_dtype,
-                             ts_qwen3_model **out) {
+ts_status ts_decoder_load_as(ts_ctx *ctx, const char *dir,
+                             ts_dtype weight_dtype, ts_qwen3_model **out) {
     return load(ctx, dir, out, true, weight_dtype);
 }

@@ -163,7 +163,8 @@ static ts_status adamw_update(ts_ctx *ctx, const ts_adamw_options *o,
                   (float)(1.0 - pow(o->beta2, (double)t))};
     int64_t seven = 7;
     ts_tensor *hyper = ts_from_data(ctx, TS_F32, 1, &seven, h);
-    if (!hyper) return ts_ctx_status(ctx);
+    if (!hyper)
+        return ts_ctx_status(ctx);
     ts_status s = ts_adamw_update_(p, g, m, v, hyper);
     ts_release(hyper);
     return s;
@@ -180,7 +181,8 @@ ts_status ts_adamw_step(ts_adamw *a) {
         if (!g)
             continue;
         a->steps[i]++;
-        s = adamw_update(ctx, &a->o, a->params[i], g, a->m[i], a->v[i], a->steps[i]);
+        s = adamw_update(ctx, &a->o, a->params[i], g, a->m[i], a->v[i],
+                         a->steps[i]);
     }
     ts_set_grad_enabled(ctx, old);
     if (s != TS_OK && ts_ctx_status(ctx) == TS_OK)

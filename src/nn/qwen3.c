@@ -106,9 +106,10 @@ static ts_tensor *add_param(ts_qwen3_model *m, uint64_t seed, int normal,
     if (i == m->cap_params)
         return NULL; /* sized in ts_qwen3_new */
     ts_dtype dt = ndim == 2 ? m->cfg.weight_dtype : TS_F32; /* matrices */
-    ts_tensor *t = normal == 1 ? ts_randn(m->ctx, dt, ndim, shape, 0.02,
-                                          param_seed(seed, i))
-                   : ts_full(m->ctx, TS_F32, ndim, shape, normal == 2 ? 0.0 : 1.0);
+    ts_tensor *t =
+        normal == 1
+            ? ts_randn(m->ctx, dt, ndim, shape, 0.02, param_seed(seed, i))
+            : ts_full(m->ctx, TS_F32, ndim, shape, normal == 2 ? 0.0 : 1.0);
     if (!t)
         return NULL;
     ts_set_requires_grad(t, true);
@@ -131,11 +132,14 @@ static bool add_layer(ts_qwen3_model *m, uint64_t seed, int i) {
             return false;                                                      \
     } while (0)
     PARAM(q_proj, true, 2, HD, C, "self_attn.q_proj.weight");
-    if (c->attention_bias) PARAM(q_bias, 2, 1, HD, 0, "self_attn.q_proj.bias");
+    if (c->attention_bias)
+        PARAM(q_bias, 2, 1, HD, 0, "self_attn.q_proj.bias");
     PARAM(k_proj, true, 2, KVD, C, "self_attn.k_proj.weight");
-    if (c->attention_bias) PARAM(k_bias, 2, 1, KVD, 0, "self_attn.k_proj.bias");
+    if (c->attention_bias)
+        PARAM(k_bias, 2, 1, KVD, 0, "self_attn.k_proj.bias");
     PARAM(v_proj, true, 2, KVD, C, "self_attn.v_proj.weight");
-    if (c->attention_bias) PARAM(v_bias, 2, 1, KVD, 0, "self_attn.v_proj.bias");
+    if (c->attention_bias)
+        PARAM(v_bias, 2, 1, KVD, 0, "self_attn.v_proj.bias");
     PARAM(o_proj, true, 2, C, HD, "self_attn.o_proj.weight");
     if (!c->no_qk_norm) {
         PARAM(q_norm, false, 1, D, 0, "self_attn.q_norm.weight");
@@ -280,8 +284,8 @@ static ts_tensor *cache_append(ts_tensor *cache, ts_tensor *x, int64_t len) {
 /* x (B, T, C) -> self-attention output after o_proj (B, T, C); with a
  * cache slot, attends to the cached positions too and appends its own. */
 static ts_tensor *attention_block(const ts_qwen3_model *m, const qwen3_layer *L,
-                                  ts_tensor *x, ts_tensor *cos,
-                                  ts_tensor *sin, const kv_slot *kv) {
+                                  ts_tensor *x, ts_tensor *cos, ts_tensor *sin,
+                                  const kv_slot *kv) {
     const ts_qwen3_config *c = &m->cfg;
     int64_t B = ts_tensor_dim(x, 0), T = ts_tensor_dim(x, 1);
     ts_tensor *h = ts_rmsnorm(x, L->input_norm, c->rms_eps);
@@ -333,7 +337,8 @@ static ts_status rope_for(const ts_qwen3_model *m, int64_t T, int64_t pos0,
                           ts_tensor **cos, ts_tensor **sin) {
     const ts_qwen3_config *c = &m->cfg;
     if (!c->rope_llama3)
-        return ts_rope_tables(m->ctx, T, c->head_dim, c->rope_theta, pos0, cos, sin);
+        return ts_rope_tables(m->ctx, T, c->head_dim, c->rope_theta, pos0, cos,
+                              sin);
     int64_t D = c->head_dim, half = D / 2, shape[2] = {T, D};
     float *cb = malloc(sizeof(float) * (size_t)(T * D + 1));
     float *sb = malloc(sizeof(float) * (size_t)(T * D + 1));
@@ -342,15 +347,17 @@ static ts_status rope_for(const ts_qwen3_model *m, int64_t T, int64_t pos0,
         return ts_set_error(m->ctx, TS_ERR_OOM, "rope: out of memory");
     }
     double old = (double)c->rope_original_max_positions;
-    double low_wl = old / c->rope_low_freq_factor, high_wl = old / c->rope_high_freq_factor;
+    double low_wl = old / c->rope_low_freq_factor,
+           high_wl = old / c->rope_high_freq_factor;
     for (int64_t i = 0; i < half; i++) {
         double inv = 1.0 / pow(c->rope_theta, (double)(2 * i) / (double)D);
         double wl = 2 * M_PI / inv;
         if (wl > low_wl) {
             inv /= c->rope_factor;
         } else if (wl >= high_wl) {
-            double smooth = (old / wl - c->rope_low_freq_factor) /
-                            (c->rope_high_freq_factor - c->rope_low_freq_factor);
+            double smooth =
+                (old / wl - c->rope_low_freq_factor) /
+                (c->rope_high_freq_factor - c->rope_low_freq_factor);
             inv = (1 - smooth) * inv / c->rope_factor + smooth * inv;
         }
         float fi = (float)inv;
@@ -369,7 +376,8 @@ static ts_status rope_for(const ts_qwen3_model *m, int64_t T, int64_t pos0,
 /* token embeddings as f32, whatever the table's dtype (B, T, C) */
 static ts_tensor *embed_f32(const ts_qwen3_model *m, ts_tensor *ids) {
     ts_tensor *e = ts_embedding(m->embed, ids);
-    if (!e || ts_tensor_dtype(e) == TS_F32) return e;
+    if (!e || ts_tensor_dtype(e) == TS_F32)
+        return e;
     ts_tensor *f = ts_cast(e, TS_F32);
     ts_release(e);
     return f;
@@ -462,19 +470,23 @@ struct ts_qwen3_cache {
 
 ts_status ts_qwen3_cache_new(ts_qwen3_model *m, int64_t B, int64_t max_T,
                              ts_qwen3_cache **out) {
-    if (!m || !out) return TS_ERR_INVALID_ARG;
+    if (!m || !out)
+        return TS_ERR_INVALID_ARG;
     *out = NULL;
     const ts_qwen3_config *c = &m->cfg;
     if (B < 1 || max_T < 1 || max_T > c->max_positions)
-        return ts_set_error(m->ctx, TS_ERR_RANGE,
-                            "qwen3_cache_new: batch %lld and length %lld (want >= 1, length "
-                            "<= max_positions %lld)",
-                            (long long)B, (long long)max_T, (long long)c->max_positions);
+        return ts_set_error(
+            m->ctx, TS_ERR_RANGE,
+            "qwen3_cache_new: batch %lld and length %lld (want >= 1, length "
+            "<= max_positions %lld)",
+            (long long)B, (long long)max_T, (long long)c->max_positions);
     ts_qwen3_cache *kc = calloc(1, sizeof *kc);
-    if (kc) kc->slot = calloc((size_t)c->layers, sizeof *kc->slot);
+    if (kc)
+        kc->slot = calloc((size_t)c->layers, sizeof *kc->slot);
     if (!kc || !kc->slot) {
         free(kc);
-        return ts_set_error(m->ctx, TS_ERR_OOM, "qwen3_cache_new: out of memory");
+        return ts_set_error(m->ctx, TS_ERR_OOM,
+                            "qwen3_cache_new: out of memory");
     }
     kc->m = m, kc->B = B, kc->max_T = max_T;
     int64_t shape[4] = {B, c->kv_heads, max_T, c->head_dim};
@@ -491,31 +503,38 @@ ts_status ts_qwen3_cache_new(ts_qwen3_model *m, int64_t B, int64_t max_T,
 }
 
 void ts_qwen3_cache_free(ts_qwen3_cache *kc) {
-    if (!kc) return;
+    if (!kc)
+        return;
     for (int64_t i = 0; i < kc->m->cfg.layers; i++)
         ts_release(kc->slot[i].k), ts_release(kc->slot[i].v);
     free(kc->slot);
     free(kc);
 }
 
-int64_t ts_qwen3_cache_len(const ts_qwen3_cache *kc) { return kc ? kc->len : 0; }
+int64_t ts_qwen3_cache_len(const ts_qwen3_cache *kc) {
+    return kc ? kc->len : 0;
+}
 void ts_qwen3_cache_reset(ts_qwen3_cache *kc) {
-    if (kc) kc->len = 0;
+    if (kc)
+        kc->len = 0;
 }
 
-static ts_tensor *forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc, ts_tensor *ids,
-                                 bool last_only) {
-    if (!m || !kc) return NULL;
+static ts_tensor *forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc,
+                                 ts_tensor *ids, bool last_only) {
+    if (!m || !kc)
+        return NULL;
     ts_ctx *ctx = m->ctx;
     const ts_qwen3_config *c = &m->cfg;
-    if (!check_ids(ctx, "ids", ids)) return NULL;
+    if (!check_ids(ctx, "ids", ids))
+        return NULL;
     int64_t B = ts_tensor_dim(ids, 0), T = ts_tensor_dim(ids, 1);
     if (B != kc->B || kc->len + T > kc->max_T) {
-        ts_set_error(ctx, TS_ERR_RANGE,
-                     "qwen3_forward_cached: %lld x %lld new tokens do not fit the cache "
-                     "(batch %lld, %lld of %lld positions used)",
-                     (long long)B, (long long)T, (long long)kc->B, (long long)kc->len,
-                     (long long)kc->max_T);
+        ts_set_error(
+            ctx, TS_ERR_RANGE,
+            "qwen3_forward_cached: %lld x %lld new tokens do not fit the cache "
+            "(batch %lld, %lld of %lld positions used)",
+            (long long)B, (long long)T, (long long)kc->B, (long long)kc->len,
+            (long long)kc->max_T);
         return NULL;
     }
     ts_tensor *cos = NULL, *sin = NULL;
@@ -536,28 +555,34 @@ static ts_tensor *forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc, ts_tenso
     ts_release(x);
     ts_tensor *logits = ts_linear(h, m->lm_head, NULL);
     ts_release(h);
-    if (logits) kc->len += T;
+    if (logits)
+        kc->len += T;
     return logits;
 }
 
-ts_tensor *ts_qwen3_forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc, ts_tensor *ids) {
+ts_tensor *ts_qwen3_forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc,
+                                   ts_tensor *ids) {
     return forward_cached(m, kc, ids, false);
 }
 
-ts_tensor *ts_qwen3_forward_cached_last(ts_qwen3_model *m, ts_qwen3_cache *kc, ts_tensor *ids) {
+ts_tensor *ts_qwen3_forward_cached_last(ts_qwen3_model *m, ts_qwen3_cache *kc,
+                                        ts_tensor *ids) {
     return forward_cached(m, kc, ids, true);
 }
 
-ts_status ts_qwen3_generate_greedy(ts_qwen3_model *m, const int64_t *prompt, int64_t n_prompt,
-                                   int64_t n_new, int64_t *out) {
+ts_status ts_qwen3_generate_greedy(ts_qwen3_model *m, const int64_t *prompt,
+                                   int64_t n_prompt, int64_t n_new,
+                                   int64_t *out) {
     if (!m || !prompt || !out || n_prompt < 1 || n_new < 0)
         return m ? ts_set_error(m->ctx, TS_ERR_INVALID_ARG,
-                                "qwen3_generate_greedy: a prompt of >= 1 token and n_new >= 0")
+                                "qwen3_generate_greedy: a prompt of >= 1 token "
+                                "and n_new >= 0")
                  : TS_ERR_INVALID_ARG;
     ts_ctx *ctx = m->ctx;
     ts_qwen3_cache *kc;
     ts_status s = ts_qwen3_cache_new(m, 1, n_prompt + n_new, &kc);
-    if (s != TS_OK) return s;
+    if (s != TS_OK)
+        return s;
     bool old = ts_set_grad_enabled(ctx, false);
     int64_t shape[2] = {1, n_prompt};
     ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, prompt);

@@ -46,7 +46,8 @@ static ts_tensor *null_input(ts_ctx *ctx, const char *fn) {
 /* ---- views ---- */
 
 ts_tensor *ts_reshape(ts_tensor *x, int ndim, const int64_t *shape) {
-    if (!x) return NULL;
+    if (!x)
+        return NULL;
     ts_ctx *ctx = x->ctx;
     char sa[128], sb[128];
     if (ndim < 0 || ndim > TS_MAX_DIMS || (ndim && !shape))
@@ -58,7 +59,8 @@ ts_tensor *ts_reshape(ts_tensor *x, int ndim, const int64_t *shape) {
     for (int i = 0; i < ndim; i++) {
         if (shape[i] == -1) {
             if (infer_at >= 0)
-                return fail(ctx, TS_ERR_SHAPE, "reshape: more than one -1 in %s",
+                return fail(ctx, TS_ERR_SHAPE,
+                            "reshape: more than one -1 in %s",
                             ts_shape_str(ndim, shape, sb, sizeof sb));
             infer_at = i;
         } else if (shape[i] < 0) {
@@ -70,14 +72,16 @@ ts_tensor *ts_reshape(ts_tensor *x, int ndim, const int64_t *shape) {
         a.i[i] = shape[i];
     }
     int64_t numel = ts_tensor_numel(x);
-    if (infer_at >= 0) a.i[infer_at] = known ? numel / known : 0;
+    if (infer_at >= 0)
+        a.i[infer_at] = known ? numel / known : 0;
     if (ts_shape_numel(ndim, a.i) != numel || (infer_at >= 0 && known == 0))
         return fail(ctx, TS_ERR_SHAPE,
                     "reshape: cannot view shape %s (%lld elements) as %s",
                     ts_shape_str(x->ndim, x->shape, sa, sizeof sa),
                     (long long)numel, ts_shape_str(ndim, shape, sb, sizeof sb));
     int64_t strides[TS_MAX_DIMS];
-    if (ts_view_strides(x, ndim, a.i, strides)) return call1(TS_OP_RESHAPE_VIEW, x, &a);
+    if (ts_view_strides(x, ndim, a.i, strides))
+        return call1(TS_OP_RESHAPE_VIEW, x, &a);
     ts_tensor *c = ts_contiguous(x);
     ts_tensor *r = call1(TS_OP_RESHAPE_VIEW, c, &a);
     ts_release(c);
@@ -85,15 +89,17 @@ ts_tensor *ts_reshape(ts_tensor *x, int ndim, const int64_t *shape) {
 }
 
 ts_tensor *ts_permute(ts_tensor *x, const int *perm) {
-    if (!x) return NULL;
+    if (!x)
+        return NULL;
     ts_attrs a = {.ni = x->ndim};
     bool seen[TS_MAX_DIMS] = {0};
     for (int i = 0; i < x->ndim; i++) {
         int d = perm ? ts_norm_dim(perm[i], x->ndim) : -1;
         if (d < 0 || seen[d])
-            return fail(x->ctx, TS_ERR_RANGE,
-                        "permute: entry %d (%d) is not a permutation of %d dims",
-                        i, perm ? perm[i] : -1, x->ndim);
+            return fail(
+                x->ctx, TS_ERR_RANGE,
+                "permute: entry %d (%d) is not a permutation of %d dims", i,
+                perm ? perm[i] : -1, x->ndim);
         seen[d] = true;
         a.i[i] = d;
     }
@@ -101,14 +107,16 @@ ts_tensor *ts_permute(ts_tensor *x, const int *perm) {
 }
 
 ts_tensor *ts_transpose(ts_tensor *x, int d0, int d1) {
-    if (!x) return NULL;
+    if (!x)
+        return NULL;
     int a = ts_norm_dim(d0, x->ndim), b = ts_norm_dim(d1, x->ndim);
     if (a < 0 || b < 0)
         return fail(x->ctx, TS_ERR_RANGE,
                     "transpose: dims (%d, %d) out of range for %d dims", d0, d1,
                     x->ndim);
     int perm[TS_MAX_DIMS];
-    for (int i = 0; i < x->ndim; i++) perm[i] = i;
+    for (int i = 0; i < x->ndim; i++)
+        perm[i] = i;
     perm[a] = b;
     perm[b] = a;
     return ts_permute(x, perm);
@@ -116,17 +124,20 @@ ts_tensor *ts_transpose(ts_tensor *x, int d0, int d1) {
 
 ts_tensor *ts_slice(ts_tensor *x, int dim, int64_t start, int64_t end,
                     int64_t step) {
-    if (!x) return NULL;
+    if (!x)
+        return NULL;
     int d = ts_norm_dim(dim, x->ndim);
     if (d < 0)
-        return fail(x->ctx, TS_ERR_RANGE, "slice: dim %d out of range for %d dims",
-                    dim, x->ndim);
+        return fail(x->ctx, TS_ERR_RANGE,
+                    "slice: dim %d out of range for %d dims", dim, x->ndim);
     if (step < 1)
         return fail(x->ctx, TS_ERR_RANGE, "slice: step %lld (want >= 1)",
                     (long long)step);
     int64_t n = x->shape[d];
-    if (start < 0) start += n;
-    if (end < 0) end += n;
+    if (start < 0)
+        start += n;
+    if (end < 0)
+        end += n;
     start = start < 0 ? 0 : start > n ? n : start;
     end = end < start ? start : end > n ? n : end;
     ts_attrs a = {.i = {d, start, end, step}, .ni = 4};
@@ -134,7 +145,8 @@ ts_tensor *ts_slice(ts_tensor *x, int dim, int64_t start, int64_t end,
 }
 
 ts_tensor *ts_expand(ts_tensor *x, int ndim, const int64_t *shape) {
-    if (!x) return NULL;
+    if (!x)
+        return NULL;
     if (ndim < x->ndim || ndim > TS_MAX_DIMS || !shape)
         return fail(x->ctx, TS_ERR_SHAPE,
                     "expand: target has %d dims; input has %d", ndim, x->ndim);
@@ -144,21 +156,25 @@ ts_tensor *ts_expand(ts_tensor *x, int ndim, const int64_t *shape) {
 }
 
 ts_tensor *ts_squeeze(ts_tensor *x, int dim) {
-    if (!x) return NULL;
+    if (!x)
+        return NULL;
     int d = ts_norm_dim(dim, x->ndim);
     if (d < 0)
         return fail(x->ctx, TS_ERR_RANGE,
                     "squeeze: dim %d out of range for %d dims", dim, x->ndim);
-    if (x->shape[d] != 1) return ts_retain(x); /* as torch.squeeze(x, dim) */
+    if (x->shape[d] != 1)
+        return ts_retain(x); /* as torch.squeeze(x, dim) */
     int64_t shape[TS_MAX_DIMS];
     int nd = 0;
     for (int i = 0; i < x->ndim; i++)
-        if (i != d) shape[nd++] = x->shape[i];
+        if (i != d)
+            shape[nd++] = x->shape[i];
     return ts_reshape(x, nd, shape);
 }
 
 ts_tensor *ts_unsqueeze(ts_tensor *x, int dim) {
-    if (!x) return NULL;
+    if (!x)
+        return NULL;
     int d = ts_norm_dim(dim, x->ndim + 1);
     if (d < 0 || x->ndim >= TS_MAX_DIMS)
         return fail(x->ctx, TS_ERR_RANGE,
@@ -170,42 +186,80 @@ ts_tensor *ts_unsqueeze(ts_tensor *x, int dim) {
 }
 
 ts_tensor *ts_contiguous(ts_tensor *x) {
-    if (!x) return NULL;
-    if (ts_tensor_is_contiguous(x)) return ts_retain(x);
+    if (!x)
+        return NULL;
+    if (ts_tensor_is_contiguous(x))
+        return ts_retain(x);
     return call1(TS_OP_COPY, x, NULL);
 }
 
 /* ---- elementwise ---- */
 
-ts_tensor *ts_add(ts_tensor *a, ts_tensor *b) { return call2(TS_OP_ADD, a, b, NULL); }
-ts_tensor *ts_sub(ts_tensor *a, ts_tensor *b) { return call2(TS_OP_SUB, a, b, NULL); }
-ts_tensor *ts_mul(ts_tensor *a, ts_tensor *b) { return call2(TS_OP_MUL, a, b, NULL); }
-ts_tensor *ts_div(ts_tensor *a, ts_tensor *b) { return call2(TS_OP_DIV, a, b, NULL); }
-ts_tensor *ts_eq(ts_tensor *a, ts_tensor *b) { return call2(TS_OP_EQ, a, b, NULL); }
+ts_tensor *ts_add(ts_tensor *a, ts_tensor *b) {
+    return call2(TS_OP_ADD, a, b, NULL);
+}
+ts_tensor *ts_sub(ts_tensor *a, ts_tensor *b) {
+    return call2(TS_OP_SUB, a, b, NULL);
+}
+ts_tensor *ts_mul(ts_tensor *a, ts_tensor *b) {
+    return call2(TS_OP_MUL, a, b, NULL);
+}
+ts_tensor *ts_div(ts_tensor *a, ts_tensor *b) {
+    return call2(TS_OP_DIV, a, b, NULL);
+}
+ts_tensor *ts_eq(ts_tensor *a, ts_tensor *b) {
+    return call2(TS_OP_EQ, a, b, NULL);
+}
 
 static ts_tensor *unary_f(ts_op_id op, ts_tensor *x, double f) {
     ts_attrs a = {.f = {f}};
     return call1(op, x, &a);
 }
 
-ts_tensor *ts_add_scalar(ts_tensor *x, double s) { return unary_f(TS_OP_ADD_SCALAR, x, s); }
-ts_tensor *ts_mul_scalar(ts_tensor *x, double s) { return unary_f(TS_OP_MUL_SCALAR, x, s); }
-ts_tensor *ts_neg(ts_tensor *x) { return call1(TS_OP_NEG, x, NULL); }
-ts_tensor *ts_exp(ts_tensor *x) { return call1(TS_OP_EXP, x, NULL); }
-ts_tensor *ts_log(ts_tensor *x) { return call1(TS_OP_LOG, x, NULL); }
-ts_tensor *ts_sqrt(ts_tensor *x) { return call1(TS_OP_SQRT, x, NULL); }
-ts_tensor *ts_rsqrt(ts_tensor *x) { return call1(TS_OP_RSQRT, x, NULL); }
-ts_tensor *ts_abs(ts_tensor *x) { return call1(TS_OP_ABS, x, NULL); }
-ts_tensor *ts_pow_scalar(ts_tensor *x, double e) { return unary_f(TS_OP_POW_SCALAR, x, e); }
-ts_tensor *ts_tanh(ts_tensor *x) { return call1(TS_OP_TANH, x, NULL); }
-ts_tensor *ts_sigmoid(ts_tensor *x) { return call1(TS_OP_SIGMOID, x, NULL); }
-ts_tensor *ts_relu(ts_tensor *x) { return call1(TS_OP_RELU, x, NULL); }
-ts_tensor *ts_silu(ts_tensor *x) { return call1(TS_OP_SILU, x, NULL); }
+ts_tensor *ts_add_scalar(ts_tensor *x, double s) {
+    return unary_f(TS_OP_ADD_SCALAR, x, s);
+}
+ts_tensor *ts_mul_scalar(ts_tensor *x, double s) {
+    return unary_f(TS_OP_MUL_SCALAR, x, s);
+}
+ts_tensor *ts_neg(ts_tensor *x) {
+    return call1(TS_OP_NEG, x, NULL);
+}
+ts_tensor *ts_exp(ts_tensor *x) {
+    return call1(TS_OP_EXP, x, NULL);
+}
+ts_tensor *ts_log(ts_tensor *x) {
+    return call1(TS_OP_LOG, x, NULL);
+}
+ts_tensor *ts_sqrt(ts_tensor *x) {
+    return call1(TS_OP_SQRT, x, NULL);
+}
+ts_tensor *ts_rsqrt(ts_tensor *x) {
+    return call1(TS_OP_RSQRT, x, NULL);
+}
+ts_tensor *ts_abs(ts_tensor *x) {
+    return call1(TS_OP_ABS, x, NULL);
+}
+ts_tensor *ts_pow_scalar(ts_tensor *x, double e) {
+    return unary_f(TS_OP_POW_SCALAR, x, e);
+}
+ts_tensor *ts_tanh(ts_tensor *x) {
+    return call1(TS_OP_TANH, x, NULL);
+}
+ts_tensor *ts_sigmoid(ts_tensor *x) {
+    return call1(TS_OP_SIGMOID, x, NULL);
+}
+ts_tensor *ts_relu(ts_tensor *x) {
+    return call1(TS_OP_RELU, x, NULL);
+}
+ts_tensor *ts_silu(ts_tensor *x) {
+    return call1(TS_OP_SILU, x, NULL);
+}
 
 ts_tensor *ts_gelu(ts_tensor *x, ts_gelu_approx approx) {
     if (x && approx != TS_GELU_ERF && approx != TS_GELU_TANH)
-        return fail(x->ctx, TS_ERR_INVALID_ARG, "gelu: unknown approximation %d",
-                    (int)approx);
+        return fail(x->ctx, TS_ERR_INVALID_ARG,
+                    "gelu: unknown approximation %d", (int)approx);
     ts_attrs a = {.i = {approx}, .ni = 1};
     return call1(TS_OP_GELU, x, &a);
 }
@@ -235,19 +289,23 @@ ts_tensor *ts_cast(ts_tensor *x, ts_dtype dt) {
     return call1(TS_OP_CAST, x, &a);
 }
 
-ts_tensor *ts_copy(ts_tensor *x) { return call1(TS_OP_COPY, x, NULL); }
+ts_tensor *ts_copy(ts_tensor *x) {
+    return call1(TS_OP_COPY, x, NULL);
+}
 
 /* ---- reductions ---- */
 
 static ts_tensor *reduce(ts_op_id op, ts_tensor *x, int ndims, const int *dims,
                          bool keepdim) {
-    if (!x) return NULL;
+    if (!x)
+        return NULL;
     const char *name = ts_op_table[op].name;
     ts_attrs a = {.f = {keepdim ? 1.0 : 0.0}};
     bool seen[TS_MAX_DIMS] = {0};
     if (ndims < 0 || ndims > x->ndim || (ndims && !dims))
-        return fail(x->ctx, TS_ERR_RANGE, "%s: %d dims given for a %d-dim input",
-                    name, ndims, x->ndim);
+        return fail(x->ctx, TS_ERR_RANGE,
+                    "%s: %d dims given for a %d-dim input", name, ndims,
+                    x->ndim);
     for (int k = 0; k < ndims; k++) {
         int d = ts_norm_dim(dims[k], x->ndim);
         if (d < 0)
@@ -260,7 +318,8 @@ static ts_tensor *reduce(ts_op_id op, ts_tensor *x, int ndims, const int *dims,
         seen[d] = true;
     }
     for (int d = 0; d < x->ndim; d++) /* sorted; none listed means all */
-        if (seen[d] || ndims == 0) a.i[a.ni++] = d;
+        if (seen[d] || ndims == 0)
+            a.i[a.ni++] = d;
     return call1(op, x, &a);
 }
 
@@ -280,12 +339,14 @@ ts_tensor *ts_max(ts_tensor *x, int dim, bool keep) {
 }
 ts_tensor *ts_argmax(ts_tensor *x, int dim, bool keep) {
     if (x && x->ndim == 0)
-        return fail(x->ctx, TS_ERR_RANGE, "argmax: a scalar has no dim %d", dim);
+        return fail(x->ctx, TS_ERR_RANGE, "argmax: a scalar has no dim %d",
+                    dim);
     return reduce(TS_OP_ARGMAX, x, 1, &dim, keep);
 }
 
 static ts_tensor *softmax_like(ts_op_id op, ts_tensor *x, int dim) {
-    if (!x) return NULL;
+    if (!x)
+        return NULL;
     int d = ts_norm_dim(dim, x->ndim);
     if (d < 0)
         return fail(x->ctx, TS_ERR_RANGE, "%s: dim %d out of range for %d dims",
@@ -294,7 +355,9 @@ static ts_tensor *softmax_like(ts_op_id op, ts_tensor *x, int dim) {
     return call1(op, x, &a);
 }
 
-ts_tensor *ts_softmax(ts_tensor *x, int dim) { return softmax_like(TS_OP_SOFTMAX, x, dim); }
+ts_tensor *ts_softmax(ts_tensor *x, int dim) {
+    return softmax_like(TS_OP_SOFTMAX, x, dim);
+}
 ts_tensor *ts_log_softmax(ts_tensor *x, int dim) {
     return softmax_like(TS_OP_LOG_SOFTMAX, x, dim);
 }
@@ -302,9 +365,11 @@ ts_tensor *ts_log_softmax(ts_tensor *x, int dim) {
 /* ---- linear algebra, indexing ---- */
 
 ts_tensor *ts_matmul(ts_tensor *a, ts_tensor *b) {
-    if (!a || !b) return null_input(ts_tensor_ctx(a ? a : b), "matmul");
+    if (!a || !b)
+        return null_input(ts_tensor_ctx(a ? a : b), "matmul");
     if (a->ndim == 0 || b->ndim == 0)
-        return fail(a->ctx, TS_ERR_SHAPE, "matmul: operands must have >= 1 dim");
+        return fail(a->ctx, TS_ERR_SHAPE,
+                    "matmul: operands must have >= 1 dim");
     /* NumPy's rule for 1-D operands: (K) @ (..., K, N) and (..., M, K) @ (K) */
     ts_tensor *a2 = a->ndim == 1 ? ts_unsqueeze(a, 0) : ts_retain(a);
     ts_tensor *b2 = b->ndim == 1 ? ts_unsqueeze(b, -1) : ts_retain(b);
@@ -334,29 +399,36 @@ ts_tensor *ts_embedding_backward(ts_tensor *g, ts_tensor *ids, int64_t V) {
 }
 
 ts_tensor *ts_concat(int n, ts_tensor *const *xs, int dim) {
-    if (n < 1 || !xs) return NULL;
+    if (n < 1 || !xs)
+        return NULL;
     for (int k = 0; k < n; k++)
-        if (!xs[k]) return null_input(ts_ctx_of(n, (ts_tensor **)xs), "concat");
+        if (!xs[k])
+            return null_input(ts_ctx_of(n, (ts_tensor **)xs), "concat");
     int d = ts_norm_dim(dim, xs[0]->ndim);
     if (d < 0)
         return fail(xs[0]->ctx, TS_ERR_RANGE,
-                    "concat: dim %d out of range for %d dims", dim, xs[0]->ndim);
-    if (n == 1) return ts_contiguous(xs[0]);
+                    "concat: dim %d out of range for %d dims", dim,
+                    xs[0]->ndim);
+    if (n == 1)
+        return ts_contiguous(xs[0]);
     ts_attrs a = {.i = {d}, .ni = 1};
-    if (n <= TS_MAX_INPUTS) return call(TS_OP_CONCAT, n, (ts_tensor **)xs, &a);
+    if (n <= TS_MAX_INPUTS)
+        return call(TS_OP_CONCAT, n, (ts_tensor **)xs, &a);
     /* more inputs than a node holds: concat in groups, then the groups */
     ts_tensor *parts[TS_MAX_INPUTS] = {0};
     int np = 0, per = (n + TS_MAX_INPUTS - 1) / TS_MAX_INPUTS;
     for (int k = 0; k < n; k += per)
         parts[np++] = ts_concat(n - k < per ? n - k : per, xs + k, d);
     ts_tensor *r = ts_concat(np, parts, d);
-    for (int k = 0; k < np; k++) ts_release(parts[k]);
+    for (int k = 0; k < np; k++)
+        ts_release(parts[k]);
     return r;
 }
 
 ts_status ts_split(ts_tensor *x, int dim, int n, const int64_t *sizes,
                    ts_tensor **outs) {
-    if (!x) return TS_ERR_INVALID_ARG;
+    if (!x)
+        return TS_ERR_INVALID_ARG;
     if (n < 1 || !sizes || !outs)
         return ts_set_error(x->ctx, TS_ERR_INVALID_ARG,
                             "split: need n >= 1 sizes and an output array");
@@ -381,7 +453,8 @@ ts_status ts_split(ts_tensor *x, int dim, int n, const int64_t *sizes,
     for (int k = 0; k < n; k++) {
         outs[k] = ts_slice(x, d, off, off + sizes[k], 1);
         if (!outs[k]) {
-            for (int j = 0; j < k; j++) ts_release(outs[j]), outs[j] = NULL;
+            for (int j = 0; j < k; j++)
+                ts_release(outs[j]), outs[j] = NULL;
             return x->ctx->status;
         }
         off += sizes[k];
@@ -389,8 +462,8 @@ ts_status ts_split(ts_tensor *x, int dim, int n, const int64_t *sizes,
     return TS_OK;
 }
 
-ts_tensor *ts_slice_scatter(ts_tensor *g, const ts_attrs *slice_attrs,
-                            int ndim, const int64_t *shape) {
+ts_tensor *ts_slice_scatter(ts_tensor *g, const ts_attrs *slice_attrs, int ndim,
+                            const int64_t *shape) {
     ts_attrs a = *slice_attrs;
     a.ni = 4 + ndim;
     memcpy(a.i + 4, shape, sizeof(int64_t) * (size_t)ndim);
@@ -408,7 +481,8 @@ static bool eps_ok(ts_tensor *x, const char *op, double eps) {
 }
 
 ts_tensor *ts_rmsnorm(ts_tensor *x, ts_tensor *weight, double eps) {
-    if (!eps_ok(x, "rmsnorm", eps)) return NULL;
+    if (!eps_ok(x, "rmsnorm", eps))
+        return NULL;
     ts_attrs a = {.f = {eps}};
     return weight ? call2(TS_OP_RMSNORM, x, weight, &a)
                   : call1(TS_OP_RMSNORM, x, &a);
@@ -416,12 +490,15 @@ ts_tensor *ts_rmsnorm(ts_tensor *x, ts_tensor *weight, double eps) {
 
 ts_tensor *ts_layernorm(ts_tensor *x, ts_tensor *weight, ts_tensor *bias,
                         double eps) {
-    if (!eps_ok(x, "layernorm", eps)) return NULL;
+    if (!eps_ok(x, "layernorm", eps))
+        return NULL;
     ts_attrs a = {.i = {weight != NULL, bias != NULL}, .ni = 2, .f = {eps}};
     ts_tensor *in[3] = {x};
     int n = 1;
-    if (weight) in[n++] = weight;
-    if (bias) in[n++] = bias;
+    if (weight)
+        in[n++] = weight;
+    if (bias)
+        in[n++] = bias;
     return call(TS_OP_LAYERNORM, n, in, &a);
 }
 
@@ -438,9 +515,11 @@ ts_tensor *ts_rope(ts_tensor *x, ts_tensor *cos, ts_tensor *sin) {
 
 ts_status ts_rope_tables(ts_ctx *ctx, int64_t T, int64_t D, double theta,
                          int64_t pos0, ts_tensor **cos, ts_tensor **sin) {
-    if (!ctx) return TS_ERR_INVALID_ARG;
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
     if (!cos || !sin)
-        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "rope_tables: NULL output");
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "rope_tables: NULL output");
     *cos = *sin = NULL;
     if (T < 0 || D <= 0 || D % 2 || !(theta > 0) || pos0 < 0)
         return ts_set_error(ctx, TS_ERR_RANGE,
@@ -474,7 +553,8 @@ ts_tensor *ts_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
     if (q && !isfinite(scale))
         return fail(q->ctx, TS_ERR_RANGE, "attention: scale %g is not finite",
                     scale);
-    if (q && q->ndim == 4 && scale <= 0) scale = 1.0 / sqrt((double)q->shape[3]);
+    if (q && q->ndim == 4 && scale <= 0)
+        scale = 1.0 / sqrt((double)q->shape[3]);
     ts_attrs a = {.i = {causal, mask != NULL}, .ni = 2, .f = {scale}};
     ts_tensor *in[4] = {q, k, v, mask};
     return call(TS_OP_ATTENTION, mask ? 4 : 3, in, &a);
@@ -495,37 +575,44 @@ ts_status ts_adamw_update_(ts_tensor *p, ts_tensor *g, ts_tensor *m,
                            ts_tensor *v, ts_tensor *hyper) {
     ts_tensor *in[5] = {p, g, m, v, hyper};
     ts_ctx *ctx = ts_ctx_of(5, in);
-    if (!ctx) return TS_ERR_INVALID_ARG;
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
     bool old = ts_set_grad_enabled(ctx, false);
     ts_tensor *r = ts_op_call(ctx, TS_OP_ADAMW, 5, in, NULL);
     ts_set_grad_enabled(ctx, old);
-    if (!r) return ctx->status;
+    if (!r)
+        return ctx->status;
     ts_release(r);
     return TS_OK;
 }
 
 ts_status ts_copy_(ts_tensor *dst, ts_tensor *src) {
-    if (!dst || !src) return TS_ERR_INVALID_ARG;
+    if (!dst || !src)
+        return TS_ERR_INVALID_ARG;
     ts_ctx *ctx = dst->ctx;
     if (ctx->mode == TS_MODE_COMPILED) { /* recorded, runs in order */
         ts_tensor *in[2] = {dst, src};
         bool old = ts_set_grad_enabled(ctx, false);
         ts_tensor *r = ts_op_call(ctx, TS_OP_COPY_INTO, 2, in, NULL);
         ts_set_grad_enabled(ctx, old);
-        if (!r) return ctx->status;
+        if (!r)
+            return ctx->status;
         ts_release(r);
         return TS_OK;
     }
     if (ts_materialize(dst) != TS_OK || ts_materialize(src) != TS_OK)
         return ctx->status;
-    if (ts_check_copy_shapes(ctx, dst, src)) return ctx->status;
+    if (ts_check_copy_shapes(ctx, dst, src))
+        return ctx->status;
     dst->storage->uniform = false;
     bool old = ts_set_grad_enabled(ctx, false);
     ts_tensor *s = ts_expand(src, dst->ndim, dst->shape);
-    ts_tensor *c = s ? ts_cast(s, dst->dtype) : NULL; /* contiguous, converted */
+    ts_tensor *c =
+        s ? ts_cast(s, dst->dtype) : NULL; /* contiguous, converted */
     ts_set_grad_enabled(ctx, old);
     ts_release(s);
-    if (!c) return ctx->status;
+    if (!c)
+        return ctx->status;
     /* write c into dst's strided view */
     int64_t n = ts_tensor_numel(dst);
     size_t es = ts_dtype_size(dst->dtype);
@@ -537,10 +624,12 @@ ts_status ts_copy_(ts_tensor *dst, ts_tensor *src) {
         int64_t idx[TS_MAX_DIMS] = {0};
         for (int64_t i = 0; i < n; i++) {
             int64_t off = 0;
-            for (int d = 0; d < dst->ndim; d++) off += idx[d] * dst->strides[d];
+            for (int d = 0; d < dst->ndim; d++)
+                off += idx[d] * dst->strides[d];
             memcpy(dp + off * (int64_t)es, sp + (size_t)i * es, es);
             for (int d = dst->ndim - 1; d >= 0; d--) {
-                if (++idx[d] < dst->shape[d]) break;
+                if (++idx[d] < dst->shape[d])
+                    break;
                 idx[d] = 0;
             }
         }

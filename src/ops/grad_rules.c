@@ -17,8 +17,10 @@ static ts_status put(ts_ctx *ctx, ts_tensor **gin, int i, ts_tensor *t) {
 }
 
 ts_tensor *ts_sum_to_shape(ts_tensor *g, int ndim, const int64_t *shape) {
-    if (!g) return NULL;
-    if (ts_shape_equal(g->ndim, g->shape, ndim, shape)) return ts_retain(g);
+    if (!g)
+        return NULL;
+    if (ts_shape_equal(g->ndim, g->shape, ndim, shape))
+        return ts_retain(g);
     int dims[TS_MAX_DIMS], nd = 0, lead = g->ndim - ndim;
     for (int d = 0; d < g->ndim; d++)
         if (d < lead || (shape[d - lead] == 1 && g->shape[d] != 1))
@@ -38,7 +40,8 @@ TS_GRAD(reshape) {
 TS_GRAD(permute) {
     (void)want;
     int inv[TS_MAX_DIMS];
-    for (int i = 0; i < n->in[0]->ndim; i++) inv[n->attrs.i[i]] = i;
+    for (int i = 0; i < n->in[0]->ndim; i++)
+        inv[n->attrs.i[i]] = i;
     return put(ctx, gin, 0, ts_permute(g, inv));
 }
 
@@ -54,16 +57,20 @@ TS_GRAD(expand) {
 }
 
 TS_GRAD(add) {
-    if (want[0] && put(ctx, gin, 0, sum_to(g, n->in[0]))) return ctx->status;
-    if (want[1] && put(ctx, gin, 1, sum_to(g, n->in[1]))) return ctx->status;
+    if (want[0] && put(ctx, gin, 0, sum_to(g, n->in[0])))
+        return ctx->status;
+    if (want[1] && put(ctx, gin, 1, sum_to(g, n->in[1])))
+        return ctx->status;
     return TS_OK;
 }
 
 TS_GRAD(sub) {
-    if (want[0] && put(ctx, gin, 0, sum_to(g, n->in[0]))) return ctx->status;
+    if (want[0] && put(ctx, gin, 0, sum_to(g, n->in[0])))
+        return ctx->status;
     if (want[1]) {
         ts_tensor *s = sum_to(g, n->in[1]);
-        if (put(ctx, gin, 1, ts_neg(s))) return ts_release(s), ctx->status;
+        if (put(ctx, gin, 1, ts_neg(s)))
+            return ts_release(s), ctx->status;
         ts_release(s);
     }
     return TS_OK;
@@ -71,9 +78,11 @@ TS_GRAD(sub) {
 
 TS_GRAD(mul) {
     for (int i = 0; i < 2; i++) {
-        if (!want[i]) continue;
+        if (!want[i])
+            continue;
         ts_tensor *p = ts_mul(g, n->in[1 - i]);
-        if (put(ctx, gin, i, sum_to(p, n->in[i]))) return ts_release(p), ctx->status;
+        if (put(ctx, gin, i, sum_to(p, n->in[i])))
+            return ts_release(p), ctx->status;
         ts_release(p);
     }
     return TS_OK;
@@ -82,7 +91,8 @@ TS_GRAD(mul) {
 TS_GRAD(div) {
     if (want[0]) {
         ts_tensor *p = ts_div(g, n->in[1]);
-        if (put(ctx, gin, 0, sum_to(p, n->in[0]))) return ts_release(p), ctx->status;
+        if (put(ctx, gin, 0, sum_to(p, n->in[0])))
+            return ts_release(p), ctx->status;
         ts_release(p);
     }
     if (want[1]) { /* d(a/b)/db = -(a/b)/b = -out/b */
@@ -91,7 +101,8 @@ TS_GRAD(div) {
         ts_tensor *nq = ts_neg(q);
         ts_release(go);
         ts_release(q);
-        if (put(ctx, gin, 1, sum_to(nq, n->in[1]))) return ts_release(nq), ctx->status;
+        if (put(ctx, gin, 1, sum_to(nq, n->in[1])))
+            return ts_release(nq), ctx->status;
         ts_release(nq);
     }
     return TS_OK;
@@ -121,12 +132,14 @@ TS_GRAD(unary) {
 TS_GRAD(where) {
     ts_tensor *zero = ts_scalar(ctx, g->dtype, 0.0);
     for (int i = 1; i <= 2; i++) {
-        if (!want[i]) continue;
-        ts_tensor *w = i == 1 ? ts_where(n->in[0], g, zero)
-                              : ts_where(n->in[0], zero, g);
+        if (!want[i])
+            continue;
+        ts_tensor *w =
+            i == 1 ? ts_where(n->in[0], g, zero) : ts_where(n->in[0], zero, g);
         gin[i] = sum_to(w, n->in[i]);
         ts_release(w);
-        if (!gin[i]) return ts_release(zero), ctx->status;
+        if (!gin[i])
+            return ts_release(zero), ctx->status;
     }
     ts_release(zero);
     return TS_OK;
@@ -153,17 +166,20 @@ TS_GRAD(copy) {
 /* g reshaped to keepdim form of a reduction over attrs dims */
 static ts_tensor *keepdim_view(ts_tensor *g, const ts_node *n) {
     const ts_tensor *x = n->in[0];
-    if (n->attrs.f[0] != 0) return ts_retain(g);
+    if (n->attrs.f[0] != 0)
+        return ts_retain(g);
     int64_t shape[TS_MAX_DIMS];
     memcpy(shape, x->shape, sizeof shape);
-    for (int k = 0; k < n->attrs.ni; k++) shape[n->attrs.i[k]] = 1;
+    for (int k = 0; k < n->attrs.ni; k++)
+        shape[n->attrs.i[k]] = 1;
     return ts_reshape(g, x->ndim, shape);
 }
 
 TS_GRAD(sum) {
     (void)want;
     ts_tensor *gk = keepdim_view(g, n);
-    ts_status st = put(ctx, gin, 0, ts_expand(gk, n->in[0]->ndim, n->in[0]->shape));
+    ts_status st =
+        put(ctx, gin, 0, ts_expand(gk, n->in[0]->ndim, n->in[0]->shape));
     ts_release(gk);
     return st;
 }
@@ -172,7 +188,8 @@ TS_GRAD(mean) {
     (void)want;
     const ts_tensor *x = n->in[0];
     double count = 1;
-    for (int k = 0; k < n->attrs.ni; k++) count *= (double)x->shape[n->attrs.i[k]];
+    for (int k = 0; k < n->attrs.ni; k++)
+        count *= (double)x->shape[n->attrs.i[k]];
     ts_tensor *gk = keepdim_view(g, n);
     ts_tensor *e = ts_expand(gk, x->ndim, x->shape);
     ts_status st = put(ctx, gin, 0, ts_mul_scalar(e, 1.0 / count));
@@ -190,7 +207,8 @@ TS_GRAD(amax) {
     ts_tensor *ok = keepdim_view(n->out, n);
     ts_tensor *mask = ts_eq(x, ok);
     int dims[TS_MAX_DIMS];
-    for (int k = 0; k < n->attrs.ni; k++) dims[k] = (int)n->attrs.i[k];
+    for (int k = 0; k < n->attrs.ni; k++)
+        dims[k] = (int)n->attrs.i[k];
     ts_tensor *cnt = ts_sum(mask, n->attrs.ni, dims, true);
     ts_tensor *share = ts_div(gk, cnt);
     ts_status st = put(ctx, gin, 0, ts_mul(mask, share));
@@ -233,7 +251,8 @@ TS_GRAD(matmul) {
         ts_tensor *bt = ts_transpose(b, -1, -2);
         ts_tensor *p = ts_matmul(g, bt);
         ts_release(bt);
-        if (put(ctx, gin, 0, sum_to(p, a))) return ts_release(p), ctx->status;
+        if (put(ctx, gin, 0, sum_to(p, a)))
+            return ts_release(p), ctx->status;
         ts_release(p);
     }
     if (want[1]) { /* dB = A^T @ dC */
@@ -251,7 +270,8 @@ TS_GRAD(matmul) {
             p = ts_matmul(at, g);
             ts_release(at);
         }
-        if (put(ctx, gin, 1, sum_to(p, b))) return ts_release(p), ctx->status;
+        if (put(ctx, gin, 1, sum_to(p, b)))
+            return ts_release(p), ctx->status;
         ts_release(p);
     }
     return TS_OK;
@@ -282,9 +302,10 @@ static ts_tensor *as_f32(ts_tensor *t) {
 /* sum over all dims but the last, cast to dt */
 static ts_tensor *sum_rows(ts_tensor *t, ts_dtype dt) {
     int dims[TS_MAX_DIMS];
-    for (int d = 0; d < t->ndim - 1; d++) dims[d] = d;
-    ts_tensor *s = t->ndim > 1 ? ts_sum(t, t->ndim - 1, dims, false)
-                               : ts_retain(t);
+    for (int d = 0; d < t->ndim - 1; d++)
+        dims[d] = d;
+    ts_tensor *s =
+        t->ndim > 1 ? ts_sum(t, t->ndim - 1, dims, false) : ts_retain(t);
     ts_tensor *r = s && s->dtype != dt ? ts_cast(s, dt) : ts_retain(s);
     ts_release(s);
     return r;
@@ -307,7 +328,8 @@ TS_GRAD(rmsnorm) {
         ts_status st = put(ctx, gin, 1, sum_rows(p, n->in[1]->dtype));
         ts_release(gf), ts_release(xf), ts_release(ru), ts_release(xh);
         ts_release(p);
-        if (st) return st;
+        if (st)
+            return st;
     }
     return TS_OK;
 }
@@ -318,7 +340,8 @@ TS_GRAD(layernorm) {
     if (want[0]) {
         ts_tensor *in[5] = {g, x, mean, rstd, has_w ? n->in[1] : NULL};
         if (put(ctx, gin, 0,
-                ts_op_n(TS_OP_LAYERNORM_BACKWARD, has_w ? 5 : 4, in, &n->attrs)))
+                ts_op_n(TS_OP_LAYERNORM_BACKWARD, has_w ? 5 : 4, in,
+                        &n->attrs)))
             return ctx->status;
     }
     int iw = has_w ? 1 : -1, ib = n->attrs.i[1] ? (has_w ? 2 : 1) : -1;
@@ -348,11 +371,12 @@ TS_GRAD(rope) {
 TS_GRAD(attention) {
     ts_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2];
     bool has_mask = n->attrs.i[1] != 0;
-    ts_tensor *in[7] = {g, q, k, v, n->out, n->saved[0],
-                        has_mask ? n->in[3] : NULL};
+    ts_tensor *in[7] = {
+        g, q, k, v, n->out, n->saved[0], has_mask ? n->in[3] : NULL};
     ts_tensor *packed =
         ts_op_n(TS_OP_ATTENTION_BACKWARD, has_mask ? 7 : 6, in, &n->attrs);
-    if (!packed) return ctx->status;
+    if (!packed)
+        return ctx->status;
     int64_t off = 0;
     ts_status st = TS_OK;
     for (int i = 0; i < 3 && st == TS_OK; i++) {

@@ -2,7 +2,8 @@
  * Kernels are in each backend's table, indexed by the same op ids. */
 #include "ops/rules.h"
 
-#define ROW(id, nm, view, inf, grad) [id] = {nm, view, false, ts_infer_##inf, grad}
+#define ROW(id, nm, view, inf, grad)                                           \
+    [id] = {nm, view, false, ts_infer_##inf, grad}
 #define IN_PLACE(id, nm, inf) [id] = {nm, false, true, ts_infer_##inf, NULL}
 
 const ts_op_def ts_op_table[TS_OP_COUNT] = {

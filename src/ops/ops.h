@@ -8,27 +8,61 @@
 #include "core/core.h"
 
 #define TS_MAX_INPUTS 8
-#define TS_MAX_SAVED 2
+#define TS_MAX_SAVED  2
 
 typedef enum {
     /* views: the output shares input 0's storage */
-    TS_OP_RESHAPE_VIEW, TS_OP_PERMUTE, TS_OP_SLICE, TS_OP_EXPAND,
+    TS_OP_RESHAPE_VIEW,
+    TS_OP_PERMUTE,
+    TS_OP_SLICE,
+    TS_OP_EXPAND,
     /* elementwise */
-    TS_OP_ADD, TS_OP_SUB, TS_OP_MUL, TS_OP_DIV, TS_OP_EQ,
-    TS_OP_ADD_SCALAR, TS_OP_MUL_SCALAR, TS_OP_NEG, TS_OP_EXP, TS_OP_LOG,
-    TS_OP_SQRT, TS_OP_RSQRT, TS_OP_ABS, TS_OP_POW_SCALAR, TS_OP_TANH,
-    TS_OP_SIGMOID, TS_OP_RELU, TS_OP_SILU, TS_OP_GELU, TS_OP_UNARY_BACKWARD,
-    TS_OP_WHERE, TS_OP_MASKED_FILL, TS_OP_CAST, TS_OP_COPY,
+    TS_OP_ADD,
+    TS_OP_SUB,
+    TS_OP_MUL,
+    TS_OP_DIV,
+    TS_OP_EQ,
+    TS_OP_ADD_SCALAR,
+    TS_OP_MUL_SCALAR,
+    TS_OP_NEG,
+    TS_OP_EXP,
+    TS_OP_LOG,
+    TS_OP_SQRT,
+    TS_OP_RSQRT,
+    TS_OP_ABS,
+    TS_OP_POW_SCALAR,
+    TS_OP_TANH,
+    TS_OP_SIGMOID,
+    TS_OP_RELU,
+    TS_OP_SILU,
+    TS_OP_GELU,
+    TS_OP_UNARY_BACKWARD,
+    TS_OP_WHERE,
+    TS_OP_MASKED_FILL,
+    TS_OP_CAST,
+    TS_OP_COPY,
     /* reductions */
-    TS_OP_SUM, TS_OP_MEAN, TS_OP_AMAX, TS_OP_ARGMAX, TS_OP_SOFTMAX,
+    TS_OP_SUM,
+    TS_OP_MEAN,
+    TS_OP_AMAX,
+    TS_OP_ARGMAX,
+    TS_OP_SOFTMAX,
     TS_OP_LOG_SOFTMAX,
     /* linear algebra, indexing */
-    TS_OP_MATMUL, TS_OP_EMBEDDING, TS_OP_EMBEDDING_BACKWARD, TS_OP_CONCAT,
+    TS_OP_MATMUL,
+    TS_OP_EMBEDDING,
+    TS_OP_EMBEDDING_BACKWARD,
+    TS_OP_CONCAT,
     TS_OP_SLICE_SCATTER,
     /* fused layers and their backward kernels */
-    TS_OP_RMSNORM, TS_OP_RMSNORM_BACKWARD, TS_OP_LAYERNORM,
-    TS_OP_LAYERNORM_BACKWARD, TS_OP_ROPE, TS_OP_ATTENTION,
-    TS_OP_ATTENTION_BACKWARD, TS_OP_CROSS_ENTROPY,
+    TS_OP_RMSNORM,
+    TS_OP_RMSNORM_BACKWARD,
+    TS_OP_LAYERNORM,
+    TS_OP_LAYERNORM_BACKWARD,
+    TS_OP_ROPE,
+    TS_OP_ATTENTION,
+    TS_OP_ATTENTION_BACKWARD,
+    TS_OP_CROSS_ENTROPY,
     TS_OP_CROSS_ENTROPY_BACKWARD,
     /* in-place write of in[1] into in[0]'s memory (compiled mode's ts_copy_) */
     TS_OP_COPY_INTO,
@@ -58,16 +92,16 @@ typedef struct ts_node {
     int refcount;
     ts_op_id op;
     int n_in;
-    ts_tensor *in[TS_MAX_INPUTS];     /* strong references */
+    ts_tensor *in[TS_MAX_INPUTS]; /* strong references */
     int n_saved;
-    ts_tensor *saved[TS_MAX_SAVED];   /* extra kernel outputs kept for
-                                         backward (lse, rstd); strong */
+    ts_tensor *saved[TS_MAX_SAVED]; /* extra kernel outputs kept for
+                                       backward (lse, rstd); strong */
     ts_attrs attrs;
-    ts_tensor *out;                   /* weak: cleared when out dies */
-    ts_tensor *grad_acc;              /* during backward only */
-    int visit;                        /* traversal mark */
+    ts_tensor *out;      /* weak: cleared when out dies */
+    ts_tensor *grad_acc; /* during backward only */
+    int visit;           /* traversal mark */
     /* compiled mode: the node is recorded, its output computed later */
-    ts_storage *out_st;               /* strong: where the result goes */
+    ts_storage *out_st; /* strong: where the result goes */
     ts_desc out_desc;
     ts_desc saved_desc[TS_MAX_SAVED];
 } ts_node;
@@ -102,7 +136,7 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
  * last one writes out; nothing in between touches memory. arg[m][k] is
  * member m's input k: >= 0 an outside tensor ext[...], < 0 member
  * -(arg + 1). */
-#define TS_FUSE_MAX 16
+#define TS_FUSE_MAX     16
 #define TS_FUSE_MAX_EXT 11
 typedef struct ts_fused {
     int n_members;

@@ -10,12 +10,14 @@
 static void desc_like(ts_desc *d, ts_dtype dt, int ndim, const int64_t *shape) {
     d->dtype = dt;
     d->ndim = ndim;
-    if (ndim) memcpy(d->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    if (ndim)
+        memcpy(d->shape, shape, sizeof(int64_t) * (size_t)ndim);
 }
 
 static ts_status need_float(ts_ctx *ctx, const char *op, int i,
                             const ts_tensor *t) {
-    if (ts_dtype_is_float(t->dtype)) return TS_OK;
+    if (ts_dtype_is_float(t->dtype))
+        return TS_OK;
     return ts_set_error(ctx, TS_ERR_DTYPE,
                         "%s: input %d has dtype %s; this op takes float "
                         "dtypes (f32, bf16, f16)",
@@ -24,7 +26,8 @@ static ts_status need_float(ts_ctx *ctx, const char *op, int i,
 
 static ts_status need_same_dtype(ts_ctx *ctx, const char *op,
                                  const ts_tensor *a, const ts_tensor *b) {
-    if (a->dtype == b->dtype) return TS_OK;
+    if (a->dtype == b->dtype)
+        return TS_OK;
     return ts_set_error(ctx, TS_ERR_DTYPE,
                         "%s: dtypes differ (%s and %s); cast one with ts_cast",
                         op, ts_dtype_name(a->dtype), ts_dtype_name(b->dtype));
@@ -32,9 +35,11 @@ static ts_status need_same_dtype(ts_ctx *ctx, const char *op,
 
 static ts_status need_int(ts_ctx *ctx, const char *op, const char *what,
                           const ts_tensor *t) {
-    if (t->dtype == TS_I32 || t->dtype == TS_I64) return TS_OK;
-    return ts_set_error(ctx, TS_ERR_DTYPE, "%s: %s has dtype %s (want i32 or i64)",
-                        op, what, ts_dtype_name(t->dtype));
+    if (t->dtype == TS_I32 || t->dtype == TS_I64)
+        return TS_OK;
+    return ts_set_error(ctx, TS_ERR_DTYPE,
+                        "%s: %s has dtype %s (want i32 or i64)", op, what,
+                        ts_dtype_name(t->dtype));
 }
 
 ts_status ts_broadcast_shapes(ts_ctx *ctx, const char *op, int na,
@@ -85,16 +90,16 @@ bool ts_view_strides(const ts_tensor *x, int nd, const int64_t *shape,
     int64_t tensor_numel = 1, view_numel = 1;
     for (int d = x->ndim - 1; d >= 0; d--) {
         tensor_numel *= x->shape[d];
-        if (d == 0 ||
-            (x->shape[d - 1] != 1 &&
-             x->strides[d - 1] != tensor_numel * chunk_base_stride)) {
+        if (d == 0 || (x->shape[d - 1] != 1 &&
+                       x->strides[d - 1] != tensor_numel * chunk_base_stride)) {
             while (view_d >= 0 &&
                    (view_numel < tensor_numel || shape[view_d] == 1)) {
                 strides[view_d] = view_numel * chunk_base_stride;
                 view_numel *= shape[view_d];
                 view_d--;
             }
-            if (view_numel != tensor_numel) return false;
+            if (view_numel != tensor_numel)
+                return false;
             if (d > 0) {
                 chunk_base_stride = x->strides[d - 1];
                 tensor_numel = 1;
@@ -106,7 +111,7 @@ bool ts_view_strides(const ts_tensor *x, int nd, const int64_t *shape,
 }
 
 ts_status ts_infer_reshape(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                               ts_desc *s, int *ns) {
+                           ts_desc *s, int *ns) {
     (void)s, (void)ns;
     const ts_tensor *x = n->in[0];
     desc_like(o, x->dtype, n->attrs.ni, n->attrs.i);
@@ -119,7 +124,7 @@ ts_status ts_infer_reshape(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 }
 
 ts_status ts_infer_permute(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                               ts_desc *s, int *ns) {
+                           ts_desc *s, int *ns) {
     (void)ctx, (void)s, (void)ns;
     const ts_tensor *x = n->in[0];
     o->dtype = x->dtype;
@@ -132,8 +137,8 @@ ts_status ts_infer_permute(ts_ctx *ctx, const ts_node *n, ts_desc *o,
     return TS_OK;
 }
 
-ts_status ts_infer_slice(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                             ts_desc *s, int *ns) {
+ts_status ts_infer_slice(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                         int *ns) {
     (void)ctx, (void)s, (void)ns;
     const ts_tensor *x = n->in[0];
     int dim = (int)n->attrs.i[0];
@@ -146,8 +151,8 @@ ts_status ts_infer_slice(ts_ctx *ctx, const ts_node *n, ts_desc *o,
     return TS_OK;
 }
 
-ts_status ts_infer_expand(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                              ts_desc *s, int *ns) {
+ts_status ts_infer_expand(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                          int *ns) {
     (void)s, (void)ns;
     const ts_tensor *x = n->in[0];
     int nd = n->attrs.ni;
@@ -158,7 +163,8 @@ ts_status ts_infer_expand(ts_ctx *ctx, const ts_node *n, ts_desc *o,
         int ix = x->ndim - nd + i;
         int64_t want = n->attrs.i[i];
         int64_t have = ix >= 0 ? x->shape[ix] : 1;
-        if (want == -1) want = have;
+        if (want == -1)
+            want = have;
         if (ix < 0 && n->attrs.i[i] == -1) {
             return ts_set_error(ctx, TS_ERR_SHAPE,
                                 "expand: -1 given for new leading dim %d", i);
@@ -179,8 +185,8 @@ ts_status ts_infer_expand(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 
 /* ---- elementwise ---- */
 
-ts_status ts_infer_binary(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                              ts_desc *s, int *ns) {
+ts_status ts_infer_binary(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                          int *ns) {
     (void)s, (void)ns;
     const char *op = ts_op_table[n->op].name;
     const ts_tensor *a = n->in[0], *b = n->in[1];
@@ -191,20 +197,22 @@ ts_status ts_infer_binary(ts_ctx *ctx, const ts_node *n, ts_desc *o,
                                &o->ndim, o->shape);
 }
 
-ts_status ts_infer_unary(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                             ts_desc *s, int *ns) {
+ts_status ts_infer_unary(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                         int *ns) {
     (void)s, (void)ns;
     const ts_tensor *x = n->in[0];
-    if (need_float(ctx, ts_op_table[n->op].name, 0, x)) return ctx->status;
+    if (need_float(ctx, ts_op_table[n->op].name, 0, x))
+        return ctx->status;
     desc_like(o, x->dtype, x->ndim, x->shape);
     return TS_OK;
 }
 
-ts_status ts_infer_where(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                             ts_desc *s, int *ns) {
+ts_status ts_infer_where(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                         int *ns) {
     (void)s, (void)ns;
     const ts_tensor *c = n->in[0], *a = n->in[1], *b = n->in[2];
-    if (need_same_dtype(ctx, "where", a, b)) return ctx->status;
+    if (need_same_dtype(ctx, "where", a, b))
+        return ctx->status;
     int nd;
     int64_t sh[TS_MAX_DIMS];
     if (ts_broadcast_shapes(ctx, "where", c->ndim, c->shape, a->ndim, a->shape,
@@ -217,7 +225,7 @@ ts_status ts_infer_where(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 }
 
 ts_status ts_infer_masked_fill(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                                   ts_desc *s, int *ns) {
+                               ts_desc *s, int *ns) {
     (void)s, (void)ns;
     const ts_tensor *x = n->in[0], *m = n->in[1];
     o->dtype = x->dtype;
@@ -225,8 +233,8 @@ ts_status ts_infer_masked_fill(ts_ctx *ctx, const ts_node *n, ts_desc *o,
                                m->shape, &o->ndim, o->shape);
 }
 
-ts_status ts_infer_cast(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                            ts_desc *s, int *ns) {
+ts_status ts_infer_cast(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                        int *ns) {
     (void)ctx, (void)s, (void)ns;
     const ts_tensor *x = n->in[0];
     desc_like(o, n->op == TS_OP_CAST ? n->attrs.dtype : x->dtype, x->ndim,
@@ -236,15 +244,16 @@ ts_status ts_infer_cast(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 
 /* ---- reductions ---- */
 
-ts_status ts_infer_reduce(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                              ts_desc *s, int *ns) {
+ts_status ts_infer_reduce(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                          int *ns) {
     (void)s, (void)ns;
     const ts_tensor *x = n->in[0];
     if (n->op != TS_OP_ARGMAX && need_float(ctx, ts_op_table[n->op].name, 0, x))
         return ctx->status;
     bool keep = n->attrs.f[0] != 0;
     bool reduced[TS_MAX_DIMS] = {0};
-    for (int k = 0; k < n->attrs.ni; k++) reduced[n->attrs.i[k]] = true;
+    for (int k = 0; k < n->attrs.ni; k++)
+        reduced[n->attrs.i[k]] = true;
     o->dtype = n->op == TS_OP_ARGMAX ? TS_I64 : x->dtype;
     o->ndim = 0;
     for (int d = 0; d < x->ndim; d++) {
@@ -265,15 +274,17 @@ ts_status ts_infer_reduce(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 
 /* ---- linear algebra, indexing ---- */
 
-ts_status ts_infer_matmul(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                              ts_desc *s, int *ns) {
+ts_status ts_infer_matmul(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                          int *ns) {
     (void)s, (void)ns;
     const ts_tensor *a = n->in[0], *b = n->in[1];
     char sa[128], sb[128];
     /* same float dtypes, or f32 activations times bf16/f16 weights (computed
      * in f32, an f32 result) */
-    bool mixed = a->dtype == TS_F32 && (b->dtype == TS_BF16 || b->dtype == TS_F16);
-    if ((!mixed && need_same_dtype(ctx, "matmul", a, b)) || need_float(ctx, "matmul", 0, a))
+    bool mixed =
+        a->dtype == TS_F32 && (b->dtype == TS_BF16 || b->dtype == TS_F16);
+    if ((!mixed && need_same_dtype(ctx, "matmul", a, b)) ||
+        need_float(ctx, "matmul", 0, a))
         return ctx->status;
     int64_t K = a->shape[a->ndim - 1];
     if (b->shape[b->ndim - 2] != K)
@@ -291,7 +302,7 @@ ts_status ts_infer_matmul(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 }
 
 ts_status ts_infer_embedding(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                                 ts_desc *s, int *ns) {
+                             ts_desc *s, int *ns) {
     (void)s, (void)ns;
     const ts_tensor *w = n->in[0], *ids = n->in[1];
     char sb[128];
@@ -299,16 +310,18 @@ ts_status ts_infer_embedding(ts_ctx *ctx, const ts_node *n, ts_desc *o,
         return ts_set_error(ctx, TS_ERR_SHAPE,
                             "embedding: weight has shape %s (want (V, C))",
                             SHP(w, sb));
-    if (need_int(ctx, "embedding", "ids", ids)) return ctx->status;
+    if (need_int(ctx, "embedding", "ids", ids))
+        return ctx->status;
     if (ids->ndim + 1 > TS_MAX_DIMS)
-        return ts_set_error(ctx, TS_ERR_SHAPE, "embedding: ids have too many dims");
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "embedding: ids have too many dims");
     desc_like(o, w->dtype, ids->ndim, ids->shape);
     o->shape[o->ndim++] = w->shape[1];
     return TS_OK;
 }
 
 ts_status ts_infer_embedding_bwd(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                                     ts_desc *s, int *ns) {
+                                 ts_desc *s, int *ns) {
     (void)ctx, (void)s, (void)ns;
     const ts_tensor *g = n->in[0];
     o->dtype = g->dtype;
@@ -318,8 +331,8 @@ ts_status ts_infer_embedding_bwd(ts_ctx *ctx, const ts_node *n, ts_desc *o,
     return TS_OK;
 }
 
-ts_status ts_infer_concat(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                              ts_desc *s, int *ns) {
+ts_status ts_infer_concat(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                          int *ns) {
     (void)s, (void)ns;
     const ts_tensor *x0 = n->in[0];
     int dim = (int)n->attrs.i[0];
@@ -329,10 +342,9 @@ ts_status ts_infer_concat(ts_ctx *ctx, const ts_node *n, ts_desc *o,
         const ts_tensor *x = n->in[k];
         char sa[128], sb[128];
         if (x->dtype != x0->dtype)
-            return ts_set_error(ctx, TS_ERR_DTYPE,
-                                "concat: input %d has dtype %s, input 0 %s", k,
-                                ts_dtype_name(x->dtype),
-                                ts_dtype_name(x0->dtype));
+            return ts_set_error(
+                ctx, TS_ERR_DTYPE, "concat: input %d has dtype %s, input 0 %s",
+                k, ts_dtype_name(x->dtype), ts_dtype_name(x0->dtype));
         bool fits = x->ndim == x0->ndim;
         for (int d = 0; fits && d < x->ndim; d++)
             fits = d == dim || x->shape[d] == x0->shape[d];
@@ -347,7 +359,7 @@ ts_status ts_infer_concat(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 }
 
 ts_status ts_infer_slice_scatter(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                                     ts_desc *s, int *ns) {
+                                 ts_desc *s, int *ns) {
     (void)ctx, (void)s, (void)ns;
     desc_like(o, n->in[0]->dtype, n->attrs.ni - 4, n->attrs.i + 4);
     return TS_OK;
@@ -359,17 +371,17 @@ static ts_status check_norm_param(ts_ctx *ctx, const char *op, const char *what,
                                   const ts_tensor *x, const ts_tensor *p) {
     char sa[128], sb[128];
     if (p->ndim != 1 || p->shape[0] != x->shape[x->ndim - 1])
-        return ts_set_error(ctx, TS_ERR_SHAPE,
-                            "%s: %s has shape %s; want [%lld] for input %s", op,
-                            what, SHP(p, sa), (long long)x->shape[x->ndim - 1],
-                            SHP(x, sb));
+        return ts_set_error(
+            ctx, TS_ERR_SHAPE, "%s: %s has shape %s; want [%lld] for input %s",
+            op, what, SHP(p, sa), (long long)x->shape[x->ndim - 1], SHP(x, sb));
     return need_same_dtype(ctx, op, x, p);
 }
 
 ts_status ts_infer_rmsnorm(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                               ts_desc *s, int *ns) {
+                           ts_desc *s, int *ns) {
     const ts_tensor *x = n->in[0];
-    if (need_float(ctx, "rmsnorm", 0, x)) return ctx->status;
+    if (need_float(ctx, "rmsnorm", 0, x))
+        return ctx->status;
     if (x->ndim < 1)
         return ts_set_error(ctx, TS_ERR_SHAPE, "rmsnorm: input is a scalar");
     if (n->n_in > 1 && check_norm_param(ctx, "rmsnorm", "weight", x, n->in[1]))
@@ -381,9 +393,10 @@ ts_status ts_infer_rmsnorm(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 }
 
 ts_status ts_infer_layernorm(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                                 ts_desc *s, int *ns) {
+                             ts_desc *s, int *ns) {
     const ts_tensor *x = n->in[0];
-    if (need_float(ctx, "layernorm", 0, x)) return ctx->status;
+    if (need_float(ctx, "layernorm", 0, x))
+        return ctx->status;
     if (x->ndim < 1)
         return ts_set_error(ctx, TS_ERR_SHAPE, "layernorm: input is a scalar");
     for (int k = 1; k < n->n_in; k++)
@@ -399,15 +412,15 @@ ts_status ts_infer_layernorm(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 }
 
 ts_status ts_infer_norm_bwd(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                                ts_desc *s, int *ns) {
+                            ts_desc *s, int *ns) {
     (void)ctx, (void)s, (void)ns;
     const ts_tensor *x = n->in[1];
     desc_like(o, x->dtype, x->ndim, x->shape);
     return TS_OK;
 }
 
-ts_status ts_infer_rope(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                            ts_desc *s, int *ns) {
+ts_status ts_infer_rope(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                        int *ns) {
     (void)s, (void)ns;
     const ts_tensor *x = n->in[0], *c = n->in[1], *sn = n->in[2];
     char sa[128], sb[128];
@@ -419,9 +432,8 @@ ts_status ts_infer_rope(ts_ctx *ctx, const ts_node *n, ts_desc *o,
                             "rope: input %s needs an even last dim (D)",
                             SHP(x, sa));
     if (!ts_shape_equal(c->ndim, c->shape, sn->ndim, sn->shape))
-        return ts_set_error(ctx, TS_ERR_SHAPE,
-                            "rope: cos %s and sin %s differ", SHP(c, sa),
-                            SHP(sn, sb));
+        return ts_set_error(ctx, TS_ERR_SHAPE, "rope: cos %s and sin %s differ",
+                            SHP(c, sa), SHP(sn, sb));
     int nd;
     int64_t sh[TS_MAX_DIMS];
     if (ts_broadcast_shapes(ctx, "rope (x vs cos/sin)", x->ndim, x->shape,
@@ -437,7 +449,7 @@ ts_status ts_infer_rope(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 }
 
 ts_status ts_infer_attention(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                                 ts_desc *s, int *ns) {
+                             ts_desc *s, int *ns) {
     const ts_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2];
     char sq[128], sk[128], sv[128];
     if (need_float(ctx, "attention", 0, q) ||
@@ -484,7 +496,7 @@ ts_status ts_infer_attention(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 }
 
 ts_status ts_infer_attention_bwd(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                                     ts_desc *s, int *ns) {
+                                 ts_desc *s, int *ns) {
     (void)ctx, (void)s, (void)ns;
     int64_t total = ts_tensor_numel(n->in[1]) + ts_tensor_numel(n->in[2]) +
                     ts_tensor_numel(n->in[3]);
@@ -493,7 +505,7 @@ ts_status ts_infer_attention_bwd(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 }
 
 ts_status ts_infer_cross_entropy(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                                     ts_desc *s, int *ns) {
+                                 ts_desc *s, int *ns) {
     const ts_tensor *x = n->in[0], *t = n->in[1];
     char sa[128], sb[128];
     if (need_float(ctx, "cross_entropy", 0, x) ||
@@ -513,14 +525,13 @@ ts_status ts_infer_cross_entropy(ts_ctx *ctx, const ts_node *n, ts_desc *o,
     return TS_OK;
 }
 
-ts_status ts_infer_ce_bwd(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                              ts_desc *s, int *ns) {
+ts_status ts_infer_ce_bwd(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                          int *ns) {
     (void)ctx, (void)s, (void)ns;
     const ts_tensor *x = n->in[1];
     desc_like(o, x->dtype, x->ndim, x->shape);
     return TS_OK;
 }
-
 
 /* src must broadcast to dst's shape without growing it */
 ts_status ts_check_copy_shapes(ts_ctx *ctx, const ts_tensor *d,
@@ -532,10 +543,11 @@ ts_status ts_check_copy_shapes(ts_ctx *ctx, const ts_tensor *d,
         return ctx->status;
     if (!ts_shape_equal(nd, sh, d->ndim, d->shape)) {
         char sa[128], sb[128];
-        return ts_set_error(ctx, TS_ERR_SHAPE,
-                            "copy_: source %s does not broadcast to destination "
-                            "%s",
-                            SHP(src, sa), SHP(d, sb));
+        return ts_set_error(
+            ctx, TS_ERR_SHAPE,
+            "copy_: source %s does not broadcast to destination "
+            "%s",
+            SHP(src, sa), SHP(d, sb));
     }
     return TS_OK;
 }
@@ -544,14 +556,15 @@ ts_status ts_check_copy_shapes(ts_ctx *ctx, const ts_tensor *d,
 ts_status ts_infer_copy_into(ts_ctx *ctx, const ts_node *n, ts_desc *o,
                              ts_desc *s, int *ns) {
     (void)s, (void)ns;
-    if (ts_check_copy_shapes(ctx, n->in[0], n->in[1])) return ctx->status;
+    if (ts_check_copy_shapes(ctx, n->in[0], n->in[1]))
+        return ctx->status;
     desc_like(o, n->in[0]->dtype, n->in[0]->ndim, n->in[0]->shape);
     return TS_OK;
 }
 
 /* param, grad, m, v of one shape; m, v f32; hyper f32 [7] */
-ts_status ts_infer_adamw(ts_ctx *ctx, const ts_node *n, ts_desc *o,
-                         ts_desc *s, int *ns) {
+ts_status ts_infer_adamw(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                         int *ns) {
     (void)s, (void)ns;
     const ts_tensor *p = n->in[0], *h = n->in[4];
     char sa[128], sb[128];
@@ -559,9 +572,10 @@ ts_status ts_infer_adamw(ts_ctx *ctx, const ts_node *n, ts_desc *o,
         return ctx->status;
     for (int k = 1; k < 4; k++)
         if (!ts_shape_equal(n->in[k]->ndim, n->in[k]->shape, p->ndim, p->shape))
-            return ts_set_error(ctx, TS_ERR_SHAPE,
-                                "adamw: input %d has shape %s, the parameter %s",
-                                k, SHP(n->in[k], sa), SHP(p, sb));
+            return ts_set_error(
+                ctx, TS_ERR_SHAPE,
+                "adamw: input %d has shape %s, the parameter %s", k,
+                SHP(n->in[k], sa), SHP(p, sb));
     if (n->in[2]->dtype != TS_F32 || n->in[3]->dtype != TS_F32)
         return ts_set_error(ctx, TS_ERR_DTYPE, "adamw: moments must be f32");
     if (!ts_tensor_is_contiguous(p) || !ts_tensor_is_contiguous(n->in[2]) ||
@@ -569,10 +583,11 @@ ts_status ts_infer_adamw(ts_ctx *ctx, const ts_node *n, ts_desc *o,
         return ts_set_error(ctx, TS_ERR_INVALID_ARG,
                             "adamw: parameter and moments must be contiguous");
     if (h->dtype != TS_F32 || ts_tensor_numel(h) != 7)
-        return ts_set_error(ctx, TS_ERR_SHAPE,
-                            "adamw: hyperparameters must be f32 [7] (lr, beta1, "
-                            "beta2, eps, weight_decay, bias_correction1, "
-                            "bias_correction2)");
+        return ts_set_error(
+            ctx, TS_ERR_SHAPE,
+            "adamw: hyperparameters must be f32 [7] (lr, beta1, "
+            "beta2, eps, weight_decay, bias_correction1, "
+            "bias_correction2)");
     desc_like(o, p->dtype, p->ndim, p->shape);
     return TS_OK;
 }

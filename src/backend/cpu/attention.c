@@ -50,7 +50,8 @@ static float exp_sub_sum(float *row, int64_t n, float m) {
     }
     float lanes[8], s = 0;
     _mm256_storeu_ps(lanes, acc);
-    for (int i = 0; i < 8; i++) s += lanes[i];
+    for (int i = 0; i < 8; i++)
+        s += lanes[i];
     for (; j < n; j++) {
         row[j] = row[j] - m < -87.3f ? 0.0f : expf(row[j] - m);
         s += row[j];
@@ -65,48 +66,53 @@ static void finish_scores(const cpu_attn_shape *p, float *sb, int64_t bq,
     for (int64_t i = 0; i < bq; i++) {
         float *row = sb + i * BK;
         int64_t t = t0 + i;
-        for (int64_t j = 0; j < bk; j++) row[j] *= p->scale;
+        for (int64_t j = 0; j < bk; j++)
+            row[j] *= p->scale;
         if (p->mask) {
             const float *mr = p->mask + b * p->mask_st[0] + h * p->mask_st[1] +
                               t * p->mask_st[2];
-            for (int64_t j = 0; j < bk; j++) row[j] += mr[(s0 + j) * p->mask_st[3]];
+            for (int64_t j = 0; j < bk; j++)
+                row[j] += mr[(s0 + j) * p->mask_st[3]];
         }
         if (p->causal) {
             int64_t lim = t + p->S - p->T; /* last key this query sees */
             for (int64_t j = lim - s0 + 1; j < bk; j++)
-                if (j >= 0) row[j] = -INFINITY;
+                if (j >= 0)
+                    row[j] = -INFINITY;
         }
     }
 }
 
 /* keys a query block can see: [0, end) */
 static int64_t key_end(const cpu_attn_shape *p, int64_t t0, int64_t bq) {
-    if (!p->causal) return p->S;
+    if (!p->causal)
+        return p->S;
     int64_t e = t0 + bq + p->S - p->T;
     return e < p->S ? e : p->S;
 }
 
 /* (rows x cols) src with leading dim lds -> dst (cols x rows), ldd */
-static void transpose(const float *src, int64_t rows, int64_t cols,
-                      int64_t lds, float *dst, int64_t ldd) {
+static void transpose(const float *src, int64_t rows, int64_t cols, int64_t lds,
+                      float *dst, int64_t ldd) {
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) dst[c * ldd + r] = src[r * lds + c];
+        for (int64_t c = 0; c < cols; c++)
+            dst[c * ldd + r] = src[r * lds + c];
 }
 
 /* per (b, kv head): K (S x D) -> Kt (D x S) */
 static float *transpose_heads(const cpu_attn_shape *p, const float *k) {
     int64_t per = p->S * p->D;
     float *kt = malloc(sizeof(float) * (size_t)(p->B * p->KV * per + 1));
-    if (!kt) return NULL;
+    if (!kt)
+        return NULL;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < p->B * p->KV; i++)
         transpose(k + i * per, p->S, p->D, p->D, kt + i * per, p->S);
     return kt;
 }
 
-void cpu_attention_fwd(const cpu_attn_shape *p, const float *q,
-                       const float *k, const float *v, float *out,
-                       float *lse) {
+void cpu_attention_fwd(const cpu_attn_shape *p, const float *q, const float *k,
+                       const float *v, float *out, float *lse) {
     int64_t B = p->B, H = p->H, KV = p->KV, T = p->T, S = p->S, D = p->D;
     int64_t G = H / KV, nqb = (T + BQ - 1) / BQ;
     float *kt = transpose_heads(p, k);
@@ -118,7 +124,8 @@ void cpu_attention_fwd(const cpu_attn_shape *p, const float *q,
         float m[BQ], l[BQ];
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < B * H * nqb; item++) {
-            if (!sb || !o || !ok) continue;
+            if (!sb || !o || !ok)
+                continue;
             int64_t b = item / (H * nqb), h = item / nqb % H, qb = item % nqb;
             int64_t t0 = qb * BQ, bq = T - t0 < BQ ? T - t0 : BQ;
             int64_t kvh = h / G;
@@ -126,7 +133,8 @@ void cpu_attention_fwd(const cpu_attn_shape *p, const float *q,
             const float *Kt = kt + (b * KV + kvh) * S * D;
             const float *Vh = v + (b * KV + kvh) * S * D;
             memset(o, 0, sizeof(float) * (size_t)(bq * D));
-            for (int64_t i = 0; i < bq; i++) m[i] = -INFINITY, l[i] = 0;
+            for (int64_t i = 0; i < bq; i++)
+                m[i] = -INFINITY, l[i] = 0;
             int64_t s_end = key_end(p, t0, bq);
             for (int64_t s0 = 0; s0 < s_end; s0 += BK) {
                 int64_t bk = s_end - s0 < BK ? s_end - s0 : BK;
@@ -134,7 +142,8 @@ void cpu_attention_fwd(const cpu_attn_shape *p, const float *q,
                 finish_scores(p, sb, bq, bk, b, h, t0, s0);
                 for (int64_t i = 0; i < bq; i++) {
                     float *row = sb + i * BK, mx = m[i];
-                    for (int64_t j = 0; j < bk; j++) mx = row[j] > mx ? row[j] : mx;
+                    for (int64_t j = 0; j < bk; j++)
+                        mx = row[j] > mx ? row[j] : mx;
                     if (mx == -INFINITY) { /* nothing visible yet */
                         memset(row, 0, sizeof(float) * (size_t)bk);
                         continue;
@@ -144,7 +153,8 @@ void cpu_attention_fwd(const cpu_attn_shape *p, const float *q,
                     l[i] = l[i] * corr + s;
                     m[i] = mx;
                     if (corr != 1.0f)
-                        for (int64_t d = 0; d < D; d++) o[i * D + d] *= corr;
+                        for (int64_t d = 0; d < D; d++)
+                            o[i * D + d] *= corr;
                 }
                 cpu_gemm_f32(bq, D, bk, sb, BK, Vh + s0 * D, D, o, D, true);
             }
@@ -153,7 +163,8 @@ void cpu_attention_fwd(const cpu_attn_shape *p, const float *q,
             for (int64_t i = 0; i < bq; i++) {
                 /* a row that sees no key gives 0 (PyTorch gives NaN) */
                 float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f;
-                for (int64_t d = 0; d < D; d++) O[i * D + d] = o[i * D + d] * inv;
+                for (int64_t d = 0; d < D; d++)
+                    O[i * D + d] = o[i * D + d] * inv;
                 L[i] = l[i] > 0 ? m[i] + logf(l[i]) : -INFINITY;
             }
         }
@@ -168,7 +179,8 @@ void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
                              float *lse) {
     int64_t H = p->H, T = p->T, S = p->S, D = p->D, G = p->H / p->KV;
     double *sc = malloc(sizeof(double) * (size_t)(S + 1));
-    if (!sc) return;
+    if (!sc)
+        return;
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t t = 0; t < T; t++) {
@@ -178,14 +190,17 @@ void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
                 double mx = -INFINITY;
                 for (int64_t s = 0; s < S; s++) {
                     double d = 0;
-                    for (int64_t i = 0; i < D; i++) d += (double)qr[i] * K[s * D + i];
+                    for (int64_t i = 0; i < D; i++)
+                        d += (double)qr[i] * K[s * D + i];
                     d *= p->scale;
                     if (p->mask)
                         d += p->mask[b * p->mask_st[0] + h * p->mask_st[1] +
                                      t * p->mask_st[2] + s * p->mask_st[3]];
-                    if (p->causal && s > t + S - T) d = -INFINITY;
+                    if (p->causal && s > t + S - T)
+                        d = -INFINITY;
                     sc[s] = d;
-                    if (d > mx) mx = d;
+                    if (d > mx)
+                        mx = d;
                 }
                 double sum = 0;
                 for (int64_t s = 0; s < S; s++)
@@ -193,7 +208,8 @@ void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
                 float *o = out + ((b * H + h) * T + t) * D;
                 for (int64_t i = 0; i < D; i++) {
                     double acc = 0;
-                    for (int64_t s = 0; s < S; s++) acc += sc[s] * V[s * D + i];
+                    for (int64_t s = 0; s < S; s++)
+                        acc += sc[s] * V[s * D + i];
                     o[i] = sum > 0 ? (float)(acc / sum) : 0.0f;
                 }
                 lse[(b * H + h) * T + t] =
@@ -202,10 +218,9 @@ void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
     free(sc);
 }
 
-void cpu_attention_bwd(const cpu_attn_shape *p, const float *q,
-                       const float *k, const float *v, const float *out,
-                       const float *lse, const float *dout, float *dq,
-                       float *dk, float *dv) {
+void cpu_attention_bwd(const cpu_attn_shape *p, const float *q, const float *k,
+                       const float *v, const float *out, const float *lse,
+                       const float *dout, float *dq, float *dk, float *dv) {
     int64_t B = p->B, H = p->H, KV = p->KV, T = p->T, S = p->S, D = p->D;
     int64_t G = H / KV, nqb = (T + BQ - 1) / BQ;
     memset(dq, 0, sizeof(float) * (size_t)(B * H * T * D));
@@ -223,7 +238,8 @@ void cpu_attention_bwd(const cpu_attn_shape *p, const float *q,
         float di[BQ];
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < B * KV; item++) {
-            if (!sb || !dp || !tr || !ok) continue;
+            if (!sb || !dp || !tr || !ok)
+                continue;
             int64_t b = item / KV, kvh = item % KV;
             const float *Kh = k + item * S * D, *Kt = kt + item * S * D;
             const float *Vt = vt + item * S * D;
@@ -237,15 +253,18 @@ void cpu_attention_bwd(const cpu_attn_shape *p, const float *q,
                     float *dQ = dq + row0 * D;
                     for (int64_t i = 0; i < bq; i++) {
                         double s = 0;
-                        for (int64_t d = 0; d < D; d++) s += (double)dO[i * D + d] * O[i * D + d];
+                        for (int64_t d = 0; d < D; d++)
+                            s += (double)dO[i * D + d] * O[i * D + d];
                         di[i] = (float)s;
                     }
                     int64_t s_end = key_end(p, t0, bq);
                     for (int64_t s0 = 0; s0 < s_end; s0 += BK) {
                         int64_t bk = s_end - s0 < BK ? s_end - s0 : BK;
-                        cpu_gemm_f32(bq, bk, D, Q, D, Kt + s0, S, sb, BK, false);
+                        cpu_gemm_f32(bq, bk, D, Q, D, Kt + s0, S, sb, BK,
+                                     false);
                         finish_scores(p, sb, bq, bk, b, h, t0, s0);
-                        for (int64_t i = 0; i < bq; i++) { /* P = exp(s - lse) */
+                        for (int64_t i = 0; i < bq;
+                             i++) { /* P = exp(s - lse) */
                             float *row = sb + i * BK;
                             if (L[i] == -INFINITY)
                                 memset(row, 0, sizeof(float) * (size_t)bk);
@@ -254,16 +273,22 @@ void cpu_attention_bwd(const cpu_attn_shape *p, const float *q,
                         }
                         /* dV += P^T dO */
                         transpose(sb, bq, bk, BK, tr, BQ);
-                        cpu_gemm_f32(bk, D, bq, tr, BQ, dO, D, dV + s0 * D, D, true);
+                        cpu_gemm_f32(bk, D, bq, tr, BQ, dO, D, dV + s0 * D, D,
+                                     true);
                         /* dP = dO V^T;  dS = P (dP - Di) scale */
-                        cpu_gemm_f32(bq, bk, D, dO, D, Vt + s0, S, dp, BK, false);
+                        cpu_gemm_f32(bq, bk, D, dO, D, Vt + s0, S, dp, BK,
+                                     false);
                         for (int64_t i = 0; i < bq; i++)
                             for (int64_t j = 0; j < bk; j++)
-                                dp[i * BK + j] = sb[i * BK + j] * (dp[i * BK + j] - di[i]) * p->scale;
+                                dp[i * BK + j] = sb[i * BK + j] *
+                                                 (dp[i * BK + j] - di[i]) *
+                                                 p->scale;
                         /* dQ += dS K;  dK += dS^T Q */
-                        cpu_gemm_f32(bq, D, bk, dp, BK, Kh + s0 * D, D, dQ, D, true);
+                        cpu_gemm_f32(bq, D, bk, dp, BK, Kh + s0 * D, D, dQ, D,
+                                     true);
                         transpose(dp, bq, bk, BK, tr, BQ);
-                        cpu_gemm_f32(bk, D, bq, tr, BQ, Q, D, dK + s0 * D, D, true);
+                        cpu_gemm_f32(bk, D, bq, tr, BQ, Q, D, dK + s0 * D, D,
+                                     true);
                     }
                 }
         }
@@ -286,12 +311,14 @@ static void mask_strides(const ts_tensor *m, int64_t *st) {
 static void attn_shape(const ts_node *n, cpu_attn_shape *p, int mask_index) {
     const ts_tensor *q = n->in[mask_index == 3 ? 0 : 1];
     const ts_tensor *k = n->in[mask_index == 3 ? 1 : 2];
-    p->B = q->shape[0], p->H = q->shape[1], p->T = q->shape[2], p->D = q->shape[3];
+    p->B = q->shape[0], p->H = q->shape[1], p->T = q->shape[2],
+    p->D = q->shape[3];
     p->KV = k->shape[1], p->S = k->shape[2];
     p->causal = n->attrs.i[0] != 0;
     p->scale = (float)n->attrs.f[0];
     p->mask = NULL;
-    if (n->attrs.i[1]) mask_strides(n->in[mask_index], p->mask_st);
+    if (n->attrs.i[1])
+        mask_strides(n->in[mask_index], p->mask_st);
 }
 
 CPU_KERNEL(attention) {
@@ -300,16 +327,20 @@ CPU_KERNEL(attention) {
     float *tq = NULL, *tk = NULL, *tv = NULL, *tm = NULL, *to = NULL;
     const float *q = cpu_as_f32(n->in[0], &tq), *k = cpu_as_f32(n->in[1], &tk);
     const float *v = cpu_as_f32(n->in[2], &tv);
-    if (n->attrs.i[1]) p.mask = cpu_as_f32(n->in[3], &tm);
+    if (n->attrs.i[1])
+        p.mask = cpu_as_f32(n->in[3], &tm);
     ts_tensor *y = n->out;
-    float *o = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
-                                  : (to = malloc(sizeof(float) * (size_t)(ts_tensor_numel(y) + 1)));
+    float *o =
+        y->dtype == TS_F32
+            ? (float *)ts_tensor_ptr(y)
+            : (to = malloc(sizeof(float) * (size_t)(ts_tensor_numel(y) + 1)));
     ts_status st = TS_OK;
     if (!q || !k || !v || (n->attrs.i[1] && !p.mask) || !o)
         st = ts_set_error(ctx, TS_ERR_OOM, "attention: out of memory");
     else {
         cpu_attention_fwd(&p, q, k, v, o, (float *)ts_tensor_ptr(n->saved[0]));
-        if (to) cpu_store_out(y, to);
+        if (to)
+            cpu_store_out(y, to);
     }
     free(tq), free(tk), free(tv), free(tm), free(to);
     return st;
@@ -319,25 +350,30 @@ CPU_KERNEL(attention) {
 CPU_KERNEL(attention_backward) {
     cpu_attn_shape p;
     attn_shape(n, &p, 6);
-    float *tg = NULL, *tq = NULL, *tk = NULL, *tv = NULL, *to = NULL, *tm = NULL;
+    float *tg = NULL, *tq = NULL, *tk = NULL, *tv = NULL, *to = NULL,
+          *tm = NULL;
     const float *g = cpu_as_f32(n->in[0], &tg), *q = cpu_as_f32(n->in[1], &tq);
     const float *k = cpu_as_f32(n->in[2], &tk), *v = cpu_as_f32(n->in[3], &tv);
     const float *o = cpu_as_f32(n->in[4], &to);
     const float *lse = (const float *)ts_tensor_ptr(n->in[5]);
-    if (n->attrs.i[1]) p.mask = cpu_as_f32(n->in[6], &tm);
+    if (n->attrs.i[1])
+        p.mask = cpu_as_f32(n->in[6], &tm);
     ts_tensor *y = n->out;
     int64_t total = ts_tensor_numel(y);
-    float *res = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
-                                    : malloc(sizeof(float) * (size_t)(total + 1));
+    float *res = y->dtype == TS_F32
+                     ? (float *)ts_tensor_ptr(y)
+                     : malloc(sizeof(float) * (size_t)(total + 1));
     ts_status st = TS_OK;
     if (!g || !q || !k || !v || !o || (n->attrs.i[1] && !p.mask) || !res)
         st = ts_set_error(ctx, TS_ERR_OOM, "attention_backward: out of memory");
     else {
         int64_t nq = p.B * p.H * p.T * p.D, nk = p.B * p.KV * p.S * p.D;
         cpu_attention_bwd(&p, q, k, v, o, lse, g, res, res + nq, res + nq + nk);
-        if (res != (float *)ts_tensor_ptr(y)) cpu_store_out(y, res);
+        if (res != (float *)ts_tensor_ptr(y))
+            cpu_store_out(y, res);
     }
-    if (res && res != (float *)ts_tensor_ptr(y)) free(res);
+    if (res && res != (float *)ts_tensor_ptr(y))
+        free(res);
     free(tg), free(tq), free(tk), free(tv), free(to), free(tm);
     return st;
 }
@@ -352,7 +388,8 @@ void cpu_attention_bwd_reference(const cpu_attn_shape *p, const float *q,
     memset(dk, 0, sizeof(float) * (size_t)(p->B * p->KV * S * D));
     memset(dv, 0, sizeof(float) * (size_t)(p->B * p->KV * S * D));
     double *pr = malloc(sizeof(double) * (size_t)(2 * S + 1));
-    if (!pr) return;
+    if (!pr)
+        return;
     double *dpr = pr + S;
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t h = 0; h < H; h++)
@@ -364,21 +401,26 @@ void cpu_attention_bwd_reference(const cpu_attn_shape *p, const float *q,
                 double mx = -INFINITY, sum = 0, dot = 0;
                 for (int64_t s = 0; s < S; s++) {
                     double d = 0;
-                    for (int64_t i = 0; i < D; i++) d += (double)qr[i] * K[s * D + i];
+                    for (int64_t i = 0; i < D; i++)
+                        d += (double)qr[i] * K[s * D + i];
                     d *= p->scale;
                     if (p->mask)
                         d += p->mask[b * p->mask_st[0] + h * p->mask_st[1] +
                                      t * p->mask_st[2] + s * p->mask_st[3]];
-                    if (p->causal && s > t + S - T) d = -INFINITY;
+                    if (p->causal && s > t + S - T)
+                        d = -INFINITY;
                     pr[s] = d;
                     mx = d > mx ? d : mx;
                 }
-                if (mx == -INFINITY) continue;
-                for (int64_t s = 0; s < S; s++) sum += pr[s] = exp(pr[s] - mx);
+                if (mx == -INFINITY)
+                    continue;
+                for (int64_t s = 0; s < S; s++)
+                    sum += pr[s] = exp(pr[s] - mx);
                 for (int64_t s = 0; s < S; s++) {
                     pr[s] /= sum;
                     double d = 0;
-                    for (int64_t i = 0; i < D; i++) d += (double)dor[i] * V[s * D + i];
+                    for (int64_t i = 0; i < D; i++)
+                        d += (double)dor[i] * V[s * D + i];
                     dpr[s] = d;
                     dot += pr[s] * d;
                 }

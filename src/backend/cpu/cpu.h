@@ -23,7 +23,8 @@ void cpu_iter_init(cpu_iter *it, int ndim, const int64_t *shape, int nops,
                    int64_t (*strides)[TS_MAX_DIMS]);
 static inline int64_t cpu_iter_rows(const cpu_iter *it) {
     int64_t r = 1;
-    for (int d = 0; d < it->ndim - 1; d++) r *= it->shape[d];
+    for (int d = 0; d < it->ndim - 1; d++)
+        r *= it->shape[d];
     return r;
 }
 static inline int64_t cpu_iter_inner(const cpu_iter *it) {
@@ -32,11 +33,13 @@ static inline int64_t cpu_iter_inner(const cpu_iter *it) {
 /* Element offsets (in elements) of the first element of row `row`. */
 static inline void cpu_iter_offsets(const cpu_iter *it, int64_t row,
                                     int64_t *off) {
-    for (int k = 0; k < it->nops; k++) off[k] = 0;
+    for (int k = 0; k < it->nops; k++)
+        off[k] = 0;
     for (int d = it->ndim - 2; d >= 0; d--) {
         int64_t i = row % it->shape[d];
         row /= it->shape[d];
-        for (int k = 0; k < it->nops; k++) off[k] += i * it->st[k][d];
+        for (int k = 0; k < it->nops; k++)
+            off[k] += i * it->st[k][d];
     }
 }
 
@@ -59,9 +62,8 @@ void cpu_store_out(ts_tensor *t, const float *src);
 
 /* Small dense products on row-major f32 blocks, register-blocked for
  * AVX2/FMA: C[M,N] = (acc ? C : 0) + A[M,K] @ B[K,N]. */
-void cpu_gemm_f32(int64_t M, int64_t N, int64_t K, const float *A,
-                  int64_t lda, const float *B, int64_t ldb, float *C,
-                  int64_t ldc, bool acc);
+void cpu_gemm_f32(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float *C, int64_t ldc, bool acc);
 void cpu_gemm_f32_reference(int64_t M, int64_t N, int64_t K, const float *A,
                             int64_t lda, const float *B, int64_t ldb, float *C,
                             int64_t ldc, bool acc);
@@ -75,8 +77,8 @@ typedef struct {
     const float *mask;
     int64_t mask_st[4];
 } cpu_attn_shape;
-void cpu_attention_fwd(const cpu_attn_shape *p, const float *q,
-                       const float *k, const float *v, float *out, float *lse);
+void cpu_attention_fwd(const cpu_attn_shape *p, const float *q, const float *k,
+                       const float *v, float *out, float *lse);
 /* The slow reference: scores row by row, softmax, weighted sum. */
 void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
                              const float *k, const float *v, float *out,
@@ -86,10 +88,9 @@ void cpu_attention_bwd_reference(const cpu_attn_shape *p, const float *q,
                                  const float *dout, float *dq, float *dk,
                                  float *dv);
 /* dq, dk, dv are overwritten (no need to zero them). */
-void cpu_attention_bwd(const cpu_attn_shape *p, const float *q,
-                       const float *k, const float *v, const float *out,
-                       const float *lse, const float *dout, float *dq,
-                       float *dk, float *dv);
+void cpu_attention_bwd(const cpu_attn_shape *p, const float *q, const float *k,
+                       const float *v, const float *out, const float *lse,
+                       const float *dout, float *dq, float *dk, float *dv);
 
 bool cpu_fusable(int op);
 ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f);
@@ -102,15 +103,30 @@ ts_status cpu_matmul_epilogue(ts_ctx *ctx, const ts_fused *f);
 extern const ts_cpu_kernel ts_cpu_kernels[TS_OP_COUNT];
 
 #define CPU_KERNEL(name) ts_status cpu_##name(ts_ctx *ctx, ts_node *n)
-CPU_KERNEL(binary); CPU_KERNEL(unary); CPU_KERNEL(unary_backward);
-CPU_KERNEL(where); CPU_KERNEL(masked_fill); CPU_KERNEL(copy);
-CPU_KERNEL(reduce); CPU_KERNEL(argmax); CPU_KERNEL(softmax);
-CPU_KERNEL(matmul); CPU_KERNEL(embedding); CPU_KERNEL(embedding_backward);
-CPU_KERNEL(concat); CPU_KERNEL(slice_scatter); CPU_KERNEL(rmsnorm);
-CPU_KERNEL(rmsnorm_backward); CPU_KERNEL(layernorm);
-CPU_KERNEL(layernorm_backward); CPU_KERNEL(rope); CPU_KERNEL(attention);
-CPU_KERNEL(attention_backward); CPU_KERNEL(cross_entropy);
-CPU_KERNEL(cross_entropy_backward); CPU_KERNEL(copy_into);
+CPU_KERNEL(binary);
+CPU_KERNEL(unary);
+CPU_KERNEL(unary_backward);
+CPU_KERNEL(where);
+CPU_KERNEL(masked_fill);
+CPU_KERNEL(copy);
+CPU_KERNEL(reduce);
+CPU_KERNEL(argmax);
+CPU_KERNEL(softmax);
+CPU_KERNEL(matmul);
+CPU_KERNEL(embedding);
+CPU_KERNEL(embedding_backward);
+CPU_KERNEL(concat);
+CPU_KERNEL(slice_scatter);
+CPU_KERNEL(rmsnorm);
+CPU_KERNEL(rmsnorm_backward);
+CPU_KERNEL(layernorm);
+CPU_KERNEL(layernorm_backward);
+CPU_KERNEL(rope);
+CPU_KERNEL(attention);
+CPU_KERNEL(attention_backward);
+CPU_KERNEL(cross_entropy);
+CPU_KERNEL(cross_entropy_backward);
+CPU_KERNEL(copy_into);
 CPU_KERNEL(adamw);
 
 #endif

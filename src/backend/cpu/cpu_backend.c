@@ -7,33 +7,52 @@
 #include <string.h>
 
 const ts_cpu_kernel ts_cpu_kernels[TS_OP_COUNT] = {
-    [TS_OP_ADD] = cpu_binary, [TS_OP_SUB] = cpu_binary,
-    [TS_OP_MUL] = cpu_binary, [TS_OP_DIV] = cpu_binary,
-    [TS_OP_EQ] = cpu_binary, [TS_OP_ADD_SCALAR] = cpu_unary,
-    [TS_OP_MUL_SCALAR] = cpu_unary, [TS_OP_NEG] = cpu_unary,
-    [TS_OP_EXP] = cpu_unary, [TS_OP_LOG] = cpu_unary,
-    [TS_OP_SQRT] = cpu_unary, [TS_OP_RSQRT] = cpu_unary,
-    [TS_OP_ABS] = cpu_unary, [TS_OP_POW_SCALAR] = cpu_unary,
-    [TS_OP_TANH] = cpu_unary, [TS_OP_SIGMOID] = cpu_unary,
-    [TS_OP_RELU] = cpu_unary, [TS_OP_SILU] = cpu_unary,
-    [TS_OP_GELU] = cpu_unary, [TS_OP_UNARY_BACKWARD] = cpu_unary_backward,
-    [TS_OP_WHERE] = cpu_where, [TS_OP_MASKED_FILL] = cpu_masked_fill,
-    [TS_OP_CAST] = cpu_copy, [TS_OP_COPY] = cpu_copy,
-    [TS_OP_SUM] = cpu_reduce, [TS_OP_MEAN] = cpu_reduce,
-    [TS_OP_AMAX] = cpu_reduce, [TS_OP_ARGMAX] = cpu_argmax,
-    [TS_OP_SOFTMAX] = cpu_softmax, [TS_OP_LOG_SOFTMAX] = cpu_softmax,
-    [TS_OP_MATMUL] = cpu_matmul, [TS_OP_EMBEDDING] = cpu_embedding,
+    [TS_OP_ADD] = cpu_binary,
+    [TS_OP_SUB] = cpu_binary,
+    [TS_OP_MUL] = cpu_binary,
+    [TS_OP_DIV] = cpu_binary,
+    [TS_OP_EQ] = cpu_binary,
+    [TS_OP_ADD_SCALAR] = cpu_unary,
+    [TS_OP_MUL_SCALAR] = cpu_unary,
+    [TS_OP_NEG] = cpu_unary,
+    [TS_OP_EXP] = cpu_unary,
+    [TS_OP_LOG] = cpu_unary,
+    [TS_OP_SQRT] = cpu_unary,
+    [TS_OP_RSQRT] = cpu_unary,
+    [TS_OP_ABS] = cpu_unary,
+    [TS_OP_POW_SCALAR] = cpu_unary,
+    [TS_OP_TANH] = cpu_unary,
+    [TS_OP_SIGMOID] = cpu_unary,
+    [TS_OP_RELU] = cpu_unary,
+    [TS_OP_SILU] = cpu_unary,
+    [TS_OP_GELU] = cpu_unary,
+    [TS_OP_UNARY_BACKWARD] = cpu_unary_backward,
+    [TS_OP_WHERE] = cpu_where,
+    [TS_OP_MASKED_FILL] = cpu_masked_fill,
+    [TS_OP_CAST] = cpu_copy,
+    [TS_OP_COPY] = cpu_copy,
+    [TS_OP_SUM] = cpu_reduce,
+    [TS_OP_MEAN] = cpu_reduce,
+    [TS_OP_AMAX] = cpu_reduce,
+    [TS_OP_ARGMAX] = cpu_argmax,
+    [TS_OP_SOFTMAX] = cpu_softmax,
+    [TS_OP_LOG_SOFTMAX] = cpu_softmax,
+    [TS_OP_MATMUL] = cpu_matmul,
+    [TS_OP_EMBEDDING] = cpu_embedding,
     [TS_OP_EMBEDDING_BACKWARD] = cpu_embedding_backward,
-    [TS_OP_CONCAT] = cpu_concat, [TS_OP_SLICE_SCATTER] = cpu_slice_scatter,
+    [TS_OP_CONCAT] = cpu_concat,
+    [TS_OP_SLICE_SCATTER] = cpu_slice_scatter,
     [TS_OP_RMSNORM] = cpu_rmsnorm,
     [TS_OP_RMSNORM_BACKWARD] = cpu_rmsnorm_backward,
     [TS_OP_LAYERNORM] = cpu_layernorm,
     [TS_OP_LAYERNORM_BACKWARD] = cpu_layernorm_backward,
-    [TS_OP_ROPE] = cpu_rope, [TS_OP_ATTENTION] = cpu_attention,
+    [TS_OP_ROPE] = cpu_rope,
+    [TS_OP_ATTENTION] = cpu_attention,
     [TS_OP_ATTENTION_BACKWARD] = cpu_attention_backward,
     [TS_OP_CROSS_ENTROPY] = cpu_cross_entropy,
     [TS_OP_CROSS_ENTROPY_BACKWARD] = cpu_cross_entropy_backward,
-    [TS_OP_COPY_INTO] = cpu_copy_into, [TS_OP_ADAMW] = cpu_adamw,
+    [TS_OP_COPY_INTO] = cpu_copy_into,
+    [TS_OP_ADAMW] = cpu_adamw,
 };
 
 static ts_status cpu_run_node(ts_ctx *ctx, ts_node *n) {
@@ -56,37 +75,42 @@ static void cpu_copy_bytes(ts_ctx *ctx, void *dst, const void *src,
     memcpy(dst, src, bytes);
 }
 
-const ts_backend ts_cpu_backend = {"cpu",          TS_DEVICE_CPU,  ts_alloc_bytes,
-                                   ts_free_bytes,  cpu_copy_bytes, cpu_run_node,
-                                   cpu_sync,       cpu_fusable,    cpu_run_fused,
-                                   cpu_eval_scalar};
+const ts_backend ts_cpu_backend = {
+    "cpu",          TS_DEVICE_CPU,  ts_alloc_bytes, ts_free_bytes,
+    cpu_copy_bytes, cpu_run_node,   cpu_sync,       cpu_fusable,
+    cpu_run_fused,  cpu_eval_scalar};
 
 void cpu_iter_init(cpu_iter *it, int ndim, const int64_t *shape, int nops,
                    int64_t (*strides)[TS_MAX_DIMS]) {
     it->nops = nops;
     it->ndim = 0;
     for (int d = 0; d < ndim; d++) {
-        if (shape[d] == 1) continue;
+        if (shape[d] == 1)
+            continue;
         int j = it->ndim;
         /* merge with the previous kept dim when contiguous for all */
         if (j > 0) {
             bool merge = true;
             for (int k = 0; k < nops; k++)
-                if (it->st[k][j - 1] != strides[k][d] * shape[d]) merge = false;
+                if (it->st[k][j - 1] != strides[k][d] * shape[d])
+                    merge = false;
             if (merge) {
                 it->shape[j - 1] *= shape[d];
-                for (int k = 0; k < nops; k++) it->st[k][j - 1] = strides[k][d];
+                for (int k = 0; k < nops; k++)
+                    it->st[k][j - 1] = strides[k][d];
                 continue;
             }
         }
         it->shape[j] = shape[d];
-        for (int k = 0; k < nops; k++) it->st[k][j] = strides[k][d];
+        for (int k = 0; k < nops; k++)
+            it->st[k][j] = strides[k][d];
         it->ndim++;
     }
     if (it->ndim == 0) { /* a single element */
         it->ndim = 1;
         it->shape[0] = 1;
-        for (int k = 0; k < nops; k++) it->st[k][0] = 0;
+        for (int k = 0; k < nops; k++)
+            it->st[k][0] = 0;
     }
     /* an empty shape iterates nothing */
     for (int d = 0; d < ndim; d++)
@@ -100,7 +124,8 @@ void cpu_gather_f32(float *dst, const char *src, ts_dtype dt, int64_t stride,
                     int64_t n) {
     if (stride == 0) {
         float v = ts_load_f32(src, dt);
-        for (int64_t i = 0; i < n; i++) dst[i] = v;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = v;
         return;
     }
     switch (dt) {
@@ -109,7 +134,8 @@ void cpu_gather_f32(float *dst, const char *src, ts_dtype dt, int64_t stride,
         if (stride == 1)
             memcpy(dst, s, sizeof(float) * (size_t)n);
         else
-            for (int64_t i = 0; i < n; i++) dst[i] = s[i * stride];
+            for (int64_t i = 0; i < n; i++)
+                dst[i] = s[i * stride];
         break;
     }
     case TS_BF16: {
@@ -122,7 +148,8 @@ void cpu_gather_f32(float *dst, const char *src, ts_dtype dt, int64_t stride,
     }
     case TS_F16: {
         const uint16_t *s = (const uint16_t *)src;
-        for (int64_t i = 0; i < n; i++) dst[i] = ts_f16_to_f32(s[i * stride]);
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = ts_f16_to_f32(s[i * stride]);
         break;
     }
     default: {
@@ -141,17 +168,20 @@ void cpu_scatter_f32(char *dst, ts_dtype dt, int64_t stride, const float *src,
         if (stride == 1)
             memcpy(d, src, sizeof(float) * (size_t)n);
         else
-            for (int64_t i = 0; i < n; i++) d[i * stride] = src[i];
+            for (int64_t i = 0; i < n; i++)
+                d[i * stride] = src[i];
         break;
     }
     case TS_BF16: {
         uint16_t *d = (uint16_t *)dst;
-        for (int64_t i = 0; i < n; i++) d[i * stride] = ts_f32_to_bf16(src[i]);
+        for (int64_t i = 0; i < n; i++)
+            d[i * stride] = ts_f32_to_bf16(src[i]);
         break;
     }
     case TS_F16: {
         uint16_t *d = (uint16_t *)dst;
-        for (int64_t i = 0; i < n; i++) d[i * stride] = ts_f32_to_f16(src[i]);
+        for (int64_t i = 0; i < n; i++)
+            d[i * stride] = ts_f32_to_f16(src[i]);
         break;
     }
     default: {
@@ -184,7 +214,8 @@ void cpu_copy_strided(char *dst, ts_dtype ddt, const int64_t *dst_strides,
             memcpy(d, s, (size_t)inner * des);
         } else if (ddt == sdt) {
             for (int64_t i = 0; i < inner; i++)
-                memcpy(d + i * ds * (int64_t)des, s + i * ss * (int64_t)ses, des);
+                memcpy(d + i * ds * (int64_t)des, s + i * ss * (int64_t)ses,
+                       des);
         } else if (ints) {
             for (int64_t i = 0; i < inner; i++)
                 ts_store_f64(d + i * ds * (int64_t)des, ddt,
@@ -206,7 +237,8 @@ const float *cpu_as_f32(const ts_tensor *t, float **tmp) {
         return (const float *)ts_tensor_ptr(t);
     int64_t n = ts_tensor_numel(t);
     *tmp = malloc(sizeof(float) * (size_t)(n ? n : 1));
-    if (!*tmp) return NULL;
+    if (!*tmp)
+        return NULL;
     int64_t cst[TS_MAX_DIMS];
     ts_contiguous_strides(t->ndim, t->shape, cst);
     cpu_copy_strided((char *)*tmp, TS_F32, cst, ts_tensor_ptr(t), t->dtype,
@@ -217,7 +249,8 @@ const float *cpu_as_f32(const ts_tensor *t, float **tmp) {
 void cpu_store_out(ts_tensor *t, const float *src) {
     int64_t n = ts_tensor_numel(t);
     char *d = ts_tensor_ptr(t);
-    if (t->dtype == TS_F32 && (const float *)d == src) return;
+    if (t->dtype == TS_F32 && (const float *)d == src)
+        return;
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i0 = 0; i0 < n; i0 += 4096) {
         int64_t m = n - i0 < 4096 ? n - i0 : 4096;

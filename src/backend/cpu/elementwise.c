@@ -14,7 +14,8 @@
  * when it is f32 with unit stride, else converted into buf. */
 static const float *view_f32(const char *p, ts_dtype dt, int64_t s, int64_t n,
                              float *buf) {
-    if (dt == TS_F32 && s == 1) return (const float *)p;
+    if (dt == TS_F32 && s == 1)
+        return (const float *)p;
     cpu_gather_f32(buf, p, dt, s, n);
     return buf;
 }
@@ -22,14 +23,28 @@ static const float *view_f32(const char *p, ts_dtype dt, int64_t s, int64_t n,
 static void apply_binary(ts_op_id op, float *y, const float *a, const float *b,
                          int64_t n) {
     switch (op) {
-    case TS_OP_ADD: for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i]; break;
-    case TS_OP_SUB: for (int64_t i = 0; i < n; i++) y[i] = a[i] - b[i]; break;
-    case TS_OP_MUL: for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i]; break;
-    case TS_OP_DIV: for (int64_t i = 0; i < n; i++) y[i] = a[i] / b[i]; break;
-    case TS_OP_EQ:
-        for (int64_t i = 0; i < n; i++) y[i] = a[i] == b[i] ? 1.0f : 0.0f;
+    case TS_OP_ADD:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = a[i] + b[i];
         break;
-    default: break;
+    case TS_OP_SUB:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = a[i] - b[i];
+        break;
+    case TS_OP_MUL:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = a[i] * b[i];
+        break;
+    case TS_OP_DIV:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = a[i] / b[i];
+        break;
+    case TS_OP_EQ:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = a[i] == b[i] ? 1.0f : 0.0f;
+        break;
+    default:
+        break;
     }
 }
 
@@ -60,15 +75,17 @@ static void run_chunks(ts_node *n, int nin, ts_tensor **ins, chunk_fn fn) {
         for (int k = 0; k < nin; k++) {
             const ts_tensor *t = ins[k];
             int64_t s = it.st[k + 1][last];
-            const char *p = ts_tensor_ptr(t) +
-                            (off[k + 1] + c0 * s) * (int64_t)ts_dtype_size(t->dtype);
+            const char *p =
+                ts_tensor_ptr(t) +
+                (off[k + 1] + c0 * s) * (int64_t)ts_dtype_size(t->dtype);
             x[k] = view_f32(p, t->dtype, s, len, bufs[k + 1]);
         }
         char *yp = ts_tensor_ptr(out) +
                    (off[0] + c0) * (int64_t)ts_dtype_size(out->dtype);
         float *y = out->dtype == TS_F32 ? (float *)yp : bufs[0];
         fn(n, y, x, len);
-        if (out->dtype != TS_F32) cpu_scatter_f32(yp, out->dtype, 1, y, len);
+        if (out->dtype != TS_F32)
+            cpu_scatter_f32(yp, out->dtype, 1, y, len);
     }
 }
 
@@ -96,36 +113,68 @@ static void unary_chunk(const ts_node *n, float *y, const float **xs,
     const float *x = xs[0];
     float f = (float)n->attrs.f[0];
     switch (n->op) {
-    case TS_OP_ADD_SCALAR: for (int64_t i = 0; i < len; i++) y[i] = x[i] + f; break;
-    case TS_OP_MUL_SCALAR: for (int64_t i = 0; i < len; i++) y[i] = x[i] * f; break;
-    case TS_OP_NEG: for (int64_t i = 0; i < len; i++) y[i] = -x[i]; break;
-    case TS_OP_EXP: for (int64_t i = 0; i < len; i++) y[i] = expf(x[i]); break;
-    case TS_OP_LOG: for (int64_t i = 0; i < len; i++) y[i] = logf(x[i]); break;
-    case TS_OP_SQRT: for (int64_t i = 0; i < len; i++) y[i] = sqrtf(x[i]); break;
+    case TS_OP_ADD_SCALAR:
+        for (int64_t i = 0; i < len; i++)
+            y[i] = x[i] + f;
+        break;
+    case TS_OP_MUL_SCALAR:
+        for (int64_t i = 0; i < len; i++)
+            y[i] = x[i] * f;
+        break;
+    case TS_OP_NEG:
+        for (int64_t i = 0; i < len; i++)
+            y[i] = -x[i];
+        break;
+    case TS_OP_EXP:
+        for (int64_t i = 0; i < len; i++)
+            y[i] = expf(x[i]);
+        break;
+    case TS_OP_LOG:
+        for (int64_t i = 0; i < len; i++)
+            y[i] = logf(x[i]);
+        break;
+    case TS_OP_SQRT:
+        for (int64_t i = 0; i < len; i++)
+            y[i] = sqrtf(x[i]);
+        break;
     case TS_OP_RSQRT:
-        for (int64_t i = 0; i < len; i++) y[i] = 1.0f / sqrtf(x[i]);
+        for (int64_t i = 0; i < len; i++)
+            y[i] = 1.0f / sqrtf(x[i]);
         break;
-    case TS_OP_ABS: for (int64_t i = 0; i < len; i++) y[i] = fabsf(x[i]); break;
+    case TS_OP_ABS:
+        for (int64_t i = 0; i < len; i++)
+            y[i] = fabsf(x[i]);
+        break;
     case TS_OP_POW_SCALAR:
-        for (int64_t i = 0; i < len; i++) y[i] = powf(x[i], f);
+        for (int64_t i = 0; i < len; i++)
+            y[i] = powf(x[i], f);
         break;
-    case TS_OP_TANH: for (int64_t i = 0; i < len; i++) y[i] = tanhf(x[i]); break;
+    case TS_OP_TANH:
+        for (int64_t i = 0; i < len; i++)
+            y[i] = tanhf(x[i]);
+        break;
     case TS_OP_SIGMOID:
-        for (int64_t i = 0; i < len; i++) y[i] = 1.0f / (1.0f + expf(-x[i]));
+        for (int64_t i = 0; i < len; i++)
+            y[i] = 1.0f / (1.0f + expf(-x[i]));
         break;
     case TS_OP_RELU:
-        for (int64_t i = 0; i < len; i++) y[i] = x[i] > 0 ? x[i] : 0.0f;
+        for (int64_t i = 0; i < len; i++)
+            y[i] = x[i] > 0 ? x[i] : 0.0f;
         break;
     case TS_OP_SILU:
-        for (int64_t i = 0; i < len; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+        for (int64_t i = 0; i < len; i++)
+            y[i] = x[i] / (1.0f + expf(-x[i]));
         break;
     case TS_OP_GELU:
         if (n->attrs.i[0] == TS_GELU_TANH)
-            for (int64_t i = 0; i < len; i++) y[i] = gelu_tanh(x[i]);
+            for (int64_t i = 0; i < len; i++)
+                y[i] = gelu_tanh(x[i]);
         else
-            for (int64_t i = 0; i < len; i++) y[i] = gelu_erf(x[i]);
+            for (int64_t i = 0; i < len; i++)
+                y[i] = gelu_erf(x[i]);
         break;
-    default: break;
+    default:
+        break;
     }
 }
 
@@ -141,13 +190,21 @@ static void unary_bwd_chunk(const ts_node *n, float *y, const float **xs,
     const float *g = xs[0], *x = xs[1], *o = xs[2];
     float f = (float)n->attrs.f[0];
     switch ((ts_op_id)n->attrs.i[8]) {
-    case TS_OP_EXP: for (int64_t i = 0; i < len; i++) y[i] = g[i] * o[i]; break;
-    case TS_OP_LOG: for (int64_t i = 0; i < len; i++) y[i] = g[i] / x[i]; break;
+    case TS_OP_EXP:
+        for (int64_t i = 0; i < len; i++)
+            y[i] = g[i] * o[i];
+        break;
+    case TS_OP_LOG:
+        for (int64_t i = 0; i < len; i++)
+            y[i] = g[i] / x[i];
+        break;
     case TS_OP_SQRT:
-        for (int64_t i = 0; i < len; i++) y[i] = g[i] * 0.5f / o[i];
+        for (int64_t i = 0; i < len; i++)
+            y[i] = g[i] * 0.5f / o[i];
         break;
     case TS_OP_RSQRT:
-        for (int64_t i = 0; i < len; i++) y[i] = -0.5f * g[i] * o[i] * o[i] * o[i];
+        for (int64_t i = 0; i < len; i++)
+            y[i] = -0.5f * g[i] * o[i] * o[i] * o[i];
         break;
     case TS_OP_ABS:
         for (int64_t i = 0; i < len; i++)
@@ -158,13 +215,16 @@ static void unary_bwd_chunk(const ts_node *n, float *y, const float **xs,
             y[i] = f == 0 ? 0.0f : g[i] * f * powf(x[i], f - 1.0f);
         break;
     case TS_OP_TANH:
-        for (int64_t i = 0; i < len; i++) y[i] = g[i] * (1.0f - o[i] * o[i]);
+        for (int64_t i = 0; i < len; i++)
+            y[i] = g[i] * (1.0f - o[i] * o[i]);
         break;
     case TS_OP_SIGMOID:
-        for (int64_t i = 0; i < len; i++) y[i] = g[i] * o[i] * (1.0f - o[i]);
+        for (int64_t i = 0; i < len; i++)
+            y[i] = g[i] * o[i] * (1.0f - o[i]);
         break;
     case TS_OP_RELU:
-        for (int64_t i = 0; i < len; i++) y[i] = x[i] > 0 ? g[i] : 0.0f;
+        for (int64_t i = 0; i < len; i++)
+            y[i] = x[i] > 0 ? g[i] : 0.0f;
         break;
     case TS_OP_SILU:
         for (int64_t i = 0; i < len; i++) {
@@ -179,7 +239,8 @@ static void unary_bwd_chunk(const ts_node *n, float *y, const float **xs,
                 float v = x[i], u = k * (v + 0.044715f * v * v * v);
                 float t = tanhf(u);
                 float du = k * (1.0f + 3.0f * 0.044715f * v * v);
-                y[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+                y[i] =
+                    g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
             }
         } else {
             const float inv_sqrt_2pi = 0.3989422804014327f;
@@ -191,7 +252,8 @@ static void unary_bwd_chunk(const ts_node *n, float *y, const float **xs,
         }
         break;
     default:
-        for (int64_t i = 0; i < len; i++) y[i] = NAN;
+        for (int64_t i = 0; i < len; i++)
+            y[i] = NAN;
         break;
     }
 }
@@ -203,7 +265,9 @@ CPU_KERNEL(unary_backward) {
 }
 
 /* where and masked_fill work on raw elements of any dtype */
-static bool nonzero(const char *p, ts_dtype dt) { return ts_load_f64(p, dt) != 0; }
+static bool nonzero(const char *p, ts_dtype dt) {
+    return ts_load_f64(p, dt) != 0;
+}
 
 static void select_elems(ts_node *n, int nin, ts_tensor **ins,
                          const char *fill_value) {
@@ -226,17 +290,21 @@ static void select_elems(ts_node *n, int nin, ts_tensor **ins,
             const char *src;
             if (fill_value) { /* masked_fill: ins = {x, mask} */
                 const ts_tensor *m = ins[1];
-                const char *mp = ts_tensor_ptr(m) + (off[2] + i * it.st[2][last]) *
-                                                        (int64_t)ts_dtype_size(m->dtype);
+                const char *mp =
+                    ts_tensor_ptr(m) + (off[2] + i * it.st[2][last]) *
+                                           (int64_t)ts_dtype_size(m->dtype);
                 src = nonzero(mp, m->dtype)
                           ? fill_value
-                          : ts_tensor_ptr(ins[0]) + (off[1] + i * it.st[1][last]) * (int64_t)es;
+                          : ts_tensor_ptr(ins[0]) +
+                                (off[1] + i * it.st[1][last]) * (int64_t)es;
             } else { /* where: ins = {cond, a, b} */
                 const ts_tensor *c = ins[0];
-                const char *cp = ts_tensor_ptr(c) + (off[1] + i * it.st[1][last]) *
-                                                        (int64_t)ts_dtype_size(c->dtype);
+                const char *cp =
+                    ts_tensor_ptr(c) + (off[1] + i * it.st[1][last]) *
+                                           (int64_t)ts_dtype_size(c->dtype);
                 int k = nonzero(cp, c->dtype) ? 2 : 3;
-                src = ts_tensor_ptr(ins[k - 1]) + (off[k] + i * it.st[k][last]) * (int64_t)es;
+                src = ts_tensor_ptr(ins[k - 1]) +
+                      (off[k] + i * it.st[k][last]) * (int64_t)es;
             }
             memcpy(y + i * (int64_t)es, src, es);
         }
@@ -298,9 +366,9 @@ CPU_KERNEL(slice_scatter) {
 }
 
 static int64_t load_id(const ts_tensor *ids, const int64_t *idx_off) {
-    return (int64_t)ts_load_f64(ts_tensor_ptr(ids) + *idx_off *
-                                    (int64_t)ts_dtype_size(ids->dtype),
-                                ids->dtype);
+    return (int64_t)ts_load_f64(
+        ts_tensor_ptr(ids) + *idx_off * (int64_t)ts_dtype_size(ids->dtype),
+        ids->dtype);
 }
 
 /* Flat offsets of every element of ids, in row-major order. */
@@ -314,10 +382,12 @@ static int64_t *id_offsets(ts_ctx *ctx, const ts_tensor *ids) {
     int64_t idx[TS_MAX_DIMS] = {0};
     for (int64_t i = 0; i < n; i++) {
         int64_t o = 0;
-        for (int d = 0; d < ids->ndim; d++) o += idx[d] * ids->strides[d];
+        for (int d = 0; d < ids->ndim; d++)
+            o += idx[d] * ids->strides[d];
         offs[i] = o;
         for (int d = ids->ndim - 1; d >= 0; d--) {
-            if (++idx[d] < ids->shape[d]) break;
+            if (++idx[d] < ids->shape[d])
+                break;
             idx[d] = 0;
         }
     }
@@ -343,20 +413,23 @@ CPU_KERNEL(embedding) {
     ts_tensor *w = n->in[0], *ids = n->in[1], *y = n->out;
     int64_t N = ts_tensor_numel(ids), C = w->shape[1];
     int64_t *offs = id_offsets(ctx, ids);
-    if (!offs) return ctx->status;
+    if (!offs)
+        return ctx->status;
     ts_status st = check_ids(ctx, ids, offs, w->shape[0]);
     size_t es = ts_dtype_size(w->dtype);
     if (st == TS_OK) {
 #pragma omp parallel for schedule(static) if (N * C > 65536)
         for (int64_t i = 0; i < N; i++) {
             int64_t id = load_id(ids, &offs[i]);
-            const char *src = ts_tensor_ptr(w) + id * w->strides[0] * (int64_t)es;
+            const char *src =
+                ts_tensor_ptr(w) + id * w->strides[0] * (int64_t)es;
             char *dst = ts_tensor_ptr(y) + i * C * (int64_t)es;
             if (w->strides[1] == 1)
                 memcpy(dst, src, (size_t)C * es);
             else
                 for (int64_t c = 0; c < C; c++)
-                    memcpy(dst + c * (int64_t)es, src + c * w->strides[1] * (int64_t)es, es);
+                    memcpy(dst + c * (int64_t)es,
+                           src + c * w->strides[1] * (int64_t)es, es);
         }
     }
     free(offs);
@@ -368,7 +441,8 @@ CPU_KERNEL(embedding_backward) {
     ts_tensor *g = n->in[0], *ids = n->in[1], *y = n->out;
     int64_t N = ts_tensor_numel(ids), V = y->shape[0], C = y->shape[1];
     int64_t *offs = id_offsets(ctx, ids);
-    if (!offs) return ctx->status;
+    if (!offs)
+        return ctx->status;
     ts_status st = check_ids(ctx, ids, offs, V);
     float *gtmp = NULL, *acc = NULL;
     const float *gf = st == TS_OK ? cpu_as_f32(g, &gtmp) : NULL;
@@ -376,7 +450,8 @@ CPU_KERNEL(embedding_backward) {
         acc = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
                                  : malloc(sizeof(float) * (size_t)(V * C + 1));
         if (!gf || !acc)
-            st = ts_set_error(ctx, TS_ERR_OOM, "embedding_backward: out of memory");
+            st = ts_set_error(ctx, TS_ERR_OOM,
+                              "embedding_backward: out of memory");
     }
     if (st == TS_OK) {
         memset(acc, 0, sizeof(float) * (size_t)(V * C));
@@ -390,12 +465,15 @@ CPU_KERNEL(embedding_backward) {
                 int64_t id = load_id(ids, &offs[i]);
                 float *dst = acc + id * C;
                 const float *src = gf + i * C;
-                for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+                for (int64_t c = c0; c < c1; c++)
+                    dst[c] += src[c];
             }
         }
-        if (acc != (float *)ts_tensor_ptr(y)) cpu_store_out(y, acc);
+        if (acc != (float *)ts_tensor_ptr(y))
+            cpu_store_out(y, acc);
     }
-    if (acc && acc != (float *)ts_tensor_ptr(y)) free(acc);
+    if (acc && acc != (float *)ts_tensor_ptr(y))
+        free(acc);
     free(gtmp);
     free(offs);
     return st;
@@ -416,14 +494,16 @@ CPU_KERNEL(copy_into) {
  * layout; h = {lr, b1, b2, eps, wd, bc1, bc2} */
 CPU_KERNEL(adamw) {
     ts_tensor *p = n->in[0], *g = n->in[1];
-    float *m = (float *)ts_tensor_ptr(n->in[2]), *v = (float *)ts_tensor_ptr(n->in[3]);
+    float *m = (float *)ts_tensor_ptr(n->in[2]),
+          *v = (float *)ts_tensor_ptr(n->in[3]);
     const float *h = (const float *)ts_tensor_ptr(n->in[4]);
     float lr = h[0], b1 = h[1], b2 = h[2], eps = h[3], wd = h[4];
     float step = lr / h[5], inv_bc2 = 1.0f / h[6], decay = 1.0f - lr * wd;
     int64_t N = ts_tensor_numel(p);
     float *gt = NULL;
     const float *gf = cpu_as_f32(g, &gt);
-    if (!gf) return ts_set_error(ctx, TS_ERR_OOM, "adamw: out of memory");
+    if (!gf)
+        return ts_set_error(ctx, TS_ERR_OOM, "adamw: out of memory");
     char *pp = ts_tensor_ptr(p);
     ts_dtype dt = p->dtype;
 #pragma omp parallel for schedule(static) if (N > 65536)
@@ -431,14 +511,18 @@ CPU_KERNEL(adamw) {
         int64_t len = N - i0 < CHUNK ? N - i0 : CHUNK;
         float buf[CHUNK];
         float *pf = dt == TS_F32 ? (float *)pp + i0 : buf;
-        if (dt != TS_F32) cpu_gather_f32(buf, pp + i0 * (int64_t)ts_dtype_size(dt), dt, 1, len);
+        if (dt != TS_F32)
+            cpu_gather_f32(buf, pp + i0 * (int64_t)ts_dtype_size(dt), dt, 1,
+                           len);
         for (int64_t i = 0; i < len; i++) {
             float gi = gf[i0 + i];
             float mi = m[i0 + i] = b1 * m[i0 + i] + (1.0f - b1) * gi;
             float vi = v[i0 + i] = b2 * v[i0 + i] + (1.0f - b2) * gi * gi;
             pf[i] = pf[i] * decay - step * mi / (sqrtf(vi * inv_bc2) + eps);
         }
-        if (dt != TS_F32) cpu_scatter_f32(pp + i0 * (int64_t)ts_dtype_size(dt), dt, 1, buf, len);
+        if (dt != TS_F32)
+            cpu_scatter_f32(pp + i0 * (int64_t)ts_dtype_size(dt), dt, 1, buf,
+                            len);
     }
     free(gt);
     return TS_OK;
@@ -446,11 +530,25 @@ CPU_KERNEL(adamw) {
 
 bool cpu_fusable(int op) {
     switch (op) {
-    case TS_OP_ADD: case TS_OP_SUB: case TS_OP_MUL: case TS_OP_DIV:
-    case TS_OP_EQ: case TS_OP_ADD_SCALAR: case TS_OP_MUL_SCALAR:
-    case TS_OP_NEG: case TS_OP_EXP: case TS_OP_LOG: case TS_OP_SQRT:
-    case TS_OP_RSQRT: case TS_OP_ABS: case TS_OP_POW_SCALAR: case TS_OP_TANH:
-    case TS_OP_SIGMOID: case TS_OP_RELU: case TS_OP_SILU: case TS_OP_GELU:
+    case TS_OP_ADD:
+    case TS_OP_SUB:
+    case TS_OP_MUL:
+    case TS_OP_DIV:
+    case TS_OP_EQ:
+    case TS_OP_ADD_SCALAR:
+    case TS_OP_MUL_SCALAR:
+    case TS_OP_NEG:
+    case TS_OP_EXP:
+    case TS_OP_LOG:
+    case TS_OP_SQRT:
+    case TS_OP_RSQRT:
+    case TS_OP_ABS:
+    case TS_OP_POW_SCALAR:
+    case TS_OP_TANH:
+    case TS_OP_SIGMOID:
+    case TS_OP_RELU:
+    case TS_OP_SILU:
+    case TS_OP_GELU:
     case TS_OP_UNARY_BACKWARD:
         return true;
     default:
@@ -458,7 +556,8 @@ bool cpu_fusable(int op) {
     }
 }
 
-static void eval_chunk(const ts_node *n, float *y, const float **x, int64_t len) {
+static void eval_chunk(const ts_node *n, float *y, const float **x,
+                       int64_t len) {
     if (n->op == TS_OP_UNARY_BACKWARD)
         unary_bwd_chunk(n, y, x, len);
     else if (n->n_in == 2)
@@ -475,7 +574,8 @@ float cpu_eval_scalar(const ts_node *n, const float *args) {
 }
 
 ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f) {
-    if (f->head) return cpu_matmul_epilogue(ctx, f);
+    if (f->head)
+        return cpu_matmul_epilogue(ctx, f);
     ts_tensor *out = f->out;
     int64_t st[CPU_ITER_MAX_OPS][TS_MAX_DIMS];
     memcpy(st[0], out->strides, sizeof st[0]);
@@ -489,11 +589,14 @@ ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f) {
 #pragma omp parallel reduction(| : fail) if (rows * inner > 32768)
     {
         /* registers: one chunk per outside input and per member */
-        float *regs = malloc(sizeof(float) * CHUNK * (size_t)(f->n_ext + f->n_members));
-        if (!regs) fail = 1;
+        float *regs =
+            malloc(sizeof(float) * CHUNK * (size_t)(f->n_ext + f->n_members));
+        if (!regs)
+            fail = 1;
 #pragma omp for schedule(static)
         for (int64_t w = 0; w < items; w++) {
-            if (!regs) continue;
+            if (!regs)
+                continue;
             int64_t r = w / per_row, c0 = (w % per_row) * CHUNK;
             int64_t len = inner - c0 < CHUNK ? inner - c0 : CHUNK;
             int64_t off[CPU_ITER_MAX_OPS];
@@ -502,11 +605,13 @@ ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f) {
             for (int k = 0; k < f->n_ext; k++) {
                 const ts_tensor *t = f->ext[k];
                 int64_t s = it.st[k + 1][last];
-                const char *p = ts_tensor_ptr(t) +
-                                (off[k + 1] + c0 * s) * (int64_t)ts_dtype_size(t->dtype);
+                const char *p =
+                    ts_tensor_ptr(t) +
+                    (off[k + 1] + c0 * s) * (int64_t)ts_dtype_size(t->dtype);
                 xv[k] = view_f32(p, t->dtype, s, len, regs + (size_t)k * CHUNK);
             }
-            char *yp = ts_tensor_ptr(out) + (off[0] + c0) * (int64_t)ts_dtype_size(out->dtype);
+            char *yp = ts_tensor_ptr(out) +
+                       (off[0] + c0) * (int64_t)ts_dtype_size(out->dtype);
             float *mreg = regs + (size_t)f->n_ext * CHUNK;
             for (int m = 0; m < f->n_members; m++) {
                 const ts_node *n = f->members[m];
@@ -516,8 +621,9 @@ ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f) {
                     x[k] = a >= 0 ? xv[a] : mreg + (size_t)(-a - 1) * CHUNK;
                 }
                 bool root = m == f->n_members - 1;
-                float *y = root && out->dtype == TS_F32 ? (float *)yp
-                                                        : mreg + (size_t)m * CHUNK;
+                float *y = root && out->dtype == TS_F32
+                               ? (float *)yp
+                               : mreg + (size_t)m * CHUNK;
                 eval_chunk(n, y, x, len);
                 if (root && out->dtype != TS_F32)
                     cpu_scatter_f32(yp, out->dtype, 1, y, len);
@@ -525,6 +631,8 @@ ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f) {
         }
         free(regs);
     }
-    if (fail) return ts_set_error(ctx, TS_ERR_OOM, "fused elementwise: out of memory");
+    if (fail)
+        return ts_set_error(ctx, TS_ERR_OOM,
+                            "fused elementwise: out of memory");
     return TS_OK;
 }

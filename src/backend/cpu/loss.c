@@ -7,7 +7,8 @@
 #include <stdlib.h>
 
 static int64_t target_at(const ts_tensor *t, int64_t i) {
-    const char *p = ts_tensor_ptr(t) + i * t->strides[0] * (int64_t)ts_dtype_size(t->dtype);
+    const char *p =
+        ts_tensor_ptr(t) + i * t->strides[0] * (int64_t)ts_dtype_size(t->dtype);
     return t->dtype == TS_I64 ? *(const int64_t *)p : *(const int32_t *)p;
 }
 
@@ -31,7 +32,8 @@ CPU_KERNEL(cross_entropy) {
     ts_tensor *x = n->in[0], *t = n->in[1], *y = n->out;
     int64_t N = x->shape[0], V = x->shape[1], ignore = n->attrs.i[0];
     ts_reduction red = (ts_reduction)n->attrs.i[1];
-    if (check_targets(ctx, t, V, ignore)) return ctx->status;
+    if (check_targets(ctx, t, V, ignore))
+        return ctx->status;
     float *xt = NULL;
     const float *xf = cpu_as_f32(x, &xt);
     float *loss = malloc(sizeof(float) * (size_t)(N + 1));
@@ -44,9 +46,11 @@ CPU_KERNEL(cross_entropy) {
     for (int64_t r = 0; r < N; r++) {
         const float *xr = xf + r * V;
         float m = -INFINITY;
-        for (int64_t j = 0; j < V; j++) m = xr[j] > m ? xr[j] : m;
+        for (int64_t j = 0; j < V; j++)
+            m = xr[j] > m ? xr[j] : m;
         double s = 0;
-        for (int64_t j = 0; j < V; j++) s += expf(xr[j] - m);
+        for (int64_t j = 0; j < V; j++)
+            s += expf(xr[j] - m);
         lse[r] = m + (float)log(s);
         int64_t tg = target_at(t, r);
         loss[r] = tg == ignore ? 0.0f : lse[r] - xr[tg];
@@ -76,31 +80,36 @@ CPU_KERNEL(cross_entropy_backward) {
     ts_reduction red = (ts_reduction)n->attrs.i[1];
     float *xt = NULL, *gt = NULL, *yt = NULL;
     const float *xf = cpu_as_f32(x, &xt), *gf = cpu_as_f32(g, &gt);
-    float *yf = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
-                                   : (yt = malloc(sizeof(float) * (size_t)(N * V + 1)));
+    float *yf = y->dtype == TS_F32
+                    ? (float *)ts_tensor_ptr(y)
+                    : (yt = malloc(sizeof(float) * (size_t)(N * V + 1)));
     if (!xf || !gf || !yf) {
         free(xt), free(gt), free(yt);
         return ts_set_error(ctx, TS_ERR_OOM,
                             "cross_entropy_backward: out of memory");
     }
     int64_t count = 0;
-    for (int64_t r = 0; r < N; r++) count += target_at(t, r) != ignore;
+    for (int64_t r = 0; r < N; r++)
+        count += target_at(t, r) != ignore;
 #pragma omp parallel for schedule(static) if (N * V > 32768)
     for (int64_t r = 0; r < N; r++) {
         const float *xr = xf + r * V;
         float *dr = yf + r * V;
         int64_t tg = target_at(t, r);
-        float scale = red == TS_REDUCE_NONE ? gf[r]
+        float scale = red == TS_REDUCE_NONE  ? gf[r]
                       : red == TS_REDUCE_SUM ? gf[0]
                                              : gf[0] / (float)count;
         if (tg == ignore) {
-            for (int64_t j = 0; j < V; j++) dr[j] = 0.0f;
+            for (int64_t j = 0; j < V; j++)
+                dr[j] = 0.0f;
             continue;
         }
-        for (int64_t j = 0; j < V; j++) dr[j] = expf(xr[j] - lse[r]) * scale;
+        for (int64_t j = 0; j < V; j++)
+            dr[j] = expf(xr[j] - lse[r]) * scale;
         dr[tg] -= scale;
     }
-    if (yt) cpu_store_out(y, yt);
+    if (yt)
+        cpu_store_out(y, yt);
     free(xt), free(gt), free(yt);
     return TS_OK;
 }

@@ -33,17 +33,23 @@ static float dot_f32_bf16(const float *a, const uint16_t *w, int64_t K) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
-        __m256i w0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + k)));
-        __m256i w1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + k + 8)));
+        __m256i w0 =
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + k)));
+        __m256i w1 = _mm256_cvtepu16_epi32(
+            _mm_loadu_si128((const __m128i *)(w + k + 8)));
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k),
-                               _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), acc0);
+                               _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)),
+                               acc0);
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8),
-                               _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)), acc1);
+                               _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)),
+                               acc1);
     }
     float lanes[8], s = 0;
     _mm256_storeu_ps(lanes, _mm256_add_ps(acc0, acc1));
-    for (int i = 0; i < 8; i++) s += lanes[i];
-    for (; k < K; k++) s += a[k] * ts_bf16_to_f32(w[k]);
+    for (int i = 0; i < 8; i++)
+        s += lanes[i];
+    for (; k < K; k++)
+        s += a[k] * ts_bf16_to_f32(w[k]);
     return s;
 }
 
@@ -53,19 +59,23 @@ static float dot_f32_bf16(const float *a, const uint16_t *w, int64_t K) {
  * weight once, converting on the fly; more rows convert the weight to f32
  * once and use the BLAS. Anything else: TS_ERR_UNSUPPORTED (the general
  * path packs per batch). */
-static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b, ts_tensor *y, int nb,
-                              int64_t M, int64_t N, int64_t K, int64_t batch,
-                              const int64_t *ast, const int64_t *bst) {
+static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
+                              ts_tensor *y, int nb, int64_t M, int64_t N,
+                              int64_t K, int64_t batch, const int64_t *ast,
+                              const int64_t *bst) {
     bool shared = true;
-    for (int d = 0; d < nb; d++) shared &= bst[d] == 0;
+    for (int d = 0; d < nb; d++)
+        shared &= bst[d] == 0;
     int64_t bsr = b->strides[b->ndim - 2], bsc = b->strides[b->ndim - 1];
     int64_t asr = a->strides[a->ndim - 2], asc = a->strides[a->ndim - 1];
-    bool rows_of_k = bsr == 1 && (N == 1 || bsc >= K); /* column n = weight row n */
-    int64_t R = M * batch;                               /* rows of a, batch folded */
+    bool rows_of_k =
+        bsr == 1 && (N == 1 || bsc >= K); /* column n = weight row n */
+    int64_t R = M * batch;                /* rows of a, batch folded */
     bool a_rows = asc == 1 && (asr >= K || (M == 1 && batch == 1));
     int64_t expect = asr * M;
     for (int d = nb - 1; d >= 0 && a_rows; d--) {
-        if (y->shape[d] != 1 && ast[d] != expect) a_rows = false;
+        if (y->shape[d] != 1 && ast[d] != expect)
+            a_rows = false;
         expect *= y->shape[d];
     }
     if (!shared || !rows_of_k || !a_rows || y->dtype != TS_F32)
@@ -82,11 +92,14 @@ static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b, ts_tensor
     }
     /* widen the weight once: (N, K) f32, then Y = A @ W^T */
     float *wf = malloc(sizeof(float) * (size_t)(N * K + 1));
-    if (!wf) return ts_set_error(ctx, TS_ERR_OOM, "matmul: out of memory");
+    if (!wf)
+        return ts_set_error(ctx, TS_ERR_OOM, "matmul: out of memory");
     int64_t shape[2] = {N, K}, src_st[2] = {bsc, bsr}, dst_st[2] = {K, 1};
-    cpu_copy_strided((char *)wf, TS_F32, dst_st, ts_tensor_ptr(b), b->dtype, src_st, 2, shape);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)R, (int)N, (int)K, 1.0f, A,
-                (int)(M == 1 && batch == 1 ? K : asr), wf, (int)K, 0.0f, Y, (int)N);
+    cpu_copy_strided((char *)wf, TS_F32, dst_st, ts_tensor_ptr(b), b->dtype,
+                     src_st, 2, shape);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)R, (int)N, (int)K,
+                1.0f, A, (int)(M == 1 && batch == 1 ? K : asr), wf, (int)K,
+                0.0f, Y, (int)N);
     free(wf);
     return TS_OK;
 }
@@ -98,11 +111,14 @@ CPU_KERNEL(matmul) {
     int64_t M = y->shape[nb], N = y->shape[nb + 1];
     int64_t K = a->shape[a->ndim - 1];
     int64_t batch = 1;
-    for (int d = 0; d < nb; d++) batch *= y->shape[d];
-    if (M == 0 || N == 0 || batch == 0) return TS_OK;
+    for (int d = 0; d < nb; d++)
+        batch *= y->shape[d];
+    if (M == 0 || N == 0 || batch == 0)
+        return TS_OK;
     float *yf = (float *)ts_tensor_ptr(y);
     if (K == 0) {
-        memset(ts_tensor_ptr(y), 0, (size_t)ts_tensor_numel(y) * ts_dtype_size(y->dtype));
+        memset(ts_tensor_ptr(y), 0,
+               (size_t)ts_tensor_numel(y) * ts_dtype_size(y->dtype));
         return TS_OK;
     }
     /* batch strides of a and b as broadcast to y's batch shape */
@@ -117,7 +133,8 @@ CPU_KERNEL(matmul) {
     bool mixed = a->dtype == TS_F32 && b->dtype != TS_F32;
     if (mixed) {
         ts_status st = matmul_mixed(ctx, a, b, y, nb, M, N, K, batch, ast, bst);
-        if (st != TS_ERR_UNSUPPORTED) return st; /* else the general path */
+        if (st != TS_ERR_UNSUPPORTED)
+            return st; /* else the general path */
     }
     bool f32 = a->dtype == TS_F32 && b->dtype == TS_F32;
     bool ta = false, tb = false;
@@ -127,29 +144,35 @@ CPU_KERNEL(matmul) {
 
     /* fold: b shared by every batch and a's batch rows stacked evenly */
     bool b_shared = true;
-    for (int d = 0; d < nb; d++) b_shared &= bst[d] == 0;
+    for (int d = 0; d < nb; d++)
+        b_shared &= bst[d] == 0;
     if (a_ok && b_ok && !ta && b_shared && batch > 1) {
         bool stacked = true;
         int64_t expect = M * lda;
         for (int d = nb - 1; d >= 0; d--) {
-            if (y->shape[d] != 1 && ast[d] != expect) stacked = false;
+            if (y->shape[d] != 1 && ast[d] != expect)
+                stacked = false;
             expect *= y->shape[d];
         }
         if (stacked) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                        (int)(M * batch), (int)N, (int)K, 1.0f,
-                        (const float *)ts_tensor_ptr(a), (int)lda,
-                        (const float *)ts_tensor_ptr(b), (int)ldb, 0.0f, yf, (int)N);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans,
+                        tb ? CblasTrans : CblasNoTrans, (int)(M * batch),
+                        (int)N, (int)K, 1.0f, (const float *)ts_tensor_ptr(a),
+                        (int)lda, (const float *)ts_tensor_ptr(b), (int)ldb,
+                        0.0f, yf, (int)N);
             return TS_OK;
         }
     }
     /* general: one product per batch element; operands that BLAS cannot
      * take as they are (or that are not f32) are packed to f32 first */
     float *apack = NULL, *bpack = NULL, *ypack = NULL;
-    if (!a_ok) apack = malloc(sizeof(float) * (size_t)(M * K));
-    if (!b_ok) bpack = malloc(sizeof(float) * (size_t)(K * N));
+    if (!a_ok)
+        apack = malloc(sizeof(float) * (size_t)(M * K));
+    if (!b_ok)
+        bpack = malloc(sizeof(float) * (size_t)(K * N));
     bool y32 = y->dtype == TS_F32;
-    if (!y32) ypack = malloc(sizeof(float) * (size_t)(M * N));
+    if (!y32)
+        ypack = malloc(sizeof(float) * (size_t)(M * N));
     if ((!a_ok && !apack) || (!b_ok && !bpack) || (!y32 && !ypack)) {
         free(apack), free(bpack), free(ypack);
         return ts_set_error(ctx, TS_ERR_OOM, "matmul: out of memory");
@@ -163,27 +186,32 @@ CPU_KERNEL(matmul) {
             ao += i * ast[d];
             bo += i * bst[d];
         }
-        const char *ap = ts_tensor_ptr(a) + ao * (int64_t)ts_dtype_size(a->dtype);
-        const char *bp = ts_tensor_ptr(b) + bo * (int64_t)ts_dtype_size(b->dtype);
+        const char *ap =
+            ts_tensor_ptr(a) + ao * (int64_t)ts_dtype_size(a->dtype);
+        const char *bp =
+            ts_tensor_ptr(b) + bo * (int64_t)ts_dtype_size(b->dtype);
         const float *A = (const float *)ap, *Bm = (const float *)bp;
         bool tA = ta, tB = tb;
         int64_t lA = lda, lB = ldb;
         if (!a_ok) {
             int64_t sh[2] = {M, K}, st[2] = {asr, asc};
-            cpu_copy_strided((char *)apack, TS_F32, pst_a, ap, a->dtype, st, 2, sh);
+            cpu_copy_strided((char *)apack, TS_F32, pst_a, ap, a->dtype, st, 2,
+                             sh);
             A = apack, tA = false, lA = K;
         }
         if (!b_ok) {
             int64_t sh[2] = {K, N}, st[2] = {bsr, bsc};
-            cpu_copy_strided((char *)bpack, TS_F32, pst_b, bp, b->dtype, st, 2, sh);
+            cpu_copy_strided((char *)bpack, TS_F32, pst_b, bp, b->dtype, st, 2,
+                             sh);
             Bm = bpack, tB = false, lB = N;
         }
         float *Y = y32 ? yf + bi * M * N : ypack;
         cblas_sgemm(CblasRowMajor, tA ? CblasTrans : CblasNoTrans,
-                    tB ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, 1.0f,
-                    A, (int)lA, Bm, (int)lB, 0.0f, Y, (int)N);
+                    tB ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                    1.0f, A, (int)lA, Bm, (int)lB, 0.0f, Y, (int)N);
         if (!y32)
-            cpu_scatter_f32(ts_tensor_ptr(y) + bi * M * N * (int64_t)ts_dtype_size(y->dtype),
+            cpu_scatter_f32(ts_tensor_ptr(y) +
+                                bi * M * N * (int64_t)ts_dtype_size(y->dtype),
                             y->dtype, 1, ypack, M * N);
     }
     free(apack), free(bpack), free(ypack);
@@ -206,9 +234,11 @@ static bool row_strides(const ts_tensor *t, const ts_tensor *out, int64_t *rs,
     *cs = st[last];
     *rs = last > 0 ? st[last - 1] : 0;
     for (int d = last - 2; d >= 0; d--)
-        if (out->shape[d] != 1 && st[d] != st[d + 1] * out->shape[d + 1]) return false;
+        if (out->shape[d] != 1 && st[d] != st[d + 1] * out->shape[d + 1])
+            return false;
     /* rows collapse only when the row dims are themselves regular */
-    if (last > 0 && out->shape[last - 1] == 1) return false;
+    if (last > 0 && out->shape[last - 1] == 1)
+        return false;
     return true;
 }
 
@@ -225,23 +255,29 @@ ts_status cpu_matmul_epilogue(ts_ctx *ctx, const ts_fused *f) {
                   blas_layout(K, N, b->strides[0], b->strides[1], &tb, &ldb);
     int64_t expect = lda * (a->ndim >= 2 ? a->shape[a->ndim - 2] : 1);
     for (int d = a->ndim - 3; d >= 0 && panels; d--) {
-        if (a->shape[d] != 1 && a->strides[d] != expect) panels = false;
+        if (a->shape[d] != 1 && a->strides[d] != expect)
+            panels = false;
         expect *= a->shape[d];
     }
-    if (a->ndim >= 2 && a->shape[a->ndim - 2] == 1 && a->ndim > 2) panels = false;
+    if (a->ndim >= 2 && a->shape[a->ndim - 2] == 1 && a->ndim > 2)
+        panels = false;
     int64_t rs[TS_FUSE_MAX_EXT], cs[TS_FUSE_MAX_EXT];
     for (int e = 0; e < f->n_ext && panels; e++)
-        if (e != f->head_ext) panels = row_strides(f->ext[e], out, &rs[e], &cs[e]);
+        if (e != f->head_ext)
+            panels = row_strides(f->ext[e], out, &rs[e], &cs[e]);
     ts_fused g = *f;
     g.head = NULL;
     ts_storage scratch_st = {.refcount = 1, .ctx = ctx, .external = true};
-    ts_tensor prod = {.refcount = 1, .ctx = ctx, .dtype = TS_F32, .storage = &scratch_st};
+    ts_tensor prod = {
+        .refcount = 1, .ctx = ctx, .dtype = TS_F32, .storage = &scratch_st};
     if (!panels) { /* the whole product in a temporary, then the group */
         prod.ndim = out->ndim;
         memcpy(prod.shape, out->shape, sizeof prod.shape);
         ts_contiguous_strides(prod.ndim, prod.shape, prod.strides);
         scratch_st.data = malloc(sizeof(float) * (size_t)(R * N + 1));
-        if (!scratch_st.data) return ts_set_error(ctx, TS_ERR_OOM, "matmul epilogue: out of memory");
+        if (!scratch_st.data)
+            return ts_set_error(ctx, TS_ERR_OOM,
+                                "matmul epilogue: out of memory");
         ts_node mn = *mm;
         mn.out = &prod;
         ts_status st = cpu_matmul(ctx, &mn);
@@ -256,7 +292,8 @@ ts_status cpu_matmul_epilogue(ts_ctx *ctx, const ts_fused *f) {
     P = P < 16 ? 16 : P;
     P = P > R ? R : P;
     scratch_st.data = malloc(sizeof(float) * (size_t)(P * N + 1));
-    if (!scratch_st.data) return ts_set_error(ctx, TS_ERR_OOM, "matmul epilogue: out of memory");
+    if (!scratch_st.data)
+        return ts_set_error(ctx, TS_ERR_OOM, "matmul epilogue: out of memory");
     ts_tensor ext_panel[TS_FUSE_MAX_EXT], out_panel = *out;
     ts_status st = TS_OK;
     for (int64_t r0 = 0; r0 < R && st == TS_OK; r0 += P) {
@@ -343,21 +380,24 @@ static inline void tile_1x16(int64_t K, const float *A, const float *B,
     _mm256_storeu_ps(C + 8, c1);
 }
 
-void cpu_gemm_f32(int64_t M, int64_t N, int64_t K, const float *A,
-                  int64_t lda, const float *B, int64_t ldb, float *C,
-                  int64_t ldc, bool acc) {
+void cpu_gemm_f32(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float *C, int64_t ldc,
+                  bool acc) {
     int64_t N16 = N / 16 * 16, M4 = M / 4 * 4;
     for (int64_t j = 0; j < N16; j += 16) {
         int64_t i = 0;
         for (; i < M4; i += 4)
-            tile_4x16(K, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, acc);
-        for (; i < M; i++) tile_1x16(K, A + i * lda, B + j, ldb, C + i * ldc + j, acc);
+            tile_4x16(K, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc,
+                      acc);
+        for (; i < M; i++)
+            tile_1x16(K, A + i * lda, B + j, ldb, C + i * ldc + j, acc);
     }
     if (N16 < N) { /* column tail */
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = N16; j < N; j++) {
                 float s = acc ? C[i * ldc + j] : 0.0f;
-                for (int64_t k = 0; k < K; k++) s += A[i * lda + k] * B[k * ldb + j];
+                for (int64_t k = 0; k < K; k++)
+                    s += A[i * lda + k] * B[k * ldb + j];
                 C[i * ldc + j] = s;
             }
     }

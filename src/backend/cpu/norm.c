@@ -18,7 +18,8 @@ static float sum_squares(const float *x, int64_t n) {
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
-        __m256 v2 = _mm256_loadu_ps(x + i + 16), v3 = _mm256_loadu_ps(x + i + 24);
+        __m256 v2 = _mm256_loadu_ps(x + i + 16),
+               v3 = _mm256_loadu_ps(x + i + 24);
         a0 = _mm256_fmadd_ps(v0, v0, a0);
         a1 = _mm256_fmadd_ps(v1, v1, a1);
         a2 = _mm256_fmadd_ps(v2, v2, a2);
@@ -27,8 +28,10 @@ static float sum_squares(const float *x, int64_t n) {
     __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
     float lanes[8], s = 0;
     _mm256_storeu_ps(lanes, a);
-    for (int k = 0; k < 8; k++) s += lanes[k];
-    for (; i < n; i++) s += x[i] * x[i];
+    for (int k = 0; k < 8; k++)
+        s += lanes[k];
+    for (; i < n; i++)
+        s += x[i] * x[i];
     return s;
 }
 
@@ -40,8 +43,9 @@ CPU_KERNEL(rmsnorm) {
     float *xt = NULL, *wt = NULL, *yt = NULL;
     const float *xf = cpu_as_f32(x, &xt);
     const float *w = n->n_in > 1 ? cpu_as_f32(n->in[1], &wt) : NULL;
-    float *yf = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
-                                   : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
+    float *yf = y->dtype == TS_F32
+                    ? (float *)ts_tensor_ptr(y)
+                    : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
     float *rstd = (float *)ts_tensor_ptr(n->saved[0]);
     float eps = (float)n->attrs.f[0];
     if (!xf || (n->n_in > 1 && !w) || !yf) {
@@ -56,11 +60,14 @@ CPU_KERNEL(rmsnorm) {
         float rs = 1.0f / sqrtf(ss / (float)C + eps);
         rstd[r] = rs;
         if (w)
-            for (int64_t c = 0; c < C; c++) yr[c] = xr[c] * rs * w[c];
+            for (int64_t c = 0; c < C; c++)
+                yr[c] = xr[c] * rs * w[c];
         else
-            for (int64_t c = 0; c < C; c++) yr[c] = xr[c] * rs;
+            for (int64_t c = 0; c < C; c++)
+                yr[c] = xr[c] * rs;
     }
-    if (yt) cpu_store_out(y, yt);
+    if (yt)
+        cpu_store_out(y, yt);
     free(xt), free(wt), free(yt);
     return TS_OK;
 }
@@ -74,8 +81,9 @@ CPU_KERNEL(rmsnorm_backward) {
     const float *gf = cpu_as_f32(n->in[0], &gt), *xf = cpu_as_f32(x, &xt);
     const float *rstd = (const float *)ts_tensor_ptr(n->in[2]);
     const float *w = n->n_in > 3 ? cpu_as_f32(n->in[3], &wt) : NULL;
-    float *yf = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
-                                   : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
+    float *yf = y->dtype == TS_F32
+                    ? (float *)ts_tensor_ptr(y)
+                    : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
     if (!gf || !xf || (n->n_in > 3 && !w) || !yf) {
         free(gt), free(xt), free(wt), free(yt);
         return OOM("rmsnorm_backward");
@@ -91,7 +99,8 @@ CPU_KERNEL(rmsnorm_backward) {
         for (int64_t c = 0; c < C; c++)
             dr[c] = rs * (gr[c] * (w ? w[c] : 1.0f) - xr[c] * rs * m);
     }
-    if (yt) cpu_store_out(y, yt);
+    if (yt)
+        cpu_store_out(y, yt);
     free(gt), free(xt), free(wt), free(yt);
     return TS_OK;
 }
@@ -105,8 +114,9 @@ CPU_KERNEL(layernorm) {
     const float *xf = cpu_as_f32(x, &xt);
     const float *w = has_w ? cpu_as_f32(n->in[1], &wt) : NULL;
     const float *b = has_b ? cpu_as_f32(n->in[has_w ? 2 : 1], &bt) : NULL;
-    float *yf = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
-                                   : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
+    float *yf = y->dtype == TS_F32
+                    ? (float *)ts_tensor_ptr(y)
+                    : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
     float *mean = (float *)ts_tensor_ptr(n->saved[0]);
     float *rstd = (float *)ts_tensor_ptr(n->saved[1]);
     float eps = (float)n->attrs.f[0];
@@ -119,10 +129,12 @@ CPU_KERNEL(layernorm) {
         const float *xr = xf + r * C;
         float *yr = yf + r * C;
         double s = 0;
-        for (int64_t c = 0; c < C; c++) s += xr[c];
+        for (int64_t c = 0; c < C; c++)
+            s += xr[c];
         float mu = (float)(s / (double)C);
         double v = 0;
-        for (int64_t c = 0; c < C; c++) v += (double)(xr[c] - mu) * (xr[c] - mu);
+        for (int64_t c = 0; c < C; c++)
+            v += (double)(xr[c] - mu) * (xr[c] - mu);
         float rs = 1.0f / sqrtf((float)(v / (double)C) + eps);
         mean[r] = mu;
         rstd[r] = rs;
@@ -131,7 +143,8 @@ CPU_KERNEL(layernorm) {
             yr[c] = h * (w ? w[c] : 1.0f) + (b ? b[c] : 0.0f);
         }
     }
-    if (yt) cpu_store_out(y, yt);
+    if (yt)
+        cpu_store_out(y, yt);
     free(xt), free(wt), free(bt), free(yt);
     return TS_OK;
 }
@@ -146,8 +159,9 @@ CPU_KERNEL(layernorm_backward) {
     const float *mean = (const float *)ts_tensor_ptr(n->in[2]);
     const float *rstd = (const float *)ts_tensor_ptr(n->in[3]);
     const float *w = n->n_in > 4 ? cpu_as_f32(n->in[4], &wt) : NULL;
-    float *yf = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
-                                   : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
+    float *yf = y->dtype == TS_F32
+                    ? (float *)ts_tensor_ptr(y)
+                    : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
     if (!gf || !xf || (n->n_in > 4 && !w) || !yf) {
         free(gt), free(xt), free(wt), free(yt);
         return OOM("layernorm_backward");
@@ -168,7 +182,8 @@ CPU_KERNEL(layernorm_backward) {
             dr[c] = rs * (gw - m1 - (xr[c] - mu) * rs * m2);
         }
     }
-    if (yt) cpu_store_out(y, yt);
+    if (yt)
+        cpu_store_out(y, yt);
     free(gt), free(xt), free(wt), free(yt);
     return TS_OK;
 }
@@ -193,7 +208,8 @@ CPU_KERNEL(rope) {
     memcpy(shape, x->shape, sizeof shape);
     shape[x->ndim - 1] = 1;
     cpu_iter_init(&it, x->ndim, shape, 4, st);
-    int64_t xd = x->strides[x->ndim - 1], cd = st[2][x->ndim - 1], sd = st[3][x->ndim - 1];
+    int64_t xd = x->strides[x->ndim - 1], cd = st[2][x->ndim - 1],
+            sd = st[3][x->ndim - 1];
     (void)ctx;
 #pragma omp parallel for schedule(static) if (rows * D > 32768)
     for (int64_t r = 0; r < rows; r++) {
@@ -204,16 +220,29 @@ CPU_KERNEL(rope) {
         for (int d = it.ndim - 1; d >= 0; d--) {
             int64_t i = rem % it.shape[d];
             rem /= it.shape[d];
-            for (int k = 0; k < 4; k++) off[k] += i * it.st[k][d];
+            for (int k = 0; k < 4; k++)
+                off[k] += i * it.st[k][d];
         }
         for (int64_t d0 = 0; d0 < h; d0 += 512) {
             int64_t m = h - d0 < 512 ? h - d0 : 512;
             /* first-half and second-half pieces [d0, d0+m) and [h+d0, ...) */
             for (int half = 0; half < 2; half++) {
                 int64_t base = half * h + d0;
-                cpu_gather_f32(xb + half * 512, ts_tensor_ptr(x) + (off[1] + base * xd) * (int64_t)ts_dtype_size(x->dtype), x->dtype, xd, m);
-                cpu_gather_f32(cb + half * 512, ts_tensor_ptr(cs) + (off[2] + base * cd) * (int64_t)ts_dtype_size(cs->dtype), cs->dtype, cd, m);
-                cpu_gather_f32(sb + half * 512, ts_tensor_ptr(sn) + (off[3] + base * sd) * (int64_t)ts_dtype_size(sn->dtype), sn->dtype, sd, m);
+                cpu_gather_f32(xb + half * 512,
+                               ts_tensor_ptr(x) +
+                                   (off[1] + base * xd) *
+                                       (int64_t)ts_dtype_size(x->dtype),
+                               x->dtype, xd, m);
+                cpu_gather_f32(cb + half * 512,
+                               ts_tensor_ptr(cs) +
+                                   (off[2] + base * cd) *
+                                       (int64_t)ts_dtype_size(cs->dtype),
+                               cs->dtype, cd, m);
+                cpu_gather_f32(sb + half * 512,
+                               ts_tensor_ptr(sn) +
+                                   (off[3] + base * sd) *
+                                       (int64_t)ts_dtype_size(sn->dtype),
+                               sn->dtype, sd, m);
             }
             for (int64_t i = 0; i < m; i++) {
                 float x1 = xb[i], x2 = xb[512 + i];
@@ -226,8 +255,10 @@ CPU_KERNEL(rope) {
                 }
             }
             size_t es = ts_dtype_size(y->dtype);
-            cpu_scatter_f32(ts_tensor_ptr(y) + (off[0] + d0) * (int64_t)es, y->dtype, 1, yb, m);
-            cpu_scatter_f32(ts_tensor_ptr(y) + (off[0] + h + d0) * (int64_t)es, y->dtype, 1, yb + 512, m);
+            cpu_scatter_f32(ts_tensor_ptr(y) + (off[0] + d0) * (int64_t)es,
+                            y->dtype, 1, yb, m);
+            cpu_scatter_f32(ts_tensor_ptr(y) + (off[0] + h + d0) * (int64_t)es,
+                            y->dtype, 1, yb + 512, m);
         }
     }
     return TS_OK;

@@ -4,8 +4,8 @@
 #include "backend/cpu/cpu.h"
 
 #include <float.h>
-#include <omp.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,7 +19,8 @@ typedef struct {
 
 static void plan_reduce(const ts_tensor *x, const ts_attrs *a, red_plan *p) {
     bool red[TS_MAX_DIMS] = {0};
-    for (int k = 0; k < a->ni; k++) red[a->i[k]] = true;
+    for (int k = 0; k < a->ni; k++)
+        red[a->i[k]] = true;
     p->nk = p->nr = 0;
     p->kcount = p->rcount = 1;
     for (int d = 0; d < x->ndim; d++) {
@@ -46,22 +47,23 @@ static int64_t offset_of(int64_t flat, int nd, const int64_t *shape,
 }
 
 /* Visits the reduced elements of one output in row-major order. */
-#define FOR_REDUCED(p, base_ptr, es, body)                                  \
-    do {                                                                    \
-        int64_t inner_n = (p)->nr ? (p)->rshape[(p)->nr - 1] : 1;           \
-        int64_t inner_s = (p)->nr ? (p)->rst[(p)->nr - 1] : 0;              \
-        int64_t outer_n = (p)->rcount / (inner_n ? inner_n : 1);            \
-        if (inner_n == 0) outer_n = 0;                                      \
-        for (int64_t ro = 0; ro < outer_n; ro++) {                          \
-            int64_t roff = offset_of(ro, (p)->nr - 1, (p)->rshape, (p)->rst); \
-            const char *rp = (base_ptr) + roff * (int64_t)(es);             \
-            for (int64_t ri = 0; ri < inner_n; ri++) {                      \
-                float v = ts_load_f32(rp + ri * inner_s * (int64_t)(es), dt); \
-                int64_t flat_r = ro * inner_n + ri;                         \
-                (void)flat_r;                                               \
-                body;                                                       \
-            }                                                               \
-        }                                                                   \
+#define FOR_REDUCED(p, base_ptr, es, body)                                     \
+    do {                                                                       \
+        int64_t inner_n = (p)->nr ? (p)->rshape[(p)->nr - 1] : 1;              \
+        int64_t inner_s = (p)->nr ? (p)->rst[(p)->nr - 1] : 0;                 \
+        int64_t outer_n = (p)->rcount / (inner_n ? inner_n : 1);               \
+        if (inner_n == 0)                                                      \
+            outer_n = 0;                                                       \
+        for (int64_t ro = 0; ro < outer_n; ro++) {                             \
+            int64_t roff = offset_of(ro, (p)->nr - 1, (p)->rshape, (p)->rst);  \
+            const char *rp = (base_ptr) + roff * (int64_t)(es);                \
+            for (int64_t ri = 0; ri < inner_n; ri++) {                         \
+                float v = ts_load_f32(rp + ri * inner_s * (int64_t)(es), dt);  \
+                int64_t flat_r = ro * inner_n + ri;                            \
+                (void)flat_r;                                                  \
+                body;                                                          \
+            }                                                                  \
+        }                                                                      \
     } while (0)
 
 /* Sum of the leading rows of a contiguous (R, C) block: a column sum that
@@ -80,8 +82,10 @@ static void column_sums(const ts_tensor *x, int64_t R, int64_t C, double *acc) {
         for (int64_t r = 0; r < R; r++)
             for (int64_t cb = c0; cb < c1; cb += 1024) {
                 int64_t m = c1 - cb < 1024 ? c1 - cb : 1024;
-                cpu_gather_f32(buf, base + (r * C + cb) * (int64_t)es, dt, 1, m);
-                for (int64_t i = 0; i < m; i++) acc[cb + i] += buf[i];
+                cpu_gather_f32(buf, base + (r * C + cb) * (int64_t)es, dt, 1,
+                               m);
+                for (int64_t i = 0; i < m; i++)
+                    acc[cb + i] += buf[i];
             }
     }
 }
@@ -93,8 +97,9 @@ CPU_KERNEL(reduce) {
     red_plan p;
     plan_reduce(x, &n->attrs, &p);
     float *out = malloc(sizeof(float) * (size_t)(p.kcount ? p.kcount : 1));
-    if (!out) return ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory",
-                                  ts_op_table[n->op].name);
+    if (!out)
+        return ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory",
+                            ts_op_table[n->op].name);
     bool is_max = n->op == TS_OP_AMAX;
     double scale = n->op == TS_OP_MEAN ? 1.0 / (double)p.rcount : 1.0;
     /* reduced dims leading and contiguous: column sums */
@@ -108,19 +113,24 @@ CPU_KERNEL(reduce) {
             return ts_set_error(ctx, TS_ERR_OOM, "sum: out of memory");
         }
         column_sums(x, p.rcount, p.kcount, acc);
-        for (int64_t i = 0; i < p.kcount; i++) out[i] = (float)(acc[i] * scale);
+        for (int64_t i = 0; i < p.kcount; i++)
+            out[i] = (float)(acc[i] * scale);
         free(acc);
     } else {
         const char *base = ts_tensor_ptr(x);
-#pragma omp parallel for schedule(static) if (p.kcount * p.rcount > 32768 && p.kcount > 1)
+#pragma omp parallel for schedule(static) if (p.kcount * p.rcount > 32768 &&   \
+                                              p.kcount > 1)
         for (int64_t o = 0; o < p.kcount; o++) {
-            const char *bp = base + offset_of(o, p.nk, p.kshape, p.kst) * (int64_t)es;
+            const char *bp =
+                base + offset_of(o, p.nk, p.kshape, p.kst) * (int64_t)es;
             if (is_max) {
                 float m = -INFINITY;
                 bool nan = false;
                 FOR_REDUCED(&p, bp, es, {
-                    if (v > m) m = v;
-                    if (v != v) nan = true;
+                    if (v > m)
+                        m = v;
+                    if (v != v)
+                        nan = true;
                 });
                 out[o] = nan ? NAN : m;
             } else {
@@ -144,9 +154,11 @@ CPU_KERNEL(argmax) {
     plan_reduce(x, &n->attrs, &p);
     int64_t *out = (int64_t *)ts_tensor_ptr(y);
     const char *base = ts_tensor_ptr(x);
-#pragma omp parallel for schedule(static) if (p.kcount * p.rcount > 32768 && p.kcount > 1)
+#pragma omp parallel for schedule(static) if (p.kcount * p.rcount > 32768 &&   \
+                                              p.kcount > 1)
     for (int64_t o = 0; o < p.kcount; o++) {
-        const char *bp = base + offset_of(o, p.nk, p.kshape, p.kst) * (int64_t)es;
+        const char *bp =
+            base + offset_of(o, p.nk, p.kshape, p.kst) * (int64_t)es;
         float m = -INFINITY;
         int64_t best = 0;
         bool found_nan = false;
@@ -154,7 +166,8 @@ CPU_KERNEL(argmax) {
             if (!found_nan && (v > m || v != v)) {
                 m = v;
                 best = flat_r;
-                if (v != v) found_nan = true;
+                if (v != v)
+                    found_nan = true;
             }
         });
         out[o] = best;
@@ -184,29 +197,39 @@ CPU_KERNEL(softmax) {
 #pragma omp parallel reduction(| : fail) if (rows * L > 32768)
     {
         float *buf = malloc(sizeof(float) * (size_t)(L ? L : 1));
-        if (!buf) fail = 1;
+        if (!buf)
+            fail = 1;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
-            if (!buf) continue;
-            const char *xp = ts_tensor_ptr(x) + offset_of(r, nr, rshape, rxst) * (int64_t)xes;
-            char *yp = ts_tensor_ptr(y) + offset_of(r, nr, rshape, ryst) * (int64_t)yes;
+            if (!buf)
+                continue;
+            const char *xp = ts_tensor_ptr(x) +
+                             offset_of(r, nr, rshape, rxst) * (int64_t)xes;
+            char *yp = ts_tensor_ptr(y) +
+                       offset_of(r, nr, rshape, ryst) * (int64_t)yes;
             cpu_gather_f32(buf, xp, x->dtype, xs, L);
             float m = -INFINITY;
-            for (int64_t i = 0; i < L; i++) m = buf[i] > m ? buf[i] : m;
-            if (m == -INFINITY) m = 0; /* all -inf: avoid inf - inf */
+            for (int64_t i = 0; i < L; i++)
+                m = buf[i] > m ? buf[i] : m;
+            if (m == -INFINITY)
+                m = 0; /* all -inf: avoid inf - inf */
             double s = 0;
-            for (int64_t i = 0; i < L; i++) s += expf(buf[i] - m);
+            for (int64_t i = 0; i < L; i++)
+                s += expf(buf[i] - m);
             if (log_out) {
                 float lse = m + (float)log(s);
-                for (int64_t i = 0; i < L; i++) buf[i] -= lse;
+                for (int64_t i = 0; i < L; i++)
+                    buf[i] -= lse;
             } else {
                 float inv = (float)(1.0 / s);
-                for (int64_t i = 0; i < L; i++) buf[i] = expf(buf[i] - m) * inv;
+                for (int64_t i = 0; i < L; i++)
+                    buf[i] = expf(buf[i] - m) * inv;
             }
             cpu_scatter_f32(yp, y->dtype, ys, buf, L);
         }
         free(buf);
     }
-    if (fail) return ts_set_error(ctx, TS_ERR_OOM, "softmax: out of memory");
+    if (fail)
+        return ts_set_error(ctx, TS_ERR_OOM, "softmax: out of memory");
     return TS_OK;
 }
