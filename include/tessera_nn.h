@@ -122,6 +122,15 @@ ts_status ts_qwen3_generate_greedy(ts_qwen3_model *m, const int64_t *prompt,
                                    int64_t n_prompt, int64_t n_new,
                                    int64_t *out);
 
+/* The greedy loop models share: step(model, ids (1, T)) runs the new
+ * tokens through the model's cache and returns logits (1, T or 1, V); the
+ * argmax of the last position is the next token, n_new times. */
+typedef ts_tensor *(*ts_next_logits_fn)(void *model, ts_tensor *ids);
+ts_status ts_generate_greedy_with(ts_ctx *ctx, ts_next_logits_fn step,
+                                  void *model, const int64_t *prompt,
+                                  int64_t n_prompt, int64_t n_new,
+                                  int64_t *out);
+
 /* ---- optimizer ---------------------------------------------------------- */
 
 /* torch.optim.AdamW's hyperparameters. */

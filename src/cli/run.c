@@ -81,7 +81,7 @@ static int fail(ts_ctx *ctx, const char *what) {
 
 int tessera_run(int argc, char **argv) {
     const char *dir = NULL, *prompt = NULL, *stops[MAX_STOPS];
-    int n_stops = 0, max_new = 128, temperature_set = 0;
+    int n_stops = 0, max_new = 128;
     bool compiled = false;
     ts_dtype wdt = TS_F32;
     ts_sampling cli = ts_sampling_default();
@@ -96,7 +96,7 @@ int tessera_run(int argc, char **argv) {
         else if (!strcmp(a, "-n") && v && parse_num(v, 1, 1e6, &d))
             max_new = (int)d, i++;
         else if (!strcmp(a, "--temperature") && v && parse_num(v, 0, 100, &d))
-            cli.temperature = d, set[0] = 1, i++, temperature_set = 1;
+            cli.temperature = d, set[0] = 1, i++;
         else if (!strcmp(a, "--top-k") && v && parse_num(v, 0, 1e9, &d))
             cli.top_k = (int64_t)d, set[1] = 1, i++;
         else if (!strcmp(a, "--top-p") && v && parse_num(v, 1e-9, 1, &d))
@@ -123,7 +123,6 @@ int tessera_run(int argc, char **argv) {
             return usage();
         }
     }
-    (void)temperature_set;
     if (!dir || !prompt)
         return usage();
     ts_ctx *ctx;
@@ -147,8 +146,11 @@ int tessera_run(int argc, char **argv) {
     if (set[5])
         s.seed = cli.seed;
     ts_model_config mc;
-    if (ts_config_load(ctx, dir, &mc) != TS_OK)
-        return fail(ctx, "config"), ts_ctx_free(ctx), 1;
+    if (ts_config_load(ctx, dir, &mc) != TS_OK) {
+        fail(ctx, "config");
+        ts_ctx_free(ctx);
+        return 1;
+    }
     if (!n_eos && mc.eos_token_id >= 0)
         eos[n_eos++] = mc.eos_token_id;
     ts_tokenizer *tok = NULL;

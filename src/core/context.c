@@ -5,6 +5,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 extern const ts_backend ts_cpu_backend;
@@ -129,4 +130,14 @@ bool ts_set_grad_enabled(ts_ctx *ctx, bool enabled) {
 
 bool ts_is_grad_enabled(const ts_ctx *ctx) {
     return ctx && ctx->grad_enabled;
+}
+
+const char *ts_file_in(const char *path, const char *name, char *buf,
+                       size_t n) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        snprintf(buf, n, "%s/%s", path, name);
+    else
+        snprintf(buf, n, "%s", path);
+    return buf;
 }

@@ -59,8 +59,9 @@ struct ts_ctx {
     ts_compile_stats cstats;
     /* TS_PROFILE=1: time and calls per op kernel, printed at ctx free */
     bool profile;
-    double prof_seconds[64];
-    uint64_t prof_calls[64];
+#define TS_PROFILE_SLOTS 64 /* >= the number of ops (checked in node.c) */
+    double prof_seconds[TS_PROFILE_SLOTS];
+    uint64_t prof_calls[TS_PROFILE_SLOTS];
 };
 
 /* Runs n's kernel on the backend, timing it when profiling. */
@@ -191,6 +192,10 @@ void ts_store_f64(void *p, ts_dtype dt, double v);
  * node lifetime); called when a tensor holding it as grad_fn dies. */
 void ts_node_release(struct ts_node *n);
 void ts_node_forget_out(struct ts_node *n, const ts_tensor *out);
+
+/* path itself, or path/name when path is a folder (model folders hold
+ * config.json, tokenizer.json ...); into buf of n bytes. */
+const char *ts_file_in(const char *path, const char *name, char *buf, size_t n);
 
 /* Threading (OpenMP). */
 void ts_threads_apply(int n);

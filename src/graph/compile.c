@@ -33,10 +33,11 @@ typedef struct plan {
     int n_inplace; /* outputs written over a dying input */
     int *cse_src;  /* per node: the earlier equal node, or -1 */
     int n_cse;
-    int *fuse_root; /* per node: the group root it runs in, or -1 */
-    int n_fused;    /* nodes folded into a later node's loop */
-    int n_epilogue; /* matmuls whose result a group eats panel-wise */
-    int n_remat;    /* results recomputed for late readers */
+    int *fuse_root;   /* per node: the group root it runs in, or -1 */
+    int *group_first; /* per group root: its first member; -1 else */
+    int n_fused;      /* nodes folded into a later node's loop */
+    int n_epilogue;   /* matmuls whose result a group eats panel-wise */
+    int n_remat;      /* results recomputed for late readers */
     int *remat_node, *remat_at;
     int64_t *remat_off;
     size_t remat_saved_bytes; /* sum of (bytes x gap) avoided, for dumps */
@@ -87,7 +88,7 @@ ts_status ts_trace_append(ts_ctx *ctx, ts_node *n) {
 static void plan_free(plan *p) {
     free(p->key), free(p->run), free(p->out_off), free(p->saved_off);
     free(p->buf_off), free(p->buf_bytes), free(p->buf_end), free(p->cse_src);
-    free(p->fuse_root);
+    free(p->fuse_root), free(p->group_first);
     free(p->remat_node), free(p->remat_at), free(p->remat_off);
     free(p->folded), free(p->fold_value);
     free(p->rw_op), free(p->rw_ref), free(p->rw_f);
@@ -172,8 +173,6 @@ static void count_refs(ts_trace *t, int delta) {
             n->in[k]->scratch += delta;
         for (int k = 0; k < n->n_saved; k++)
             n->saved[k]->scratch += delta;
-        if (n->out)
-            n->out->scratch += 0; /* weak: not a reference */
     }
 }
 
@@ -193,8 +192,8 @@ static bool mark_live(ts_trace *t) {
     /* a work list of tensors found live, then the autograd graph behind them */
     int cap = 4 * t->n + 16, top = 0;
     ts_tensor **stack = malloc(sizeof *stack * (size_t)cap);
-    ts_node **visited = malloc(sizeof *visited * (size_t)(t->n + 1));
-    int n_visited = 0;
+    int vcap = t->n + 16, n_visited = 0;
+    ts_node **visited = malloc(sizeof *visited * (size_t)vcap);
     if (!stack || !visited) {
         free(stack), free(visited);
         return false;
@@ -229,15 +228,16 @@ static bool mark_live(ts_trace *t) {
         x->storage->scratch2 |= LIVE_AFTER;
         ts_node *g = x->grad_fn;
         if (g && g->visit == 0) {
-            g->visit = 1;
-            visited[n_visited++] = g;
-            if (n_visited > t->n) { /* more autograd nodes than trace: grow */
+            if (n_visited == vcap) { /* more autograd nodes than trace: grow */
                 ts_node **p =
-                    realloc(visited, sizeof *visited * (size_t)(2 * n_visited));
+                    realloc(visited, sizeof *visited * (size_t)(2 * vcap));
                 if (!p)
                     goto oom;
                 visited = p;
+                vcap *= 2;
             }
+            g->visit = 1;
+            visited[n_visited++] = g;
             for (int k = 0; k < g->n_in; k++)
                 PUSH(g->in[k]);
             for (int k = 0; k < g->n_saved; k++)
@@ -1004,15 +1004,16 @@ static ts_status run_rewrite(ts_ctx *ctx, ts_trace *t, const plan *p, int j,
 
 static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
     p->fuse_root = malloc(sizeof(int) * (size_t)(t->n + 1));
+    p->group_first = malloc(sizeof(int) * (size_t)(t->n + 1));
     int *readers = calloc((size_t)t->n + 1, sizeof(int));
     int *size = malloc(sizeof(int) * (size_t)(t->n + 1)); /* group sizes */
     bool *has_head = calloc((size_t)t->n + 1, sizeof(bool));
-    if (!p->fuse_root || !readers || !size || !has_head) {
+    if (!p->fuse_root || !p->group_first || !readers || !size || !has_head) {
         free(readers), free(size), free(has_head);
         return false;
     }
     for (int i = 0; i < t->n; i++)
-        p->fuse_root[i] = -1, size[i] = 1;
+        p->fuse_root[i] = p->group_first[i] = -1, size[i] = 1;
     if (!pass_on("fuse") || !ctx->backend->fusable) {
         free(readers), free(size), free(has_head);
         return true;
@@ -1057,13 +1058,17 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
                                 n->out_desc.ndim, n->out_desc.shape) ||
                 size[i] + size[j] > TS_FUSE_MAX)
                 continue;
+            /* the members of i's and j's groups start at these */
+            int first_i = p->group_first[i] >= 0 ? p->group_first[i] : i;
+            int first_j = p->group_first[j] >= 0 ? p->group_first[j] : j;
+            int first = first_i < first_j ? first_i : first_j;
             /* in-place writes between i and j to anything i's group reads */
             bool hazard = false;
             for (int w = i + 1; w < j && !hazard; w++) {
                 ts_node *wn = t->nodes[w];
                 if (!p->run[w] || !ts_op_table[wn->op].in_place)
                     continue;
-                for (int g = 0; g <= i && !hazard; g++) {
+                for (int g = first_i; g <= i && !hazard; g++) {
                     if (g != i && p->fuse_root[g] != i)
                         continue;
                     for (int q = 0; q < t->nodes[g]->n_in; q++)
@@ -1078,7 +1083,7 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
             ts_storage *ext[2 * TS_FUSE_MAX * 3];
             int n_ext = 0;
             bool too_many = false;
-            for (int g = 0; g <= j && !too_many; g++) {
+            for (int g = first; g <= j && !too_many; g++) {
                 bool member = g == i || g == j || p->fuse_root[g] == i ||
                               p->fuse_root[g] == j;
                 if (!member)
@@ -1104,10 +1109,12 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
             }
             if (too_many)
                 continue;
-            for (int g = 0; g < i; g++)
+            for (int g = first_i; g < i; g++)
                 if (p->fuse_root[g] == i)
                     p->fuse_root[g] = j;
             p->fuse_root[i] = j;
+            p->group_first[j] = first;
+            p->group_first[i] = -1;
             size[j] += size[i];
             p->n_fused += size[i];
             has_head[j] |= has_head[i] || head;
@@ -1123,7 +1130,7 @@ static void build_group(ts_trace *t, const plan *p, int j, ts_fused *f) {
     memset(f, 0, sizeof *f);
     f->head_ext = -1;
     int member_of[TS_FUSE_MAX];
-    for (int g = 0; g <= j; g++) {
+    for (int g = p->group_first[j]; g <= j; g++) {
         if (g != j && p->fuse_root[g] != j)
             continue;
         if (t->nodes[g]->op == TS_OP_MATMUL) { /* the epilogue's head */
@@ -1233,11 +1240,8 @@ static bool remat_pass(ts_trace *t, plan *p, read_list *reads, bool *writes) {
             p->fuse_root[R] >= 0 || !remat_cheap(n->op) ||
             (n->out_st->scratch2 & LIVE_AFTER) || writes[R * SLOTS])
             continue;
-        bool root = false;
-        for (int g = 0; g < R && !root; g++)
-            root = p->fuse_root[g] == R;
-        if (root)
-            continue;
+        if (p->group_first[R] >= 0)
+            continue; /* a group's root */
         read_list *r = &reads[R * SLOTS];
         int best = -1, gap = 0, prev = R;
         for (int k = 0; k < r->n; k++) {
@@ -1376,10 +1380,7 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
         if (!run[i] || !produces(n) || (n->out_st->scratch2 & LIVE_AFTER) ||
             p->fuse_root[i] >= 0 || p->folded[i] || p->rw_op[i])
             continue;
-        bool group_root = false;
-        for (int g = 0; g < i && !group_root; g++)
-            group_root = p->fuse_root[g] == i;
-        if (group_root)
+        if (p->group_first[i] >= 0)
             continue; /* its loop reads inputs the node never names */
         size_t out_bytes = slot_bytes(n, 0);
         for (int k = 0; k < n->n_in; k++) {
@@ -1726,9 +1727,7 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
         ts_contiguous_strides(hdr.ndim, hdr.shape, hdr.strides);
         ts_tensor *keep = n->out;
         n->out = &hdr;
-        bool root = false;
-        for (int g = 0; g < i && !root; g++)
-            root = p->fuse_root[g] == i;
+        bool root = p->group_first[i] >= 0;
         if (p->rw_op[i]) {
             st = run_rewrite(ctx, t, p, i, &hdr);
         } else if (p->folded[i]) { /* a constant: fill, no kernel */

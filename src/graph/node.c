@@ -65,6 +65,8 @@ void ts_node_forget_out(ts_node *n, const ts_tensor *out) {
         n->out = NULL;
 }
 
+_Static_assert(TS_OP_COUNT <= TS_PROFILE_SLOTS, "TS_PROFILE_SLOTS too small");
+
 ts_status ts_run_kernel(ts_ctx *ctx, ts_node *n) {
     if (!ctx->profile)
         return ctx->backend->run_node(ctx, n);

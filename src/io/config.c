@@ -9,7 +9,6 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 static const struct {
     const char *model_type, *architecture;
@@ -98,11 +97,7 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
                             "ts_config_load: NULL argument");
     memset(out, 0, sizeof *out);
     char file[4096];
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        snprintf(file, sizeof file, "%s/config.json", path);
-    else
-        snprintf(file, sizeof file, "%s", path);
+    ts_file_in(path, "config.json", file, sizeof file);
     json_error_t jerr;
     json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)

@@ -229,47 +229,38 @@ ts_tensor *ts_gpt2_forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0) {
     return forward(m, ids, pos0, false);
 }
 
+typedef struct {
+    ts_gpt2_model *m;
+    int64_t pos; /* positions already in the caches */
+} gpt2_step;
+
+static ts_tensor *gpt2_next_logits(void *arg, ts_tensor *ids) {
+    gpt2_step *g = arg;
+    ts_tensor *logits = forward(g->m, ids, g->pos, true);
+    g->pos += ts_tensor_dim(ids, 1);
+    return logits;
+}
+
 ts_status ts_gpt2_generate_greedy(ts_gpt2_model *m, const int64_t *prompt,
                                   int64_t n_prompt, int64_t n_new,
                                   int64_t *out) {
-    if (!m || !prompt || !out || n_prompt < 1 || n_new < 0)
-        return m ? ts_set_error(m->ctx, TS_ERR_INVALID_ARG,
-                                "gpt2_generate_greedy: a prompt of >= 1 token "
-                                "and n_new >= 0")
-                 : TS_ERR_INVALID_ARG;
+    if (!m)
+        return TS_ERR_INVALID_ARG;
     ts_ctx *ctx = m->ctx;
     const ts_model_config *c = &m->cfg;
-    int64_t max_T = n_prompt + n_new;
     ts_status s = TS_OK;
-    int64_t shape[4] = {1, c->heads, max_T, c->head_dim};
-    for (int64_t i = 0; i < c->layers && !s; i++) {
+    int64_t shape[4] = {1, c->heads, n_prompt + n_new, c->head_dim};
+    for (int64_t i = 0; i < c->layers && !s && n_prompt >= 1 && n_new >= 0;
+         i++) {
         m->layer[i].k = ts_zeros(ctx, TS_F32, 4, shape);
         m->layer[i].v = ts_zeros(ctx, TS_F32, 4, shape);
         if (!m->layer[i].k || !m->layer[i].v)
             s = ts_ctx_status(ctx);
     }
-    bool old = ts_set_grad_enabled(ctx, false);
-    int64_t pshape[2] = {1, n_prompt}, pos = 0;
-    ts_tensor *ids = s ? NULL : ts_from_data(ctx, TS_I64, 2, pshape, prompt);
-    for (int64_t t = 0; t < n_new && !s; t++) {
-        ts_tensor *logits = forward(m, ids, pos, true);
-        pos += ts_tensor_dim(ids, 1);
-        ts_release(ids);
-        ids = NULL;
-        int64_t T = logits ? ts_tensor_dim(logits, 1) : 0;
-        ts_tensor *last = logits ? ts_slice(logits, 1, T - 1, T, 1) : NULL;
-        ts_tensor *best = last ? ts_argmax(last, -1, false) : NULL;
-        double v;
-        s = best ? ts_item(best, &v) : ts_ctx_status(ctx);
-        if (!s) {
-            out[t] = (int64_t)v;
-            int64_t one[2] = {1, 1};
-            ids = ts_from_data(ctx, TS_I64, 2, one, &out[t]);
-        }
-        ts_release(logits), ts_release(last), ts_release(best);
-    }
-    ts_release(ids);
-    ts_set_grad_enabled(ctx, old);
+    gpt2_step g = {m, 0};
+    if (!s)
+        s = ts_generate_greedy_with(ctx, gpt2_next_logits, &g, prompt, n_prompt,
+                                    n_new, out);
     for (int64_t i = 0; i < c->layers; i++) {
         ts_release(m->layer[i].k), ts_release(m->layer[i].v);
         m->layer[i].k = m->layer[i].v = NULL;

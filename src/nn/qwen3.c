@@ -570,40 +570,27 @@ ts_tensor *ts_qwen3_forward_cached_last(ts_qwen3_model *m, ts_qwen3_cache *kc,
     return forward_cached(m, kc, ids, true);
 }
 
+typedef struct {
+    ts_qwen3_model *m;
+    ts_qwen3_cache *kc;
+} qwen3_step;
+
+static ts_tensor *qwen3_next_logits(void *arg, ts_tensor *ids) {
+    qwen3_step *q = arg;
+    return ts_qwen3_forward_cached_last(q->m, q->kc, ids);
+}
+
 ts_status ts_qwen3_generate_greedy(ts_qwen3_model *m, const int64_t *prompt,
                                    int64_t n_prompt, int64_t n_new,
                                    int64_t *out) {
-    if (!m || !prompt || !out || n_prompt < 1 || n_new < 0)
-        return m ? ts_set_error(m->ctx, TS_ERR_INVALID_ARG,
-                                "qwen3_generate_greedy: a prompt of >= 1 token "
-                                "and n_new >= 0")
-                 : TS_ERR_INVALID_ARG;
-    ts_ctx *ctx = m->ctx;
-    ts_qwen3_cache *kc;
-    ts_status s = ts_qwen3_cache_new(m, 1, n_prompt + n_new, &kc);
-    if (s != TS_OK)
-        return s;
-    bool old = ts_set_grad_enabled(ctx, false);
-    int64_t shape[2] = {1, n_prompt};
-    ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, prompt);
-    for (int64_t t = 0; t < n_new && s == TS_OK; t++) {
-        ts_tensor *logits = ts_qwen3_forward_cached_last(m, kc, ids);
-        ts_release(ids);
-        ids = NULL;
-        int64_t T = logits ? ts_tensor_dim(logits, 1) : 0;
-        ts_tensor *last = logits ? ts_slice(logits, 1, T - 1, T, 1) : NULL;
-        ts_tensor *best = last ? ts_argmax(last, -1, false) : NULL; /* (1, 1) */
-        double v;
-        s = best ? ts_item(best, &v) : ts_ctx_status(ctx);
-        if (s == TS_OK) {
-            out[t] = (int64_t)v;
-            int64_t one[2] = {1, 1};
-            ids = ts_from_data(ctx, TS_I64, 2, one, &out[t]);
-        }
-        ts_release(logits), ts_release(last), ts_release(best);
-    }
-    ts_release(ids);
-    ts_set_grad_enabled(ctx, old);
-    ts_qwen3_cache_free(kc);
+    if (!m)
+        return TS_ERR_INVALID_ARG;
+    qwen3_step q = {m, NULL};
+    if (n_prompt >= 1 && n_new >= 0 &&
+        ts_qwen3_cache_new(m, 1, n_prompt + n_new, &q.kc) != TS_OK)
+        return ts_ctx_status(m->ctx);
+    ts_status s = ts_generate_greedy_with(m->ctx, qwen3_next_logits, &q, prompt,
+                                          n_prompt, n_new, out);
+    ts_qwen3_cache_free(q.kc);
     return s;
 }

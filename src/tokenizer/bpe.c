@@ -14,7 +14,6 @@
 #include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <utf8proc.h>
 
 #define MAX_SPLITS 4
@@ -244,11 +243,7 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
                             "tokenizer_load: NULL argument");
     *out = NULL;
     char file[4096];
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        snprintf(file, sizeof file, "%s/tokenizer.json", path);
-    else
-        snprintf(file, sizeof file, "%s", path);
+    ts_file_in(path, "tokenizer.json", file, sizeof file);
     json_error_t jerr;
     json_t *root = json_load_file(file, 0, &jerr);
     if (!root)

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """check_run_cli.py TESSERA DIR — `tessera run` end to end on the folder
-hf_tiny_lm.py wrote: greedy text equals the PyTorch reference's, a stop
-string cuts the text before it, a seeded sampling run repeats itself, and
+hf_tiny_lm.py wrote: greedy text equals the PyTorch reference's (eager,
+--compile, and with generation_config.json's greedy default), bf16-kept
+weights run, a stop string cuts the text before it, a seeded sampling run
+repeats itself, and
 `tessera tokenize` encodes and decodes the prompt; bad options exit 2."""
 import json
 import os
@@ -23,6 +25,11 @@ def main():
     assert "tokens/s" in r.stderr, r.stderr
     r = run(exe, "run", "-m", d, "-p", "Hello world", "-n", "24", "--compile")
     assert r.returncode == 0 and r.stdout == want + "\n", (r.stdout, r.stderr)
+    # weights kept in bf16 (rounded from f32): runs, generates up to 24 tokens
+    r = run(exe, "run", "-m", d, "-p", "Hello world", "-n", "24", "--dtype", "bf16")
+    assert r.returncode == 0 and 1 < len(r.stdout) <= 24 * 8 + 1, (r.stdout, r.stderr)
+    r = run(exe, "run", "-m", d, "-p", "x", "--dtype", "f64")
+    assert r.returncode == 2, r.stderr
     stop = want[2:5]
     r = run(exe, "run", "-m", d, "-p", "Hello world", "-n", "24", "--stop", stop)
     assert r.returncode == 0 and r.stdout == want[:want.index(stop)] + "\n", (r.stdout, stop)

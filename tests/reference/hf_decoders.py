@@ -7,15 +7,13 @@ hf_qwen3.py writes them: DIR/<case>/, <case>.ids, .logits, .greedy."""
 import json
 import math
 import os
-import struct
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from hf_qwen3 import write_safetensors  # noqa: E402
+from hf_qwen3 import write_expected, write_safetensors  # noqa: E402
 
 CASES = {
     # name: model_type, V, C, L, H, KV, D, F, theta, tie, llama3 scaling
@@ -127,17 +125,7 @@ def make(root, name, spec, seed):
     write_safetensors(os.path.join(d, "model.safetensors"), list(p.items()))
     B, T = 2, 24  # past the 16 original positions of the scaled case
     ids = torch.randint(0, V, (B, T), generator=g)
-    with torch.no_grad():
-        logits = forward(p, spec, ids)
-        seq, new = ids[0:1, :5], []
-        for _ in range(32):
-            nxt = int(forward(p, spec, seq)[0, -1].argmax())
-            new.append(nxt)
-            seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)
-    with open(os.path.join(root, name + ".ids"), "wb") as f:
-        f.write(struct.pack("<qq", B, T) + ids.numpy().astype(np.int64).tobytes())
-    logits.numpy().astype(np.float32).tofile(os.path.join(root, name + ".logits"))
-    np.array(new, dtype=np.int64).tofile(os.path.join(root, name + ".greedy"))
+    write_expected(root, name, lambda x: forward(p, spec, x), ids, 32)
 
 
 def main():

@@ -8,15 +8,13 @@ greedy continuation of a PyTorch reference written after modeling_gpt2.py
 import json
 import math
 import os
-import struct
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from hf_qwen3 import write_safetensors  # noqa: E402
+from hf_qwen3 import write_expected, write_safetensors  # noqa: E402
 
 CASES = {"gpt2_prefixed": (81, 48, 2, 4, 64, True), "gpt2_bare": (65, 32, 3, 2, 40, False)}
 
@@ -70,17 +68,7 @@ def make(root, name, spec, seed):
     json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=2)
     B, T = 2, 17
     ids = torch.randint(0, V, (B, T), generator=g)
-    with torch.no_grad():
-        logits = forward(p, spec, ids)
-        seq, new = ids[0:1, :5], []
-        for _ in range(20):
-            nxt = int(forward(p, spec, seq)[0, -1].argmax())
-            new.append(nxt)
-            seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)
-    with open(os.path.join(root, name + ".ids"), "wb") as f:
-        f.write(struct.pack("<qq", B, T) + ids.numpy().astype(np.int64).tobytes())
-    logits.numpy().astype(np.float32).tofile(os.path.join(root, name + ".logits"))
-    np.array(new, dtype=np.int64).tofile(os.path.join(root, name + ".greedy"))
+    write_expected(root, name, lambda x: forward(p, spec, x), ids, 20)
 
 
 def main():

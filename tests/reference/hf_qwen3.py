@@ -52,6 +52,24 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
+def write_expected(root, name, forward, ids, n_greedy):
+    """The files a C test reads: DIR/<name>.ids (B, T first), .logits of
+    forward(ids), and .greedy, n_greedy tokens after ids[0, :5] (argmax of
+    a full recompute each step)."""
+    B, T = ids.shape
+    with torch.no_grad():
+        logits = forward(ids).float()
+        seq, new = ids[0:1, :5], []
+        for _ in range(n_greedy):
+            nxt = int(forward(seq)[0, -1].argmax())
+            new.append(nxt)
+            seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)
+    with open(os.path.join(root, name + ".ids"), "wb") as f:
+        f.write(struct.pack("<qq", B, T) + ids.numpy().astype(np.int64).tobytes())
+    logits.numpy().astype(np.float32).tofile(os.path.join(root, name + ".logits"))
+    np.array(new, dtype=np.int64).tofile(os.path.join(root, name + ".greedy"))
+
+
 def make(root, name, spec, seed):
     V, C, L, H, KV, D, Fi, theta, tie, dtype, shards = spec
     g = torch.Generator().manual_seed(seed)
@@ -115,22 +133,7 @@ def make(root, name, spec, seed):
     B, T = 2, 11
     ids = torch.randint(0, V, (B, T), generator=g)
     cfgv = [V, C, L, H, KV, D, Fi, 1e-6, theta, 1.0 if tie else 0.0, 512]
-    with torch.no_grad():
-        logits = qwen3_forward(pf, cfgv, ids, 0).float()
-    with open(os.path.join(root, name + ".ids"), "wb") as f:
-        f.write(struct.pack("<qq", B, T) + ids.numpy().astype(np.int64).tobytes())
-    with open(os.path.join(root, name + ".logits"), "wb") as f:
-        f.write(logits.numpy().astype(np.float32).tobytes())
-    # greedy: 32 tokens after the first 5 ids of row 0, full recompute each step
-    seq = ids[0:1, :5]
-    new = []
-    with torch.no_grad():
-        for _ in range(32):
-            nxt = int(qwen3_forward(pf, cfgv, seq, 0)[0, -1].argmax())
-            new.append(nxt)
-            seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)
-    with open(os.path.join(root, name + ".greedy"), "wb") as f:
-        f.write(np.array(new, dtype=np.int64).tobytes())
+    write_expected(root, name, lambda x: qwen3_forward(pf, cfgv, x, 0), ids, 32)
 
 
 def main():
