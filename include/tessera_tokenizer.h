@@ -42,6 +42,48 @@ ts_status ts_tokenizer_decode_step(ts_tokenizer *tok, ts_detok_state *st,
                                    int32_t id, char *out, size_t out_cap,
                                    size_t *out_len);
 
+/* ---- Chat templates ----------------------------------------------------
+ * The Jinja subset that real chat templates use, rendered exactly as
+ * transformers' apply_chat_template renders them with Python's jinja2:
+ * trim_blocks and lstrip_blocks on, the loop-controls extension (break,
+ * continue), `tojson` as json.dumps(ensure_ascii=False), and the globals
+ * raise_exception(msg) and strftime_now(fmt). Supported: {{ }}, {% %} and
+ * {# #} with whitespace control (-, +); if/elif/else, for (with `loop`,
+ * else, a filter condition, tuple unpacking), set (also ns.attr and block
+ * set), macro/call of macros, raw; literals (strings, numbers, lists,
+ * dicts, true/false/none), arithmetic, comparisons, and/or/not, in,
+ * conditional expressions, slices, the filters and tests listed in
+ * docs/CHAT_TEMPLATES.md, string and dict methods (startswith, split,
+ * strip, items, get, ...), range, namespace, dict. Anything outside the
+ * subset is a parse error naming the construct and the line. */
+typedef struct ts_template ts_template;
+ts_status ts_template_parse(ts_ctx *ctx, const char *src, size_t len,
+                            ts_template **out);
+/* vars_json: a JSON object whose members are the template's variables
+ * (messages, add_generation_prompt, bos_token, tools, enable_thinking,
+ * ...). Output is malloc'd and NUL-terminated; *len excludes the NUL.
+ * raise_exception and undefined-variable errors come back as errors with
+ * the template's message. */
+ts_status ts_template_render(ts_ctx *ctx, const ts_template *t,
+                             const char *vars_json, char **out, size_t *len);
+void ts_template_free(ts_template *t);
+
+/* A model folder's chat setup from tokenizer_config.json: chat_template
+ * (a string, or a list of named templates of which "default" is used),
+ * bos_token and eos_token (strings or {"content": ...} objects). */
+typedef struct ts_chat ts_chat;
+ts_status ts_chat_load(ts_ctx *ctx, const char *dir, ts_chat **out);
+void ts_chat_free(ts_chat *c);
+const char *ts_chat_bos_token(const ts_chat *c); /* "" when none */
+const char *ts_chat_eos_token(const ts_chat *c); /* "" when none */
+/* messages_json: a JSON array of {"role", "content", ...} objects;
+ * extra_vars_json: NULL or a JSON object of further variables (e.g.
+ * {"enable_thinking": false}). bos_token and eos_token are passed as
+ * apply_chat_template passes them. */
+ts_status ts_chat_apply(ts_chat *c, const char *messages_json,
+                        bool add_generation_prompt,
+                        const char *extra_vars_json, char **out, size_t *len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,3780 @@
+/* jinja.c — the Jinja subset that chat templates use, rendered as
+ * transformers' apply_chat_template renders them with Python's jinja2
+ * (trim_blocks, lstrip_blocks, loop controls, tojson = json.dumps with
+ * ensure_ascii=False, raise_exception, strftime_now). Values follow
+ * Python's semantics (truthiness, str(), repr(), floor division, slices by
+ * code point). Owns the lexer, the parser (an AST of `node`s) and the
+ * tree-walking renderer; values are jansson objects. Knows nothing of
+ * tokenizers or models: chat.c feeds it tokenizer_config.json.
+ * The supported filters, tests and methods are listed in
+ * docs/CHAT_TEMPLATES.md. */
+#define _GNU_SOURCE /* memmem */
+#include "jinja.h"
+
+#include "core/core.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <utf8proc.h>
+
+#define MAX_DEPTH 200 /* nesting of expressions, statements and macro calls */
+
+/* ---- string buffer ---- */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static void sb_putn(sbuf *b, const char *s, size_t n) {
+    if (n > ((size_t)1 << 40))
+        abort(); /* no template renders a terabyte */
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            abort(); /* out of memory while rendering text */
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+static void sb_puts(sbuf *b, const char *s) {
+    sb_putn(b, s, strlen(s));
+}
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    char tmp[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        sb_putn(b, tmp, n < (int)sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+/* ---- UTF-8 ---- */
+
+static int u8_next(const char *s, size_t n, size_t i, int32_t *cp) {
+    utf8proc_int32_t c;
+    utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i,
+                                          (utf8proc_ssize_t)(n - i), &c);
+    if (k <= 0) {
+        *cp = (unsigned char)s[i];
+        return 1;
+    }
+    *cp = c;
+    return (int)k;
+}
+static size_t u8_len(const char *s, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+/* byte offset of code point k (k <= number of code points) */
+static size_t u8_offset(const char *s, size_t n, size_t k) {
+    size_t i = 0;
+    for (; i < n && k; k--) {
+        int32_t c;
+        i += u8_next(s, n, i, &c);
+    }
+    return i;
+}
+static bool py_isspace(int32_t c) {
+    return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 ||
+           c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
+           c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f ||
+           c == 0x3000;
+}
+
+static bool valid_utf8(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        utf8proc_int32_t c;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i,
+                                              (utf8proc_ssize_t)(n - i), &c);
+        if (k <= 0)
+            return false;
+        i += k;
+    }
+    return true;
+}
+
+/* ---- lexer ---- */
+
+typedef enum {
+    T_TEXT,
+    T_VAR_BEGIN,
+    T_VAR_END,
+    T_BLOCK_BEGIN,
+    T_BLOCK_END,
+    T_NAME,
+    T_STRING,
+    T_INT,
+    T_FLOAT,
+    T_OP,
+    T_EOF
+} tok_kind;
+
+typedef struct {
+    tok_kind kind;
+    int line;
+    char *s; /* text, name, string value or operator */
+    size_t len;
+    long long i;
+    double f;
+} token;
+
+typedef struct {
+    token *v;
+    size_t n, cap;
+} tok_list;
+
+struct ts_template {
+    struct node *root;
+    char *err; /* a parse error, kept for the message */
+};
+
+typedef struct {
+    ts_ctx *ctx;
+    char msg[512];
+    bool failed;
+} diag;
+
+static bool fail_at(diag *d, int line, const char *fmt, ...) {
+    if (d->failed)
+        return false;
+    va_list ap;
+    va_start(ap, fmt);
+    char tmp[400];
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    snprintf(d->msg, sizeof d->msg, "chat template line %d: %s", line, tmp);
+    d->failed = true;
+    return false;
+}
+
+static void tl_push(tok_list *l, token t) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? l->cap * 2 : 256;
+        l->v = realloc(l->v, l->cap * sizeof *l->v);
+        if (!l->v)
+            abort();
+    }
+    l->v[l->n++] = t;
+}
+
+static int count_lines(const char *s, size_t n) {
+    int c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += s[i] == '\n';
+    return c;
+}
+
+static bool is_ws(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' ||
+           c == '\r';
+}
+static bool is_ident_start(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+static bool is_ident(char c) {
+    return is_ident_start(c) || (c >= '0' && c <= '9');
+}
+
+/* Python string-literal escapes. */
+static bool lex_string(diag *d, int line, const char *s, size_t n, size_t *i,
+                       sbuf *out) {
+    char q = s[(*i)++];
+    while (*i < n && s[*i] != q) {
+        char c = s[(*i)++];
+        if (c != '\\') {
+            sb_putn(out, &c, 1);
+            continue;
+        }
+        if (*i >= n)
+            break;
+        char e = s[(*i)++];
+        const char *simple = NULL;
+        switch (e) {
+        case 'n':
+            simple = "\n";
+            break;
+        case 't':
+            simple = "\t";
+            break;
+        case 'r':
+            simple = "\r";
+            break;
+        case '\\':
+            simple = "\\";
+            break;
+        case '\'':
+            simple = "'";
+            break;
+        case '"':
+            simple = "\"";
+            break;
+        case 'a':
+            simple = "\a";
+            break;
+        case 'b':
+            simple = "\b";
+            break;
+        case 'f':
+            simple = "\f";
+            break;
+        case 'v':
+            simple = "\v";
+            break;
+        case '0':
+            sb_putn(out, "", 1);
+            continue;
+        case '\n':
+            continue;
+        default:
+            break;
+        }
+        if (simple) {
+            sb_puts(out, simple);
+            continue;
+        }
+        int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
+        if (!digits) { /* unknown escapes stay as written, as in Python */
+            sb_putn(out, "\\", 1);
+            sb_putn(out, &e, 1);
+            continue;
+        }
+        if (*i + digits > n)
+            return fail_at(d, line, "truncated \\%c escape in a string", e);
+        char hex[9] = {0};
+        memcpy(hex, s + *i, digits);
+        char *end;
+        long cp = strtol(hex, &end, 16);
+        if (*end || !utf8proc_codepoint_valid(cp))
+            return fail_at(d, line, "bad \\%c escape in a string", e);
+        *i += digits;
+        utf8proc_uint8_t u[4];
+        sb_putn(out, (char *)u, utf8proc_encode_char(cp, u));
+    }
+    if (*i >= n)
+        return fail_at(d, line, "unterminated string literal");
+    (*i)++;
+    return true;
+}
+
+static const char *OPS[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*",
+                            "/",  "%",  "~",  "<",  ">",  "=",  "(", ")", "[",
+                            "]",  "{",  "}",  ",",  ".",  ":",  "|", NULL};
+
+/* Lex the inside of a {{ }} or {% %} tag starting at *i; stops at the
+ * closing delimiter (end = "}}" or "%}"), recording whether it carried a
+ * '-' or '+' modifier. */
+static bool lex_tag(diag *d, const char *s, size_t n, size_t *i, int *line,
+                    const char *end, tok_list *out, char *rmod) {
+    int brace = 0;
+    for (;;) {
+        while (*i < n && (s[*i] == ' ' || s[*i] == '\t' || s[*i] == '\n' ||
+                          s[*i] == '\r')) {
+            *line += s[*i] == '\n';
+            (*i)++;
+        }
+        if (*i >= n)
+            return fail_at(d, *line, "unexpected end of template inside a tag");
+        char c = s[*i];
+        if (!brace && (c == '-' || c == '+') && *i + 3 <= n &&
+            !strncmp(s + *i + 1, end, 2)) {
+            *rmod = c;
+            *i += 3;
+            return true;
+        }
+        if (!brace && !strncmp(s + *i, end, 2)) {
+            *rmod = 0;
+            *i += 2;
+            return true;
+        }
+        token t = {.line = *line};
+        if (is_ident_start(c)) {
+            size_t j = *i;
+            while (j < n && is_ident(s[j]))
+                j++;
+            t.kind = T_NAME;
+            t.s = strndup(s + *i, j - *i);
+            t.len = j - *i;
+            *i = j;
+        } else if (c >= '0' && c <= '9') {
+            size_t j = *i;
+            bool fl = false;
+            while (j < n && ((s[j] >= '0' && s[j] <= '9') || s[j] == '_'))
+                j++;
+            if (j + 1 < n && s[j] == '.' && s[j + 1] >= '0' &&
+                s[j + 1] <= '9') {
+                fl = true;
+                j++;
+                while (j < n && s[j] >= '0' && s[j] <= '9')
+                    j++;
+            }
+            if (j < n && (s[j] == 'e' || s[j] == 'E')) {
+                size_t k = j + 1;
+                if (k < n && (s[k] == '+' || s[k] == '-'))
+                    k++;
+                if (k < n && s[k] >= '0' && s[k] <= '9') {
+                    fl = true;
+                    j = k;
+                    while (j < n && s[j] >= '0' && s[j] <= '9')
+                        j++;
+                }
+            }
+            char num[64] = {0};
+            size_t k = 0;
+            for (size_t q = *i; q < j && k < 63; q++)
+                if (s[q] != '_')
+                    num[k++] = s[q];
+            t.kind = fl ? T_FLOAT : T_INT;
+            if (fl)
+                t.f = strtod(num, NULL);
+            else
+                t.i = strtoll(num, NULL, 10);
+            *i = j;
+        } else if (c == '\'' || c == '"') {
+            sbuf b = {0};
+            sb_putn(&b, "", 0);
+            if (!lex_string(d, *line, s, n, i, &b)) {
+                free(b.p);
+                return false;
+            }
+            t.kind = T_STRING;
+            t.s = b.p;
+            t.len = b.n;
+        } else {
+            const char *op = NULL;
+            for (int k = 0; OPS[k]; k++)
+                if (!strncmp(s + *i, OPS[k], strlen(OPS[k]))) {
+                    op = OPS[k];
+                    break;
+                }
+            if (!op)
+                return fail_at(d, *line, "unexpected character '%c'", c);
+            if (*op == '{' || *op == '[' || *op == '(')
+                brace++;
+            else if ((*op == '}' || *op == ']' || *op == ')') && brace > 0)
+                brace--;
+            t.kind = T_OP;
+            t.s = strdup(op);
+            t.len = strlen(op);
+            *i += t.len;
+        }
+        tl_push(out, t);
+    }
+}
+
+/* Whitespace rules applied to the text before a tag. */
+static void emit_text(tok_list *out, const char *s, size_t a, size_t b,
+                      int line) {
+    if (b <= a)
+        return;
+    char *t = malloc(b - a + 1);
+    if (!t)
+        abort();
+    memcpy(t, s + a, b - a); /* the text may hold NULs: no strndup */
+    t[b - a] = 0;
+    tl_push(out, (token){.kind = T_TEXT, .line = line, .s = t, .len = b - a});
+}
+
+static bool lex(diag *d, const char *src, size_t n, tok_list *out) {
+    /* Newlines normalized to \n and one trailing newline dropped, as
+     * jinja2 does (keep_trailing_newline=False). */
+    char *s = malloc(n + 1);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (src[i] == '\r') {
+            s[m++] = '\n';
+            if (i + 1 < n && src[i + 1] == '\n')
+                i++;
+        } else
+            s[m++] = src[i];
+    }
+    if (m && s[m - 1] == '\n')
+        m--;
+    s[m] = 0;
+    n = m;
+    size_t i = 0;
+    int line = 1;
+    char prev_rmod = 0;      /* modifier of the previous tag's end */
+    bool prev_block = false; /* the previous tag was a block or comment */
+    while (i <= n) {
+        /* find the next tag */
+        size_t t = i;
+        while (t + 1 < n &&
+               !(s[t] == '{' &&
+                 (s[t + 1] == '{' || s[t + 1] == '%' || s[t + 1] == '#')))
+            t++;
+        if (t + 1 >= n)
+            t = n;
+        size_t a = i, b = t;
+        /* the previous tag's right side */
+        if (prev_rmod == '-')
+            while (a < b && is_ws(s[a]))
+                a++;
+        else if (prev_block && prev_rmod != '+' && a < b && s[a] == '\n')
+            a++;
+        char kind = t < n ? s[t + 1] : 0;
+        char lmod = t + 2 < n ? s[t + 2] : 0;
+        if (kind && lmod == '-') {
+            while (b > a && is_ws(s[b - 1]))
+                b--;
+        } else if ((kind == '%' || kind == '#') && lmod != '+') {
+            size_t l = b;
+            while (l > a && (s[l - 1] == ' ' || s[l - 1] == '\t'))
+                l--;
+            if (l == 0 || s[l - 1] == '\n')
+                b = l;
+        }
+        emit_text(out, s, a, b, line);
+        line += count_lines(s + i, t - i);
+        if (t >= n)
+            break;
+        i = t + 2;
+        if (lmod == '-' || lmod == '+')
+            i++;
+        if (kind == '#') {
+            const char *e = strstr(s + i, "#}");
+            if (!e) {
+                free(s);
+                return fail_at(d, line, "unterminated comment");
+            }
+            size_t ce = e - s;
+            prev_rmod = ce > i && (s[ce - 1] == '-' || s[ce - 1] == '+')
+                            ? s[ce - 1]
+                            : 0;
+            line += count_lines(s + i, ce - i);
+            i = ce + 2;
+            prev_block = true;
+            continue;
+        }
+        size_t mark = out->n;
+        tl_push(out, (token){.kind = kind == '{' ? T_VAR_BEGIN : T_BLOCK_BEGIN,
+                             .line = line});
+        char rmod = 0;
+        if (!lex_tag(d, s, n, &i, &line, kind == '{' ? "}}" : "%}", out,
+                     &rmod)) {
+            free(s);
+            return false;
+        }
+        tl_push(out, (token){.kind = kind == '{' ? T_VAR_END : T_BLOCK_END,
+                             .line = line});
+        prev_rmod = rmod;
+        prev_block = kind == '%';
+        /* {% raw %}: everything up to {% endraw %} is text */
+        if (kind == '%' && out->n - mark == 3 &&
+            out->v[mark + 1].kind == T_NAME &&
+            !strcmp(out->v[mark + 1].s, "raw")) {
+            size_t r = i, found = 0, after = 0;
+            for (; r + 1 < n; r++) {
+                if (s[r] != '{' || s[r + 1] != '%')
+                    continue;
+                size_t q = r + 2;
+                if (q < n && (s[q] == '-' || s[q] == '+'))
+                    q++;
+                while (q < n && (s[q] == ' ' || s[q] == '\t' || s[q] == '\n'))
+                    q++;
+                if (strncmp(s + q, "endraw", 6))
+                    continue;
+                q += 6;
+                while (q < n && (s[q] == ' ' || s[q] == '\t' || s[q] == '\n'))
+                    q++;
+                if (q < n && (s[q] == '-' || s[q] == '+'))
+                    q++;
+                if (!strncmp(s + q, "%}", 2)) {
+                    found = r;
+                    after = q + 2;
+                    break;
+                }
+            }
+            if (!after) {
+                free(s);
+                return fail_at(d, line, "{%% raw %%} without {%% endraw %%}");
+            }
+            for (size_t k = mark; k < out->n; k++)
+                free(out->v[k].s);
+            out->n = mark;
+            size_t a2 = i, b2 = found;
+            if (rmod == '-')
+                while (a2 < b2 && is_ws(s[a2]))
+                    a2++;
+            else if (rmod != '+' && a2 < b2 && s[a2] == '\n')
+                a2++;
+            if (s[found + 2] == '-')
+                while (b2 > a2 && is_ws(s[b2 - 1]))
+                    b2--;
+            emit_text(out, s, a2, b2, line);
+            line += count_lines(s + i, after - i);
+            prev_rmod =
+                s[after - 3] == '-' || s[after - 3] == '+' ? s[after - 3] : 0;
+            i = after;
+        }
+    }
+    tl_push(out, (token){.kind = T_EOF, .line = line});
+    free(s);
+    return true;
+}
+
+/* ---- AST ---- */
+
+typedef enum {
+    /* statements */
+    N_BODY,
+    N_TEXT,
+    N_OUT,
+    N_IF,
+    N_FOR,
+    N_SET,
+    N_SETBLOCK,
+    N_MACRO,
+    N_BREAK,
+    N_CONTINUE,
+    /* expressions */
+    E_LIT,
+    E_NAME,
+    E_ATTR,
+    E_ITEM,
+    E_SLICE,
+    E_CALL,   /* a = callee, kids = args */
+    E_FILTER, /* a = operand, s = filter name, kids = args */
+    E_TEST,   /* a = operand, s = test name, kids = args, neg */
+    E_BIN,    /* s = operator */
+    E_AND,
+    E_OR,
+    E_NOT,
+    E_NEG,
+    E_COND, /* a if b else c */
+    E_LIST,
+    E_DICT /* kids = k0, v0, k1, v1, ... */
+} node_kind;
+
+typedef struct node node;
+struct node {
+    node_kind kind;
+    int line;
+    char *s, *s2; /* names; for N_FOR the targets, for N_SET ns.attr */
+    size_t len;   /* N_TEXT: bytes of s (text may hold NULs) */
+    json_t *lit;
+    node *a, *b, *c;
+    node **kids;
+    int nkids;
+    node **orelse; /* N_IF / N_FOR else branch, N_MACRO defaults */
+    int nelse;
+    char **kwn; /* keyword arguments of calls and filters */
+    node **kwv;
+    int nkw;
+    bool neg;
+};
+
+static void node_free(node *x) {
+    if (!x)
+        return;
+    free(x->s);
+    free(x->s2);
+    if (x->lit)
+        json_decref(x->lit);
+    node_free(x->a);
+    node_free(x->b);
+    node_free(x->c);
+    for (int i = 0; i < x->nkids; i++)
+        node_free(x->kids[i]);
+    for (int i = 0; i < x->nelse; i++)
+        node_free(x->orelse[i]);
+    for (int i = 0; i < x->nkw; i++) {
+        free(x->kwn[i]);
+        node_free(x->kwv[i]);
+    }
+    free(x->kids);
+    free(x->orelse);
+    free(x->kwn);
+    free(x->kwv);
+    free(x);
+}
+
+static node *mk(node_kind k, int line) {
+    node *x = calloc(1, sizeof *x);
+    if (!x)
+        abort();
+    x->kind = k;
+    x->line = line;
+    return x;
+}
+static void push_kid(node ***v, int *n, node *k) {
+    *v = realloc(*v, (*n + 1) * sizeof **v);
+    if (!*v)
+        abort();
+    (*v)[(*n)++] = k;
+}
+
+/* ---- parser ---- */
+
+typedef struct {
+    diag *d;
+    tok_list *t;
+    size_t i;
+    int depth;
+} parser;
+
+static token *cur(parser *p) {
+    return &p->t->v[p->i];
+}
+static bool is_op(parser *p, const char *op) {
+    return cur(p)->kind == T_OP && !strcmp(cur(p)->s, op);
+}
+static bool is_name(parser *p, const char *nm) {
+    return cur(p)->kind == T_NAME && !strcmp(cur(p)->s, nm);
+}
+static bool accept_op(parser *p, const char *op) {
+    if (!is_op(p, op))
+        return false;
+    p->i++;
+    return true;
+}
+static bool accept_name(parser *p, const char *nm) {
+    if (!is_name(p, nm))
+        return false;
+    p->i++;
+    return true;
+}
+static const char *tok_desc(token *t) {
+    switch (t->kind) {
+    case T_NAME:
+    case T_OP:
+        return t->s;
+    case T_STRING:
+        return "a string";
+    case T_INT:
+    case T_FLOAT:
+        return "a number";
+    case T_VAR_END:
+        return "'}}'";
+    case T_BLOCK_END:
+        return "'%}'";
+    case T_EOF:
+        return "the end of the template";
+    default:
+        return "text";
+    }
+}
+static bool expect_op(parser *p, const char *op) {
+    if (accept_op(p, op))
+        return true;
+    return fail_at(p->d, cur(p)->line, "expected '%s', found %s", op,
+                   tok_desc(cur(p)));
+}
+
+static node *parse_expr(parser *p);
+static node *parse_or(parser *p);
+static node *parse_unary(parser *p, bool with_filter);
+
+/* (args, kwargs) after '(' up to ')' */
+static bool parse_args(parser *p, node *call) {
+    while (!accept_op(p, ")")) {
+        if (call->nkids + call->nkw && !expect_op(p, ","))
+            return false;
+        if (accept_op(p, ")"))
+            break;
+        if (cur(p)->kind == T_NAME && p->t->v[p->i + 1].kind == T_OP &&
+            !strcmp(p->t->v[p->i + 1].s, "=")) {
+            char *nm = strdup(cur(p)->s);
+            p->i += 2;
+            node *v = parse_expr(p);
+            if (!v) {
+                free(nm);
+                return false;
+            }
+            call->kwn = realloc(call->kwn, (call->nkw + 1) * sizeof(char *));
+            call->kwv = realloc(call->kwv, (call->nkw + 1) * sizeof(node *));
+            call->kwn[call->nkw] = nm;
+            call->kwv[call->nkw++] = v;
+        } else {
+            node *v = parse_expr(p);
+            if (!v)
+                return false;
+            push_kid(&call->kids, &call->nkids, v);
+        }
+    }
+    return true;
+}
+
+static node *parse_primary(parser *p) {
+    token *t = cur(p);
+    node *x = NULL;
+    if (++p->depth > MAX_DEPTH) {
+        fail_at(p->d, t->line, "expression nested too deeply");
+        return NULL;
+    }
+    switch (t->kind) {
+    case T_NAME:
+        p->i++;
+        if (!strcmp(t->s, "true") || !strcmp(t->s, "True")) {
+            x = mk(E_LIT, t->line);
+            x->lit = json_true();
+        } else if (!strcmp(t->s, "false") || !strcmp(t->s, "False")) {
+            x = mk(E_LIT, t->line);
+            x->lit = json_false();
+        } else if (!strcmp(t->s, "none") || !strcmp(t->s, "None")) {
+            x = mk(E_LIT, t->line);
+            x->lit = json_null();
+        } else {
+            x = mk(E_NAME, t->line);
+            x->s = strdup(t->s);
+        }
+        break;
+    case T_STRING: {
+        /* adjacent literals concatenate */
+        sbuf b = {0};
+        sb_putn(&b, "", 0);
+        while (cur(p)->kind == T_STRING) {
+            sb_putn(&b, cur(p)->s, cur(p)->len);
+            p->i++;
+        }
+        x = mk(E_LIT, t->line);
+        x->lit = json_stringn(b.p, b.n);
+        free(b.p);
+        if (!x->lit) {
+            node_free(x);
+            fail_at(p->d, t->line, "string literal is not valid UTF-8");
+            x = NULL;
+        }
+        break;
+    }
+    case T_INT:
+        p->i++;
+        x = mk(E_LIT, t->line);
+        x->lit = json_integer(t->i);
+        break;
+    case T_FLOAT:
+        p->i++;
+        x = mk(E_LIT, t->line);
+        x->lit = json_real(t->f);
+        break;
+    case T_OP:
+        if (accept_op(p, "(")) {
+            if (accept_op(p, ")")) { /* empty tuple */
+                x = mk(E_LIST, t->line);
+                break;
+            }
+            node *e = parse_expr(p);
+            if (!e)
+                break;
+            if (is_op(p, ",")) { /* a tuple: a list for our purposes */
+                x = mk(E_LIST, t->line);
+                push_kid(&x->kids, &x->nkids, e);
+                while (accept_op(p, ",") && !is_op(p, ")")) {
+                    node *k = parse_expr(p);
+                    if (!k) {
+                        node_free(x);
+                        x = NULL;
+                        break;
+                    }
+                    push_kid(&x->kids, &x->nkids, k);
+                }
+                if (x && !expect_op(p, ")")) {
+                    node_free(x);
+                    x = NULL;
+                }
+                break;
+            }
+            if (!expect_op(p, ")")) {
+                node_free(e);
+                break;
+            }
+            x = e;
+        } else if (accept_op(p, "[")) {
+            x = mk(E_LIST, t->line);
+            while (!accept_op(p, "]")) {
+                if (x->nkids && !expect_op(p, ",")) {
+                    node_free(x);
+                    x = NULL;
+                    break;
+                }
+                if (accept_op(p, "]"))
+                    break;
+                node *k = parse_expr(p);
+                if (!k) {
+                    node_free(x);
+                    x = NULL;
+                    break;
+                }
+                push_kid(&x->kids, &x->nkids, k);
+            }
+        } else if (accept_op(p, "{")) {
+            x = mk(E_DICT, t->line);
+            while (!accept_op(p, "}")) {
+                if (x->nkids && !expect_op(p, ",")) {
+                    node_free(x);
+                    x = NULL;
+                    break;
+                }
+                if (accept_op(p, "}"))
+                    break;
+                node *k = parse_expr(p), *v = NULL;
+                if (k && expect_op(p, ":"))
+                    v = parse_expr(p);
+                if (!v) {
+                    node_free(k);
+                    node_free(x);
+                    x = NULL;
+                    break;
+                }
+                push_kid(&x->kids, &x->nkids, k);
+                push_kid(&x->kids, &x->nkids, v);
+            }
+        } else
+            fail_at(p->d, t->line, "unexpected %s", tok_desc(t));
+        break;
+    default:
+        fail_at(p->d, t->line, "unexpected %s", tok_desc(t));
+        break;
+    }
+    p->depth--;
+    return x;
+}
+
+static node *parse_postfix(parser *p, node *x) {
+    while (x) {
+        int line = cur(p)->line;
+        if (accept_op(p, ".")) {
+            if (cur(p)->kind != T_NAME && cur(p)->kind != T_INT) {
+                fail_at(p->d, line, "expected an attribute name after '.'");
+                node_free(x);
+                return NULL;
+            }
+            node *a = mk(E_ATTR, line);
+            a->a = x;
+            if (cur(p)->kind == T_INT) { /* x.0 is x[0] */
+                a->kind = E_ITEM;
+                a->b = mk(E_LIT, line);
+                a->b->lit = json_integer(cur(p)->i);
+            } else
+                a->s = strdup(cur(p)->s);
+            p->i++;
+            x = a;
+        } else if (accept_op(p, "[")) {
+            node *idx[3] = {0};
+            int nparts = 0;
+            bool slice = false;
+            for (;;) {
+                if (!is_op(p, ":") && !is_op(p, "]")) {
+                    idx[nparts] = parse_expr(p);
+                    if (!idx[nparts])
+                        goto bad;
+                }
+                nparts++;
+                if (nparts < 3 && accept_op(p, ":")) {
+                    slice = true;
+                    continue;
+                }
+                break;
+            }
+            if (!expect_op(p, "]"))
+                goto bad;
+            node *s = mk(slice ? E_SLICE : E_ITEM, line);
+            s->a = x;
+            if (slice) {
+                s->kids = calloc(3, sizeof(node *));
+                s->nkids = 3;
+                memcpy(s->kids, idx, sizeof idx);
+            } else {
+                if (!idx[0]) {
+                    node_free(s);
+                    fail_at(p->d, line, "empty subscript");
+                    return NULL;
+                }
+                s->b = idx[0];
+            }
+            x = s;
+            continue;
+        bad:
+            for (int k = 0; k < 3; k++)
+                node_free(idx[k]);
+            node_free(x);
+            return NULL;
+        } else if (accept_op(p, "(")) {
+            node *c = mk(E_CALL, line);
+            c->a = x;
+            if (!parse_args(p, c)) {
+                node_free(c);
+                return NULL;
+            }
+            x = c;
+        } else
+            break;
+    }
+    return x;
+}
+
+static node *parse_filters_tests(parser *p, node *x) {
+    while (x) {
+        int line = cur(p)->line;
+        if (accept_op(p, "|")) {
+            if (cur(p)->kind != T_NAME) {
+                fail_at(p->d, line, "expected a filter name after '|'");
+                node_free(x);
+                return NULL;
+            }
+            node *f = mk(E_FILTER, line);
+            f->a = x;
+            f->s = strdup(cur(p)->s);
+            p->i++;
+            if (accept_op(p, "(") && !parse_args(p, f)) {
+                node_free(f);
+                return NULL;
+            }
+            x = f;
+        } else if (accept_name(p, "is")) {
+            node *t = mk(E_TEST, line);
+            t->a = x;
+            t->neg = accept_name(p, "not");
+            if (cur(p)->kind != T_NAME) {
+                fail_at(p->d, line, "expected a test name after 'is'");
+                node_free(t);
+                return NULL;
+            }
+            t->s = strdup(cur(p)->s);
+            p->i++;
+            if (accept_op(p, "(")) {
+                if (!parse_args(p, t)) {
+                    node_free(t);
+                    return NULL;
+                }
+            } else if (cur(p)->kind == T_STRING || cur(p)->kind == T_INT ||
+                       cur(p)->kind == T_FLOAT ||
+                       (cur(p)->kind == T_NAME && !is_name(p, "and") &&
+                        !is_name(p, "or") && !is_name(p, "else") &&
+                        !is_name(p, "if") && !is_name(p, "in") &&
+                        !is_name(p, "is") && !is_name(p, "not"))) {
+                /* `is divisibleby 3`, `is sameas false`: one argument */
+                node *arg = parse_unary(p, false);
+                if (!arg) {
+                    node_free(t);
+                    return NULL;
+                }
+                push_kid(&t->kids, &t->nkids, arg);
+            }
+            x = t;
+        } else
+            break;
+    }
+    return x;
+}
+
+static node *parse_unary(parser *p, bool with_filter) {
+    int line = cur(p)->line;
+    node *x;
+    if (accept_op(p, "-")) {
+        node *o = parse_unary(p, false);
+        if (!o)
+            return NULL;
+        x = mk(E_NEG, line);
+        x->a = o;
+    } else if (accept_op(p, "+"))
+        x = parse_unary(p, false);
+    else
+        x = parse_postfix(p, parse_primary(p));
+    return with_filter ? parse_filters_tests(p, x) : x;
+}
+
+static node *bin(node_kind k, const char *op, int line, node *a, node *b) {
+    if (!a || !b) {
+        node_free(a);
+        node_free(b);
+        return NULL;
+    }
+    node *x = mk(k, line);
+    x->s = op ? strdup(op) : NULL;
+    x->a = a;
+    x->b = b;
+    return x;
+}
+
+static node *parse_pow(parser *p) {
+    node *x = parse_unary(p, true);
+    while (x && is_op(p, "**")) {
+        int line = cur(p)->line;
+        p->i++;
+        x = bin(E_BIN, "**", line, x, parse_unary(p, true));
+    }
+    return x;
+}
+static node *parse_mul(parser *p) {
+    node *x = parse_pow(p);
+    while (x && (is_op(p, "*") || is_op(p, "/") || is_op(p, "//") ||
+                 is_op(p, "%"))) {
+        char op[3];
+        strcpy(op, cur(p)->s);
+        int line = cur(p)->line;
+        p->i++;
+        x = bin(E_BIN, op, line, x, parse_pow(p));
+    }
+    return x;
+}
+static node *parse_concat(parser *p) {
+    node *x = parse_mul(p);
+    while (x && is_op(p, "~")) {
+        int line = cur(p)->line;
+        p->i++;
+        x = bin(E_BIN, "~", line, x, parse_mul(p));
+    }
+    return x;
+}
+static node *parse_add(parser *p) {
+    node *x = parse_concat(p);
+    while (x && (is_op(p, "+") || is_op(p, "-"))) {
+        char op[2] = {cur(p)->s[0], 0};
+        int line = cur(p)->line;
+        p->i++;
+        x = bin(E_BIN, op, line, x, parse_concat(p));
+    }
+    return x;
+}
+static node *parse_compare(parser *p) {
+    node *x = parse_add(p);
+    while (x) {
+        int line = cur(p)->line;
+        const char *op = NULL;
+        if (is_op(p, "==") || is_op(p, "!=") || is_op(p, "<") ||
+            is_op(p, ">") || is_op(p, "<=") || is_op(p, ">="))
+            op = cur(p)->s;
+        else if (is_name(p, "in"))
+            op = "in";
+        else if (is_name(p, "not") && p->t->v[p->i + 1].kind == T_NAME &&
+                 !strcmp(p->t->v[p->i + 1].s, "in")) {
+            p->i++;
+            op = "not in";
+        }
+        if (!op)
+            break;
+        char o[8];
+        snprintf(o, sizeof o, "%s", op);
+        p->i++;
+        x = bin(E_BIN, o, line, x, parse_add(p));
+    }
+    return x;
+}
+static node *parse_not(parser *p) {
+    int line = cur(p)->line;
+    if (accept_name(p, "not")) {
+        node *o = parse_not(p);
+        if (!o)
+            return NULL;
+        node *x = mk(E_NOT, line);
+        x->a = o;
+        return x;
+    }
+    return parse_compare(p);
+}
+static node *parse_and(parser *p) {
+    node *x = parse_not(p);
+    while (x && is_name(p, "and")) {
+        int line = cur(p)->line;
+        p->i++;
+        x = bin(E_AND, NULL, line, x, parse_not(p));
+    }
+    return x;
+}
+static node *parse_or(parser *p) {
+    node *x = parse_and(p);
+    while (x && is_name(p, "or")) {
+        int line = cur(p)->line;
+        p->i++;
+        x = bin(E_OR, NULL, line, x, parse_and(p));
+    }
+    return x;
+}
+static node *parse_expr(parser *p) {
+    if (++p->depth > MAX_DEPTH) {
+        fail_at(p->d, cur(p)->line, "expression nested too deeply");
+        return NULL;
+    }
+    node *x = parse_or(p);
+    while (x && is_name(p, "if")) {
+        int line = cur(p)->line;
+        p->i++;
+        node *c = mk(E_COND, line);
+        c->a = x;
+        c->b = parse_or(p);
+        if (c->b && accept_name(p, "else"))
+            c->c = parse_expr(p);
+        if (!c->b || (p->d->failed)) {
+            node_free(c);
+            x = NULL;
+            break;
+        }
+        x = c;
+    }
+    p->depth--;
+    return x;
+}
+
+/* ---- statements ---- */
+
+static bool end_block(parser *p) {
+    if (cur(p)->kind == T_BLOCK_END) {
+        p->i++;
+        return true;
+    }
+    return fail_at(p->d, cur(p)->line, "expected '%%}', found %s",
+                   tok_desc(cur(p)));
+}
+
+/* Parses statements into body until a {% name %} with name in `ends`
+ * (space-separated); leaves p after that name and returns which. */
+static bool parse_body(parser *p, node *body, const char *ends, char *which,
+                       size_t which_cap);
+
+static node *parse_target_list(parser *p, node *x) {
+    /* for-loop targets: name or name, name */
+    if (cur(p)->kind != T_NAME) {
+        fail_at(p->d, cur(p)->line, "expected a loop variable name");
+        return NULL;
+    }
+    x->s = strdup(cur(p)->s);
+    p->i++;
+    if (accept_op(p, ",")) {
+        if (cur(p)->kind != T_NAME) {
+            fail_at(p->d, cur(p)->line, "expected a loop variable name");
+            return NULL;
+        }
+        x->s2 = strdup(cur(p)->s);
+        p->i++;
+    }
+    return x;
+}
+
+/* After a body that stopped at `which`: an else branch (when which is
+ * "else") up to {% end %}, then the closing '%}'. */
+static bool parse_else_end(parser *p, node *owner, const char *which,
+                           const char *end) {
+    char w[32];
+    if (!strcmp(which, "else")) {
+        node *eb = mk(N_BODY, cur(p)->line);
+        push_kid(&owner->orelse, &owner->nelse, eb);
+        if (!end_block(p) || !parse_body(p, eb, end, w, sizeof w))
+            return false;
+    }
+    return end_block(p);
+}
+
+static node *parse_stmt(parser *p) {
+    token *t = cur(p);
+    int line = t->line;
+    if (t->kind != T_NAME) {
+        fail_at(p->d, line, "expected a statement name, found %s", tok_desc(t));
+        return NULL;
+    }
+    char which[32];
+    if (accept_name(p, "if")) {
+        node *x = mk(N_IF, line);
+        x->a = parse_expr(p);
+        node *body = mk(N_BODY, line);
+        x->b = body;
+        if (!x->a || !end_block(p) ||
+            !parse_body(p, body, "elif else endif", which, sizeof which)) {
+            node_free(x);
+            return NULL;
+        }
+        node *tail = x;
+        while (!strcmp(which, "elif")) {
+            node *e = mk(N_IF, cur(p)->line);
+            push_kid(&tail->orelse, &tail->nelse, e);
+            e->a = parse_expr(p);
+            e->b = mk(N_BODY, line);
+            if (!e->a || !end_block(p) ||
+                !parse_body(p, e->b, "elif else endif", which, sizeof which)) {
+                node_free(x);
+                return NULL;
+            }
+            tail = e;
+        }
+        if (!parse_else_end(p, tail, which, "endif")) {
+            node_free(x);
+            return NULL;
+        }
+        return x;
+    }
+    if (accept_name(p, "for")) {
+        node *x = mk(N_FOR, line);
+        if (!parse_target_list(p, x) ||
+            (!accept_name(p, "in") &&
+             !fail_at(p->d, cur(p)->line, "expected 'in' in a for loop"))) {
+            node_free(x);
+            return NULL;
+        }
+        x->a = parse_or(p); /* `if` here filters the loop */
+        if (x->a && accept_name(p, "if"))
+            x->c = parse_or(p);
+        if (x->a && accept_name(p, "recursive")) {
+            fail_at(p->d, line, "recursive for loops are not supported");
+            node_free(x);
+            return NULL;
+        }
+        x->b = mk(N_BODY, line);
+        if (!x->a || p->d->failed || !end_block(p) ||
+            !parse_body(p, x->b, "else endfor", which, sizeof which)) {
+            node_free(x);
+            return NULL;
+        }
+        if (!parse_else_end(p, x, which, "endfor")) {
+            node_free(x);
+            return NULL;
+        }
+        return x;
+    }
+    if (accept_name(p, "set")) {
+        if (cur(p)->kind != T_NAME) {
+            fail_at(p->d, line, "expected a variable name after 'set'");
+            return NULL;
+        }
+        node *x = mk(N_SET, line);
+        x->s = strdup(cur(p)->s);
+        p->i++;
+        if (accept_op(p, ".")) {
+            if (cur(p)->kind != T_NAME) {
+                fail_at(p->d, line, "expected an attribute name after '.'");
+                node_free(x);
+                return NULL;
+            }
+            x->s2 = strdup(cur(p)->s);
+            p->i++;
+        } else if (is_op(p, ",")) {
+            fail_at(p->d, line, "tuple assignment in set is not supported");
+            node_free(x);
+            return NULL;
+        }
+        if (cur(p)->kind == T_BLOCK_END && !x->s2) { /* block set */
+            x->kind = N_SETBLOCK;
+            p->i++;
+            x->b = mk(N_BODY, line);
+            if (!parse_body(p, x->b, "endset", which, sizeof which) ||
+                !end_block(p)) {
+                node_free(x);
+                return NULL;
+            }
+            return x;
+        }
+        if (!expect_op(p, "=") || !(x->a = parse_expr(p)) || !end_block(p)) {
+            node_free(x);
+            return NULL;
+        }
+        return x;
+    }
+    if (accept_name(p, "macro")) {
+        if (cur(p)->kind != T_NAME) {
+            fail_at(p->d, line, "expected a macro name");
+            return NULL;
+        }
+        node *x = mk(N_MACRO, line);
+        x->s = strdup(cur(p)->s);
+        p->i++;
+        /* parameters: kids = names as E_NAME, orelse = defaults (or NULL) */
+        if (!expect_op(p, "(")) {
+            node_free(x);
+            return NULL;
+        }
+        while (!accept_op(p, ")")) {
+            if (x->nkids && !expect_op(p, ",")) {
+                node_free(x);
+                return NULL;
+            }
+            if (cur(p)->kind != T_NAME) {
+                fail_at(p->d, cur(p)->line, "expected a parameter name");
+                node_free(x);
+                return NULL;
+            }
+            node *nm = mk(E_NAME, cur(p)->line);
+            nm->s = strdup(cur(p)->s);
+            p->i++;
+            push_kid(&x->kids, &x->nkids, nm);
+            node *def = NULL;
+            if (accept_op(p, "=") && !(def = parse_expr(p))) {
+                node_free(x);
+                return NULL;
+            }
+            push_kid(&x->orelse, &x->nelse, def);
+        }
+        x->b = mk(N_BODY, line);
+        if (!end_block(p) ||
+            !parse_body(p, x->b, "endmacro", which, sizeof which) ||
+            !end_block(p)) {
+            node_free(x);
+            return NULL;
+        }
+        return x;
+    }
+    if (accept_name(p, "break") || accept_name(p, "continue")) {
+        node *x = mk(strcmp(t->s, "break") ? N_CONTINUE : N_BREAK, line);
+        if (!end_block(p)) {
+            node_free(x);
+            return NULL;
+        }
+        return x;
+    }
+    if (is_name(p, "do") || is_name(p, "filter") || is_name(p, "call") ||
+        is_name(p, "include") || is_name(p, "import") ||
+        is_name(p, "extends") || is_name(p, "block") || is_name(p, "with") ||
+        is_name(p, "generation") || is_name(p, "from")) {
+        fail_at(p->d, line, "the '%s' statement is not supported", t->s);
+        return NULL;
+    }
+    fail_at(p->d, line, "unknown statement '%s'", t->s);
+    return NULL;
+}
+
+static bool parse_body(parser *p, node *body, const char *ends, char *which,
+                       size_t which_cap) {
+    if (++p->depth > MAX_DEPTH)
+        return fail_at(p->d, cur(p)->line, "blocks nested too deeply");
+    for (;;) {
+        token *t = cur(p);
+        if (t->kind == T_EOF) {
+            if (ends)
+                return fail_at(p->d, t->line,
+                               "unexpected end of template: missing one of "
+                               "'%s'",
+                               ends);
+            break;
+        }
+        if (t->kind == T_TEXT) {
+            node *x = mk(N_TEXT, t->line);
+            x->s = malloc(t->len + 1);
+            memcpy(x->s, t->s, t->len + 1);
+            x->len = t->len;
+            push_kid(&body->kids, &body->nkids, x);
+            p->i++;
+            continue;
+        }
+        if (t->kind == T_VAR_BEGIN) {
+            p->i++;
+            node *x = mk(N_OUT, t->line);
+            x->a = parse_expr(p);
+            if (!x->a) {
+                node_free(x);
+                return false;
+            }
+            if (cur(p)->kind != T_VAR_END) {
+                node_free(x);
+                return fail_at(p->d, cur(p)->line, "expected '}}', found %s",
+                               tok_desc(cur(p)));
+            }
+            p->i++;
+            push_kid(&body->kids, &body->nkids, x);
+            continue;
+        }
+        if (t->kind != T_BLOCK_BEGIN)
+            return fail_at(p->d, t->line, "unexpected %s", tok_desc(t));
+        token *nm = &p->t->v[p->i + 1];
+        if (nm->kind == T_NAME && ends) {
+            /* is it one of our terminators? */
+            size_t l = strlen(nm->s);
+            const char *e = ends;
+            while ((e = strstr(e, nm->s))) {
+                if ((e == ends || e[-1] == ' ') && (e[l] == ' ' || !e[l])) {
+                    snprintf(which, which_cap, "%s", nm->s);
+                    p->i += 2;
+                    p->depth--;
+                    return true;
+                }
+                e += l;
+            }
+        }
+        if (nm->kind == T_NAME &&
+            (!strncmp(nm->s, "end", 3) || !strcmp(nm->s, "elif") ||
+             !strcmp(nm->s, "else")))
+            return fail_at(p->d, nm->line, "unexpected '%s'%s%s%s", nm->s,
+                           ends ? " (expected one of '" : "", ends ? ends : "",
+                           ends ? "')" : "");
+        p->i++;
+        node *x = parse_stmt(p);
+        if (!x)
+            return false;
+        push_kid(&body->kids, &body->nkids, x);
+    }
+    p->depth--;
+    return true;
+}
+
+/* ---- values ---- */
+
+typedef enum { V_UNDEF, V_JSON, V_NS, V_MACRO, V_LOOP } vkind;
+typedef struct {
+    vkind kind;
+    json_t *j;         /* owned reference (V_JSON, V_NS, V_LOOP) */
+    const node *macro; /* V_MACRO */
+    const char *name;  /* V_UNDEF: what was looked up, for messages */
+} val;
+
+static val undef(const char *name) {
+    return (val){.kind = V_UNDEF, .name = name};
+}
+static val jv(json_t *j) { /* takes the reference */
+    return j ? (val){.kind = V_JSON, .j = j} : undef(NULL);
+}
+static val vcopy(val v) {
+    if (v.j)
+        json_incref(v.j);
+    return v;
+}
+static void vfree(val *v) {
+    if (v->j)
+        json_decref(v->j);
+    v->j = NULL;
+}
+
+typedef struct {
+    char *name;
+    val v;
+} binding;
+typedef struct {
+    binding *b;
+    int n, cap;
+} frame;
+
+typedef struct {
+    diag d;
+    frame *frames;
+    int nframes, cap;
+    int loopctl; /* 1 break, 2 continue */
+    int depth;
+} rt;
+
+static void frame_push(rt *r) {
+    if (r->nframes == r->cap) {
+        r->cap = r->cap ? r->cap * 2 : 16;
+        r->frames = realloc(r->frames, r->cap * sizeof *r->frames);
+        if (!r->frames)
+            abort();
+    }
+    r->frames[r->nframes++] = (frame){0};
+}
+static void frame_pop(rt *r) {
+    frame *f = &r->frames[--r->nframes];
+    for (int i = 0; i < f->n; i++) {
+        free(f->b[i].name);
+        vfree(&f->b[i].v);
+    }
+    free(f->b);
+}
+static void bind(rt *r, const char *name, val v) { /* takes v */
+    frame *f = &r->frames[r->nframes - 1];
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->b[i].name, name)) {
+            vfree(&f->b[i].v);
+            f->b[i].v = v;
+            return;
+        }
+    if (f->n == f->cap) {
+        f->cap = f->cap ? f->cap * 2 : 8;
+        f->b = realloc(f->b, f->cap * sizeof *f->b);
+        if (!f->b)
+            abort();
+    }
+    f->b[f->n++] = (binding){strdup(name), v};
+}
+static const val *lookup(rt *r, const char *name) {
+    for (int k = r->nframes - 1; k >= 0; k--) {
+        frame *f = &r->frames[k];
+        for (int i = 0; i < f->n; i++)
+            if (!strcmp(f->b[i].name, name))
+                return &f->b[i].v;
+    }
+    return NULL;
+}
+
+static bool err(rt *r, const node *x, const char *fmt, ...) {
+    if (r->d.failed)
+        return false;
+    va_list ap;
+    va_start(ap, fmt);
+    char tmp[400];
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    return fail_at(&r->d, x ? x->line : 0, "%s", tmp);
+}
+
+static bool is_str(val v) {
+    return v.kind == V_JSON && json_is_string(v.j);
+}
+static bool is_int(val v) {
+    return v.kind == V_JSON && json_is_integer(v.j);
+}
+static bool is_bool(val v) {
+    return v.kind == V_JSON && json_is_boolean(v.j);
+}
+static bool is_num(val v) {
+    return v.kind == V_JSON && (json_is_number(v.j) || json_is_boolean(v.j));
+}
+static bool is_list(val v) {
+    return v.kind == V_JSON && json_is_array(v.j);
+}
+static bool is_dict(val v) {
+    return (v.kind == V_JSON || v.kind == V_NS || v.kind == V_LOOP) &&
+           json_is_object(v.j);
+}
+static double num(val v) {
+    return json_is_boolean(v.j) ? (double)json_is_true(v.j)
+                                : json_number_value(v.j);
+}
+static long long inum(val v) {
+    return json_is_boolean(v.j) ? json_is_true(v.j) : json_integer_value(v.j);
+}
+static const char *sval(val v) {
+    return json_string_value(v.j);
+}
+static size_t slen(val v) {
+    return json_string_length(v.j);
+}
+static val mkstr(const char *s, size_t n) {
+    return jv(json_stringn_nocheck(s, n));
+}
+
+static bool truthy(val v) {
+    switch (v.kind) {
+    case V_UNDEF:
+        return false;
+    case V_NS:
+    case V_MACRO:
+    case V_LOOP:
+        return true;
+    default:
+        break;
+    }
+    switch (json_typeof(v.j)) {
+    case JSON_NULL:
+    case JSON_FALSE:
+        return false;
+    case JSON_TRUE:
+        return true;
+    case JSON_INTEGER:
+        return json_integer_value(v.j) != 0;
+    case JSON_REAL:
+        return json_real_value(v.j) != 0;
+    case JSON_STRING:
+        return json_string_length(v.j) != 0;
+    case JSON_ARRAY:
+        return json_array_size(v.j) != 0;
+    case JSON_OBJECT:
+        return json_object_size(v.j) != 0;
+    }
+    return false;
+}
+
+/* Python's repr() of a float. */
+static void put_float(sbuf *b, double f) {
+    if (isnan(f)) {
+        sb_puts(b, "nan");
+        return;
+    }
+    if (isinf(f)) {
+        sb_puts(b, f < 0 ? "-inf" : "inf");
+        return;
+    }
+    char tmp[40];
+    int prec = 1;
+    for (; prec <= 17; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*e", prec - 1, f);
+        if (strtod(tmp, NULL) == f)
+            break;
+    }
+    /* tmp = [-]d.ddde[+-]XX: digits and decimal exponent */
+    char digits[24];
+    int nd = 0, exp10;
+    const char *q = tmp;
+    bool negative = *q == '-';
+    if (negative)
+        q++;
+    for (; *q && *q != 'e'; q++)
+        if (*q >= '0' && *q <= '9')
+            digits[nd++] = *q;
+    exp10 = atoi(q + 1);
+    while (nd > 1 && digits[nd - 1] == '0')
+        nd--;
+    digits[nd] = 0;
+    if (negative)
+        sb_puts(b, "-");
+    if (exp10 >= -5 && exp10 < 16) {
+        if (exp10 < 0) {
+            sb_puts(b, "0.");
+            for (int k = -1; k > exp10; k--)
+                sb_puts(b, "0");
+            sb_puts(b, digits);
+        } else {
+            for (int k = 0; k <= exp10; k++)
+                sb_putn(b, k < nd ? &digits[k] : "0", 1);
+            sb_puts(b, ".");
+            if (nd > exp10 + 1)
+                sb_puts(b, digits + exp10 + 1);
+            else
+                sb_puts(b, "0");
+        }
+    } else {
+        sb_putn(b, digits, 1);
+        if (nd > 1) {
+            sb_puts(b, ".");
+            sb_puts(b, digits + 1);
+        }
+        sb_printf(b, "e%c%02d", exp10 < 0 ? '-' : '+', abs(exp10));
+    }
+}
+
+static void put_repr_str(sbuf *b, const char *s, size_t n) {
+    bool has_sq = memchr(s, '\'', n), has_dq = memchr(s, '"', n);
+    char q = has_sq && !has_dq ? '"' : '\'';
+    sb_putn(b, &q, 1);
+    for (size_t i = 0; i < n;) {
+        int32_t c;
+        int k = u8_next(s, n, i, &c);
+        if (c == q || c == '\\') {
+            sb_puts(b, "\\");
+            sb_putn(b, s + i, 1);
+        } else if (c == '\n')
+            sb_puts(b, "\\n");
+        else if (c == '\r')
+            sb_puts(b, "\\r");
+        else if (c == '\t')
+            sb_puts(b, "\\t");
+        else if (c < 0x20 || c == 0x7f)
+            sb_printf(b, "\\x%02x", c);
+        else
+            sb_putn(b, s + i, k);
+        i += k;
+    }
+    sb_putn(b, &q, 1);
+}
+
+static void put_str(sbuf *b, val v, bool repr);
+static void put_json(sbuf *b, json_t *j, bool repr) {
+    val v = {.kind = V_JSON, .j = j};
+    put_str(b, v, repr);
+}
+/* Python's str() (repr=false) or repr() of a value. */
+static void put_str(sbuf *b, val v, bool repr) {
+    if (v.kind == V_UNDEF)
+        return;
+    if (v.kind == V_MACRO) {
+        sb_printf(b, "<Macro '%s'>", v.macro->s);
+        return;
+    }
+    if (v.kind == V_NS)
+        sb_puts(b, "<Namespace ");
+    json_t *j = v.j;
+    switch (json_typeof(j)) {
+    case JSON_NULL:
+        sb_puts(b, "None");
+        break;
+    case JSON_TRUE:
+        sb_puts(b, "True");
+        break;
+    case JSON_FALSE:
+        sb_puts(b, "False");
+        break;
+    case JSON_INTEGER:
+        sb_printf(b, "%lld", (long long)json_integer_value(j));
+        break;
+    case JSON_REAL:
+        put_float(b, json_real_value(j));
+        break;
+    case JSON_STRING:
+        if (repr)
+            put_repr_str(b, json_string_value(j), json_string_length(j));
+        else
+            sb_putn(b, json_string_value(j), json_string_length(j));
+        break;
+    case JSON_ARRAY: {
+        sb_puts(b, "[");
+        size_t i;
+        json_t *e;
+        json_array_foreach(j, i, e) {
+            if (i)
+                sb_puts(b, ", ");
+            put_json(b, e, true);
+        }
+        sb_puts(b, "]");
+        break;
+    }
+    case JSON_OBJECT: {
+        sb_puts(b, "{");
+        const char *k;
+        json_t *e;
+        bool first = true;
+        json_object_foreach(j, k, e) {
+            if (!first)
+                sb_puts(b, ", ");
+            first = false;
+            put_repr_str(b, k, strlen(k));
+            sb_puts(b, ": ");
+            put_json(b, e, true);
+        }
+        sb_puts(b, "}");
+        break;
+    }
+    }
+    if (v.kind == V_NS)
+        sb_puts(b, ">");
+}
+
+/* json.dumps(x, ensure_ascii=False, indent=indent, separators=...,
+ * sort_keys=...) */
+typedef struct {
+    int indent; /* < 0: none */
+    const char *item_sep, *key_sep;
+    bool sort_keys;
+} dump_opts;
+
+static void dump_str(sbuf *b, const char *s, size_t n) {
+    sb_puts(b, "\"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = s[i];
+        switch (c) {
+        case '"':
+            sb_puts(b, "\\\"");
+            break;
+        case '\\':
+            sb_puts(b, "\\\\");
+            break;
+        case '\n':
+            sb_puts(b, "\\n");
+            break;
+        case '\r':
+            sb_puts(b, "\\r");
+            break;
+        case '\t':
+            sb_puts(b, "\\t");
+            break;
+        case '\b':
+            sb_puts(b, "\\b");
+            break;
+        case '\f':
+            sb_puts(b, "\\f");
+            break;
+        default:
+            if (c < 0x20)
+                sb_printf(b, "\\u%04x", c);
+            else
+                sb_putn(b, s + i, 1);
+        }
+    }
+    sb_puts(b, "\"");
+}
+
+static int key_cmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static void dump_json(sbuf *b, json_t *j, const dump_opts *o, int level) {
+    switch (json_typeof(j)) {
+    case JSON_NULL:
+        sb_puts(b, "null");
+        return;
+    case JSON_TRUE:
+        sb_puts(b, "true");
+        return;
+    case JSON_FALSE:
+        sb_puts(b, "false");
+        return;
+    case JSON_INTEGER:
+        sb_printf(b, "%lld", (long long)json_integer_value(j));
+        return;
+    case JSON_REAL: {
+        double f = json_real_value(j);
+        if (isnan(f))
+            sb_puts(b, "NaN");
+        else if (isinf(f))
+            sb_puts(b, f < 0 ? "-Infinity" : "Infinity");
+        else
+            put_float(b, f);
+        return;
+    }
+    case JSON_STRING:
+        dump_str(b, json_string_value(j), json_string_length(j));
+        return;
+    default:
+        break;
+    }
+    bool arr = json_is_array(j);
+    size_t n = arr ? json_array_size(j) : json_object_size(j);
+    sb_puts(b, arr ? "[" : "{");
+    if (!n) {
+        sb_puts(b, arr ? "]" : "}");
+        return;
+    }
+    const char **keys = NULL;
+    if (!arr) {
+        keys = malloc(n * sizeof *keys);
+        size_t k = 0;
+        const char *key;
+        json_t *e;
+        json_object_foreach(j, key, e) keys[k++] = key;
+        if (o->sort_keys)
+            qsort(keys, n, sizeof *keys, key_cmp);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            sb_puts(b, o->item_sep);
+        if (o->indent >= 0) {
+            sb_puts(b, "\n");
+            for (int s = 0; s < o->indent * (level + 1); s++)
+                sb_puts(b, " ");
+        }
+        if (arr)
+            dump_json(b, json_array_get(j, i), o, level + 1);
+        else {
+            dump_str(b, keys[i], strlen(keys[i]));
+            sb_puts(b, o->key_sep);
+            dump_json(b, json_object_get(j, keys[i]), o, level + 1);
+        }
+    }
+    if (o->indent >= 0) {
+        sb_puts(b, "\n");
+        for (int s = 0; s < o->indent * level; s++)
+            sb_puts(b, " ");
+    }
+    sb_puts(b, arr ? "]" : "}");
+    free(keys);
+}
+
+static val to_string(val v) {
+    if (is_str(v))
+        return vcopy(v);
+    sbuf b = {0};
+    sb_putn(&b, "", 0);
+    put_str(&b, v, false);
+    val s = mkstr(b.p, b.n);
+    free(b.p);
+    return s;
+}
+
+/* Python equality across our types. */
+static bool py_eq(val a, val b) {
+    if (a.kind == V_UNDEF || b.kind == V_UNDEF)
+        return a.kind == b.kind;
+    if (a.kind != V_JSON || b.kind != V_JSON)
+        return a.j == b.j;
+    if (is_num(a) && is_num(b)) {
+        if (is_int(a) && is_int(b))
+            return inum(a) == inum(b);
+        return num(a) == num(b);
+    }
+    if (json_typeof(a.j) != json_typeof(b.j))
+        return false;
+    if (json_is_array(a.j)) {
+        size_t n = json_array_size(a.j);
+        if (n != json_array_size(b.j))
+            return false;
+        for (size_t i = 0; i < n; i++)
+            if (!py_eq(jv(json_array_get(a.j, i)), jv(json_array_get(b.j, i))))
+                return false;
+        return true;
+    }
+    if (json_is_object(a.j)) {
+        if (json_object_size(a.j) != json_object_size(b.j))
+            return false;
+        const char *k;
+        json_t *e;
+        json_object_foreach(a.j, k, e) {
+            json_t *o = json_object_get(b.j, k);
+            if (!o || !py_eq(jv(e), jv(o)))
+                return false;
+        }
+        return true;
+    }
+    return json_equal(a.j, b.j);
+}
+
+/* <0, 0, >0; false when the types do not order */
+static bool py_cmp(rt *r, const node *x, val a, val b, int *out) {
+    if (is_num(a) && is_num(b)) {
+        if (is_int(a) && is_int(b))
+            *out = (inum(a) > inum(b)) - (inum(a) < inum(b));
+        else
+            *out = (num(a) > num(b)) - (num(a) < num(b));
+        return true;
+    }
+    if (is_str(a) && is_str(b)) {
+        size_t n = slen(a) < slen(b) ? slen(a) : slen(b);
+        int c = memcmp(sval(a), sval(b), n);
+        *out = c ? c : (slen(a) > slen(b)) - (slen(a) < slen(b));
+        return true;
+    }
+    if (is_list(a) && is_list(b)) {
+        size_t na = json_array_size(a.j), nb = json_array_size(b.j);
+        for (size_t i = 0; i < na && i < nb; i++) {
+            val ea = jv(json_array_get(a.j, i)),
+                eb = jv(json_array_get(b.j, i));
+            if (!py_eq(ea, eb))
+                return py_cmp(r, x, ea, eb, out);
+        }
+        *out = (na > nb) - (na < nb);
+        return true;
+    }
+    return err(r, x, "cannot order values of different types");
+}
+
+static const char *type_name(val v) {
+    if (v.kind == V_UNDEF)
+        return "undefined";
+    if (v.kind == V_NS)
+        return "namespace";
+    if (v.kind == V_MACRO)
+        return "macro";
+    if (v.kind == V_LOOP)
+        return "loop";
+    switch (json_typeof(v.j)) {
+    case JSON_NULL:
+        return "none";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "bool";
+    case JSON_INTEGER:
+        return "int";
+    case JSON_REAL:
+        return "float";
+    case JSON_STRING:
+        return "str";
+    case JSON_ARRAY:
+        return "list";
+    case JSON_OBJECT:
+        return "dict";
+    }
+    return "?";
+}
+
+static bool undef_error(rt *r, const node *x, val v) {
+    if (v.name)
+        return err(r, x, "'%s' is undefined", v.name);
+    return err(r, x, "use of an undefined value");
+}
+
+/* Items of an iterable as a new JSON array (strings: characters; dicts:
+ * keys; undefined: nothing). */
+static bool iter_items(rt *r, const node *x, val v, json_t **out) {
+    if (v.kind == V_UNDEF) {
+        *out = json_array();
+        return true;
+    }
+    if (is_list(v)) {
+        *out = json_incref(v.j);
+        return true;
+    }
+    if (is_dict(v)) {
+        json_t *a = json_array();
+        const char *k;
+        json_t *e;
+        json_object_foreach(v.j, k, e) json_array_append_new(a, json_string(k));
+        *out = a;
+        return true;
+    }
+    if (is_str(v)) {
+        json_t *a = json_array();
+        const char *s = sval(v);
+        size_t n = slen(v);
+        for (size_t i = 0; i < n;) {
+            int32_t c;
+            int k = u8_next(s, n, i, &c);
+            json_array_append_new(a, json_stringn_nocheck(s + i, k));
+            i += k;
+        }
+        *out = a;
+        return true;
+    }
+    return err(r, x, "'%s' object is not iterable", type_name(v));
+}
+
+static bool eval(rt *r, const node *x, val *out);
+static bool render(rt *r, const node *body, sbuf *out);
+
+/* ---- attribute and item access ---- */
+
+static val get_item(val obj, val key) {
+    if (is_dict(obj)) {
+        if (is_str(key)) {
+            json_t *e = json_object_getn(obj.j, sval(key), slen(key));
+            return e ? vcopy(jv(e)) : undef(NULL);
+        }
+        return undef(NULL);
+    }
+    if (is_list(obj) && (is_int(key) || is_bool(key))) {
+        long long n = (long long)json_array_size(obj.j), i = inum(key);
+        if (i < 0)
+            i += n;
+        if (i < 0 || i >= n)
+            return undef(NULL);
+        return vcopy(jv(json_array_get(obj.j, i)));
+    }
+    if (is_str(obj) && is_int(key)) {
+        long long n = (long long)u8_len(sval(obj), slen(obj)), i = inum(key);
+        if (i < 0)
+            i += n;
+        if (i < 0 || i >= n)
+            return undef(NULL);
+        size_t a = u8_offset(sval(obj), slen(obj), i);
+        int32_t c;
+        int k = u8_next(sval(obj), slen(obj), a, &c);
+        return mkstr(sval(obj) + a, k);
+    }
+    return undef(NULL);
+}
+
+static val get_attr(val obj, const char *name) {
+    if (is_dict(obj)) {
+        json_t *e = json_object_get(obj.j, name);
+        return e ? vcopy(jv(e)) : undef(name);
+    }
+    return undef(name);
+}
+
+/* Python slice indices for a sequence of length n. */
+static bool slice_indices(rt *r, const node *x, val *parts, long long n,
+                          long long *start, long long *stop, long long *step) {
+    *step = 1;
+    if (parts[2].kind != V_UNDEF &&
+        !(parts[2].kind == V_JSON && json_is_null(parts[2].j))) {
+        if (!is_int(parts[2]))
+            return err(r, x, "slice step must be an integer");
+        *step = inum(parts[2]);
+        if (!*step)
+            return err(r, x, "slice step cannot be zero");
+    }
+    long long def_start = *step > 0 ? 0 : n - 1, def_stop = *step > 0 ? n : -1;
+    long long *dst[2] = {start, stop};
+    long long defs[2] = {def_start, def_stop};
+    for (int k = 0; k < 2; k++) {
+        val p = parts[k];
+        if (p.kind == V_UNDEF || (p.kind == V_JSON && json_is_null(p.j))) {
+            *dst[k] = defs[k];
+            continue;
+        }
+        if (!is_int(p))
+            return err(r, x, "slice indices must be integers");
+        long long v = inum(p);
+        if (v < 0)
+            v += n;
+        if (*step > 0)
+            v = v < 0 ? 0 : v > n ? n : v;
+        else
+            v = v < -1 ? -1 : v > n - 1 ? n - 1 : v;
+        *dst[k] = v;
+    }
+    return true;
+}
+
+static bool do_slice(rt *r, const node *x, val obj, val *parts, val *out) {
+    long long start, stop, step;
+    if (is_list(obj)) {
+        long long n = json_array_size(obj.j);
+        if (!slice_indices(r, x, parts, n, &start, &stop, &step))
+            return false;
+        json_t *a = json_array();
+        for (long long i = start; step > 0 ? i < stop : i > stop; i += step)
+            json_array_append(a, json_array_get(obj.j, i));
+        *out = jv(a);
+        return true;
+    }
+    if (is_str(obj)) {
+        const char *s = sval(obj);
+        size_t bn = slen(obj);
+        long long n = u8_len(s, bn);
+        if (!slice_indices(r, x, parts, n, &start, &stop, &step))
+            return false;
+        size_t *offs = malloc((n + 1) * sizeof *offs);
+        size_t i = 0;
+        for (long long k = 0; k <= n; k++) {
+            offs[k] = i;
+            if (k < n) {
+                int32_t c;
+                i += u8_next(s, bn, i, &c);
+            }
+        }
+        sbuf b = {0};
+        sb_putn(&b, "", 0);
+        for (long long k = start; step > 0 ? k < stop : k > stop; k += step)
+            sb_putn(&b, s + offs[k], offs[k + 1] - offs[k]);
+        *out = mkstr(b.p, b.n);
+        free(b.p);
+        free(offs);
+        return true;
+    }
+    if (obj.kind == V_UNDEF)
+        return undef_error(r, x, obj);
+    return err(r, x, "'%s' object is not subscriptable", type_name(obj));
+}
+
+/* ---- arithmetic ---- */
+
+static bool binop(rt *r, const node *x, const char *op, val a, val b,
+                  val *out) {
+    if (!strcmp(op, "~")) {
+        val sa = to_string(a), sb = to_string(b);
+        sbuf s = {0};
+        sb_putn(&s, sval(sa), slen(sa));
+        sb_putn(&s, sval(sb), slen(sb));
+        *out = mkstr(s.p, s.n);
+        free(s.p);
+        vfree(&sa);
+        vfree(&sb);
+        return true;
+    }
+    if (!strcmp(op, "==") || !strcmp(op, "!=")) {
+        bool e = py_eq(a, b);
+        *out = jv(json_boolean(op[0] == '=' ? e : !e));
+        return true;
+    }
+    if (!strcmp(op, "in") || !strcmp(op, "not in")) {
+        bool found = false;
+        if (is_str(b)) {
+            if (!is_str(a))
+                return err(r, x, "'in <string>' requires a string on the left");
+            found = slen(a) == 0 ||
+                    (slen(a) <= slen(b) &&
+                     memmem(sval(b), slen(b), sval(a), slen(a)) != NULL);
+        } else if (is_list(b)) {
+            for (size_t i = 0; i < json_array_size(b.j) && !found; i++)
+                found = py_eq(a, jv(json_array_get(b.j, i)));
+        } else if (is_dict(b)) {
+            found = is_str(a) && json_object_getn(b.j, sval(a), slen(a));
+        } else if (b.kind == V_UNDEF) {
+            return undef_error(r, x, b);
+        } else
+            return err(r, x, "argument of type '%s' is not iterable",
+                       type_name(b));
+        *out = jv(json_boolean(op[0] == 'i' ? found : !found));
+        return true;
+    }
+    if (op[0] == '<' || op[0] == '>') {
+        int c;
+        if (!py_cmp(r, x, a, b, &c))
+            return false;
+        bool v = !strcmp(op, "<")    ? c < 0
+                 : !strcmp(op, "<=") ? c <= 0
+                 : !strcmp(op, ">")  ? c > 0
+                                     : c >= 0;
+        *out = jv(json_boolean(v));
+        return true;
+    }
+    if (a.kind == V_UNDEF)
+        return undef_error(r, x, a);
+    if (b.kind == V_UNDEF)
+        return undef_error(r, x, b);
+    if (!strcmp(op, "+") && is_str(a) && is_str(b)) {
+        sbuf s = {0};
+        sb_putn(&s, sval(a), slen(a));
+        sb_putn(&s, sval(b), slen(b));
+        *out = mkstr(s.p, s.n);
+        free(s.p);
+        return true;
+    }
+    if (!strcmp(op, "+") && is_list(a) && is_list(b)) {
+        json_t *l = json_copy(a.j);
+        json_array_extend(l, b.j);
+        *out = jv(l);
+        return true;
+    }
+    if (!strcmp(op, "*") &&
+        ((is_str(a) && is_int(b)) || (is_int(a) && is_str(b)))) {
+        val s = is_str(a) ? a : b;
+        long long n = is_int(a) ? inum(a) : inum(b);
+        sbuf t = {0};
+        sb_putn(&t, "", 0);
+        for (long long i = 0; i < n && i < 1000000; i++)
+            sb_putn(&t, sval(s), slen(s));
+        *out = mkstr(t.p, t.n);
+        free(t.p);
+        return true;
+    }
+    if (!is_num(a) || !is_num(b))
+        return err(r, x, "unsupported operand types for %s: '%s' and '%s'", op,
+                   type_name(a), type_name(b));
+    bool ints = !json_is_real(a.j) && !json_is_real(b.j);
+    if (ints && strcmp(op, "/")) {
+        long long p = inum(a), q = inum(b), v = 0;
+        switch (op[0]) {
+        case '+':
+            v = p + q;
+            break;
+        case '-':
+            v = p - q;
+            break;
+        case '*':
+            if (op[1] == '*') {
+                if (q < 0) {
+                    *out = jv(json_real(pow((double)p, (double)q)));
+                    return true;
+                }
+                v = 1;
+                for (long long i = 0; i < q && i < 64; i++)
+                    v *= p;
+            } else
+                v = p * q;
+            break;
+        case '/':
+        case '%':
+            if (!q)
+                return err(r, x, "integer division or modulo by zero");
+            if (op[0] == '%') {
+                v = p % q;
+                if (v && ((v < 0) != (q < 0)))
+                    v += q;
+            } else {
+                v = p / q;
+                if ((p % q) && ((p < 0) != (q < 0)))
+                    v--;
+            }
+            break;
+        }
+        *out = jv(json_integer(v));
+        return true;
+    }
+    double p = num(a), q = num(b), v = 0;
+    switch (op[0]) {
+    case '+':
+        v = p + q;
+        break;
+    case '-':
+        v = p - q;
+        break;
+    case '*':
+        v = op[1] == '*' ? pow(p, q) : p * q;
+        break;
+    case '/':
+    case '%':
+        if (q == 0)
+            return err(r, x, "float division by zero");
+        if (op[0] == '%') {
+            v = fmod(p, q);
+            if (v && ((v < 0) != (q < 0)))
+                v += q;
+        } else
+            v = op[1] == '/' ? floor(p / q) : p / q;
+        break;
+    }
+    *out = jv(json_real(v));
+    return true;
+}
+
+/* ---- string helpers ---- */
+
+static bool in_chars(int32_t c, val chars) {
+    if (chars.kind == V_UNDEF || !is_str(chars))
+        return py_isspace(c);
+    const char *s = sval(chars);
+    size_t n = slen(chars);
+    for (size_t i = 0; i < n;) {
+        int32_t d;
+        i += u8_next(s, n, i, &d);
+        if (d == c)
+            return true;
+    }
+    return false;
+}
+
+static val str_strip(val s, val chars, bool left, bool right) {
+    const char *p = sval(s);
+    size_t n = slen(s), a = 0, b = n;
+    while (left && a < b) {
+        int32_t c;
+        int k = u8_next(p, n, a, &c);
+        if (!in_chars(c, chars))
+            break;
+        a += k;
+    }
+    while (right && b > a) {
+        size_t st = b - 1;
+        while (st > a && ((unsigned char)p[st] & 0xC0) == 0x80)
+            st--;
+        int32_t c;
+        u8_next(p, n, st, &c);
+        if (!in_chars(c, chars))
+            break;
+        b = st;
+    }
+    return mkstr(p + a, b - a);
+}
+
+static val str_map_case(val s, int mode) { /* 0 lower, 1 upper */
+    const char *p = sval(s);
+    size_t n = slen(s);
+    sbuf b = {0};
+    sb_putn(&b, "", 0);
+    for (size_t i = 0; i < n;) {
+        int32_t c;
+        i += u8_next(p, n, i, &c);
+        c = mode ? utf8proc_toupper(c) : utf8proc_tolower(c);
+        utf8proc_uint8_t u[4];
+        sb_putn(&b, (char *)u, utf8proc_encode_char(c, u));
+    }
+    val v = mkstr(b.p, b.n);
+    free(b.p);
+    return v;
+}
+
+static bool is_cased_letter(int32_t c) {
+    return utf8proc_toupper(c) != c || utf8proc_tolower(c) != c;
+}
+
+/* Python str.title() (word_split=false) or jinja's title filter (words
+ * begin after whitespace, '-', '(', '{', '[', '<'); also capitalize */
+static val str_title(val s, int mode) { /* 0 str.title, 1 jinja, 2 capitalize */
+    const char *p = sval(s);
+    size_t n = slen(s);
+    sbuf b = {0};
+    sb_putn(&b, "", 0);
+    bool start = true;
+    for (size_t i = 0; i < n;) {
+        int32_t c;
+        i += u8_next(p, n, i, &c);
+        int32_t o;
+        if (mode == 2) {
+            o = start ? utf8proc_toupper(c) : utf8proc_tolower(c);
+            start = false;
+        } else if (mode == 0) {
+            o = start ? utf8proc_toupper(c) : utf8proc_tolower(c);
+            start = !is_cased_letter(c);
+        } else {
+            o = start ? utf8proc_toupper(c) : utf8proc_tolower(c);
+            start = py_isspace(c) || c == '-' || c == '(' || c == '{' ||
+                    c == '[' || c == '<';
+        }
+        utf8proc_uint8_t u[4];
+        sb_putn(&b, (char *)u, utf8proc_encode_char(o, u));
+    }
+    val v = mkstr(b.p, b.n);
+    free(b.p);
+    return v;
+}
+
+static val str_replace(val s, val old, val new, long long count) {
+    sbuf b = {0};
+    sb_putn(&b, "", 0);
+    const char *p = sval(s);
+    size_t n = slen(s), on = slen(old);
+    size_t i = 0;
+    long long done = 0;
+    if (!on) { /* Python inserts `new` between characters */
+        for (; i <= n && (count < 0 || done < count); done++) {
+            sb_putn(&b, sval(new), slen(new));
+            if (i == n) {
+                i++;
+                break;
+            }
+            int32_t c;
+            int k = u8_next(p, n, i, &c);
+            sb_putn(&b, p + i, k);
+            i += k;
+        }
+        if (i < n)
+            sb_putn(&b, p + i, n - i);
+    } else {
+        while (i < n && (count < 0 || done < count)) {
+            const char *f = memmem(p + i, n - i, sval(old), on);
+            if (!f)
+                break;
+            sb_putn(&b, p + i, f - (p + i));
+            sb_putn(&b, sval(new), slen(new));
+            i = f - p + on;
+            done++;
+        }
+        sb_putn(&b, p + i, n - i);
+    }
+    val v = mkstr(b.p, b.n);
+    free(b.p);
+    return v;
+}
+
+static val str_split(val s, val sep, long long maxsplit) {
+    json_t *a = json_array();
+    const char *p = sval(s);
+    size_t n = slen(s);
+    if (sep.kind == V_UNDEF || !is_str(sep)) { /* runs of whitespace */
+        size_t i = 0;
+        long long done = 0;
+        for (;;) {
+            while (i < n) {
+                int32_t c;
+                int k = u8_next(p, n, i, &c);
+                if (!py_isspace(c))
+                    break;
+                i += k;
+            }
+            if (i >= n)
+                break;
+            if (maxsplit >= 0 && done >= maxsplit) {
+                /* the rest, with trailing whitespace stripped */
+                val rest = mkstr(p + i, n - i);
+                val t = str_strip(rest, undef(NULL), false, true);
+                json_array_append(a, t.j);
+                vfree(&rest);
+                vfree(&t);
+                break;
+            }
+            size_t j = i;
+            while (j < n) {
+                int32_t c;
+                int k = u8_next(p, n, j, &c);
+                if (py_isspace(c))
+                    break;
+                j += k;
+            }
+            json_array_append_new(a, json_stringn_nocheck(p + i, j - i));
+            done++;
+            i = j;
+        }
+        return jv(a);
+    }
+    size_t sn = slen(sep), i = 0;
+    long long done = 0;
+    for (;;) {
+        const char *f = (maxsplit < 0 || done < maxsplit) && sn
+                            ? memmem(p + i, n - i, sval(sep), sn)
+                            : NULL;
+        if (!f) {
+            json_array_append_new(a, json_stringn_nocheck(p + i, n - i));
+            break;
+        }
+        json_array_append_new(a, json_stringn_nocheck(p + i, f - (p + i)));
+        i = f - p + sn;
+        done++;
+    }
+    return jv(a);
+}
+
+/* ---- calls: arguments ---- */
+
+typedef struct {
+    val pos[8];
+    int npos;
+    char *kwn[8];
+    val kw[8];
+    int nkw;
+} args;
+
+static void args_free(args *a) {
+    for (int i = 0; i < a->npos; i++)
+        vfree(&a->pos[i]);
+    for (int i = 0; i < a->nkw; i++)
+        vfree(&a->kw[i]);
+}
+
+static bool eval_args(rt *r, const node *x, args *a, val *first) {
+    memset(a, 0, sizeof *a);
+    if (first)
+        a->pos[a->npos++] = *first;
+    if (x->nkids + a->npos > 8 || x->nkw > 8)
+        return err(r, x, "too many arguments");
+    for (int i = 0; i < x->nkids; i++) {
+        if (!eval(r, x->kids[i], &a->pos[a->npos]))
+            return false;
+        a->npos++;
+    }
+    for (int i = 0; i < x->nkw; i++) {
+        if (!eval(r, x->kwv[i], &a->kw[a->nkw]))
+            return false;
+        a->kwn[a->nkw++] = x->kwn[i];
+    }
+    return true;
+}
+
+/* positional i, or keyword `name`, or undefined */
+static val arg(const args *a, int i, const char *name) {
+    if (i >= 0 && i < a->npos)
+        return a->pos[i];
+    for (int k = 0; k < a->nkw; k++)
+        if (name && !strcmp(a->kwn[k], name))
+            return a->kw[k];
+    return undef(NULL);
+}
+
+/* ---- tests ---- */
+
+static bool run_test(rt *r, const node *x, const char *name, args *a,
+                     bool *res) {
+    val v = a->pos[0];
+    val o = arg(a, 1, NULL);
+    if (!strcmp(name, "defined"))
+        *res = v.kind != V_UNDEF;
+    else if (!strcmp(name, "undefined"))
+        *res = v.kind == V_UNDEF;
+    else if (!strcmp(name, "none"))
+        *res = v.kind == V_JSON && json_is_null(v.j);
+    else if (!strcmp(name, "string"))
+        *res = is_str(v);
+    else if (!strcmp(name, "number"))
+        *res = is_num(v);
+    else if (!strcmp(name, "integer"))
+        *res = is_int(v);
+    else if (!strcmp(name, "float"))
+        *res = v.kind == V_JSON && json_is_real(v.j);
+    else if (!strcmp(name, "boolean"))
+        *res = is_bool(v);
+    else if (!strcmp(name, "true"))
+        *res = v.kind == V_JSON && json_is_true(v.j);
+    else if (!strcmp(name, "false"))
+        *res = v.kind == V_JSON && json_is_false(v.j);
+    else if (!strcmp(name, "mapping"))
+        *res = is_dict(v) && v.kind != V_LOOP;
+    else if (!strcmp(name, "iterable"))
+        *res = v.kind == V_UNDEF || is_str(v) || is_list(v) ||
+               (is_dict(v) && v.kind == V_JSON);
+    else if (!strcmp(name, "sequence"))
+        *res = is_str(v) || is_list(v) || (is_dict(v) && v.kind == V_JSON);
+    else if (!strcmp(name, "callable"))
+        *res = v.kind == V_MACRO;
+    else if (!strcmp(name, "odd") || !strcmp(name, "even")) {
+        if (!is_int(v) && !is_bool(v))
+            return err(r, x, "test '%s' needs an integer", name);
+        *res = (inum(v) & 1) == (name[0] == 'o');
+    } else if (!strcmp(name, "divisibleby")) {
+        if (!is_num(v) || !is_num(o) || num(o) == 0)
+            return err(r, x, "test 'divisibleby' needs nonzero numbers");
+        *res = fmod(num(v), num(o)) == 0;
+    } else if (!strcmp(name, "eq") || !strcmp(name, "equalto") ||
+               !strcmp(name, "==") || !strcmp(name, "sameas"))
+        *res =
+            py_eq(v, o) && (strcmp(name, "sameas") || is_bool(v) == is_bool(o));
+    else if (!strcmp(name, "ne") || !strcmp(name, "!="))
+        *res = !py_eq(v, o);
+    else if (!strcmp(name, "lt") || !strcmp(name, "gt") ||
+             !strcmp(name, "le") || !strcmp(name, "ge") ||
+             !strcmp(name, "lessthan") || !strcmp(name, "greaterthan")) {
+        int c;
+        if (!py_cmp(r, x, v, o, &c))
+            return false;
+        *res = name[0] == 'l'
+                   ? (name[1] == 'e' && name[2] == 0 ? c <= 0 : c < 0)
+                   : (name[1] == 'e' ? c >= 0 : c > 0);
+        if (!strcmp(name, "lessthan"))
+            *res = c < 0;
+    } else if (!strcmp(name, "in")) {
+        val t;
+        if (!binop(r, x, "in", v, o, &t))
+            return false;
+        *res = truthy(t);
+        vfree(&t);
+    } else if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
+        if (!is_str(v))
+            return err(r, x, "test '%s' needs a string", name);
+        val m = str_map_case(v, name[0] == 'u');
+        *res = !strcmp(sval(m), sval(v));
+        vfree(&m);
+    } else
+        return err(r, x, "unknown test '%s'", name);
+    return true;
+}
+
+/* ---- filters ---- */
+
+static bool apply_filter(rt *r, const node *x, const char *name, args *a,
+                         val *out);
+
+static val attr_path(val obj, val path) {
+    /* "a.b" or an integer index */
+    if (is_int(path))
+        return get_item(obj, path);
+    if (!is_str(path))
+        return undef(NULL);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", sval(path));
+    val cur = vcopy(obj);
+    for (char *tok = strtok(buf, "."); tok; tok = strtok(NULL, ".")) {
+        val nx = get_attr(cur, tok);
+        vfree(&cur);
+        cur = nx;
+    }
+    return cur;
+}
+
+static bool select_items(rt *r, const node *x, args *a, bool by_attr,
+                         bool reject, val *out) {
+    json_t *items;
+    if (!iter_items(r, x, a->pos[0], &items))
+        return false;
+    json_t *res = json_array();
+    size_t i;
+    json_t *e;
+    json_array_foreach(items, i, e) {
+        val item = jv(json_incref(e));
+        val subject = by_attr ? attr_path(item, arg(a, 1, NULL)) : vcopy(item);
+        bool ok;
+        int first_test_arg = by_attr ? 2 : 1;
+        if (a->npos > first_test_arg) {
+            args t = {0};
+            t.pos[t.npos++] = subject;
+            for (int k = first_test_arg + 1; k < a->npos && t.npos < 8; k++)
+                t.pos[t.npos++] = a->pos[k];
+            val tn = a->pos[first_test_arg];
+            if (!is_str(tn)) {
+                vfree(&item);
+                vfree(&subject);
+                json_decref(items);
+                json_decref(res);
+                return err(r, x, "select: the test name must be a string");
+            }
+            if (!run_test(r, x, sval(tn), &t, &ok)) {
+                vfree(&item);
+                vfree(&subject);
+                json_decref(items);
+                json_decref(res);
+                return false;
+            }
+        } else
+            ok = truthy(subject);
+        if (ok != reject)
+            json_array_append(res, e);
+        vfree(&item);
+        vfree(&subject);
+    }
+    json_decref(items);
+    *out = jv(res);
+    return true;
+}
+
+static bool need_str(rt *r, const node *x, const char *what, val v) {
+    if (is_str(v))
+        return true;
+    if (v.kind == V_UNDEF)
+        return undef_error(r, x, v);
+    return err(r, x, "%s needs a string, not '%s'", what, type_name(v));
+}
+
+static bool apply_filter(rt *r, const node *x, const char *name, args *a,
+                         val *out) {
+    val v = a->pos[0];
+    if (!strcmp(name, "length") || !strcmp(name, "count")) {
+        long long n = 0;
+        if (is_str(v))
+            n = u8_len(sval(v), slen(v));
+        else if (is_list(v))
+            n = json_array_size(v.j);
+        else if (is_dict(v))
+            n = json_object_size(v.j);
+        else if (v.kind != V_UNDEF)
+            return err(r, x, "object of type '%s' has no length", type_name(v));
+        *out = jv(json_integer(n));
+        return true;
+    }
+    if (!strcmp(name, "default") || !strcmp(name, "d")) {
+        bool boolean = truthy(arg(a, 2, "boolean"));
+        bool use_default = v.kind == V_UNDEF || (boolean && !truthy(v));
+        val dflt = arg(a, 1, "default_value");
+        *out = use_default ? (dflt.kind == V_UNDEF ? mkstr("", 0) : vcopy(dflt))
+                           : vcopy(v);
+        return true;
+    }
+    if (!strcmp(name, "tojson")) {
+        if (v.kind == V_UNDEF)
+            return undef_error(r, x, v);
+        if (v.kind == V_MACRO)
+            return err(r, x, "a macro is not JSON serializable");
+        val ind = arg(a, 1, "indent"), seps = arg(a, 3, "separators");
+        dump_opts o = {.indent = is_int(ind) ? (int)inum(ind) : -1,
+                       .item_sep = ", ",
+                       .key_sep = ": ",
+                       .sort_keys = truthy(arg(a, 4, "sort_keys"))};
+        if (o.indent >= 0)
+            o.item_sep = ",";
+        if (is_list(seps) && json_array_size(seps.j) == 2) {
+            o.item_sep = json_string_value(json_array_get(seps.j, 0));
+            o.key_sep = json_string_value(json_array_get(seps.j, 1));
+            if (!o.item_sep || !o.key_sep)
+                return err(r, x, "tojson: separators must be two strings");
+        }
+        sbuf b = {0};
+        sb_putn(&b, "", 0);
+        dump_json(&b, v.j, &o, 0);
+        *out = mkstr(b.p, b.n);
+        free(b.p);
+        return true;
+    }
+    if (!strcmp(name, "string")) {
+        *out = to_string(v);
+        return true;
+    }
+    if (!strcmp(name, "safe") || !strcmp(name, "list")) {
+        if (name[0] == 's') {
+            *out = vcopy(v);
+            return true;
+        }
+        json_t *items;
+        if (!iter_items(r, x, v, &items))
+            return false;
+        *out = jv(json_copy(items));
+        json_decref(items);
+        return true;
+    }
+    if (!strcmp(name, "trim") || !strcmp(name, "upper") ||
+        !strcmp(name, "lower") || !strcmp(name, "capitalize") ||
+        !strcmp(name, "title")) {
+        val s = to_string(v);
+        if (!strcmp(name, "trim"))
+            *out = str_strip(s, arg(a, 1, "chars"), true, true);
+        else if (!strcmp(name, "upper") || !strcmp(name, "lower"))
+            *out = str_map_case(s, name[0] == 'u');
+        else
+            *out = str_title(s, name[0] == 'c' ? 2 : 1);
+        vfree(&s);
+        return true;
+    }
+    if (!strcmp(name, "replace")) {
+        val s = to_string(v), o = arg(a, 1, "old"), n = arg(a, 2, "new"),
+            c = arg(a, 3, "count");
+        if (!is_str(o) || !is_str(n)) {
+            vfree(&s);
+            return err(r, x, "replace needs two strings");
+        }
+        *out = str_replace(s, o, n, is_int(c) ? inum(c) : -1);
+        vfree(&s);
+        return true;
+    }
+    if (!strcmp(name, "join")) {
+        json_t *items;
+        if (!iter_items(r, x, v, &items))
+            return false;
+        val d = arg(a, 1, "d"), at = arg(a, 2, "attribute");
+        sbuf b = {0};
+        sb_putn(&b, "", 0);
+        size_t i;
+        json_t *e;
+        json_array_foreach(items, i, e) {
+            if (i && is_str(d))
+                sb_putn(&b, sval(d), slen(d));
+            val item = jv(json_incref(e));
+            val sub = at.kind != V_UNDEF ? attr_path(item, at) : vcopy(item);
+            put_str(&b, sub, false);
+            vfree(&sub);
+            vfree(&item);
+        }
+        json_decref(items);
+        *out = mkstr(b.p, b.n);
+        free(b.p);
+        return true;
+    }
+    if (!strcmp(name, "first") || !strcmp(name, "last")) {
+        json_t *items;
+        if (!iter_items(r, x, v, &items))
+            return false;
+        size_t n = json_array_size(items);
+        *out = n ? vcopy(jv(json_array_get(items, name[0] == 'f' ? 0 : n - 1)))
+                 : undef(NULL);
+        json_decref(items);
+        return true;
+    }
+    if (!strcmp(name, "reverse")) {
+        if (is_str(v)) {
+            val parts[3] = {undef(NULL), undef(NULL), jv(json_integer(-1))};
+            bool ok = do_slice(r, x, v, parts, out);
+            vfree(&parts[2]);
+            return ok;
+        }
+        json_t *items;
+        if (!iter_items(r, x, v, &items))
+            return false;
+        json_t *res = json_array();
+        for (size_t i = json_array_size(items); i-- > 0;)
+            json_array_append(res, json_array_get(items, i));
+        json_decref(items);
+        *out = jv(res);
+        return true;
+    }
+    if (!strcmp(name, "items")) {
+        if (v.kind == V_UNDEF) {
+            *out = jv(json_array());
+            return true;
+        }
+        if (!is_dict(v))
+            return err(r, x, "items needs a mapping, not '%s'", type_name(v));
+        json_t *res = json_array();
+        const char *k;
+        json_t *e;
+        json_object_foreach(v.j, k, e)
+            json_array_append_new(res, json_pack("[sO]", k, e));
+        *out = jv(res);
+        return true;
+    }
+    if (!strcmp(name, "int") || !strcmp(name, "float") ||
+        !strcmp(name, "abs") || !strcmp(name, "round")) {
+        if (!strcmp(name, "abs")) {
+            if (!is_num(v))
+                return err(r, x, "abs needs a number");
+            *out = json_is_real(v.j) ? jv(json_real(fabs(num(v))))
+                                     : jv(json_integer(llabs(inum(v))));
+            return true;
+        }
+        if (!strcmp(name, "round")) {
+            if (!is_num(v))
+                return err(r, x, "round needs a number");
+            val pr = arg(a, 1, "precision"), m = arg(a, 2, "method");
+            double scale = pow(10, is_int(pr) ? (double)inum(pr) : 0);
+            double f = num(v) * scale;
+            const char *method = is_str(m) ? sval(m) : "common";
+            f = !strcmp(method, "floor")  ? floor(f)
+                : !strcmp(method, "ceil") ? ceil(f)
+                                          : round(f);
+            *out = jv(json_real(f / scale));
+            return true;
+        }
+        bool want_int = name[0] == 'i';
+        val dflt = arg(a, 1, "default");
+        double f = 0;
+        bool ok = false;
+        if (is_num(v)) {
+            f = num(v);
+            ok = true;
+            if (want_int && is_int(v)) {
+                *out = vcopy(v);
+                return true;
+            }
+        } else if (is_str(v)) {
+            char *end;
+            val t = str_strip(v, undef(NULL), true, true);
+            if (slen(t)) {
+                if (want_int) {
+                    long long i = strtoll(sval(t), &end, 10);
+                    if (!*end) {
+                        vfree(&t);
+                        *out = jv(json_integer(i));
+                        return true;
+                    }
+                }
+                f = strtod(sval(t), &end);
+                ok = !*end;
+            }
+            vfree(&t);
+        }
+        if (!ok) {
+            *out = dflt.kind != V_UNDEF ? vcopy(dflt)
+                   : want_int           ? jv(json_integer(0))
+                                        : jv(json_real(0));
+            return true;
+        }
+        *out = want_int ? jv(json_integer((long long)f)) : jv(json_real(f));
+        return true;
+    }
+    if (!strcmp(name, "selectattr") || !strcmp(name, "rejectattr"))
+        return select_items(r, x, a, true, name[0] == 'r', out);
+    if (!strcmp(name, "select") || !strcmp(name, "reject"))
+        return select_items(r, x, a, false, name[0] == 'r', out);
+    if (!strcmp(name, "map")) {
+        json_t *items;
+        if (!iter_items(r, x, v, &items))
+            return false;
+        json_t *res = json_array();
+        val at = arg(a, -1, "attribute"), dflt = arg(a, -1, "default");
+        size_t i;
+        json_t *e;
+        json_array_foreach(items, i, e) {
+            val item = jv(json_incref(e)), o;
+            if (at.kind != V_UNDEF) {
+                o = attr_path(item, at);
+                if (o.kind == V_UNDEF && dflt.kind != V_UNDEF)
+                    o = vcopy(dflt);
+            } else if (a->npos > 1 && is_str(a->pos[1])) {
+                args fa = {0};
+                fa.pos[fa.npos++] = item;
+                for (int k = 2; k < a->npos && fa.npos < 8; k++)
+                    fa.pos[fa.npos++] = a->pos[k];
+                if (!apply_filter(r, x, sval(a->pos[1]), &fa, &o)) {
+                    vfree(&item);
+                    json_decref(items);
+                    json_decref(res);
+                    return false;
+                }
+            } else {
+                vfree(&item);
+                json_decref(items);
+                json_decref(res);
+                return err(r, x, "map needs a filter name or attribute=");
+            }
+            json_array_append_new(res, o.j ? o.j : json_null());
+            vfree(&item);
+        }
+        json_decref(items);
+        *out = jv(res);
+        return true;
+    }
+    if (!strcmp(name, "unique")) {
+        json_t *items;
+        if (!iter_items(r, x, v, &items))
+            return false;
+        json_t *res = json_array();
+        size_t i;
+        json_t *e;
+        json_array_foreach(items, i, e) {
+            bool seen = false;
+            for (size_t k = 0; k < json_array_size(res) && !seen; k++)
+                seen = py_eq(jv(e), jv(json_array_get(res, k)));
+            if (!seen)
+                json_array_append(res, e);
+        }
+        json_decref(items);
+        *out = jv(res);
+        return true;
+    }
+    if (!strcmp(name, "indent")) {
+        val s = to_string(v), w = arg(a, 1, "width");
+        bool first = truthy(arg(a, 2, "first")),
+             blank = truthy(arg(a, 3, "blank"));
+        sbuf ind = {0};
+        sb_putn(&ind, "", 0);
+        if (is_str(w))
+            sb_putn(&ind, sval(w), slen(w));
+        else
+            for (long long k = 0; k < (is_int(w) ? inum(w) : 4); k++)
+                sb_puts(&ind, " ");
+        /* jinja appends "\n" then splits lines, as str.splitlines does */
+        const char *p = sval(s);
+        size_t n = slen(s);
+        sbuf o = {0};
+        sb_putn(&o, "", 0);
+        if (first)
+            sb_putn(&o, ind.p, ind.n);
+        size_t i = 0;
+        bool line0 = true;
+        while (i < n) {
+            size_t j = i;
+            while (j < n && p[j] != '\n')
+                j++;
+            if (!line0) {
+                sb_puts(&o, "\n");
+                if (blank || j > i)
+                    sb_putn(&o, ind.p, ind.n);
+            }
+            sb_putn(&o, p + i, j - i);
+            line0 = false;
+            i = j + 1;
+            if (j == n)
+                break;
+        }
+        *out = mkstr(o.p, o.n);
+        free(o.p);
+        free(ind.p);
+        vfree(&s);
+        return true;
+    }
+    if (!strcmp(name, "e") || !strcmp(name, "escape")) {
+        val s = to_string(v);
+        sbuf o = {0};
+        sb_putn(&o, "", 0);
+        for (size_t i = 0; i < slen(s); i++) {
+            char c = sval(s)[i];
+            const char *rep = c == '&'    ? "&amp;"
+                              : c == '<'  ? "&lt;"
+                              : c == '>'  ? "&gt;"
+                              : c == '"'  ? "&#34;"
+                              : c == '\'' ? "&#39;"
+                                          : NULL;
+            if (rep)
+                sb_puts(&o, rep);
+            else
+                sb_putn(&o, &c, 1);
+        }
+        *out = mkstr(o.p, o.n);
+        free(o.p);
+        vfree(&s);
+        return true;
+    }
+    if (!strcmp(name, "dictsort") || !strcmp(name, "sort")) {
+        json_t *items;
+        if (name[0] == 'd') {
+            args ia = {0};
+            ia.pos[ia.npos++] = v;
+            if (!apply_filter(r, x, "items", &ia, out))
+                return false;
+            items = out->j;
+        } else {
+            json_t *src;
+            if (!iter_items(r, x, v, &src))
+                return false;
+            items = json_copy(src); /* shallow: we reorder our own list */
+            json_decref(src);
+        }
+        /* insertion sort keeps it stable; chat templates sort few items */
+        size_t n = json_array_size(items);
+        bool rev = truthy(arg(a, name[0] == 'd' ? 2 : 1, "reverse"));
+        val at = arg(a, -1, "attribute");
+        for (size_t i = 1; i < n; i++)
+            for (size_t k = i; k > 0; k--) {
+                val p = jv(json_array_get(items, k - 1)),
+                    q = jv(json_array_get(items, k));
+                val kp = name[0] == 'd'       ? jv(json_array_get(p.j, 0))
+                         : at.kind != V_UNDEF ? attr_path(p, at)
+                                              : vcopy(p);
+                val kq = name[0] == 'd'       ? jv(json_array_get(q.j, 0))
+                         : at.kind != V_UNDEF ? attr_path(q, at)
+                                              : vcopy(q);
+                int c = 0;
+                bool ok = py_cmp(r, x, kp, kq, &c);
+                if (name[0] != 'd') {
+                    vfree(&kp);
+                    vfree(&kq);
+                }
+                if (!ok) {
+                    json_decref(items);
+                    return false;
+                }
+                if (rev ? c >= 0 : c <= 0)
+                    break;
+                json_t *t = json_incref(json_array_get(items, k - 1));
+                json_array_set(items, k - 1, json_array_get(items, k));
+                json_array_set_new(items, k, t);
+            }
+        *out = jv(items);
+        return true;
+    }
+    if (!strcmp(name, "wordcount")) {
+        val s = to_string(v);
+        val parts = str_split(s, undef(NULL), -1);
+        *out = jv(json_integer(json_array_size(parts.j)));
+        vfree(&parts);
+        vfree(&s);
+        return true;
+    }
+    return err(r, x, "unknown filter '%s'", name);
+}
+
+/* ---- calls: methods, globals, macros ---- */
+
+static bool call_macro(rt *r, const node *call, const node *m, args *a,
+                       val *out) {
+    if (r->depth > MAX_DEPTH)
+        return err(r, call, "macro calls nested too deeply");
+    if (a->npos > m->nkids)
+        return err(r, call, "macro '%s' takes %d arguments, %d given", m->s,
+                   m->nkids, a->npos);
+    frame_push(r);
+    for (int i = 0; i < m->nkids; i++) {
+        val v = arg(a, i, m->kids[i]->s);
+        if (v.kind != V_UNDEF)
+            bind(r, m->kids[i]->s, vcopy(v));
+        else if (m->orelse[i]) {
+            val d;
+            if (!eval(r, m->orelse[i], &d)) {
+                frame_pop(r);
+                return false;
+            }
+            bind(r, m->kids[i]->s, d);
+        } else
+            bind(r, m->kids[i]->s, undef(m->kids[i]->s));
+    }
+    sbuf b = {0};
+    sb_putn(&b, "", 0);
+    r->depth++;
+    bool ok = render(r, m->b, &b);
+    r->depth--;
+    frame_pop(r);
+    if (ok)
+        *out = mkstr(b.p, b.n);
+    free(b.p);
+    return ok;
+}
+
+static bool call_method(rt *r, const node *x, val obj, const char *m, args *a,
+                        val *out) {
+    if (is_str(obj)) {
+        if (!strcmp(m, "startswith") || !strcmp(m, "endswith")) {
+            val p = arg(a, 0, NULL);
+            json_t *cands =
+                is_list(p) ? json_incref(p.j) : json_pack("[O]", p.j);
+            bool hit = false;
+            size_t i;
+            json_t *e;
+            json_array_foreach(cands, i, e) {
+                if (!json_is_string(e)) {
+                    json_decref(cands);
+                    return err(r, x, "%s needs a string", m);
+                }
+                size_t n = json_string_length(e);
+                if (n <= slen(obj) &&
+                    !memcmp(m[0] == 's' ? sval(obj) : sval(obj) + slen(obj) - n,
+                            json_string_value(e), n))
+                    hit = true;
+            }
+            json_decref(cands);
+            *out = jv(json_boolean(hit));
+            return true;
+        }
+        if (!strcmp(m, "strip") || !strcmp(m, "lstrip") ||
+            !strcmp(m, "rstrip")) {
+            *out = str_strip(obj, arg(a, 0, "chars"), m[0] != 'r', m[0] != 'l');
+            return true;
+        }
+        if (!strcmp(m, "split") || !strcmp(m, "rsplit")) {
+            val ms = arg(a, 1, "maxsplit");
+            if (m[0] == 'r' && is_int(ms) && inum(ms) >= 0)
+                return err(r, x, "rsplit with maxsplit is not supported");
+            *out = str_split(obj, arg(a, 0, "sep"), is_int(ms) ? inum(ms) : -1);
+            return true;
+        }
+        if (!strcmp(m, "upper") || !strcmp(m, "lower")) {
+            *out = str_map_case(obj, m[0] == 'u');
+            return true;
+        }
+        if (!strcmp(m, "title") || !strcmp(m, "capitalize")) {
+            *out = str_title(obj, m[0] == 't' ? 0 : 2);
+            return true;
+        }
+        if (!strcmp(m, "replace")) {
+            val o = arg(a, 0, NULL), n = arg(a, 1, NULL),
+                c = arg(a, 2, "count");
+            if (!is_str(o) || !is_str(n))
+                return err(r, x, "replace needs two strings");
+            *out = str_replace(obj, o, n, is_int(c) ? inum(c) : -1);
+            return true;
+        }
+        if (!strcmp(m, "find") || !strcmp(m, "count") || !strcmp(m, "index")) {
+            val s = arg(a, 0, NULL);
+            if (!need_str(r, x, m, s))
+                return false;
+            const char *f = slen(s) <= slen(obj)
+                                ? memmem(sval(obj), slen(obj), sval(s), slen(s))
+                                : NULL;
+            if (m[0] == 'c') {
+                long long c = 0;
+                if (!slen(s))
+                    c = u8_len(sval(obj), slen(obj)) + 1;
+                else
+                    for (size_t i = 0; (f = memmem(sval(obj) + i, slen(obj) - i,
+                                                   sval(s), slen(s)));
+                         c++)
+                        i = f - sval(obj) + slen(s);
+                *out = jv(json_integer(c));
+                return true;
+            }
+            if (!f && m[0] == 'i')
+                return err(r, x, "substring not found");
+            *out = jv(json_integer(
+                f ? (long long)u8_len(sval(obj), f - sval(obj)) : -1));
+            return true;
+        }
+        if (!strcmp(m, "join")) {
+            json_t *items;
+            if (!iter_items(r, x, arg(a, 0, NULL), &items))
+                return false;
+            sbuf b = {0};
+            sb_putn(&b, "", 0);
+            size_t i;
+            json_t *e;
+            json_array_foreach(items, i, e) {
+                if (!json_is_string(e)) {
+                    json_decref(items);
+                    free(b.p);
+                    return err(r, x, "join: sequence item %zu: expected str",
+                               i);
+                }
+                if (i)
+                    sb_putn(&b, sval(obj), slen(obj));
+                sb_putn(&b, json_string_value(e), json_string_length(e));
+            }
+            json_decref(items);
+            *out = mkstr(b.p, b.n);
+            free(b.p);
+            return true;
+        }
+        if (!strcmp(m, "isdigit") || !strcmp(m, "isspace") ||
+            !strcmp(m, "isalpha") || !strcmp(m, "isupper") ||
+            !strcmp(m, "islower")) {
+            bool ok = slen(obj) > 0;
+            for (size_t i = 0; i < slen(obj) && ok;) {
+                int32_t c;
+                i += u8_next(sval(obj), slen(obj), i, &c);
+                utf8proc_category_t cat = utf8proc_category(c);
+                ok = m[2] == 'd'   ? cat == UTF8PROC_CATEGORY_ND
+                     : m[2] == 's' ? py_isspace(c)
+                     : m[2] == 'a' ? (cat >= UTF8PROC_CATEGORY_LU &&
+                                      cat <= UTF8PROC_CATEGORY_LO)
+                     : m[2] == 'u'
+                         ? utf8proc_tolower(c) != c || !is_cased_letter(c)
+                         : utf8proc_toupper(c) != c || !is_cased_letter(c);
+            }
+            *out = jv(json_boolean(ok));
+            return true;
+        }
+    }
+    if (is_dict(obj)) {
+        if (!strcmp(m, "items") || !strcmp(m, "keys") || !strcmp(m, "values")) {
+            json_t *res = json_array();
+            const char *k;
+            json_t *e;
+            json_object_foreach(obj.j, k, e) {
+                if (m[0] == 'i')
+                    json_array_append_new(res, json_pack("[sO]", k, e));
+                else if (m[0] == 'k')
+                    json_array_append_new(res, json_string(k));
+                else
+                    json_array_append(res, e);
+            }
+            *out = jv(res);
+            return true;
+        }
+        if (!strcmp(m, "get")) {
+            val k = arg(a, 0, NULL);
+            val v = get_item(obj, k);
+            *out = v.kind == V_UNDEF
+                       ? (a->npos > 1 ? vcopy(a->pos[1]) : jv(json_null()))
+                       : v;
+            return true;
+        }
+    }
+    if (obj.kind == V_LOOP && !strcmp(m, "cycle")) {
+        if (!a->npos)
+            return err(r, x, "loop.cycle needs arguments");
+        long long i = json_integer_value(json_object_get(obj.j, "index0"));
+        *out = vcopy(a->pos[i % a->npos]);
+        return true;
+    }
+    if (obj.kind == V_UNDEF)
+        return undef_error(r, x, obj);
+    return err(r, x, "'%s' object has no method '%s'", type_name(obj), m);
+}
+
+static bool call_global(rt *r, const node *x, const char *name, args *a,
+                        val *out) {
+    if (!strcmp(name, "raise_exception")) {
+        val m = to_string(arg(a, 0, "message"));
+        bool ok = err(r, x, "%s", sval(m));
+        vfree(&m);
+        return ok;
+    }
+    if (!strcmp(name, "range")) {
+        long long lo = 0, hi, st = 1;
+        for (int i = 0; i < a->npos; i++)
+            if (!is_int(a->pos[i]))
+                return err(r, x, "range needs integers");
+        if (a->npos == 1)
+            hi = inum(a->pos[0]);
+        else if (a->npos >= 2) {
+            lo = inum(a->pos[0]);
+            hi = inum(a->pos[1]);
+            if (a->npos == 3)
+                st = inum(a->pos[2]);
+        } else
+            return err(r, x, "range needs 1 to 3 arguments");
+        if (!st)
+            return err(r, x, "range step cannot be zero");
+        json_t *l = json_array();
+        for (long long i = lo; st > 0 ? i < hi : i > hi; i += st) {
+            if (json_array_size(l) >= 100000) {
+                json_decref(l);
+                return err(r, x, "range too large");
+            }
+            json_array_append_new(l, json_integer(i));
+        }
+        *out = jv(l);
+        return true;
+    }
+    if (!strcmp(name, "namespace") || !strcmp(name, "dict")) {
+        json_t *o = json_object();
+        if (a->npos && is_dict(a->pos[0]))
+            json_object_update(o, a->pos[0].j);
+        for (int i = 0; i < a->nkw; i++)
+            json_object_set_new(o, a->kwn[i],
+                                a->kw[i].j ? json_incref(a->kw[i].j)
+                                           : json_null());
+        *out = jv(o);
+        if (name[0] == 'n')
+            out->kind = V_NS;
+        return true;
+    }
+    if (!strcmp(name, "strftime_now")) {
+        val f = arg(a, 0, "format");
+        if (!need_str(r, x, "strftime_now", f))
+            return false;
+        time_t now = time(NULL);
+        struct tm tm;
+        localtime_r(&now, &tm);
+        char buf[256];
+        size_t n = strftime(buf, sizeof buf, sval(f), &tm);
+        *out = mkstr(buf, n);
+        return true;
+    }
+    return err(r, x, "'%s' is undefined", name);
+}
+
+static bool eval_call(rt *r, const node *x, val *out) {
+    const node *callee = x->a;
+    args a;
+    bool ok;
+    if (callee->kind == E_ATTR) { /* obj.method(...) */
+        val obj;
+        if (!eval(r, callee->a, &obj))
+            return false;
+        /* a dict member that is a macro is called, not a method */
+        if (!eval_args(r, x, &a, NULL)) {
+            args_free(&a);
+            vfree(&obj);
+            return false;
+        }
+        ok = call_method(r, x, obj, callee->s, &a, out);
+        vfree(&obj);
+        args_free(&a);
+        return ok;
+    }
+    if (callee->kind == E_NAME) {
+        const val *v = lookup(r, callee->s);
+        if (!eval_args(r, x, &a, NULL)) {
+            args_free(&a);
+            return false;
+        }
+        if (v && v->kind == V_MACRO)
+            ok = call_macro(r, x, v->macro, &a, out);
+        else if (v && v->kind != V_UNDEF)
+            ok = err(r, x, "'%s' is not callable", callee->s);
+        else
+            ok = call_global(r, x, callee->s, &a, out);
+        args_free(&a);
+        return ok;
+    }
+    return err(r, x, "this expression is not callable");
+}
+
+/* ---- evaluation ---- */
+
+static bool eval(rt *r, const node *x, val *out) {
+    *out = undef(NULL);
+    if (r->d.failed)
+        return false;
+    switch (x->kind) {
+    case E_LIT:
+        *out = jv(json_incref(x->lit));
+        return true;
+    case E_NAME: {
+        const val *v = lookup(r, x->s);
+        *out = v ? vcopy(*v) : undef(x->s);
+        if (out->kind == V_UNDEF)
+            out->name = x->s;
+        return true;
+    }
+    case E_ATTR:
+    case E_ITEM: {
+        val obj, key = undef(NULL);
+        if (!eval(r, x->a, &obj))
+            return false;
+        if (obj.kind == V_UNDEF) {
+            bool ok = obj.name
+                          ? err(r, x, "'%s' is undefined", obj.name)
+                          : err(r, x, "cannot read '%s' of an undefined value",
+                                x->kind == E_ATTR ? x->s : "[...]");
+            return ok;
+        }
+        if (x->kind == E_ATTR)
+            *out = get_attr(obj, x->s);
+        else {
+            if (!eval(r, x->b, &key)) {
+                vfree(&obj);
+                return false;
+            }
+            *out = get_item(obj, key);
+            vfree(&key);
+        }
+        vfree(&obj);
+        return true;
+    }
+    case E_SLICE: {
+        val obj, parts[3] = {undef(NULL), undef(NULL), undef(NULL)};
+        if (!eval(r, x->a, &obj))
+            return false;
+        bool ok = true;
+        for (int k = 0; k < 3 && ok; k++)
+            if (x->kids[k])
+                ok = eval(r, x->kids[k], &parts[k]);
+        ok = ok && do_slice(r, x, obj, parts, out);
+        for (int k = 0; k < 3; k++)
+            vfree(&parts[k]);
+        vfree(&obj);
+        return ok;
+    }
+    case E_CALL:
+        return eval_call(r, x, out);
+    case E_FILTER:
+    case E_TEST: {
+        val v;
+        if (!eval(r, x->a, &v))
+            return false;
+        args a;
+        bool ok = eval_args(r, x, &a, &v);
+        if (ok && x->kind == E_FILTER)
+            ok = apply_filter(r, x, x->s, &a, out);
+        else if (ok) {
+            bool res;
+            ok = run_test(r, x, x->s, &a, &res);
+            if (ok)
+                *out = jv(json_boolean(res != x->neg));
+        }
+        args_free(&a);
+        return ok;
+    }
+    case E_BIN: {
+        val a, b;
+        if (!eval(r, x->a, &a))
+            return false;
+        if (!eval(r, x->b, &b)) {
+            vfree(&a);
+            return false;
+        }
+        bool ok = binop(r, x, x->s, a, b, out);
+        vfree(&a);
+        vfree(&b);
+        return ok;
+    }
+    case E_AND:
+    case E_OR: {
+        val a;
+        if (!eval(r, x->a, &a))
+            return false;
+        bool t = truthy(a);
+        if ((x->kind == E_AND) != t) { /* short circuit: the left value */
+            *out = a;
+            return true;
+        }
+        vfree(&a);
+        return eval(r, x->b, out);
+    }
+    case E_NOT: {
+        val a;
+        if (!eval(r, x->a, &a))
+            return false;
+        *out = jv(json_boolean(!truthy(a)));
+        vfree(&a);
+        return true;
+    }
+    case E_NEG: {
+        val a;
+        if (!eval(r, x->a, &a))
+            return false;
+        if (!is_num(a)) {
+            vfree(&a);
+            return err(r, x, "bad operand type for unary -");
+        }
+        *out = json_is_real(a.j) ? jv(json_real(-num(a)))
+                                 : jv(json_integer(-inum(a)));
+        vfree(&a);
+        return true;
+    }
+    case E_COND: {
+        val c;
+        if (!eval(r, x->b, &c))
+            return false;
+        bool t = truthy(c);
+        vfree(&c);
+        if (t)
+            return eval(r, x->a, out);
+        if (x->c)
+            return eval(r, x->c, out);
+        *out = undef(NULL);
+        return true;
+    }
+    case E_LIST: {
+        json_t *l = json_array();
+        for (int i = 0; i < x->nkids; i++) {
+            val v;
+            if (!eval(r, x->kids[i], &v)) {
+                json_decref(l);
+                return false;
+            }
+            json_array_append_new(l, v.j ? v.j : json_null());
+        }
+        *out = jv(l);
+        return true;
+    }
+    case E_DICT: {
+        json_t *o = json_object();
+        for (int i = 0; i + 1 < x->nkids; i += 2) {
+            val k, v;
+            if (!eval(r, x->kids[i], &k)) {
+                json_decref(o);
+                return false;
+            }
+            if (!is_str(k)) {
+                vfree(&k);
+                json_decref(o);
+                return err(r, x, "dict keys must be strings here");
+            }
+            if (!eval(r, x->kids[i + 1], &v)) {
+                vfree(&k);
+                json_decref(o);
+                return false;
+            }
+            json_object_setn_new(o, sval(k), slen(k), v.j ? v.j : json_null());
+            vfree(&k);
+        }
+        *out = jv(o);
+        return true;
+    }
+    default:
+        return err(r, x, "internal: not an expression");
+    }
+}
+
+static bool render_for(rt *r, const node *x, sbuf *out) {
+    val seq;
+    if (!eval(r, x->a, &seq))
+        return false;
+    json_t *items;
+    if (!iter_items(r, x, seq, &items)) {
+        vfree(&seq);
+        return false;
+    }
+    vfree(&seq);
+    /* the filter condition sees each item before the loop numbers it */
+    if (x->c) {
+        json_t *kept = json_array();
+        size_t i;
+        json_t *e;
+        json_array_foreach(items, i, e) {
+            frame_push(r);
+            if (x->s2 && json_is_array(e)) {
+                bind(r, x->s, vcopy(jv(json_array_get(e, 0))));
+                bind(r, x->s2, vcopy(jv(json_array_get(e, 1))));
+            } else
+                bind(r, x->s, vcopy(jv(e)));
+            val c;
+            bool ok = eval(r, x->c, &c);
+            frame_pop(r);
+            if (!ok) {
+                json_decref(kept);
+                json_decref(items);
+                return false;
+            }
+            if (truthy(c))
+                json_array_append(kept, e);
+            vfree(&c);
+        }
+        json_decref(items);
+        items = kept;
+    }
+    size_t n = json_array_size(items);
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++) {
+        json_t *e = json_array_get(items, i);
+        frame_push(r);
+        json_t *loop = json_object();
+        json_object_set_new(loop, "index", json_integer(i + 1));
+        json_object_set_new(loop, "index0", json_integer(i));
+        json_object_set_new(loop, "revindex", json_integer(n - i));
+        json_object_set_new(loop, "revindex0", json_integer(n - i - 1));
+        json_object_set_new(loop, "first", json_boolean(i == 0));
+        json_object_set_new(loop, "last", json_boolean(i + 1 == n));
+        json_object_set_new(loop, "length", json_integer(n));
+        json_object_set_new(loop, "depth", json_integer(1));
+        json_object_set_new(loop, "depth0", json_integer(0));
+        if (i)
+            json_object_set(loop, "previtem", json_array_get(items, i - 1));
+        if (i + 1 < n)
+            json_object_set(loop, "nextitem", json_array_get(items, i + 1));
+        val lv = jv(loop);
+        lv.kind = V_LOOP;
+        bind(r, "loop", lv);
+        if (x->s2) {
+            if (!json_is_array(e) || json_array_size(e) != 2) {
+                frame_pop(r);
+                ok = err(r, x, "cannot unpack a loop item into two names");
+                break;
+            }
+            bind(r, x->s, vcopy(jv(json_array_get(e, 0))));
+            bind(r, x->s2, vcopy(jv(json_array_get(e, 1))));
+        } else
+            bind(r, x->s, vcopy(jv(e)));
+        ok = render(r, x->b, out);
+        frame_pop(r);
+        if (r->loopctl == 1) {
+            r->loopctl = 0;
+            break;
+        }
+        r->loopctl = 0;
+    }
+    json_decref(items);
+    if (ok && n == 0 && x->nelse)
+        ok = render(r, x->orelse[0], out);
+    return ok;
+}
+
+static bool render(rt *r, const node *body, sbuf *out) {
+    if (++r->depth > MAX_DEPTH)
+        return err(r, body, "blocks nested too deeply");
+    bool ok = true;
+    for (int i = 0; i < body->nkids && ok && !r->loopctl; i++) {
+        const node *x = body->kids[i];
+        switch (x->kind) {
+        case N_TEXT:
+            sb_putn(out, x->s, x->len);
+            break;
+        case N_OUT: {
+            val v;
+            ok = eval(r, x->a, &v);
+            if (ok)
+                put_str(out, v, false);
+            vfree(&v);
+            break;
+        }
+        case N_IF: {
+            const node *branch = x;
+            for (;;) {
+                val c;
+                if (!(ok = eval(r, branch->a, &c)))
+                    break;
+                bool t = truthy(c);
+                vfree(&c);
+                if (t) {
+                    ok = render(r, branch->b, out);
+                    break;
+                }
+                if (!branch->nelse)
+                    break;
+                const node *e = branch->orelse[0];
+                if (e->kind == N_IF) {
+                    branch = e;
+                    continue;
+                }
+                ok = render(r, e, out);
+                break;
+            }
+            break;
+        }
+        case N_FOR:
+            ok = render_for(r, x, out);
+            break;
+        case N_SET: {
+            val v;
+            if (!(ok = eval(r, x->a, &v)))
+                break;
+            if (x->s2) {
+                const val *ns = lookup(r, x->s);
+                if (!ns || ns->kind != V_NS) {
+                    vfree(&v);
+                    ok =
+                        err(r, x, "'%s' is not a namespace; cannot set '%s.%s'",
+                            x->s, x->s, x->s2);
+                    break;
+                }
+                json_object_set_new(ns->j, x->s2, v.j ? v.j : json_null());
+            } else
+                bind(r, x->s, v);
+            break;
+        }
+        case N_SETBLOCK: {
+            sbuf b = {0};
+            sb_putn(&b, "", 0);
+            ok = render(r, x->b, &b);
+            if (ok)
+                bind(r, x->s, mkstr(b.p, b.n));
+            free(b.p);
+            break;
+        }
+        case N_MACRO:
+            bind(r, x->s, (val){.kind = V_MACRO, .macro = x});
+            break;
+        case N_BREAK:
+            r->loopctl = 1;
+            break;
+        case N_CONTINUE:
+            r->loopctl = 2;
+            break;
+        default:
+            ok = err(r, x, "internal: not a statement");
+            break;
+        }
+    }
+    r->depth--;
+    return ok && !r->d.failed;
+}
+
+/* ---- public ---- */
+
+ts_status ts_template_parse(ts_ctx *ctx, const char *src, size_t len,
+                            ts_template **out) {
+    if (!ctx || !src || !out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "ts_template_parse: NULL argument");
+    *out = NULL;
+    if (!valid_utf8(src, len))
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "chat template: not valid UTF-8");
+    diag d = {.ctx = ctx};
+    tok_list toks = {0};
+    node *root = NULL;
+    if (lex(&d, src, len, &toks)) {
+        parser p = {.d = &d, .t = &toks};
+        root = mk(N_BODY, 1);
+        char which[32];
+        if (!parse_body(&p, root, NULL, which, sizeof which)) {
+            node_free(root);
+            root = NULL;
+        }
+    }
+    for (size_t i = 0; i < toks.n; i++)
+        free(toks.v[i].s);
+    free(toks.v);
+    if (!root)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "%s", d.msg);
+    ts_template *t = calloc(1, sizeof *t);
+    if (!t) {
+        node_free(root);
+        return ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+    }
+    t->root = root;
+    *out = t;
+    return TS_OK;
+}
+
+ts_status ts_template_render_json(ts_ctx *ctx, const ts_template *t,
+                                  json_t *vars, char **out, size_t *len) {
+    if (!ctx || !t || !out || !json_is_object(vars))
+        return ts_set_error(
+            ctx, TS_ERR_INVALID_ARG,
+            "ts_template_render: variables must be a JSON object");
+    rt r = {.d = {.ctx = ctx}};
+    frame_push(&r);
+    const char *k;
+    json_t *e;
+    json_object_foreach(vars, k, e) bind(&r, k, jv(json_incref(e)));
+    frame_push(&r); /* the template's own top-level sets */
+    sbuf b = {0};
+    sb_putn(&b, "", 0);
+    bool ok = render(&r, t->root, &b);
+    while (r.nframes)
+        frame_pop(&r);
+    free(r.frames);
+    if (!ok) {
+        free(b.p);
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "%s", r.d.msg);
+    }
+    *out = b.p;
+    if (len)
+        *len = b.n;
+    return TS_OK;
+}
+
+ts_status ts_template_render(ts_ctx *ctx, const ts_template *t,
+                             const char *vars_json, char **out, size_t *len) {
+    if (!ctx || !t || !vars_json || !out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "ts_template_render: NULL argument");
+    json_error_t je;
+    json_t *vars = json_loads(vars_json, JSON_ALLOW_NUL, &je);
+    if (!vars)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "template variables: %s (line %d)", je.text,
+                            je.line);
+    ts_status s = ts_template_render_json(ctx, t, vars, out, len);
+    json_decref(vars);
+    return s;
+}
+
+void ts_template_free(ts_template *t) {
+    if (!t)
+        return;
+    node_free(t->root);
+    free(t->err);
+    free(t);
+}
