@@ -1,8 +1,10 @@
 /* tessera_tokenizer.h — Hugging Face tokenizer.json: byte-level BPE with
  * the Split (regex) and ByteLevel pre-tokenizers of GPT-2, Llama 3 and
- * Qwen2/3, the NFC normalizer, added/special tokens matched before BPE,
- * the ByteLevel decoder, and incremental decoding that never splits a
- * UTF-8 character. */
+ * Qwen2/3; SentencePiece-style BPE (Prepend/Replace normalizers or
+ * Metaspace, byte fallback) of Llama 2 and Gemma; the NFC normalizer,
+ * added/special tokens matched before BPE, the matching decoders, and
+ * incremental decoding that never splits a UTF-8 character. Chat
+ * templates (a Jinja subset) from tokenizer_config.json. */
 #ifndef TESSERA_TOKENIZER_H
 #define TESSERA_TOKENIZER_H
 
@@ -22,9 +24,10 @@ int32_t ts_tokenizer_vocab_size(const ts_tokenizer *tok);
 /* The id of a token's string form, or -1. */
 int32_t ts_tokenizer_token_id(const ts_tokenizer *tok, const char *token);
 
-/* text (len bytes of UTF-8) -> ids (malloc'd, caller frees). With
- * allow_special, added tokens in the text become their ids; without, they
- * are encoded as plain text. Invalid UTF-8 is an error. */
+/* text (len bytes of UTF-8) -> ids (malloc'd, caller frees). Added tokens
+ * in the text become their ids; special ones only with allow_special
+ * (without, they are encoded as plain text, as split_special_tokens=True
+ * does in Hugging Face's tokenizers). Invalid UTF-8 is an error. */
 ts_status ts_tokenizer_encode(ts_tokenizer *tok, const char *text, size_t len,
                               bool allow_special, int32_t **ids, size_t *n);
 /* ids -> text (malloc'd, NUL-terminated; *len excludes the NUL). */
@@ -37,6 +40,8 @@ ts_status ts_tokenizer_decode(ts_tokenizer *tok, const int32_t *ids, size_t n,
 typedef struct {
     unsigned char pending[8];
     int n_pending;
+    bool started;   /* some text was emitted */
+    int n_stripped; /* leading spaces dropped (the Strip decoder) */
 } ts_detok_state;
 ts_status ts_tokenizer_decode_step(ts_tokenizer *tok, ts_detok_state *st,
                                    int32_t id, char *out, size_t out_cap,
@@ -81,8 +86,8 @@ const char *ts_chat_eos_token(const ts_chat *c); /* "" when none */
  * {"enable_thinking": false}). bos_token and eos_token are passed as
  * apply_chat_template passes them. */
 ts_status ts_chat_apply(ts_chat *c, const char *messages_json,
-                        bool add_generation_prompt,
-                        const char *extra_vars_json, char **out, size_t *len);
+                        bool add_generation_prompt, const char *extra_vars_json,
+                        char **out, size_t *len);
 
 #ifdef __cplusplus
 }

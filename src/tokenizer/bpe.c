@@ -1,9 +1,14 @@
-/* bpe.c — Hugging Face tokenizer.json for byte-level BPE models (GPT-2,
- * Llama 3, Qwen2/3): the NFC normalizer (utf8proc), Split and ByteLevel
- * pre-tokenizers (PCRE2 with Unicode properties), the BPE merges, added
- * and special tokens matched before everything else, the ByteLevel
- * decoder and a streaming decoder that only emits whole UTF-8 characters.
- * Owns the vocabulary and merge tables; knows nothing of models. */
+/* bpe.c — Hugging Face tokenizer.json for BPE models of two kinds:
+ * byte-level (GPT-2, Llama 3, Qwen2/3: ByteLevel pre-tokenizer and
+ * decoder) and SentencePiece-style (Llama 2, Gemma: characters as symbols,
+ * `▁` for spaces through the Prepend/Replace normalizers or the Metaspace
+ * pre-tokenizer, <0xXX> byte fallback, the Replace/ByteFallback/Fuse/Strip
+ * or Metaspace decoders). Also the NFC normalizer (utf8proc), Split
+ * pre-tokenizers (PCRE2 with Unicode properties), the BPE merges (a heap,
+ * so long words stay n log n), added and special tokens matched before
+ * everything else (a trie), and a streaming decoder that only emits whole
+ * UTF-8 characters. Owns the vocabulary and merge tables; knows nothing of
+ * models. */
 #define _GNU_SOURCE /* memmem */
 #include "tessera_tokenizer.h"
 
@@ -104,8 +109,47 @@ typedef struct {
     bool special;
 } added_token;
 
+typedef enum { NORM_NFC, NORM_PREPEND, NORM_REPLACE } norm_kind;
+typedef struct {
+    norm_kind kind;
+    char *a, *b; /* PREPEND: a; REPLACE: a -> b */
+} norm_step;
+
+typedef enum {
+    SPLIT_ISOLATED,
+    SPLIT_MERGED_PREV,
+    SPLIT_MERGED_NEXT,
+    SPLIT_REMOVED
+} split_behavior;
+
+#define MAX_NORM 4
+
+/* added tokens by their bytes: edges (node, byte) -> node in a hash */
+typedef struct {
+    uint64_t *keys; /* node << 8 | byte, + 1; 0 = empty */
+    int32_t *child;
+    size_t cap;
+    int32_t *term; /* node -> added index or -1 */
+    int32_t n_nodes, cap_nodes;
+} trie;
+
 struct ts_tokenizer {
     ts_ctx *ctx;
+    bool byte_level; /* else SentencePiece-style: symbols are characters */
+    bool byte_fallback;
+    int32_t byte_ids[256]; /* the <0xXX> tokens, or -1 */
+    int32_t unk_id;
+    bool fuse_unk;
+    norm_step norm[MAX_NORM];
+    int n_norm;
+    int metaspace; /* pre-tokenizer: 0 none, else prepend 1 never, 2 first,
+                      3 always */
+    /* SentencePiece-style decoder: replace dec_from by dec_to in each
+     * token, <0xXX> as bytes, then strip dec_strip leading spaces */
+    char *dec_from, *dec_to;
+    int dec_strip;
+    trie added_trie;
+    split_behavior split_how[MAX_SPLITS];
     char **id_to_token; /* byte-level form; added tokens: their content */
     bool *is_added, *is_special;
     int32_t vocab_size;
@@ -113,7 +157,6 @@ struct ts_tokenizer {
     pair_map merges;
     added_token *added;
     int n_added;
-    bool nfc;
     pcre2_code *split[MAX_SPLITS];
     int n_split;
     bool add_prefix_space;
@@ -164,13 +207,18 @@ void ts_tokenizer_free(ts_tokenizer *t) {
     free(t->vocab.keys), free(t->vocab.vals);
     free(t->merges.keys), free(t->merges.rank), free(t->merges.merged);
     free(t->added);
+    for (int i = 0; i < t->n_norm; i++)
+        free(t->norm[i].a), free(t->norm[i].b);
+    free(t->dec_from), free(t->dec_to);
+    free(t->added_trie.keys), free(t->added_trie.child),
+        free(t->added_trie.term);
     for (int i = 0; i < t->n_split; i++)
         pcre2_code_free(t->split[i]);
     free(t);
 }
 
 static ts_status add_split(ts_tokenizer *t, const char *file,
-                           const char *pattern) {
+                           const char *pattern, split_behavior how) {
     if (t->n_split == MAX_SPLITS)
         return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
                             "%s: more than %d split steps", file, MAX_SPLITS);
@@ -187,6 +235,7 @@ static ts_status add_split(ts_tokenizer *t, const char *file,
             (size_t)off, (const char *)msg);
     }
     pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* optional speed-up */
+    t->split_how[t->n_split] = how;
     t->split[t->n_split++] = re;
     return TS_OK;
 }
@@ -210,28 +259,237 @@ static ts_status parse_pretok(ts_tokenizer *t, const char *file, json_t *p) {
     if (type && !strcmp(type, "Split")) {
         json_t *pat = json_object_get(p, "pattern");
         const char *re = json_string_value(json_object_get(pat, "Regex"));
+        const char *lit = json_string_value(json_object_get(pat, "String"));
         const char *behavior =
             json_string_value(json_object_get(p, "behavior"));
-        if (!re || !behavior || strcmp(behavior, "Isolated") ||
+        static const char *names[] = {"Isolated", "MergedWithPrevious",
+                                      "MergedWithNext", "Removed"};
+        int how = -1;
+        for (int k = 0; behavior && k < 4; k++)
+            if (!strcmp(behavior, names[k]))
+                how = k;
+        if ((!re && !lit) || how < 0 ||
             json_is_true(json_object_get(p, "invert")))
             return ts_set_error(
                 t->ctx, TS_ERR_UNSUPPORTED,
-                "%s: Split pre-tokenizer supported with a Regex pattern, "
-                "behavior Isolated, invert false",
+                "%s: Split pre-tokenizer supported with a Regex or String "
+                "pattern, behavior Isolated, MergedWithPrevious, "
+                "MergedWithNext or Removed, invert false",
                 file);
-        return add_split(t, file, re);
+        if (re)
+            return add_split(t, file, re, (split_behavior)how);
+        char quoted[1024]; /* a literal: \Q...\E */
+        if (strlen(lit) + 5 > sizeof quoted || strstr(lit, "\\E"))
+            return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
+                                "%s: Split String pattern too long", file);
+        snprintf(quoted, sizeof quoted, "\\Q%s\\E", lit);
+        return add_split(t, file, quoted, (split_behavior)how);
+    }
+    if (type && !strcmp(type, "Metaspace")) {
+        const char *rep = json_string_value(json_object_get(p, "replacement"));
+        const char *scheme =
+            json_string_value(json_object_get(p, "prepend_scheme"));
+        json_t *aps = json_object_get(p, "add_prefix_space");
+        if (rep && strcmp(rep, "\u2581"))
+            return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
+                                "%s: Metaspace replacement \"%s\" is not "
+                                "supported (U+2581)",
+                                file, rep);
+        t->metaspace = scheme ? (!strcmp(scheme, "never")   ? 1
+                                 : !strcmp(scheme, "first") ? 2
+                                                            : 3)
+                       : aps && !json_is_true(aps) ? 1
+                                                   : 3;
+        json_t *split = json_object_get(p, "split");
+        if (!split || json_is_true(split))
+            return add_split(t, file, "\u2581", SPLIT_MERGED_NEXT);
+        return TS_OK;
     }
     if (type && !strcmp(type, "ByteLevel")) {
         t->add_prefix_space =
             json_is_true(json_object_get(p, "add_prefix_space"));
         json_t *ur = json_object_get(p, "use_regex");
+        t->byte_level = true;
         if (!ur || json_is_true(ur))
-            return add_split(t, file, gpt2_pattern);
+            return add_split(t, file, gpt2_pattern, SPLIT_ISOLATED);
         return TS_OK;
     }
     return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
                         "%s: pre-tokenizer \"%s\" is not supported (Sequence, "
-                        "Split, ByteLevel)",
+                        "Split, ByteLevel, Metaspace)",
+                        file, type ? type : "?");
+}
+
+/* ---- added tokens: a byte trie for leftmost-longest matching ---- */
+
+static int32_t trie_child(const trie *tr, int32_t node, unsigned char c) {
+    uint64_t key = ((uint64_t)node << 8 | c) + 1;
+    size_t i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 20) & (tr->cap - 1);
+    while (tr->keys[i] && tr->keys[i] != key)
+        i = (i + 1) & (tr->cap - 1);
+    return tr->keys[i] ? tr->child[i] : -1;
+}
+
+static bool trie_build(ts_tokenizer *t) {
+    trie *tr = &t->added_trie;
+    size_t bytes = 1;
+    for (int k = 0; k < t->n_added; k++)
+        bytes += t->added[k].len;
+    tr->cap = 16;
+    while (tr->cap < 2 * bytes)
+        tr->cap <<= 1;
+    tr->keys = calloc(tr->cap, sizeof *tr->keys);
+    tr->child = calloc(tr->cap, sizeof *tr->child);
+    tr->term = malloc(sizeof *tr->term * bytes);
+    if (!tr->keys || !tr->child || !tr->term)
+        return false;
+    tr->n_nodes = 1;
+    tr->term[0] = -1;
+    for (int k = 0; k < t->n_added; k++) {
+        int32_t node = 0;
+        const unsigned char *c = (const unsigned char *)t->added[k].content;
+        for (size_t j = 0; j < t->added[k].len; j++) {
+            uint64_t key = ((uint64_t)node << 8 | c[j]) + 1;
+            size_t i =
+                (size_t)((key * 0x9e3779b97f4a7c15ull) >> 20) & (tr->cap - 1);
+            while (tr->keys[i] && tr->keys[i] != key)
+                i = (i + 1) & (tr->cap - 1);
+            if (!tr->keys[i]) {
+                tr->keys[i] = key;
+                tr->child[i] = tr->n_nodes;
+                tr->term[tr->n_nodes++] = -1;
+            }
+            node = tr->child[i];
+        }
+        if (tr->term[node] < 0) /* the first of duplicate contents wins */
+            tr->term[node] = k;
+    }
+    return true;
+}
+
+/* the longest added token starting at p, or NULL */
+static const added_token *trie_match(const ts_tokenizer *t, const char *p,
+                                     size_t n, bool allow_special) {
+    const trie *tr = &t->added_trie;
+    const added_token *best = NULL;
+    int32_t node = 0;
+    for (size_t j = 0; j < n; j++) {
+        node = trie_child(tr, node, (unsigned char)p[j]);
+        if (node < 0)
+            break;
+        int32_t k = tr->term[node];
+        if (k >= 0 && (allow_special || !t->added[k].special))
+            best = &t->added[k];
+    }
+    return best;
+}
+
+/* normalizers: NFC, Prepend, Replace (String pattern), or a Sequence */
+static ts_status parse_normalizer(ts_tokenizer *t, const char *file,
+                                  json_t *n) {
+    if (!n || json_is_null(n))
+        return TS_OK;
+    const char *type = json_string_value(json_object_get(n, "type"));
+    if (type && !strcmp(type, "Sequence")) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(json_object_get(n, "normalizers"), i, v) {
+            ts_status s = parse_normalizer(t, file, v);
+            if (s)
+                return s;
+        }
+        return TS_OK;
+    }
+    if (t->n_norm == MAX_NORM)
+        return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
+                            "%s: more than %d normalizer steps", file,
+                            MAX_NORM);
+    norm_step *st = &t->norm[t->n_norm];
+    if (type && !strcmp(type, "NFC")) {
+        st->kind = NORM_NFC;
+        t->n_norm++;
+        return TS_OK;
+    }
+    if (type && !strcmp(type, "Prepend")) {
+        const char *pre = json_string_value(json_object_get(n, "prepend"));
+        if (pre) {
+            st->kind = NORM_PREPEND, st->a = strdup(pre);
+            t->n_norm++;
+            return TS_OK;
+        }
+    }
+    if (type && !strcmp(type, "Replace")) {
+        const char *from = json_string_value(
+            json_object_get(json_object_get(n, "pattern"), "String"));
+        const char *to = json_string_value(json_object_get(n, "content"));
+        if (from && *from && to) {
+            st->kind = NORM_REPLACE, st->a = strdup(from), st->b = strdup(to);
+            t->n_norm++;
+            return TS_OK;
+        }
+    }
+    return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
+                        "%s: normalizer \"%s\" is not supported (NFC, "
+                        "Prepend, Replace with a String pattern, Sequence)",
+                        file, type ? type : "?");
+}
+
+/* decoders: ByteLevel; Metaspace; or a Sequence of Replace (String),
+ * ByteFallback, Fuse and Strip (leading spaces only) */
+static ts_status parse_decoder(ts_tokenizer *t, const char *file, json_t *d) {
+    if (!d || json_is_null(d))
+        return TS_OK;
+    const char *type = json_string_value(json_object_get(d, "type"));
+    if (type && !strcmp(type, "Sequence")) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(json_object_get(d, "decoders"), i, v) {
+            ts_status s = parse_decoder(t, file, v);
+            if (s)
+                return s;
+        }
+        return TS_OK;
+    }
+    if (type && !strcmp(type, "ByteLevel")) {
+        t->byte_level = true;
+        return TS_OK;
+    }
+    if (type && (!strcmp(type, "ByteFallback") || !strcmp(type, "Fuse")))
+        return TS_OK; /* bytes of <0xXX> tokens join whatever follows */
+    if (type && !strcmp(type, "Metaspace")) {
+        const char *scheme =
+            json_string_value(json_object_get(d, "prepend_scheme"));
+        json_t *aps = json_object_get(d, "add_prefix_space");
+        free(t->dec_from), free(t->dec_to);
+        t->dec_from = strdup("\u2581"), t->dec_to = strdup(" ");
+        t->dec_strip = (scheme && !strcmp(scheme, "never")) ||
+                               (!scheme && aps && !json_is_true(aps))
+                           ? 0
+                           : 1;
+        return TS_OK;
+    }
+    if (type && !strcmp(type, "Replace") && !t->dec_from) {
+        const char *from = json_string_value(
+            json_object_get(json_object_get(d, "pattern"), "String"));
+        const char *to = json_string_value(json_object_get(d, "content"));
+        /* no longer than what it replaces: decoded text never grows */
+        if (from && *from && to && strlen(to) <= strlen(from)) {
+            t->dec_from = strdup(from), t->dec_to = strdup(to);
+            return TS_OK;
+        }
+    }
+    if (type && !strcmp(type, "Strip")) {
+        const char *c = json_string_value(json_object_get(d, "content"));
+        json_int_t start = json_integer_value(json_object_get(d, "start"));
+        json_int_t stop = json_integer_value(json_object_get(d, "stop"));
+        if (c && !strcmp(c, " ") && start >= 0 && start < 16 && stop == 0) {
+            t->dec_strip = (int)start;
+            return TS_OK;
+        }
+    }
+    return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
+                        "%s: decoder \"%s\" is not supported (ByteLevel, "
+                        "Metaspace, Replace, ByteFallback, Fuse, Strip)",
                         file, type ? type : "?");
 }
 
@@ -260,34 +518,21 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
             ctx, TS_ERR_UNSUPPORTED,
             "%s: tokenizer model \"%s\" is not supported (byte-level BPE)",
             file, mtype ? mtype : "(none)");
-    if (!s && json_is_true(json_object_get(model, "byte_fallback")))
-        s = ts_set_error(
-            ctx, TS_ERR_UNSUPPORTED,
-            "%s: BPE with byte_fallback (SentencePiece style) is not supported",
-            file);
-    /* normalizer: none, NFC, or a Sequence of NFC */
-    json_t *norm = json_object_get(root, "normalizer");
-    if (!s && norm && !json_is_null(norm)) {
-        const char *nt = json_string_value(json_object_get(norm, "type"));
-        json_t *list = json_object_get(norm, "normalizers");
-        if (nt && !strcmp(nt, "Sequence") && json_array_size(list) == 1)
-            nt = json_string_value(
-                json_object_get(json_array_get(list, 0), "type"));
-        if (nt && !strcmp(nt, "NFC"))
-            t->nfc = true;
-        else if (!(nt && !strcmp(nt, "Sequence") && json_array_size(list) == 0))
-            s = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                             "%s: normalizer \"%s\" is not supported (NFC)",
-                             file, nt ? nt : "?");
+    if (!s) {
+        t->byte_fallback =
+            json_is_true(json_object_get(model, "byte_fallback"));
+        t->fuse_unk = json_is_true(json_object_get(model, "fuse_unk"));
+        s = parse_normalizer(t, file, json_object_get(root, "normalizer"));
     }
     if (!s)
         s = parse_pretok(t, file, json_object_get(root, "pre_tokenizer"));
-    json_t *dec = json_object_get(root, "decoder");
-    const char *dt = json_string_value(json_object_get(dec, "type"));
-    if (!s && dec && !json_is_null(dec) && (!dt || strcmp(dt, "ByteLevel")))
+    if (!s)
+        s = parse_decoder(t, file, json_object_get(root, "decoder"));
+    if (!s && t->byte_level && (t->byte_fallback || t->metaspace))
         s = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                         "%s: decoder \"%s\" is not supported (ByteLevel)",
-                         file, dt ? dt : "?");
+                         "%s: a ByteLevel tokenizer with byte_fallback or "
+                         "Metaspace is not supported",
+                         file);
     /* vocabulary: ids may leave no gaps up to the largest, added tokens
      * included */
     json_t *vocab = json_object_get(model, "vocab"),
@@ -401,6 +646,18 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
             t->merges.merged[slot] = im;
         }
     }
+    if (!s) {
+        const char *unk =
+            json_string_value(json_object_get(model, "unk_token"));
+        t->unk_id = unk ? smap_get(&t->vocab, unk, strlen(unk)) : -1;
+        for (int b = 0; b < 256; b++) {
+            char name[8];
+            snprintf(name, sizeof name, "<0x%02X>", b);
+            t->byte_ids[b] = smap_get(&t->vocab, name, strlen(name));
+        }
+        if (!trie_build(t))
+            s = ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", file);
+    }
     json_decref(root);
     if (s) {
         ts_tokenizer_free(t);
@@ -439,8 +696,100 @@ static void push_id(ids_vec *o, int32_t id) {
     o->v[o->n++] = id;
 }
 
-/* BPE on one pre-token (raw bytes): byte-level characters, then merges by
- * rank until none applies. */
+/* BPE merges over the symbols sym[0..m): the lowest-ranked pair first,
+ * the leftmost among equals (as Hugging Face's tokenizers does), with a
+ * binary heap of candidate pairs over a linked list of symbols, so a long
+ * word (a SentencePiece text without a pre-tokenizer) stays m log m. */
+typedef struct {
+    int32_t rank, pos, left, right;
+} merge_cand;
+
+static bool cand_less(merge_cand a, merge_cand b) {
+    return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos);
+}
+
+static void heap_push(merge_cand *h, size_t *n, merge_cand c) {
+    size_t i = (*n)++;
+    while (i && cand_less(c, h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = c;
+}
+
+static merge_cand heap_pop(merge_cand *h, size_t *n) {
+    merge_cand top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && cand_less(h[c + 1], h[c]))
+            c++;
+        if (!cand_less(h[c], last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = last;
+    return top;
+}
+
+static void push_cand(const ts_tokenizer *t, merge_cand *h, size_t *n,
+                      const int32_t *sym, int32_t i, int32_t j) {
+    if (sym[i] < 0 || sym[j] < 0)
+        return;
+    size_t s = pmap_slot(&t->merges, pair_key(sym[i], sym[j]));
+    if (t->merges.keys[s])
+        heap_push(h, n, (merge_cand){t->merges.rank[s], i, sym[i], sym[j]});
+}
+
+static void bpe_merge(ts_tokenizer *t, int32_t *sym, size_t m, ids_vec *o) {
+    if (m < 2) {
+        for (size_t i = 0; i < m; i++)
+            push_id(o, sym[i]);
+        return;
+    }
+    int32_t *next = malloc(sizeof(int32_t) * m * 2), *prev = next + m;
+    merge_cand *heap = malloc(sizeof *heap * 3 * m);
+    if (!next || !heap) {
+        free(next), free(heap);
+        o->oom = true;
+        return;
+    }
+    size_t nh = 0;
+    for (size_t i = 0; i < m; i++) {
+        next[i] = i + 1 < m ? (int32_t)i + 1 : -1;
+        prev[i] = (int32_t)i - 1;
+    }
+    for (size_t i = 0; i + 1 < m; i++)
+        push_cand(t, heap, &nh, sym, (int32_t)i, (int32_t)i + 1);
+    while (nh) {
+        merge_cand c = heap_pop(heap, &nh);
+        int32_t j = next[c.pos];
+        /* stale: a merge changed one side since this pair was queued */
+        if (sym[c.pos] != c.left || j < 0 || sym[j] != c.right)
+            continue;
+        size_t s = pmap_slot(&t->merges, pair_key(c.left, c.right));
+        sym[c.pos] = t->merges.merged[s];
+        sym[j] = -2; /* gone */
+        next[c.pos] = next[j];
+        if (next[j] >= 0)
+            prev[next[j]] = c.pos;
+        if (prev[c.pos] >= 0)
+            push_cand(t, heap, &nh, sym, prev[c.pos], c.pos);
+        if (next[c.pos] >= 0)
+            push_cand(t, heap, &nh, sym, c.pos, next[c.pos]);
+    }
+    for (int32_t i = 0; i >= 0; i = next[i])
+        push_id(o, sym[i]);
+    free(next), free(heap);
+}
+
+/* One pre-token (raw bytes) to symbols, then merges. Byte-level: each byte
+ * as its GPT-2 character. SentencePiece-style: each character; one that
+ * is not in the vocabulary becomes its <0xXX> byte tokens (byte_fallback)
+ * or the unknown token (consecutive ones fused when fuse_unk). */
 static void bpe_word(ts_tokenizer *t, const unsigned char *w, size_t n,
                      ids_vec *o) {
     int32_t stack_sym[64],
@@ -449,37 +798,51 @@ static void bpe_word(ts_tokenizer *t, const unsigned char *w, size_t n,
         o->oom = true;
         return;
     }
-    for (size_t i = 0; i < n; i++) {
-        char c[5];
-        int k = put_utf8(c, t->byte_to_cp[w[i]]);
-        sym[i] = smap_get(&t->vocab, c, (size_t)k);
-    }
-    size_t m = n;
-    for (;;) {
-        int32_t best = INT32_MAX, merged = -1;
-        size_t at = 0;
-        for (size_t i = 0; i + 1 < m; i++) {
-            if (sym[i] < 0 || sym[i + 1] < 0)
+    size_t m = 0;
+    for (size_t i = 0; i < n;) {
+        int32_t id;
+        size_t len = 1;
+        if (t->byte_level) {
+            char c[5];
+            int k = put_utf8(c, t->byte_to_cp[w[i]]);
+            id = smap_get(&t->vocab, c, (size_t)k);
+        } else {
+            utf8proc_int32_t cp;
+            utf8proc_ssize_t k =
+                utf8proc_iterate(w + i, (utf8proc_ssize_t)(n - i), &cp);
+            len = k > 0 ? (size_t)k : 1;
+            id = smap_get(&t->vocab, (const char *)w + i, len);
+            bool bytes_ok = t->byte_fallback;
+            for (size_t b = 0; id < 0 && bytes_ok && b < len; b++)
+                bytes_ok = t->byte_ids[w[i + b]] >= 0;
+            if (id < 0 && bytes_ok) {
+                for (size_t b = 0; b < len; b++)
+                    sym[m++] = t->byte_ids[w[i + b]];
+                i += len;
                 continue;
-            size_t s = pmap_slot(&t->merges, pair_key(sym[i], sym[i + 1]));
-            if (t->merges.keys[s] && t->merges.rank[s] < best)
-                best = t->merges.rank[s], merged = t->merges.merged[s], at = i;
+            }
         }
-        if (merged < 0)
-            break;
-        sym[at] = merged;
-        memmove(sym + at + 1, sym + at + 2, sizeof(int32_t) * (m - at - 2));
-        m--;
+        if (id < 0) {
+            id = t->unk_id;
+            if (id >= 0 && t->fuse_unk && m && sym[m - 1] == id) {
+                i += len;
+                continue;
+            }
+        }
+        if (id >= 0) /* with no unknown token, an unknown byte is dropped */
+            sym[m++] = id;
+        i += len;
     }
-    for (size_t i = 0; i < m; i++)
-        push_id(o, sym[i]);
+    bpe_merge(t, sym, m, o);
     if (sym != stack_sym)
         free(sym);
 }
 
-/* splits [p, p+n) by regex r into pieces (matches and the gaps between) */
-static void split_pieces(pcre2_code *re, const char *p, size_t n,
-                         pcre2_match_data *md,
+/* splits [p, p+n) by regex re into pieces: the matches and the gaps
+ * between them, a match joined to the piece before or after it, or
+ * dropped, as `how` says */
+static void split_pieces(pcre2_code *re, split_behavior how, const char *p,
+                         size_t n, pcre2_match_data *md,
                          void (*emit)(void *, const char *, size_t),
                          void *arg) {
     size_t off = 0, last = 0;
@@ -489,11 +852,14 @@ static void split_pieces(pcre2_code *re, const char *p, size_t n,
         if (rc < 0)
             break;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-        if (ov[0] > last)
-            emit(arg, p + last, ov[0] - last);
-        if (ov[1] > ov[0])
-            emit(arg, p + ov[0], ov[1] - ov[0]);
-        last = ov[1];
+        if (ov[1] > ov[0]) {
+            size_t gap_end = how == SPLIT_MERGED_PREV ? ov[1] : ov[0];
+            if (gap_end > last)
+                emit(arg, p + last, gap_end - last);
+            if (how == SPLIT_ISOLATED)
+                emit(arg, p + ov[0], ov[1] - ov[0]);
+            last = how == SPLIT_MERGED_NEXT ? ov[0] : ov[1];
+        }
         off = ov[1] > ov[0] ? ov[1] : ov[1] + 1;
         while (off < n && ((unsigned char)p[off] & 0xC0) == 0x80)
             off++; /* whole chars */
@@ -514,43 +880,106 @@ static void on_piece(void *arg, const char *p, size_t n) {
     if (c->level + 1 < c->t->n_split) {
         split_ctx next = *c;
         next.level++;
-        split_pieces(c->t->split[next.level], p, n, c->md, on_piece, &next);
+        split_pieces(c->t->split[next.level], c->t->split_how[next.level], p, n,
+                     c->md, on_piece, &next);
     } else {
         bpe_word(c->t, (const unsigned char *)p, n, c->out);
     }
 }
 
+/* A new string: [p, p+n) with every `from` replaced by `to` (NULL when
+ * out of memory). */
+static char *replace_all(const char *p, size_t n, const char *from,
+                         const char *to, size_t *out_n) {
+    size_t fl = strlen(from), tl = strlen(to), hits = 0;
+    for (const char *q = p; (q = memmem(q, n - (size_t)(q - p), from, fl));
+         q += fl)
+        hits++;
+    char *o = malloc(n + hits * (tl > fl ? tl - fl : 0) + 1);
+    if (!o)
+        return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        if (i + fl <= n && !memcmp(p + i, from, fl)) {
+            memcpy(o + k, to, tl);
+            k += tl, i += fl;
+        } else
+            o[k++] = p[i++];
+    }
+    o[k] = 0;
+    *out_n = k;
+    return o;
+}
+
+static char *prepend(const char *pre, const char *p, size_t n, size_t *out_n) {
+    size_t pl = strlen(pre);
+    char *o = malloc(pl + n + 1);
+    if (!o)
+        return NULL;
+    memcpy(o, pre, pl);
+    memcpy(o + pl, p, n);
+    o[pl + n] = 0;
+    *out_n = pl + n;
+    return o;
+}
+
+/* the normalized text so far becomes `next` (false: out of memory) */
+static bool swap_in(char **cur, const char **p, size_t *n, char *next,
+                    size_t nn) {
+    if (!next)
+        return false;
+    free(*cur);
+    *cur = next, *p = next, *n = nn;
+    return true;
+}
+
+/* Text between added tokens: normalizers, the Metaspace or ByteLevel
+ * prefix, the split steps, then BPE on each piece. `first`: the text
+ * starts the input (Metaspace's prepend_scheme "first"). */
 static ts_status encode_plain(ts_tokenizer *t, const char *p, size_t n,
-                              pcre2_match_data *md, ids_vec *out) {
+                              bool first, pcre2_match_data *md, ids_vec *out) {
     if (!n)
         return TS_OK;
-    char *norm = NULL;
-    if (t->nfc) {
-        char *z = malloc(n + 1);
-        if (!z)
-            return ts_set_error(t->ctx, TS_ERR_OOM, "tokenizer: out of memory");
-        memcpy(z, p, n);
-        z[n] = 0;
-        norm = (char *)utf8proc_NFC((const utf8proc_uint8_t *)z);
-        free(z);
-        if (!norm)
-            return ts_set_error(t->ctx, TS_ERR_OOM, "tokenizer: out of memory");
-        p = norm, n = strlen(norm);
+    char *cur = NULL; /* the latest normalized copy, owned */
+    bool ok = true;
+    size_t nn = 0;
+    for (int k = 0; k < t->n_norm && ok && n; k++) {
+        const norm_step *st = &t->norm[k];
+        char *next;
+        if (st->kind == NORM_NFC) {
+            char *z = strndup(p, n);
+            next = z ? (char *)utf8proc_NFC((const utf8proc_uint8_t *)z) : NULL;
+            nn = next ? strlen(next) : 0;
+            free(z);
+        } else if (st->kind == NORM_PREPEND)
+            next = prepend(st->a, p, n, &nn);
+        else
+            next = replace_all(p, n, st->a, st->b, &nn);
+        ok = swap_in(&cur, &p, &n, next, nn);
     }
-    char *with_space = NULL;
-    if (t->add_prefix_space && n && p[0] != ' ') {
-        with_space = malloc(n + 2);
-        if (with_space)
-            with_space[0] = ' ', memcpy(with_space + 1, p, n), p = with_space,
-            n++;
+    if (t->metaspace && ok) {
+        char *next = replace_all(p, n, " ", "\u2581", &nn);
+        ok = swap_in(&cur, &p, &n, next, nn);
+        bool pre = t->metaspace == 3 || (t->metaspace == 2 && first);
+        if (ok && pre && !(n >= 3 && !memcmp(p, "\u2581", 3))) {
+            next = prepend("\u2581", p, n, &nn);
+            ok = swap_in(&cur, &p, &n, next, nn);
+        }
     }
-    split_ctx c = {t, 0, md, out};
-    if (t->n_split)
-        split_pieces(t->split[0], p, n, md, on_piece, &c);
-    else
-        bpe_word(t, (const unsigned char *)p, n, out);
-    free(norm), free(with_space);
-    return out->oom
+    if (t->add_prefix_space && n && p[0] != ' ' && ok) {
+        char *next = prepend(" ", p, n, &nn);
+        ok = swap_in(&cur, &p, &n, next, nn);
+    }
+    bool oom = !ok;
+    if (!oom) {
+        split_ctx c = {t, 0, md, out};
+        if (t->n_split)
+            split_pieces(t->split[0], t->split_how[0], p, n, md, on_piece, &c);
+        else
+            bpe_word(t, (const unsigned char *)p, n, out);
+    }
+    free(cur);
+    return oom || out->oom
                ? ts_set_error(t->ctx, TS_ERR_OOM, "tokenizer: out of memory")
                : TS_OK;
 }
@@ -582,21 +1011,15 @@ ts_status ts_tokenizer_encode(ts_tokenizer *t, const char *text, size_t len,
     size_t pos = 0;
     while (pos < len && s == TS_OK) {
         /* the next added token: earliest, then longest */
-        size_t best_at = len;
+        size_t at = t->n_added ? pos : len;
         const added_token *best = NULL;
-        for (int k = 0; allow_special && k < t->n_added; k++) {
-            const added_token *a = &t->added[k];
-            const char *hit = memmem(text + pos, len - pos, a->content, a->len);
-            if (!hit)
-                continue;
-            size_t at = (size_t)(hit - text);
-            if (at < best_at || (at == best_at && best && a->len > best->len))
-                best_at = at, best = a;
-        }
-        s = encode_plain(t, text + pos, best_at - pos, md, &out);
+        for (; at < len; at++)
+            if ((best = trie_match(t, text + at, len - at, allow_special)))
+                break;
+        s = encode_plain(t, text + pos, at - pos, pos == 0, md, &out);
         if (best && s == TS_OK) {
             push_id(&out, best->id);
-            pos = best_at + best->len;
+            pos = at + best->len;
         } else {
             pos = len;
         }
@@ -620,9 +1043,28 @@ ts_status ts_tokenizer_encode(ts_tokenizer *t, const char *text, size_t len,
 static size_t token_bytes(const ts_tokenizer *t, int32_t id, unsigned char *o) {
     const char *s = t->id_to_token[id];
     size_t n = strlen(s), k = 0;
-    if (t->is_added[id]) {
+    if (t->is_added[id] && t->byte_level) {
         memcpy(o, s, n);
         return n;
+    }
+    if (!t->byte_level) { /* <0xXX> is a byte; the rest (added tokens too)
+                             with ▁ -> " " */
+        unsigned b;
+        if (t->byte_fallback && !t->is_added[id] && n == 6 && !strncmp(s, "<0x", 3) &&
+            s[5] == '>' && sscanf(s + 3, "%2X", &b) == 1) {
+            o[0] = (unsigned char)b;
+            return 1;
+        }
+        size_t fl = t->dec_from ? strlen(t->dec_from) : 0;
+        size_t tl = t->dec_to ? strlen(t->dec_to) : 0;
+        for (size_t i = 0; i < n;) {
+            if (fl && i + fl <= n && !memcmp(s + i, t->dec_from, fl)) {
+                memcpy(o + k, t->dec_to, tl);
+                k += tl, i += fl;
+            } else
+                o[k++] = (unsigned char)s[i++];
+        }
+        return k;
     }
     utf8proc_int32_t cp;
     for (size_t i = 0; i < n;) {
@@ -669,6 +1111,11 @@ ts_status ts_tokenizer_decode(ts_tokenizer *t, const int32_t *ids, size_t n,
     for (size_t i = 0; i < n; i++)
         if (!(skip_special && t->is_special[ids[i]]))
             k += token_bytes(t, ids[i], o + k);
+    size_t strip = 0; /* the Strip decoder: leading spaces of the text */
+    while (strip < (size_t)t->dec_strip && strip < k && o[strip] == ' ')
+        strip++;
+    memmove(o, o + strip, k - strip);
+    k -= strip;
     o[k] = 0;
     *text = (char *)o;
     *len = k;
@@ -703,6 +1150,11 @@ ts_status ts_tokenizer_decode_step(ts_tokenizer *t, ts_detok_state *st,
     memcpy(buf, st->pending, (size_t)st->n_pending);
     size_t n = (size_t)st->n_pending + token_bytes(t, id, buf + st->n_pending);
     size_t i = 0, k = 0;
+    while (!st->started && i < n && st->n_stripped < t->dec_strip &&
+           buf[i] == ' ') /* the Strip decoder, at the start of the text */
+        i++, st->n_stripped++;
+    if (i < n)
+        st->started = true;
     ts_status s = TS_OK;
     while (i < n) {
         int l = seq_len(buf[i]);

@@ -60,7 +60,8 @@ ts_status ts_chat_load(ts_ctx *ctx, const char *dir, ts_chat **out) {
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     json_error_t je;
-    json_t *cfg = json_load_file(path, 0, &je);
+    /* Llama's model_max_length (1e30) is too big for an integer */
+    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
     if (!cfg)
         return ts_set_error(ctx, TS_ERR_IO, "%s: %s", path, je.text);
     if (!json_is_object(cfg)) {

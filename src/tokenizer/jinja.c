@@ -506,12 +506,10 @@ static bool lex(diag *d, const char *src, size_t n, tok_list *out) {
             for (size_t k = mark; k < out->n; k++)
                 free(out->v[k].s);
             out->n = mark;
-            size_t a2 = i, b2 = found;
+            size_t a2 = i, b2 = found; /* trim_blocks spares raw text */
             if (rmod == '-')
                 while (a2 < b2 && is_ws(s[a2]))
                     a2++;
-            else if (rmod != '+' && a2 < b2 && s[a2] == '\n')
-                a2++;
             if (s[found + 2] == '-')
                 while (b2 > a2 && is_ws(s[b2 - 1]))
                     b2--;
@@ -952,7 +950,8 @@ static node *parse_filters_tests(parser *p, node *x) {
                     return NULL;
                 }
             } else if (cur(p)->kind == T_STRING || cur(p)->kind == T_INT ||
-                       cur(p)->kind == T_FLOAT ||
+                       cur(p)->kind == T_FLOAT || is_op(p, "[") ||
+                       is_op(p, "{") ||
                        (cur(p)->kind == T_NAME && !is_name(p, "and") &&
                         !is_name(p, "or") && !is_name(p, "else") &&
                         !is_name(p, "if") && !is_name(p, "in") &&
@@ -2815,12 +2814,19 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             if (!is_num(v))
                 return err(r, x, "round needs a number");
             val pr = arg(a, 1, "precision"), m = arg(a, 2, "method");
+            const char *method = is_str(m) ? sval(m) : "common";
+            bool common = !strcmp(method, "common");
+            if (common && !json_is_real(v.j)) { /* Python: round(int) */
+                *out = jv(json_integer(inum(v)));
+                return true;
+            }
             double scale = pow(10, is_int(pr) ? (double)inum(pr) : 0);
             double f = num(v) * scale;
-            const char *method = is_str(m) ? sval(m) : "common";
+            /* Python's round() is half to even: nearbyint in the default
+             * rounding mode */
             f = !strcmp(method, "floor")  ? floor(f)
                 : !strcmp(method, "ceil") ? ceil(f)
-                                          : round(f);
+                                          : nearbyint(f);
             *out = jv(json_real(f / scale));
             return true;
         }
@@ -2932,29 +2938,25 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         else
             for (long long k = 0; k < (is_int(w) ? inum(w) : 4); k++)
                 sb_puts(&ind, " ");
-        /* jinja appends "\n" then splits lines, as str.splitlines does */
+        /* jinja: lines = (s + "\n").splitlines(); the first line as is,
+         * the others indented (blank ones only with blank=True) */
         const char *p = sval(s);
         size_t n = slen(s);
         sbuf o = {0};
         sb_putn(&o, "", 0);
         if (first)
             sb_putn(&o, ind.p, ind.n);
-        size_t i = 0;
-        bool line0 = true;
-        while (i < n) {
+        for (size_t i = 0, line = 0; i <= n; line++) {
             size_t j = i;
             while (j < n && p[j] != '\n')
                 j++;
-            if (!line0) {
+            if (line) {
                 sb_puts(&o, "\n");
                 if (blank || j > i)
                     sb_putn(&o, ind.p, ind.n);
             }
             sb_putn(&o, p + i, j - i);
-            line0 = false;
-            i = j + 1;
-            if (j == n)
-                break;
+            i = j + 1; /* past the newline; i == n + 1 ends */
         }
         *out = mkstr(o.p, o.n);
         free(o.p);

