@@ -53,10 +53,16 @@ typedef enum {
 
 typedef enum { TS_DEVICE_CPU = 0 } ts_device_kind;
 
+/* A device: a kind and an index ("cpu:0"). Each has its own memory and
+ * tensors move between devices only by ts_to_device. This build has the
+ * CPU backend; its TS_MAX_DEVICES indices are separate memory pools of the
+ * host (accounted apart, copied between explicitly), so that a model split
+ * across devices runs and is tested as it will be on accelerators. */
 typedef struct {
     ts_device_kind kind;
     int index;
 } ts_device;
+#define TS_MAX_DEVICES 8
 
 typedef struct ts_ctx ts_ctx;
 typedef struct ts_tensor ts_tensor;
@@ -96,6 +102,47 @@ void ts_alloc_get_stats(const ts_ctx *ctx, ts_alloc_stats *out);
 void ts_alloc_reset_peak(ts_ctx *ctx);
 /* Returns cached blocks to the system. */
 void ts_alloc_empty_cache(ts_ctx *ctx);
+
+/* ---- devices -------------------------------------------------------------
+ * New tensors (zeros, from_data, loaded weights) go to the current device;
+ * an op's output goes where its inputs are, and inputs on different
+ * devices are an error that names both. */
+ts_status ts_set_device(ts_ctx *ctx, ts_device d);
+ts_device ts_get_device(const ts_ctx *ctx);
+/* "cpu" or "cpu:N"; an unknown kind or index is an error naming the
+ * devices this build has. */
+ts_status ts_device_parse(ts_ctx *ctx, const char *s, ts_device *out);
+/* "cpu:1" into buf (at least 16 bytes); returns buf */
+const char *ts_device_name(ts_device d, char *buf);
+bool ts_device_equal(ts_device a, ts_device b);
+/* A copy of t in d's memory (a new reference to t when t is there). Not
+ * differentiable: an explicit transfer, counted in the device stats. */
+ts_tensor *ts_to_device(ts_tensor *t, ts_device d);
+typedef struct {
+    size_t bytes_in_use; /* storages placed on the device */
+    size_t peak_bytes_in_use;
+    uint64_t transfers_in; /* ts_to_device copies into the device */
+    size_t bytes_in;
+} ts_device_stats;
+void ts_device_get_stats(const ts_ctx *ctx, ts_device d, ts_device_stats *out);
+
+/* device_map: where each part of a decoder lives, as Hugging Face's
+ * device_map places modules. Strings: "cpu" (or any one device: all
+ * there), "auto" (fill the devices in order; with only the host, all on
+ * cpu:0), or groups "ITEMS:DEVICE" joined by ';', where ITEMS is a
+ * comma-separated list of `embed`, `head` (final norm + LM head), a layer
+ * N or a range N-M, e.g. "embed,0-13:cpu:0;14-27,head:cpu:1". Every layer,
+ * the embedding and the head must be placed exactly once. */
+typedef struct {
+    ts_device embed, head;
+    int n_layers;
+    ts_device *layer; /* n_layers entries, owned */
+} ts_device_map;
+ts_status ts_device_map_parse(ts_ctx *ctx, const char *spec, int n_layers,
+                              ts_device_map *out);
+void ts_device_map_free(ts_device_map *m);
+/* number of distinct devices the map uses */
+int ts_device_map_count(const ts_device_map *m);
 
 /* ---- execution mode ----------------------------------------------------- */
 

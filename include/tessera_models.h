@@ -24,6 +24,16 @@ ts_status ts_decoder_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out);
 ts_status ts_decoder_load_as(ts_ctx *ctx, const char *dir,
                              ts_dtype weight_dtype, ts_qwen3_model **out);
 
+/* ... with options: weight dtype and a device_map string ("cpu", "auto",
+ * "embed,0-13:cpu:0;14-27,head:cpu:1", see ts_device_map_parse). */
+typedef struct {
+    ts_dtype weight_dtype;  /* TS_F32 (0, the default) or TS_BF16 */
+    const char *device_map; /* NULL: everything on the current device */
+} ts_load_options;
+ts_status ts_decoder_load_opts(ts_ctx *ctx, const char *dir,
+                               const ts_load_options *opt,
+                               ts_qwen3_model **out);
+
 /* GPT-2 (inference): learned positions, LayerNorm, fused q/k/v, Conv1D
  * weights (in, out), tanh GELU, tied LM head. */
 typedef struct ts_gpt2_model ts_gpt2_model;

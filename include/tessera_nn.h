@@ -55,6 +55,10 @@ typedef struct {
     /* dtype of the embedding and projection matrices (f32 default, or
      * bf16: kept in bf16, computed in f32); norms and biases stay f32 */
     ts_dtype weight_dtype;
+    /* where the parameters (and KV cache) live: NULL for the current
+     * device; else a map of cfg->layers layers (copied). A forward moves
+     * the activations between devices where the map changes device. */
+    const ts_device_map *device_map;
 } ts_qwen3_config;
 
 typedef struct ts_qwen3_model ts_qwen3_model;

@@ -52,6 +52,8 @@ struct ts_ctx {
     bool grad_enabled;
     ts_allocator alloc;
     const ts_backend *backend; /* the CPU backend for now */
+    int device_index;          /* where new tensors go (ts_set_device) */
+    ts_device_stats dev_stats[TS_MAX_DEVICES];
     ts_mode mode;
     bool force_eager;
     bool syncing;
@@ -75,6 +77,7 @@ typedef struct ts_storage {
     ts_device device;
     ts_ctx *ctx;
     bool external; /* data not owned (not freed on release) */
+    bool uncounted; /* data not from storage_new: outside the device stats */
     /* external data kept alive by an owner (a file mapping): released with
      * the storage */
     void *owner;

@@ -60,6 +60,11 @@ static ts_storage *storage_new(ts_ctx *ctx, size_t bytes) {
     s->bytes = bytes;
     s->ctx = ctx;
     s->device.kind = ctx->backend->kind;
+    s->device.index = ctx->device_index;
+    ts_device_stats *ds = &ctx->dev_stats[s->device.index];
+    ds->bytes_in_use += bytes;
+    if (ds->bytes_in_use > ds->peak_bytes_in_use)
+        ds->peak_bytes_in_use = ds->bytes_in_use;
     return s;
 }
 
@@ -71,8 +76,11 @@ void ts_storage_retain(ts_storage *s) {
 void ts_storage_release(ts_storage *s) {
     if (!s || --s->refcount > 0)
         return;
-    if (!s->external && s->data)
+    if (!s->external && s->data) {
         s->ctx->backend->free(s->ctx, s->data, s->bytes);
+        if (!s->uncounted) /* counted when storage_new made it */
+            s->ctx->dev_stats[s->device.index].bytes_in_use -= s->bytes;
+    }
     if (s->owner_release)
         s->owner_release(s->owner);
     free(s);
@@ -93,6 +101,8 @@ static ts_tensor *header_and_storage(ts_ctx *ctx, ts_dtype dt, int ndim,
     s->bytes = (size_t)ts_shape_numel(ndim, shape) * ts_dtype_size(dt);
     s->ctx = ctx;
     s->device.kind = ctx->backend->kind;
+    s->device.index = ctx->device_index;
+    s->uncounted = true; /* data filled in elsewhere: not in the device stats */
     t->refcount = 1;
     t->ctx = ctx;
     t->dtype = dt;
@@ -111,7 +121,6 @@ ts_tensor *ts_tensor_wrap(ts_ctx *ctx, ts_dtype dt, int ndim,
     if (!t)
         return NULL;
     t->storage->data = data;
-    t->storage->device.kind = TS_DEVICE_CPU;
     t->storage->external = true;
     t->storage->owner = owner;
     t->storage->owner_release = owner_release;

@@ -105,8 +105,41 @@ static bool input_needs_grad(const ts_tensor *t) {
     return t && (t->requires_grad || t->grad_fn);
 }
 
+static ts_tensor *op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
+                          const ts_attrs *attrs);
+
+/* Ops run where their inputs are: all on one device, the output made
+ * there; inputs on different devices are an error naming both. */
 ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
                       const ts_attrs *attrs) {
+    if (!ctx)
+        ctx = ts_ctx_of(n_in, in);
+    if (!ctx)
+        return NULL;
+    int dev = -1;
+    for (int i = 0; i < n_in; i++) {
+        if (!in[i] || in[i]->ctx != ctx)
+            continue; /* op_call reports these */
+        int d = in[i]->storage->device.index;
+        if (dev >= 0 && d != dev) {
+            ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                         "%s: inputs on different devices (cpu:%d and "
+                         "cpu:%d); move one with ts_to_device",
+                         ts_op_table[op].name, dev, d);
+            return NULL;
+        }
+        dev = d;
+    }
+    int old = ctx->device_index;
+    if (dev >= 0)
+        ctx->device_index = dev;
+    ts_tensor *out = op_call(ctx, op, n_in, in, attrs);
+    ctx->device_index = old;
+    return out;
+}
+
+static ts_tensor *op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
+                          const ts_attrs *attrs) {
     const ts_op_def *def = &ts_op_table[op];
     if (!ctx)
         ctx = ts_ctx_of(n_in, in);

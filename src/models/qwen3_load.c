@@ -8,7 +8,8 @@
 #include <string.h>
 
 static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out,
-                      bool any_decoder, ts_dtype weight_dtype) {
+                      bool any_decoder, ts_dtype weight_dtype,
+                      const char *device_map) {
     if (!ctx)
         return TS_ERR_INVALID_ARG;
     if (!dir || !out)
@@ -62,18 +63,31 @@ static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out,
             "%s: rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < "
             "high_freq_factor and original_max_position_embeddings > 0",
             dir);
+    ts_device_map dmap = {0};
+    if (device_map) {
+        if ((s = ts_device_map_parse(ctx, device_map, (int)mc.layers,
+                                     &dmap)) != TS_OK)
+            return s;
+        cfg.device_map = &dmap;
+    }
     ts_safetensors *st = NULL;
     ts_qwen3_model *m = NULL;
-    if ((s = ts_safetensors_open(ctx, dir, &st)) != TS_OK)
+    if ((s = ts_safetensors_open(ctx, dir, &st)) != TS_OK) {
+        ts_device_map_free(&dmap);
         return s;
-    if ((s = ts_qwen3_new(ctx, &cfg, 0, &m)) != TS_OK) {
+    }
+    s = ts_qwen3_new(ctx, &cfg, 0, &m);
+    ts_device_map_free(&dmap);
+    if (s != TS_OK) {
         ts_safetensors_close(st);
         return s;
     }
+    ts_device here = ts_get_device(ctx);
     bool old = ts_set_grad_enabled(ctx, false);
     for (int i = 0; i < ts_qwen3_num_params(m) && s == TS_OK; i++) {
         const char *name = ts_qwen3_param_name(m, i);
         ts_tensor *p = ts_qwen3_param(m, i);
+        ts_set_device(ctx, ts_tensor_device(p)); /* read where it lives */
         ts_tensor *src = ts_safetensors_get(st, name);
         if (!src) {
             s = ts_set_error(ctx, TS_ERR_IO,
@@ -103,6 +117,7 @@ static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out,
         ts_release(src);
     }
     ts_set_grad_enabled(ctx, old);
+    ts_set_device(ctx, here);
     ts_safetensors_close(st);
     if (s != TS_OK) {
         ts_qwen3_free(m);
@@ -113,14 +128,23 @@ static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out,
 }
 
 ts_status ts_qwen3_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out) {
-    return load(ctx, dir, out, false, TS_F32);
+    return load(ctx, dir, out, false, TS_F32, NULL);
 }
 
 ts_status ts_decoder_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out) {
-    return load(ctx, dir, out, true, TS_F32);
+    return load(ctx, dir, out, true, TS_F32, NULL);
 }
 
 ts_status ts_decoder_load_as(ts_ctx *ctx, const char *dir,
                              ts_dtype weight_dtype, ts_qwen3_model **out) {
-    return load(ctx, dir, out, true, weight_dtype);
+    return load(ctx, dir, out, true, weight_dtype, NULL);
+}
+
+ts_status ts_decoder_load_opts(ts_ctx *ctx, const char *dir,
+                               const ts_load_options *opt,
+                               ts_qwen3_model **out) {
+    ts_load_options none = {.weight_dtype = TS_F32};
+    if (!opt)
+        opt = &none;
+    return load(ctx, dir, out, true, opt->weight_dtype, opt->device_map);
 }

@@ -42,7 +42,31 @@ struct ts_qwen3_model {
     int n_params, cap_params;
     ts_tensor **params; /* owned references, state_dict order */
     char (*names)[QWEN3_NAME_LEN];
+    /* placement: embedding, each layer, head (final norm + LM head) */
+    ts_device embed_dev, head_dev, *layer_dev;
+    ts_tensor *head_copy; /* tied LM head on another device than embed:
+                             a copy made at the first forward */
 };
+
+/* *x to device d when it is elsewhere (takes over the reference) */
+static bool move_to(ts_tensor **x, ts_device d) {
+    if (!*x)
+        return false;
+    if (ts_device_equal(ts_tensor_device(*x), d))
+        return true;
+    ts_tensor *y = ts_to_device(*x, d);
+    ts_release(*x);
+    *x = y;
+    return y != NULL;
+}
+
+static ts_tensor *head_weight(ts_qwen3_model *m) {
+    if (ts_device_equal(ts_tensor_device(m->lm_head), m->head_dev))
+        return m->lm_head;
+    if (!m->head_copy)
+        m->head_copy = ts_to_device(m->lm_head, m->head_dev);
+    return m->head_copy;
+}
 
 ts_status ts_qwen3_config_check(ts_ctx *ctx, const ts_qwen3_config *c) {
     if (!c)
@@ -178,17 +202,38 @@ ts_status ts_qwen3_new(ts_ctx *ctx, const ts_qwen3_config *cfg, uint64_t seed,
         ts_qwen3_free(m);
         return ts_set_error(ctx, TS_ERR_OOM, "qwen3_new: out of memory");
     }
+    const ts_device_map *dm = cfg->device_map;
+    m->cfg.device_map = NULL; /* the model keeps its own copy below */
+    m->layer_dev = calloc((size_t)cfg->layers + 1, sizeof *m->layer_dev);
+    if (!m->layer_dev || (dm && dm->n_layers != cfg->layers)) {
+        ts_qwen3_free(m);
+        return dm ? ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                 "qwen3_new: the device map places %d layers; "
+                                 "the model has %lld",
+                                 dm->n_layers, (long long)cfg->layers)
+                  : ts_set_error(ctx, TS_ERR_OOM, "qwen3_new: out of memory");
+    }
+    ts_device here = ts_get_device(ctx);
+    m->embed_dev = dm ? dm->embed : here;
+    m->head_dev = dm ? dm->head : here;
+    for (int64_t i = 0; i < cfg->layers; i++)
+        m->layer_dev[i] = dm ? dm->layer[i] : here;
     int64_t V = cfg->vocab, C = cfg->hidden;
+    ts_set_device(ctx, m->embed_dev);
     bool ok = (m->embed = add_param(m, seed, true, 2, V, C,
                                     "model.embed_tokens.weight")) != NULL;
-    for (int i = 0; ok && i < (int)cfg->layers; i++)
+    for (int i = 0; ok && i < (int)cfg->layers; i++) {
+        ts_set_device(ctx, m->layer_dev[i]);
         ok = add_layer(m, seed, i);
+    }
+    ts_set_device(ctx, m->head_dev);
     ok = ok && (m->norm = add_param(m, seed, false, 1, C, 0,
                                     "model.norm.weight")) != NULL;
     if (ok)
         m->lm_head = cfg->tie_word_embeddings
                          ? m->embed
                          : add_param(m, seed, true, 2, V, C, "lm_head.weight");
+    ts_set_device(ctx, here);
     if (!ok || !m->lm_head) {
         ts_qwen3_free(m);
         s = ts_ctx_status(ctx);
@@ -208,6 +253,8 @@ void ts_qwen3_free(ts_qwen3_model *m) {
     free(m->params);
     free(m->names);
     free(m->layer);
+    free(m->layer_dev);
+    ts_release(m->head_copy);
     free(m);
 }
 
@@ -399,6 +446,48 @@ static bool check_ids(ts_ctx *ctx, const char *what, ts_tensor *ids) {
     return true;
 }
 
+/* ids (B, T) at positions pos0.. through embedding, layers (with their KV
+ * slots when given) and head -> logits (B, T or 1, V), moving activations
+ * to each part's device where the placement changes device. */
+static ts_tensor *run_layers(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0,
+                             kv_slot *slots, bool last_only) {
+    ts_ctx *ctx = m->ctx;
+    const ts_qwen3_config *c = &m->cfg;
+    int64_t T = ts_tensor_dim(ids, 1);
+    ts_device here = ts_get_device(ctx);
+    ts_tensor *id_moved = ts_to_device(ids, m->embed_dev);
+    ts_tensor *x = id_moved ? embed_f32(m, id_moved) : NULL; /* (B, T, C) */
+    ts_release(id_moved);
+    ts_tensor *cos = NULL, *sin = NULL;
+    ts_set_device(ctx, c->layers ? m->layer_dev[0] : m->embed_dev);
+    if (x && rope_for(m, T, pos0, &cos, &sin) != TS_OK)
+        ts_release(x), x = NULL;
+    for (int64_t i = 0; i < c->layers && x; i++) {
+        ts_device d = m->layer_dev[i];
+        if (!move_to(&x, d) || !move_to(&cos, d) || !move_to(&sin, d)) {
+            ts_release(x), x = NULL;
+            break;
+        }
+        x = decoder_layer(m, &m->layer[i], x, cos, sin,
+                          slots ? &slots[i] : NULL);
+    }
+    ts_release(cos), ts_release(sin);
+    ts_set_device(ctx, here);
+    if (last_only && x) { /* the next token needs the last position only */
+        ts_tensor *l = ts_slice(x, 1, T - 1, T, 1);
+        ts_release(x);
+        x = l;
+    }
+    if (!move_to(&x, m->head_dev))
+        return NULL;
+    ts_tensor *h = ts_rmsnorm(x, m->norm, c->rms_eps);
+    ts_release(x);
+    ts_tensor *w = h ? head_weight(m) : NULL;
+    ts_tensor *logits = w ? ts_linear(h, w, NULL) : NULL; /* (B, T, V) */
+    ts_release(h);
+    return logits;
+}
+
 /* ids (B, T) -> logits (B, T, V) */
 ts_tensor *ts_qwen3_forward(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0) {
     if (!m)
@@ -415,18 +504,7 @@ ts_tensor *ts_qwen3_forward(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0) {
                      pos0, pos0 + T - 1, c->max_positions);
         return NULL;
     }
-    ts_tensor *cos = NULL, *sin = NULL;
-    if (rope_for(m, T, pos0, &cos, &sin) != TS_OK)
-        return NULL;
-    ts_tensor *x = embed_f32(m, ids); /* (B, T, C) */
-    for (int64_t i = 0; i < c->layers && x; i++)
-        x = decoder_layer(m, &m->layer[i], x, cos, sin, NULL);
-    ts_release(cos), ts_release(sin);
-    ts_tensor *h = ts_rmsnorm(x, m->norm, c->rms_eps);
-    ts_release(x);
-    ts_tensor *logits = ts_linear(h, m->lm_head, NULL); /* (B, T, V) */
-    ts_release(h);
-    return logits;
+    return run_layers(m, ids, pos0, NULL, false);
 }
 
 ts_tensor *ts_qwen3_loss(ts_qwen3_model *m, ts_tensor *ids, ts_tensor *targets,
@@ -490,9 +568,12 @@ ts_status ts_qwen3_cache_new(ts_qwen3_model *m, int64_t B, int64_t max_T,
     }
     kc->m = m, kc->B = B, kc->max_T = max_T;
     int64_t shape[4] = {B, c->kv_heads, max_T, c->head_dim};
+    ts_device here = ts_get_device(m->ctx);
     for (int64_t i = 0; i < c->layers; i++) {
+        ts_set_device(m->ctx, m->layer_dev[i]); /* beside its layer */
         kc->slot[i].k = ts_zeros(m->ctx, TS_F32, 4, shape);
         kc->slot[i].v = ts_zeros(m->ctx, TS_F32, 4, shape);
+        ts_set_device(m->ctx, here);
         if (!kc->slot[i].k || !kc->slot[i].v) {
             ts_qwen3_cache_free(kc);
             return ts_ctx_status(m->ctx);
@@ -537,24 +618,9 @@ static ts_tensor *forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc,
             (long long)kc->max_T);
         return NULL;
     }
-    ts_tensor *cos = NULL, *sin = NULL;
-    if (rope_for(m, T, kc->len, &cos, &sin) != TS_OK)
-        return NULL;
-    ts_tensor *x = embed_f32(m, ids);
-    for (int64_t i = 0; i < c->layers && x; i++) {
+    for (int64_t i = 0; i < c->layers; i++)
         kc->slot[i].len = kc->len;
-        x = decoder_layer(m, &m->layer[i], x, cos, sin, &kc->slot[i]);
-    }
-    ts_release(cos), ts_release(sin);
-    if (last_only && x) { /* the next token needs the last position only */
-        ts_tensor *l = ts_slice(x, 1, T - 1, T, 1);
-        ts_release(x);
-        x = l;
-    }
-    ts_tensor *h = ts_rmsnorm(x, m->norm, c->rms_eps);
-    ts_release(x);
-    ts_tensor *logits = ts_linear(h, m->lm_head, NULL);
-    ts_release(h);
+    ts_tensor *logits = run_layers(m, ids, kc->len, kc->slot, last_only);
     if (logits)
         kc->len += T;
     return logits;

@@ -1,0 +1,252 @@
+/* device.c — devices as the runtime sees them: the current device of a
+ * context, device names, explicit transfers (ts_to_device) with their
+ * statistics, and device_map strings (which device holds the embedding,
+ * each decoder layer and the head). The memory of each device is counted
+ * where storages are made (tensor.c); ops refuse inputs on different
+ * devices (node.c). */
+#include "core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool device_valid(ts_device d) {
+    return d.kind == TS_DEVICE_CPU && d.index >= 0 && d.index < TS_MAX_DEVICES;
+}
+
+ts_status ts_set_device(ts_ctx *ctx, ts_device d) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!device_valid(d))
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "device %d:%d is not available (this build has "
+                            "cpu:0..cpu:%d)",
+                            (int)d.kind, d.index, TS_MAX_DEVICES - 1);
+    ctx->device_index = d.index;
+    return TS_OK;
+}
+
+ts_device ts_get_device(const ts_ctx *ctx) {
+    return (ts_device){TS_DEVICE_CPU, ctx ? ctx->device_index : 0};
+}
+
+bool ts_device_equal(ts_device a, ts_device b) {
+    return a.kind == b.kind && a.index == b.index;
+}
+
+const char *ts_device_name(ts_device d, char *buf) {
+    snprintf(buf, 16, "cpu:%d", d.index);
+    return buf;
+}
+
+ts_status ts_device_parse(ts_ctx *ctx, const char *s, ts_device *out) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!s || !out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "device: NULL argument");
+    const char *colon = strchr(s, ':');
+    size_t kl = colon ? (size_t)(colon - s) : strlen(s);
+    if (kl != 3 || strncmp(s, "cpu", 3)) {
+        if ((kl == 4 && !strncmp(s, "cuda", 4)) ||
+            (kl == 3 && !strncmp(s, "tpu", 3)))
+            return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                                "device \"%s\": this build has no %.*s "
+                                "backend (devices: cpu:0..cpu:%d)",
+                                s, (int)kl, s, TS_MAX_DEVICES - 1);
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "device \"%s\": expected cpu or cpu:N", s);
+    }
+    int idx = 0;
+    if (colon) {
+        char *end;
+        long v = strtol(colon + 1, &end, 10);
+        if (end == colon + 1 || *end || v < 0 || v >= TS_MAX_DEVICES)
+            return ts_set_error(ctx, TS_ERR_RANGE,
+                                "device \"%s\": the index must be 0..%d", s,
+                                TS_MAX_DEVICES - 1);
+        idx = (int)v;
+    }
+    *out = (ts_device){TS_DEVICE_CPU, idx};
+    return TS_OK;
+}
+
+void ts_device_get_stats(const ts_ctx *ctx, ts_device d, ts_device_stats *out) {
+    if (!ctx || !out)
+        return;
+    memset(out, 0, sizeof *out);
+    if (device_valid(d))
+        *out = ctx->dev_stats[d.index];
+}
+
+ts_tensor *ts_to_device(ts_tensor *t, ts_device d) {
+    if (!t)
+        return NULL;
+    ts_ctx *ctx = t->ctx;
+    if (!device_valid(d)) {
+        ts_set_device(ctx, d); /* sets the error */
+        return NULL;
+    }
+    if (ts_device_equal(ts_tensor_device(t), d))
+        return ts_retain(t);
+    ts_tensor *c = ts_contiguous(t); /* on t's device */
+    const void *src = c ? ts_tensor_data(c) : NULL;
+    if (!src) {
+        ts_release(c);
+        return NULL;
+    }
+    int old = ctx->device_index;
+    ctx->device_index = d.index;
+    ts_tensor *out = ts_tensor_new(ctx, t->dtype, t->ndim, t->shape);
+    ctx->device_index = old;
+    if (out) {
+        size_t bytes = (size_t)ts_tensor_numel(out) * ts_dtype_size(t->dtype);
+        ctx->backend->copy(ctx, ts_tensor_data(out), src, bytes);
+        ctx->dev_stats[d.index].transfers_in++;
+        ctx->dev_stats[d.index].bytes_in += bytes;
+    }
+    ts_release(c);
+    return out;
+}
+
+/* ---- device_map ---- */
+
+void ts_device_map_free(ts_device_map *m) {
+    if (m) {
+        free(m->layer);
+        m->layer = NULL;
+    }
+}
+
+int ts_device_map_count(const ts_device_map *m) {
+    bool used[TS_MAX_DEVICES] = {0};
+    used[m->embed.index] = used[m->head.index] = true;
+    for (int i = 0; i < m->n_layers; i++)
+        used[m->layer[i].index] = true;
+    int n = 0;
+    for (int i = 0; i < TS_MAX_DEVICES; i++)
+        n += used[i];
+    return n;
+}
+
+/* one ITEMS list: marks what it names with d; counts placements */
+static ts_status place_items(ts_ctx *ctx, const char *spec, char *items,
+                             ts_device d, ts_device_map *m, int *placed) {
+    for (char *save = NULL, *it = strtok_r(items, ",", &save); it;
+         it = strtok_r(NULL, ",", &save)) {
+        int lo, hi;
+        char *end;
+        if (!strcmp(it, "embed")) {
+            if (placed[0]++)
+                return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                    "device_map \"%s\": embed placed twice",
+                                    spec);
+            m->embed = d;
+            continue;
+        }
+        if (!strcmp(it, "head")) {
+            if (placed[1]++)
+                return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                    "device_map \"%s\": head placed twice",
+                                    spec);
+            m->head = d;
+            continue;
+        }
+        lo = (int)strtol(it, &end, 10);
+        if (end == it)
+            return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                "device_map \"%s\": \"%s\" is not embed, "
+                                "head, a layer or a range of layers",
+                                spec, it);
+        hi = lo;
+        if (*end == '-') {
+            char *e2;
+            hi = (int)strtol(end + 1, &e2, 10);
+            if (e2 == end + 1 || *e2)
+                return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                    "device_map \"%s\": bad range \"%s\"", spec,
+                                    it);
+        } else if (*end)
+            return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                "device_map \"%s\": bad item \"%s\"", spec, it);
+        if (lo < 0 || hi < lo || hi >= m->n_layers)
+            return ts_set_error(ctx, TS_ERR_RANGE,
+                                "device_map \"%s\": layers %s outside the "
+                                "model's 0-%d",
+                                spec, it, m->n_layers - 1);
+        for (int l = lo; l <= hi; l++) {
+            if (placed[2 + l]++)
+                return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                    "device_map \"%s\": layer %d placed twice",
+                                    spec, l);
+            m->layer[l] = d;
+        }
+    }
+    return TS_OK;
+}
+
+ts_status ts_device_map_parse(ts_ctx *ctx, const char *spec, int n_layers,
+                              ts_device_map *out) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!spec || !out || n_layers < 0)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "device_map: NULL or bad argument");
+    memset(out, 0, sizeof *out);
+    out->n_layers = n_layers;
+    out->layer = calloc((size_t)n_layers + 1, sizeof *out->layer);
+    if (!out->layer)
+        return ts_set_error(ctx, TS_ERR_OOM, "device_map: out of memory");
+    ts_device one;
+    /* "auto" fills devices in order; the host is one device, cpu:0 */
+    /* one device: no groups, and not "ITEMS:DEVICE" (a layer range) */
+    bool one_device = !strchr(spec, ';') && !strchr(spec, ',') &&
+                      !(spec[0] >= '0' && spec[0] <= '9') &&
+                      strncmp(spec, "embed:", 6) && strncmp(spec, "head:", 5);
+    if (!strcmp(spec, "auto") || one_device) {
+        one = (ts_device){TS_DEVICE_CPU, 0};
+        if (strcmp(spec, "auto") && ts_device_parse(ctx, spec, &one) != TS_OK) {
+            ts_device_map_free(out);
+            return ctx->status;
+        }
+        out->embed = out->head = one;
+        for (int l = 0; l < n_layers; l++)
+            out->layer[l] = one;
+        return TS_OK;
+    }
+    char *copy = strdup(spec);
+    int *placed = calloc((size_t)n_layers + 2, sizeof *placed);
+    ts_status s = copy && placed ? TS_OK
+                                 : ts_set_error(ctx, TS_ERR_OOM,
+                                                "device_map: out of memory");
+    for (char *save = NULL, *grp = s ? NULL : strtok_r(copy, ";", &save);
+         grp && s == TS_OK; grp = strtok_r(NULL, ";", &save)) {
+        /* ITEMS:DEVICE where DEVICE itself may hold a ':' (cpu:1) */
+        char *colon = strchr(grp, ':');
+        if (!colon) {
+            s = ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                             "device_map \"%s\": group \"%s\" has no "
+                             "\":DEVICE\"",
+                             spec, grp);
+            break;
+        }
+        *colon = 0;
+        ts_device d;
+        if ((s = ts_device_parse(ctx, colon + 1, &d)) != TS_OK)
+            break;
+        s = place_items(ctx, spec, grp, d, out, placed);
+    }
+    for (int k = 0; s == TS_OK && k < n_layers + 2; k++)
+        if (!placed[k]) {
+            char what[32];
+            if (k < 2)
+                snprintf(what, sizeof what, "%s", k ? "head" : "embed");
+            else
+                snprintf(what, sizeof what, "layer %d", k - 2);
+            s = ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                             "device_map \"%s\": %s is not placed", spec, what);
+        }
+    free(copy), free(placed);
+    if (s != TS_OK)
+        ts_device_map_free(out);
+    return s;
+}
