@@ -41,10 +41,45 @@ ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out);
 void ts_gpt2_free(ts_gpt2_model *m);
 /* ids (B, T) i32/i64 at positions pos0.. -> logits (B, T, V) */
 ts_tensor *ts_gpt2_forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0);
+/* KV cache (batch 1): forward_cached runs ids (1, T) after the cached
+ * positions and returns logits (1, T, V), or (1, 1, V) with last_only */
+typedef struct ts_gpt2_cache ts_gpt2_cache;
+ts_status ts_gpt2_cache_new(ts_gpt2_model *m, int64_t max_T,
+                            ts_gpt2_cache **out);
+void ts_gpt2_cache_free(ts_gpt2_cache *kc);
+int64_t ts_gpt2_cache_len(const ts_gpt2_cache *kc);
+void ts_gpt2_cache_truncate(ts_gpt2_cache *kc, int64_t len);
+ts_tensor *ts_gpt2_forward_cached(ts_gpt2_model *m, ts_gpt2_cache *kc,
+                                  ts_tensor *ids, bool last_only);
 /* greedy decoding with a KV cache: n_new tokens after the prompt */
 ts_status ts_gpt2_generate_greedy(ts_gpt2_model *m, const int64_t *prompt,
                                   int64_t n_prompt, int64_t n_new,
                                   int64_t *out);
+
+/* ---- any causal LM --------------------------------------------------------
+ * One handle over the architectures above, chosen by config.json: what
+ * generation and serving drive without knowing the architecture. gpt2
+ * takes a one-device map and f32 weights only. */
+typedef struct ts_lm ts_lm;
+ts_status ts_lm_load(ts_ctx *ctx, const char *dir, const ts_load_options *opt,
+                     ts_lm **out);
+void ts_lm_free(ts_lm *lm);
+const ts_model_config *ts_lm_config(const ts_lm *lm);
+/* the decoder (qwen3/qwen2/llama) inside, or NULL for gpt2 */
+ts_qwen3_model *ts_lm_decoder(ts_lm *lm);
+/* KV cache for one sequence of up to max_T positions */
+typedef struct ts_lm_cache ts_lm_cache;
+ts_status ts_lm_cache_new(ts_lm *lm, int64_t max_T, ts_lm_cache **out);
+void ts_lm_cache_free(ts_lm_cache *kc);
+int64_t ts_lm_cache_len(const ts_lm_cache *kc);
+/* keeps the first len cached positions (to reuse a common prefix) */
+void ts_lm_cache_truncate(ts_lm_cache *kc, int64_t len);
+/* ids (1, T) after the cached positions -> logits (1, T, V); (1, 1, V) of
+ * the last position with last_only */
+ts_tensor *ts_lm_forward_cached(ts_lm *lm, ts_lm_cache *kc, ts_tensor *ids,
+                                bool last_only);
+/* ids (B, T) from position 0 -> logits (B, T, V) */
+ts_tensor *ts_lm_forward(ts_lm *lm, ts_tensor *ids);
 
 #ifdef __cplusplus
 }

@@ -114,6 +114,8 @@ ts_status ts_qwen3_cache_new(ts_qwen3_model *m, int64_t B, int64_t max_T,
 void ts_qwen3_cache_free(ts_qwen3_cache *kc);
 int64_t ts_qwen3_cache_len(const ts_qwen3_cache *kc);
 void ts_qwen3_cache_reset(ts_qwen3_cache *kc);
+/* keeps the first len positions (a shorter len than cached only) */
+void ts_qwen3_cache_truncate(ts_qwen3_cache *kc, int64_t len);
 ts_tensor *ts_qwen3_forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc,
                                    ts_tensor *ids);
 /* The same, with the logits of the last position only (B, 1, V): what

@@ -30,6 +30,13 @@ int32_t ts_tokenizer_token_id(const ts_tokenizer *tok, const char *token);
  * does in Hugging Face's tokenizers). Invalid UTF-8 is an error. */
 ts_status ts_tokenizer_encode(ts_tokenizer *tok, const char *text, size_t len,
                               bool allow_special, int32_t **ids, size_t *n);
+/* The special tokens the post-processor puts before and after a single
+ * text (TemplateProcessing: Llama 2's <s>, Llama 3's <|begin_of_text|>),
+ * as Hugging Face's encode(text) adds them by default; chat templates
+ * write their own. The count; *ids points into the tokenizer. */
+size_t ts_tokenizer_prefix_ids(const ts_tokenizer *tok, const int32_t **ids);
+size_t ts_tokenizer_suffix_ids(const ts_tokenizer *tok, const int32_t **ids);
+
 /* ids -> text (malloc'd, NUL-terminated; *len excludes the NUL). */
 ts_status ts_tokenizer_decode(ts_tokenizer *tok, const int32_t *ids, size_t n,
                               bool skip_special, char **text, size_t *len);

@@ -32,6 +32,14 @@ static void test_one_peer(ts_ctx *ctx, json_t *corpus, json_t *peer) {
     /* byte-level BPE decodes back to the text (Qwen3: its NFC form) */
     bool round_trip = !strcmp(name, "qwen3") || !strcmp(name, "llama3_1");
     bool nfc_first = !strcmp(name, "qwen3");
+    /* the post-processor's BOS, as encode(text) adds it */
+    const int32_t *pre;
+    size_t npre = ts_tokenizer_prefix_ids(tok, &pre);
+    int32_t want_bos = !strcmp(name, "qwen3")      ? -1
+                       : !strcmp(name, "llama3_1") ? 128000
+                       : !strcmp(name, "gemma3")   ? 2
+                                                   : 1;
+    CHECK(want_bos < 0 ? npre == 0 : npre == 1 && pre[0] == want_bos);
     size_t i, failures = 0;
     json_t *s;
     json_array_foreach(corpus, i, s) {

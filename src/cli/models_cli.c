@@ -1,6 +1,7 @@
 /* models_cli.c — `tessera info` and `tessera logits`: a Hugging Face model
- * folder's architecture and size, and the logits of given token ids written
- * as a .npy file (f32, (T, V)) for checking against other implementations. */
+ * folder's architecture, size and the memory it needs to run, and the
+ * logits of given token ids (any architecture, any device_map) written as
+ * a .npy file (f32, (T, V)) for checking against other implementations. */
 #include "tessera.h"
 #include "tessera_models.h"
 
@@ -70,8 +71,20 @@ int tessera_info(int argc, char **argv) {
     for (int d = 0; d < TS_DTYPE_COUNT; d++)
         if (dtypes[d])
             printf(" %s x %d", ts_dtype_name((ts_dtype)d), dtypes[d]);
-    printf("\nweights        %.1f MiB on disk; %.1f MiB as f32\n",
-           bytes / 1048576.0, params * 4 / 1048576.0);
+    printf("\nweights        %.1f MiB on disk; in memory %.1f MiB as f32, "
+           "%.1f MiB as bf16 (--dtype bf16)\n",
+           bytes / 1048576.0, params * 4 / 1048576.0, params * 2 / 1048576.0);
+    /* K and V of every layer, f32, per position */
+    int64_t kv_heads = c.arch == TS_ARCH_GPT2 ? c.heads : c.kv_heads;
+    double kv_tok =
+        2.0 * (double)c.layers * (double)kv_heads * (double)c.head_dim * 4;
+    int64_t ctx_len = c.max_positions < 4096 ? c.max_positions : 4096;
+    printf("KV cache       %.1f KiB per token (f32); %lld tokens: %.1f MiB\n",
+           kv_tok / 1024, (long long)ctx_len, kv_tok * ctx_len / 1048576.0);
+    printf("memory needed  %.1f MiB (bf16 weights) / %.1f MiB (f32) for one "
+           "sequence of %lld tokens, plus activations\n",
+           (params * 2 + kv_tok * ctx_len) / 1048576.0,
+           (params * 4 + kv_tok * ctx_len) / 1048576.0, (long long)ctx_len);
     ts_safetensors_close(st);
     ts_ctx_free(ctx);
     return 0;
@@ -106,7 +119,8 @@ static int write_npy(const char *path, const float *data, int nd,
 }
 
 int tessera_logits(int argc, char **argv) {
-    const char *dir = NULL, *ids_arg = NULL, *out = NULL;
+    const char *dir = NULL, *ids_arg = NULL, *out = NULL, *map = NULL;
+    ts_dtype wdt = TS_F32;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc)
             dir = argv[++i];
@@ -114,12 +128,18 @@ int tessera_logits(int argc, char **argv) {
             ids_arg = argv[++i];
         else if (!strcmp(argv[i], "--out") && i + 1 < argc)
             out = argv[++i];
+        else if (!strcmp(argv[i], "--device-map") && i + 1 < argc)
+            map = argv[++i];
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc &&
+                 (!strcmp(argv[i + 1], "f32") || !strcmp(argv[i + 1], "bf16")))
+            wdt = strcmp(argv[++i], "bf16") ? TS_F32 : TS_BF16;
         else
             dir = NULL, i = argc;
     }
     if (!dir || !ids_arg || !out) {
         fprintf(stderr,
-                "usage: tessera logits -m DIR --ids 1,2,3 --out FILE.npy\n");
+                "usage: tessera logits -m DIR --ids 1,2,3 --out FILE.npy "
+                "[--dtype f32|bf16] [--device-map MAP]\n");
         return 2;
     }
     int64_t ids[4096];
@@ -146,17 +166,18 @@ int tessera_logits(int argc, char **argv) {
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
-    ts_qwen3_model *m;
-    if (ts_decoder_load(ctx, dir, &m) != TS_OK)
+    ts_lm *m;
+    ts_load_options lo = {.weight_dtype = wdt, .device_map = map};
+    if (ts_lm_load(ctx, dir, &lo, &m) != TS_OK)
         return fail(ctx, "model");
     int64_t shape[2] = {1, n};
     ts_tensor *t = ts_from_data(ctx, TS_I64, 2, shape, ids);
     bool old = ts_set_grad_enabled(ctx, false);
-    ts_tensor *logits = ts_qwen3_forward(m, t, 0);
+    ts_tensor *logits = ts_lm_forward(m, t);
     ts_set_grad_enabled(ctx, old);
     ts_release(t);
     if (!logits) {
-        ts_qwen3_free(m);
+        ts_lm_free(m);
         return fail(ctx, "forward");
     }
     int64_t oshape[2] = {n, ts_tensor_dim(logits, 2)};
@@ -165,7 +186,7 @@ int tessera_logits(int argc, char **argv) {
         fprintf(stderr, "tessera logits: cannot write %s: %s\n", out,
                 strerror(errno));
     ts_release(logits);
-    ts_qwen3_free(m);
+    ts_lm_free(m);
     ts_ctx_free(ctx);
     return rc ? 1 : 0;
 }

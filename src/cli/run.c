@@ -12,23 +12,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_STOPS 8
 #define MAX_EOS   8
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int usage(void) {
-    fprintf(stderr, "usage: tessera run -m DIR -p TEXT [-n MAX_TOKENS] "
-                    "[--temperature T] [--top-k K]\n"
-                    "                   [--top-p P] [--min-p P] "
-                    "[--repetition-penalty R] [--seed S]\n"
-                    "                   [--stop STR]... [--dtype f32|bf16] "
-                    "[--eager|--compile]\n");
+    fprintf(stderr,
+            "usage: tessera run -m DIR [-p TEXT] [-n MAX_TOKENS] "
+            "[--temperature T] [--top-k K]\n"
+            "         [--top-p P] [--min-p P] [--repetition-penalty R] "
+            "[--seed S] [--stop STR]...\n"
+            "         [--chat] [--system TEXT] [-i|--interactive] "
+            "[--ctx-size N] [--verbose-prompt]\n"
+            "         [--dtype f32|bf16] [--device-map MAP] "
+            "[--eager|--compile]\n"
+            "Without -p and with a terminal on stdin: an interactive chat.\n");
     return 2;
 }
 
@@ -79,22 +78,337 @@ static int fail(ts_ctx *ctx, const char *what) {
     return 1;
 }
 
+typedef struct {
+    const char *dir, *prompt, *system, *device_map, *stops[MAX_STOPS];
+    int n_stops, max_new;
+    int64_t ctx_size;
+    bool compiled, chat, interactive, verbose_prompt;
+    ts_dtype wdt;
+} run_opts;
+
+/* A loaded model with its tokenizer, sampler and one KV cache whose
+ * contents (cached[0..n_cached)) later prompts reuse as a prefix. */
+typedef struct {
+    ts_ctx *ctx;
+    ts_lm *lm;
+    ts_tokenizer *tok;
+    ts_chat *chat; /* NULL: the model has no chat template */
+    ts_sampler *sm;
+    ts_lm_cache *kc;
+    int64_t max_T;
+    int32_t *cached;
+    size_t n_cached;
+    int64_t eos[MAX_EOS];
+    int n_eos;
+} session;
+
+typedef struct {
+    size_t n_prompt, n_reused;
+    int generated;
+    double prefill_s, decode_s;
+} gen_stats;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Prompt ids through the model (reusing the cached prefix), then up to
+ * max_new tokens streamed to stdout; the reply text (stop strings cut) in
+ * *reply (malloc'd). */
+static ts_status generate(session *S, const run_opts *o, const int32_t *ids,
+                          size_t n_prompt, char **reply, gen_stats *gs) {
+    ts_ctx *ctx = S->ctx;
+    memset(gs, 0, sizeof *gs);
+    *reply = NULL;
+    gs->n_prompt = n_prompt;
+    if (n_prompt == 0)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "the prompt is empty");
+    if ((int64_t)n_prompt + 1 > S->max_T)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "the prompt (%zu tokens) does not fit the context "
+                            "of %lld tokens (--ctx-size)",
+                            n_prompt, (long long)S->max_T);
+    size_t cap = n_prompt + (size_t)o->max_new;
+    int32_t *seq = malloc(sizeof(int32_t) * cap);
+    char *text = malloc(64 * ((size_t)o->max_new + 1) + 1);
+    if (!seq || !text) {
+        free(seq), free(text);
+        return ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+    }
+    memcpy(seq, ids, sizeof(int32_t) * n_prompt);
+    if (!S->kc && ts_lm_cache_new(S->lm, S->max_T, &S->kc) != TS_OK) {
+        free(seq), free(text);
+        return ts_ctx_status(ctx);
+    }
+    /* the longest cached prefix, leaving at least one token to run */
+    size_t keep = 0;
+    while (keep < S->n_cached && keep + 1 < n_prompt &&
+           S->cached[keep] == ids[keep])
+        keep++;
+    ts_lm_cache_truncate(S->kc, (int64_t)keep);
+    gs->n_reused = keep;
+    size_t n = n_prompt, max_stop = 0, tl = 0, printed = 0;
+    for (int k = 0; k < o->n_stops; k++)
+        if (strlen(o->stops[k]) > max_stop)
+            max_stop = strlen(o->stops[k]);
+    ts_detok_state ds = {0};
+    double t0 = now(), t_first = t0;
+    bool stopped = false;
+    ts_status st = TS_OK;
+    size_t feed_from = keep;
+    while (gs->generated < o->max_new && !stopped && st == TS_OK &&
+           (int64_t)n < S->max_T) {
+        int64_t T = (int64_t)(n - feed_from), shape[2] = {1, T};
+        int64_t *buf = malloc(sizeof(int64_t) * (size_t)T);
+        for (int64_t k = 0; buf && k < T; k++)
+            buf[k] = seq[feed_from + (size_t)k];
+        ts_tensor *in = buf ? ts_from_data(ctx, TS_I64, 2, shape, buf) : NULL;
+        free(buf);
+        ts_tensor *logits = ts_lm_forward_cached(S->lm, S->kc, in, true);
+        ts_release(in);
+        float *row = logits ? (float *)ts_tensor_data(logits) : NULL;
+        if (!row) {
+            st = ts_ctx_status(ctx);
+            ts_release(logits);
+            break;
+        }
+        int64_t V = ts_tensor_dim(logits, 2);
+        int32_t next = ts_sampler_next(S->sm, row, V, seq, n);
+        ts_release(logits);
+        if (gs->generated == 0)
+            t_first = now();
+        feed_from = n;
+        seq[n++] = next;
+        gs->generated++;
+        for (int k = 0; k < S->n_eos; k++)
+            stopped |= next == S->eos[k];
+        if (stopped)
+            break;
+        size_t pl = 0;
+        if (ts_tokenizer_decode_step(S->tok, &ds, next, text + tl, 64, &pl) !=
+            TS_OK) {
+            st = ts_ctx_status(ctx);
+            break;
+        }
+        tl += pl;
+        text[tl] = 0;
+        for (int k = 0; k < o->n_stops && !stopped; k++) {
+            char *hit =
+                strstr(text + (printed > max_stop ? printed - max_stop : 0),
+                       o->stops[k]);
+            if (hit)
+                tl = (size_t)(hit - text), stopped = true;
+        }
+        /* print what can no longer turn into a stop string */
+        size_t safe = stopped ? tl : tl > max_stop ? tl - max_stop : 0;
+        if (o->n_stops == 0)
+            safe = tl;
+        if (safe > printed) {
+            fwrite(text + printed, 1, safe - printed, stdout);
+            fflush(stdout);
+            printed = safe;
+        }
+    }
+    if (!stopped && tl > printed)
+        fwrite(text + printed, 1, tl - printed, stdout);
+    fflush(stdout);
+    double t1 = now();
+    gs->prefill_s = t_first - t0;
+    gs->decode_s = t1 - t_first;
+    /* the cache now holds seq[0..n-1) (the last token was not run) */
+    free(S->cached);
+    S->cached = seq;
+    S->n_cached = n ? n - 1 : 0;
+    text[tl] = 0;
+    *reply = text;
+    return st;
+}
+
+static void print_stats(const gen_stats *g) {
+    size_t run = g->n_prompt - g->n_reused;
+    fprintf(stderr,
+            "prompt: %zu tokens (%zu reused from the cache) in %.3f s (%.1f "
+            "tokens/s); generation: %d tokens in %.3f s (%.1f tokens/s)\n",
+            g->n_prompt, g->n_reused, g->prefill_s,
+            g->prefill_s > 0 ? run / g->prefill_s : 0, g->generated - 1,
+            g->decode_s,
+            g->decode_s > 0 && g->generated > 1
+                ? (g->generated - 1) / g->decode_s
+                : 0);
+}
+
+/* the model's input for text: the chat template over messages (a JSON
+ * array), or the text itself with the post-processor's special tokens */
+static ts_status prompt_ids(session *S, const run_opts *o, json_t *messages,
+                            const char *text, int32_t **ids, size_t *n) {
+    char *rendered = NULL;
+    size_t len = 0;
+    bool templated = messages != NULL;
+    if (templated) {
+        char *mj = json_dumps(messages, JSON_COMPACT);
+        ts_status s =
+            mj ? ts_chat_apply(S->chat, mj, true, NULL, &rendered, &len)
+               : ts_set_error(S->ctx, TS_ERR_OOM, "out of memory");
+        free(mj);
+        if (s != TS_OK)
+            return s;
+        text = rendered;
+    } else
+        len = strlen(text);
+    int32_t *body = NULL;
+    size_t nb = 0;
+    ts_status s = ts_tokenizer_encode(S->tok, text, len, true, &body, &nb);
+    if (s == TS_OK) {
+        const int32_t *pre = NULL, *post = NULL;
+        size_t np = templated ? 0 : ts_tokenizer_prefix_ids(S->tok, &pre);
+        size_t ns = templated ? 0 : ts_tokenizer_suffix_ids(S->tok, &post);
+        *ids = malloc(sizeof(int32_t) * (np + nb + ns + 1));
+        if (!*ids)
+            s = ts_set_error(S->ctx, TS_ERR_OOM, "out of memory");
+        else {
+            if (np)
+                memcpy(*ids, pre, sizeof(int32_t) * np);
+            if (nb)
+                memcpy(*ids + np, body, sizeof(int32_t) * nb);
+            if (ns)
+                memcpy(*ids + np + nb, post, sizeof(int32_t) * ns);
+            *n = np + nb + ns;
+        }
+    }
+    if (s == TS_OK && o->verbose_prompt) {
+        fprintf(stderr, "prompt text: ");
+        fwrite(text, 1, len, stderr);
+        fprintf(stderr, "\nprompt ids: [");
+        for (size_t k = 0; k < *n; k++)
+            fprintf(stderr, "%s%d", k ? ", " : "", (*ids)[k]);
+        fprintf(stderr, "]\n");
+    }
+    free(body);
+    free(rendered);
+    return s;
+}
+
+static json_t *message(const char *role, const char *content) {
+    return json_pack("{s:s, s:s}", "role", role, "content", content);
+}
+
+/* One prompt (-p): generate once. */
+static int run_once(session *S, const run_opts *o) {
+    json_t *msgs = NULL;
+    if (o->chat) {
+        msgs = json_array();
+        if (o->system)
+            json_array_append_new(msgs, message("system", o->system));
+        json_array_append_new(msgs, message("user", o->prompt));
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ts_status s = prompt_ids(S, o, msgs, o->prompt, &ids, &n);
+    json_decref(msgs);
+    if (s != TS_OK)
+        return fail(S->ctx, "prompt");
+    int64_t need = (int64_t)n + o->max_new;
+    if (!o->ctx_size && need < S->max_T)
+        S->max_T = need; /* a cache the size of this one generation */
+    char *reply = NULL;
+    gen_stats gs;
+    s = generate(S, o, ids, n, &reply, &gs);
+    free(ids), free(reply);
+    printf("\n");
+    if (s != TS_OK)
+        return fail(S->ctx, "generation");
+    print_stats(&gs);
+    return 0;
+}
+
+/* Interactive chat: a line from stdin is a user turn; the conversation so
+ * far is the prompt, whose cached prefix is reused turn after turn. Empty
+ * lines are skipped; /reset starts over; /exit or end of input quits. */
+static int run_chat(session *S, const run_opts *o) {
+    bool tty = isatty(0);
+    json_t *msgs = json_array();
+    if (o->system)
+        json_array_append_new(msgs, message("system", o->system));
+    if (tty)
+        fprintf(stderr,
+                "chat with %s (/reset to start over, /exit or "
+                "Ctrl-D to quit)\n",
+                o->dir);
+    char *line = NULL;
+    size_t cap = 0;
+    int rc = 0;
+    for (;;) {
+        if (tty)
+            fprintf(stderr, "> ");
+        ssize_t got = getline(&line, &cap, stdin);
+        if (got < 0)
+            break;
+        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r'))
+            line[--got] = 0;
+        if (!got)
+            continue;
+        if (!strcmp(line, "/exit"))
+            break;
+        if (!strcmp(line, "/reset")) {
+            json_array_clear(msgs);
+            if (o->system)
+                json_array_append_new(msgs, message("system", o->system));
+            continue;
+        }
+        json_t *user = message("user", line);
+        if (!user) {
+            fprintf(stderr, "tessera run: the input is not valid UTF-8\n");
+            continue;
+        }
+        json_array_append_new(msgs, user);
+        int32_t *ids = NULL;
+        size_t n = 0;
+        char *reply = NULL;
+        gen_stats gs;
+        ts_status s;
+        if (S->chat)
+            s = prompt_ids(S, o, msgs, NULL, &ids, &n);
+        else /* no template: the turns' text one after another */
+            s = prompt_ids(S, o, NULL, line, &ids, &n);
+        if (s == TS_OK)
+            s = generate(S, o, ids, n, &reply, &gs);
+        printf("\n");
+        free(ids);
+        if (s != TS_OK) {
+            /* a bad turn (too long, not encodable) is dropped; the chat
+             * goes on */
+            fail(S->ctx, "turn");
+            ts_clear_error(S->ctx);
+            json_array_remove(msgs, json_array_size(msgs) - 1);
+            free(reply);
+            rc = 1;
+            continue;
+        }
+        json_array_append_new(msgs, message("assistant", reply ? reply : ""));
+        free(reply);
+        print_stats(&gs);
+        rc = 0;
+    }
+    free(line);
+    json_decref(msgs);
+    return rc;
+}
+
 int tessera_run(int argc, char **argv) {
-    const char *dir = NULL, *prompt = NULL, *stops[MAX_STOPS];
-    int n_stops = 0, max_new = 128;
-    bool compiled = false;
-    ts_dtype wdt = TS_F32;
+    run_opts o = {.max_new = 128, .wdt = TS_F32};
     ts_sampling cli = ts_sampling_default();
     bool set[6] = {0}; /* which sampling options the command line gave */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         double d;
         if (!strcmp(a, "-m") && v)
-            dir = v, i++;
+            o.dir = v, i++;
         else if (!strcmp(a, "-p") && v)
-            prompt = v, i++;
+            o.prompt = v, i++;
         else if (!strcmp(a, "-n") && v && parse_num(v, 1, 1e6, &d))
-            max_new = (int)d, i++;
+            o.max_new = (int)d, i++;
         else if (!strcmp(a, "--temperature") && v && parse_num(v, 0, 100, &d))
             cli.temperature = d, set[0] = 1, i++;
         else if (!strcmp(a, "--top-k") && v && parse_num(v, 0, 1e9, &d))
@@ -108,31 +422,44 @@ int tessera_run(int argc, char **argv) {
             cli.repetition_penalty = d, set[4] = 1, i++;
         else if (!strcmp(a, "--seed") && v && parse_num(v, 0, 1.8e19, &d))
             cli.seed = (uint64_t)d, set[5] = 1, i++;
-        else if (!strcmp(a, "--stop") && v && n_stops < MAX_STOPS && *v)
-            stops[n_stops++] = v, i++;
+        else if (!strcmp(a, "--stop") && v && o.n_stops < MAX_STOPS && *v)
+            o.stops[o.n_stops++] = v, i++;
         else if (!strcmp(a, "--dtype") && v &&
                  (!strcmp(v, "f32") || !strcmp(v, "bf16")))
-            wdt = strcmp(v, "bf16") ? TS_F32 : TS_BF16, i++;
+            o.wdt = strcmp(v, "bf16") ? TS_F32 : TS_BF16, i++;
+        else if (!strcmp(a, "--device-map") && v)
+            o.device_map = v, i++;
+        else if (!strcmp(a, "--system") && v)
+            o.system = v, o.chat = true, i++;
+        else if (!strcmp(a, "--ctx-size") && v && parse_num(v, 2, 1e7, &d))
+            o.ctx_size = (int64_t)d, i++;
+        else if (!strcmp(a, "--chat"))
+            o.chat = true;
+        else if (!strcmp(a, "-i") || !strcmp(a, "--interactive"))
+            o.interactive = true;
+        else if (!strcmp(a, "--verbose-prompt"))
+            o.verbose_prompt = true;
         else if (!strcmp(a, "--compile"))
-            compiled = true;
+            o.compiled = true;
         else if (!strcmp(a, "--eager"))
-            compiled = false;
+            o.compiled = false;
         else {
             fprintf(stderr, "tessera run: bad or incomplete option \"%s\"\n",
                     a);
             return usage();
         }
     }
-    if (!dir || !prompt)
+    if (!o.prompt && !o.interactive && isatty(0))
+        o.interactive = true;
+    if (!o.dir || (!o.prompt && !o.interactive))
         return usage();
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
+    session S = {.ctx = ctx};
     /* defaults from generation_config.json, then the command line */
     ts_sampling s = ts_sampling_default();
-    int64_t eos[MAX_EOS];
-    int n_eos = 0;
-    generation_defaults(dir, &s, eos, &n_eos);
+    generation_defaults(o.dir, &s, S.eos, &S.n_eos);
     if (set[0])
         s.temperature = cli.temperature;
     if (set[1])
@@ -145,146 +472,51 @@ int tessera_run(int argc, char **argv) {
         s.repetition_penalty = cli.repetition_penalty;
     if (set[5])
         s.seed = cli.seed;
-    ts_model_config mc;
-    if (ts_config_load(ctx, dir, &mc) != TS_OK) {
-        fail(ctx, "config");
-        ts_ctx_free(ctx);
-        return 1;
-    }
-    if (!n_eos && mc.eos_token_id >= 0)
-        eos[n_eos++] = mc.eos_token_id;
-    ts_tokenizer *tok = NULL;
-    ts_qwen3_model *m = NULL;
-    ts_sampler *sm = NULL;
     int rc = 1;
-    if (ts_tokenizer_load(ctx, dir, &tok) != TS_OK) {
-        fail(ctx, "tokenizer");
-        goto done;
-    }
-    if (ts_decoder_load_as(ctx, dir, wdt, &m) != TS_OK) {
+    ts_load_options lo = {.weight_dtype = o.wdt, .device_map = o.device_map};
+    if (ts_lm_load(ctx, o.dir, &lo, &S.lm) != TS_OK) {
         fail(ctx, "model");
         goto done;
     }
-    if (ts_sampler_new(ctx, &s, &sm) != TS_OK) {
+    const ts_model_config *mc = ts_lm_config(S.lm);
+    if (!S.n_eos && mc->eos_token_id >= 0)
+        S.eos[S.n_eos++] = mc->eos_token_id;
+    if (ts_tokenizer_load(ctx, o.dir, &S.tok) != TS_OK) {
+        fail(ctx, "tokenizer");
+        goto done;
+    }
+    if (o.chat || o.interactive) {
+        if (ts_chat_load(ctx, o.dir, &S.chat) != TS_OK) {
+            if (o.chat) { /* asked for a chat format the model lacks */
+                fail(ctx, "chat template");
+                goto done;
+            }
+            ts_clear_error(ctx); /* interactive without one: plain text */
+        }
+        /* a template's end-of-turn token ends the reply */
+        const char *eot = S.chat ? ts_chat_eos_token(S.chat) : "";
+        int32_t id = *eot ? ts_tokenizer_token_id(S.tok, eot) : -1;
+        if (id >= 0 && S.n_eos < MAX_EOS)
+            S.eos[S.n_eos++] = id;
+    }
+    if (ts_sampler_new(ctx, &s, &S.sm) != TS_OK) {
         fail(ctx, "sampling");
         goto done;
     }
-    int32_t *ids = NULL;
-    size_t n_prompt = 0;
-    if (ts_tokenizer_encode(tok, prompt, strlen(prompt), true, &ids,
-                            &n_prompt) != TS_OK) {
-        fail(ctx, "prompt");
-        goto done;
-    }
-    if (n_prompt == 0) {
-        fprintf(stderr, "tessera run: the prompt is empty\n");
-        free(ids);
-        goto done;
-    }
-    int32_t *seq = realloc(ids, sizeof(int32_t) * (n_prompt + (size_t)max_new));
-    if (!seq) {
-        free(ids);
-        goto done;
-    }
-    ts_qwen3_cache *kc = NULL;
-    if (ts_qwen3_cache_new(m, 1, (int64_t)n_prompt + max_new, &kc) != TS_OK) {
-        free(seq);
-        fail(ctx, "cache");
-        goto done;
-    }
+    S.max_T = o.ctx_size ? o.ctx_size : 4096; /* one prompt: sized to it */
+    if (S.max_T > mc->max_positions)
+        S.max_T = mc->max_positions;
     ts_set_grad_enabled(ctx, false);
-    if (compiled)
+    if (o.compiled)
         ts_set_mode(ctx, TS_MODE_COMPILED);
-    size_t n = n_prompt, max_stop = 0;
-    for (int k = 0; k < n_stops; k++)
-        if (strlen(stops[k]) > max_stop)
-            max_stop = strlen(stops[k]);
-    char *text =
-        malloc(64 * ((size_t)max_new + 1) + 1); /* generated text so far */
-    size_t tl = 0, printed = 0;
-    ts_detok_state ds = {0};
-    double t0 = now(), t_first = 0;
-    int generated = 0;
-    bool stopped = false;
-    int64_t T_in = (int64_t)n_prompt;
-    ts_status st = TS_OK;
-    while (generated < max_new && !stopped && st == TS_OK) {
-        int64_t shape[2] = {1, T_in};
-        int64_t in64[4096];
-        int64_t cnt = T_in;
-        int64_t *buf =
-            cnt <= 4096 ? in64 : malloc(sizeof(int64_t) * (size_t)cnt);
-        for (int64_t k = 0; k < cnt; k++)
-            buf[k] = seq[n - (size_t)cnt + (size_t)k];
-        ts_tensor *in = ts_from_data(ctx, TS_I64, 2, shape, buf);
-        if (buf != in64)
-            free(buf);
-        ts_tensor *logits = ts_qwen3_forward_cached_last(m, kc, in);
-        ts_release(in);
-        float *row = logits ? (float *)ts_tensor_data(logits) : NULL;
-        if (!row) {
-            st = ts_ctx_status(ctx);
-            ts_release(logits);
-            break;
-        }
-        int64_t V = ts_tensor_dim(logits, 2);
-        int32_t next = ts_sampler_next(sm, row, V, seq, n);
-        ts_release(logits);
-        if (generated == 0)
-            t_first = now();
-        seq[n++] = next;
-        generated++;
-        T_in = 1;
-        for (int k = 0; k < n_eos; k++)
-            stopped |= next == eos[k];
-        if (stopped)
-            break;
-        size_t pl = 0;
-        if (ts_tokenizer_decode_step(tok, &ds, next, text + tl, 64, &pl) !=
-            TS_OK) {
-            st = ts_ctx_status(ctx);
-            break;
-        }
-        tl += pl;
-        text[tl] = 0;
-        for (int k = 0; k < n_stops && !stopped; k++) {
-            char *hit = strstr(
-                text + (printed > max_stop ? printed - max_stop : 0), stops[k]);
-            if (hit)
-                tl = (size_t)(hit - text), stopped = true;
-        }
-        /* print what can no longer turn into a stop string */
-        size_t safe = stopped ? tl : tl > max_stop ? tl - max_stop : 0;
-        if (n_stops == 0)
-            safe = tl;
-        if (safe > printed) {
-            fwrite(text + printed, 1, safe - printed, stdout);
-            fflush(stdout);
-            printed = safe;
-        }
-    }
-    if (!stopped && tl > printed)
-        fwrite(text + printed, 1, tl - printed, stdout);
-    printf("\n");
-    double t1 = now();
-    if (st != TS_OK) {
-        fail(ctx, "generation");
-    } else {
-        double pre = t_first - t0, gen = t1 - t_first;
-        fprintf(stderr,
-                "prompt: %zu tokens in %.3f s (%.1f tokens/s); generation: %d "
-                "tokens in "
-                "%.3f s (%.1f tokens/s)\n",
-                n_prompt, pre, pre > 0 ? n_prompt / pre : 0, generated - 1, gen,
-                gen > 0 && generated > 1 ? (generated - 1) / gen : 0);
-        rc = 0;
-    }
-    free(text), free(seq);
-    ts_qwen3_cache_free(kc);
+    rc = o.prompt && !o.interactive ? run_once(&S, &o) : run_chat(&S, &o);
 done:
-    ts_sampler_free(sm);
-    ts_qwen3_free(m);
-    ts_tokenizer_free(tok);
+    free(S.cached);
+    ts_lm_cache_free(S.kc);
+    ts_sampler_free(S.sm);
+    ts_chat_free(S.chat);
+    ts_lm_free(S.lm);
+    ts_tokenizer_free(S.tok);
     ts_ctx_free(ctx);
     return rc;
 }
@@ -324,10 +556,17 @@ int tessera_tokenize(int argc, char **argv) {
             TS_OK) {
             fprintf(stderr, "tessera tokenize: %s\n", ts_errmsg(ctx));
             rc = 1;
-        } else {
+        } else { /* with the post-processor's special tokens, as encode() */
+            const int32_t *pre, *post;
+            size_t np = ts_tokenizer_prefix_ids(tok, &pre),
+                   ns = ts_tokenizer_suffix_ids(tok, &post), k = 0;
             printf("[");
+            for (size_t i = 0; i < np; i++)
+                printf("%s%d", k++ ? ", " : "", pre[i]);
             for (size_t i = 0; i < n; i++)
-                printf("%s%d", i ? ", " : "", ids[i]);
+                printf("%s%d", k++ ? ", " : "", ids[i]);
+            for (size_t i = 0; i < ns; i++)
+                printf("%s%d", k++ ? ", " : "", post[i]);
             printf("]\n");
             free(ids);
         }

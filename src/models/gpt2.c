@@ -15,8 +15,13 @@
 typedef struct {
     ts_tensor *ln1_w, *ln1_b, *attn_w, *attn_b, *proj_w, *proj_b;
     ts_tensor *ln2_w, *ln2_b, *fc_w, *fc_b, *fc_proj_w, *fc_proj_b;
-    ts_tensor *k, *v; /* cache (1, H, max_T, D) when generating */
 } gpt2_layer;
+
+struct ts_gpt2_cache {
+    ts_gpt2_model *m;
+    int64_t len, max_T;
+    ts_tensor **k, **v; /* per layer (1, H, max_T, D) */
+};
 
 struct ts_gpt2_model {
     ts_ctx *ctx;
@@ -64,8 +69,8 @@ void ts_gpt2_free(ts_gpt2_model *m) {
     if (!m)
         return;
     for (int64_t i = 0; m->layer && i < m->cfg.layers; i++) {
-        ts_tensor **p = &m->layer[i].ln1_w;
-        for (int k = 0; k < 14; k++)
+        ts_tensor **p = &m->layer[i].ln1_w; /* the struct is all tensors */
+        for (size_t k = 0; k < sizeof(gpt2_layer) / sizeof(ts_tensor *); k++)
             ts_release(p[k]);
     }
     ts_release(m->wte), ts_release(m->wpe), ts_release(m->lnf_w),
@@ -164,10 +169,10 @@ static ts_tensor *append(ts_tensor *cache, ts_tensor *x, int64_t len) {
     return s == TS_OK ? ts_slice(cache, 2, 0, len + T, 1) : NULL;
 }
 
-/* ids (B, T) at positions pos0.. -> logits (B, T, V); with_cache: attends
- * to and appends the layers' caches (B == 1) */
+/* ids (B, T) at positions pos0.. -> logits (B, T or 1, V); with a cache:
+ * attends to and appends the layers' caches (B == 1) */
 static ts_tensor *forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0,
-                          bool with_cache) {
+                          ts_gpt2_cache *kc, bool last_only) {
     ts_ctx *ctx = m->ctx;
     const ts_model_config *c = &m->cfg;
     int64_t B = ts_tensor_dim(ids, 0), T = ts_tensor_dim(ids, 1), C = c->hidden;
@@ -189,8 +194,9 @@ static ts_tensor *forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0,
         ts_tensor *qkv = conv1d(h, L->attn_w, L->attn_b);
         ts_tensor *q = heads(qkv, 0, c), *k = heads(qkv, C, c),
                   *v = heads(qkv, 2 * C, c);
-        if (with_cache) {
-            ts_tensor *ka = append(L->k, k, pos0), *va = append(L->v, v, pos0);
+        if (kc) {
+            ts_tensor *ka = append(kc->k[i], k, pos0),
+                      *va = append(kc->v[i], v, pos0);
             ts_release(k), ts_release(v);
             k = ka, v = va;
         }
@@ -210,6 +216,11 @@ static ts_tensor *forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0,
             ts_release(tmp[j]);
         x = x2;
     }
+    if (last_only && x) { /* the next token needs the last position only */
+        ts_tensor *l = ts_slice(x, 1, T - 1, T, 1);
+        ts_release(x);
+        x = l;
+    }
     ts_tensor *hf = ts_layernorm(x, m->lnf_w, m->lnf_b, c->norm_eps);
     ts_tensor *wt = ts_transpose(m->wte, 0, 1);
     ts_tensor *logits = ts_matmul(hf, wt);
@@ -226,19 +237,89 @@ ts_tensor *ts_gpt2_forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0) {
                      "gpt2_forward: ids must be (B, T) of i32 or i64");
         return NULL;
     }
-    return forward(m, ids, pos0, false);
+    return forward(m, ids, pos0, NULL, false);
+}
+
+ts_status ts_gpt2_cache_new(ts_gpt2_model *m, int64_t max_T,
+                            ts_gpt2_cache **out) {
+    if (!m || !out)
+        return TS_ERR_INVALID_ARG;
+    *out = NULL;
+    const ts_model_config *c = &m->cfg;
+    if (max_T < 1 || max_T > c->max_positions)
+        return ts_set_error(m->ctx, TS_ERR_RANGE,
+                            "gpt2_cache_new: length %lld outside 1..%lld "
+                            "(n_positions)",
+                            (long long)max_T, (long long)c->max_positions);
+    ts_gpt2_cache *kc = calloc(1, sizeof *kc);
+    if (kc) {
+        kc->k = calloc((size_t)c->layers, sizeof *kc->k);
+        kc->v = calloc((size_t)c->layers, sizeof *kc->v);
+    }
+    if (!kc || !kc->k || !kc->v) {
+        if (kc)
+            free(kc->k), free(kc->v);
+        free(kc);
+        return ts_set_error(m->ctx, TS_ERR_OOM,
+                            "gpt2_cache_new: out of memory");
+    }
+    kc->m = m, kc->max_T = max_T;
+    int64_t shape[4] = {1, c->heads, max_T, c->head_dim};
+    for (int64_t i = 0; i < c->layers; i++) {
+        kc->k[i] = ts_zeros(m->ctx, TS_F32, 4, shape);
+        kc->v[i] = ts_zeros(m->ctx, TS_F32, 4, shape);
+        if (!kc->k[i] || !kc->v[i]) {
+            ts_gpt2_cache_free(kc);
+            return ts_ctx_status(m->ctx);
+        }
+    }
+    *out = kc;
+    return TS_OK;
+}
+
+void ts_gpt2_cache_free(ts_gpt2_cache *kc) {
+    if (!kc)
+        return;
+    for (int64_t i = 0; i < kc->m->cfg.layers; i++)
+        ts_release(kc->k[i]), ts_release(kc->v[i]);
+    free(kc->k), free(kc->v), free(kc);
+}
+
+int64_t ts_gpt2_cache_len(const ts_gpt2_cache *kc) {
+    return kc ? kc->len : 0;
+}
+
+void ts_gpt2_cache_truncate(ts_gpt2_cache *kc, int64_t len) {
+    if (kc && len >= 0 && len < kc->len)
+        kc->len = len;
+}
+
+ts_tensor *ts_gpt2_forward_cached(ts_gpt2_model *m, ts_gpt2_cache *kc,
+                                  ts_tensor *ids, bool last_only) {
+    if (!m || !kc || !ids)
+        return NULL;
+    if (ts_tensor_ndim(ids) != 2 || ts_tensor_dim(ids, 0) != 1 ||
+        kc->len + ts_tensor_dim(ids, 1) > kc->max_T) {
+        ts_set_error(m->ctx, TS_ERR_RANGE,
+                     "gpt2_forward_cached: ids must be (1, T) with T fitting "
+                     "the cache (%lld of %lld positions used)",
+                     (long long)kc->len, (long long)kc->max_T);
+        return NULL;
+    }
+    ts_tensor *logits = forward(m, ids, kc->len, kc, last_only);
+    if (logits)
+        kc->len += ts_tensor_dim(ids, 1);
+    return logits;
 }
 
 typedef struct {
     ts_gpt2_model *m;
-    int64_t pos; /* positions already in the caches */
+    ts_gpt2_cache *kc;
 } gpt2_step;
 
 static ts_tensor *gpt2_next_logits(void *arg, ts_tensor *ids) {
     gpt2_step *g = arg;
-    ts_tensor *logits = forward(g->m, ids, g->pos, true);
-    g->pos += ts_tensor_dim(ids, 1);
-    return logits;
+    return ts_gpt2_forward_cached(g->m, g->kc, ids, false);
 }
 
 ts_status ts_gpt2_generate_greedy(ts_gpt2_model *m, const int64_t *prompt,
@@ -246,24 +327,16 @@ ts_status ts_gpt2_generate_greedy(ts_gpt2_model *m, const int64_t *prompt,
                                   int64_t *out) {
     if (!m)
         return TS_ERR_INVALID_ARG;
-    ts_ctx *ctx = m->ctx;
-    const ts_model_config *c = &m->cfg;
-    ts_status s = TS_OK;
-    int64_t shape[4] = {1, c->heads, n_prompt + n_new, c->head_dim};
-    for (int64_t i = 0; i < c->layers && !s && n_prompt >= 1 && n_new >= 0;
-         i++) {
-        m->layer[i].k = ts_zeros(ctx, TS_F32, 4, shape);
-        m->layer[i].v = ts_zeros(ctx, TS_F32, 4, shape);
-        if (!m->layer[i].k || !m->layer[i].v)
-            s = ts_ctx_status(ctx);
-    }
-    gpt2_step g = {m, 0};
+    if (n_prompt < 1 || n_new < 0)
+        return ts_set_error(m->ctx, TS_ERR_RANGE,
+                            "gpt2_generate_greedy: %lld prompt and %lld new "
+                            "tokens",
+                            (long long)n_prompt, (long long)n_new);
+    gpt2_step g = {m, NULL};
+    ts_status s = ts_gpt2_cache_new(m, n_prompt + n_new, &g.kc);
     if (!s)
-        s = ts_generate_greedy_with(ctx, gpt2_next_logits, &g, prompt, n_prompt,
-                                    n_new, out);
-    for (int64_t i = 0; i < c->layers; i++) {
-        ts_release(m->layer[i].k), ts_release(m->layer[i].v);
-        m->layer[i].k = m->layer[i].v = NULL;
-    }
+        s = ts_generate_greedy_with(m->ctx, gpt2_next_logits, &g, prompt,
+                                    n_prompt, n_new, out);
+    ts_gpt2_cache_free(g.kc);
     return s;
 }

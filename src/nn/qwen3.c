@@ -600,6 +600,11 @@ void ts_qwen3_cache_reset(ts_qwen3_cache *kc) {
         kc->len = 0;
 }
 
+void ts_qwen3_cache_truncate(ts_qwen3_cache *kc, int64_t len) {
+    if (kc && len >= 0 && len < kc->len)
+        kc->len = len; /* later positions are overwritten as they come */
+}
+
 static ts_tensor *forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc,
                                  ts_tensor *ids, bool last_only) {
     if (!m || !kc)

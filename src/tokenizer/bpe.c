@@ -150,6 +150,9 @@ struct ts_tokenizer {
     int dec_strip;
     trie added_trie;
     split_behavior split_how[MAX_SPLITS];
+    /* the post-processor's special tokens around a single text */
+    int32_t prefix[4], suffix[4];
+    int n_prefix, n_suffix;
     char **id_to_token; /* byte-level form; added tokens: their content */
     bool *is_added, *is_special;
     int32_t vocab_size;
@@ -384,6 +387,77 @@ static const added_token *trie_match(const ts_tokenizer *t, const char *p,
     return best;
 }
 
+/* post_processor: TemplateProcessing's "single" template gives the
+ * special tokens around a text (Llama's <s>, Llama 3's
+ * <|begin_of_text|>); ByteLevel adds none; Sequence of those. */
+static ts_status parse_post(ts_tokenizer *t, const char *file, json_t *p) {
+    if (!p || json_is_null(p))
+        return TS_OK;
+    const char *type = json_string_value(json_object_get(p, "type"));
+    if (type && !strcmp(type, "Sequence")) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(json_object_get(p, "processors"), i, v) {
+            ts_status s = parse_post(t, file, v);
+            if (s)
+                return s;
+        }
+        return TS_OK;
+    }
+    if (type &&
+        (!strcmp(type, "ByteLevel") || !strcmp(type, "RobertaProcessing") ||
+         !strcmp(type, "BertProcessing")))
+        return TS_OK; /* offsets only, or pairs we do not encode */
+    if (!type || strcmp(type, "TemplateProcessing"))
+        return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
+                            "%s: post_processor \"%s\" is not supported "
+                            "(TemplateProcessing, ByteLevel, Sequence)",
+                            file, type ? type : "?");
+    json_t *single = json_object_get(p, "single"),
+           *specials = json_object_get(p, "special_tokens");
+    bool after = false;
+    size_t i;
+    json_t *item;
+    json_array_foreach(single, i, item) {
+        if (json_object_get(item, "Sequence")) {
+            after = true;
+            continue;
+        }
+        const char *name = json_string_value(
+            json_object_get(json_object_get(item, "SpecialToken"), "id"));
+        json_t *ids =
+            json_object_get(json_object_get(specials, name ? name : ""), "ids");
+        if (!name || !json_is_array(ids))
+            return ts_set_error(t->ctx, TS_ERR_IO,
+                                "%s: post_processor item %zu names no special "
+                                "token with ids",
+                                file, i);
+        size_t k;
+        json_t *id;
+        json_array_foreach(ids, k, id) {
+            json_int_t v = json_integer_value(id);
+            int *n = after ? &t->n_suffix : &t->n_prefix;
+            if (*n == 4 || v < 0 || v >= t->vocab_size)
+                return ts_set_error(t->ctx, TS_ERR_IO,
+                                    "%s: post_processor special token \"%s\" "
+                                    "is out of range or too many",
+                                    file, name);
+            (after ? t->suffix : t->prefix)[(*n)++] = (int32_t)v;
+        }
+    }
+    return TS_OK;
+}
+
+size_t ts_tokenizer_prefix_ids(const ts_tokenizer *t, const int32_t **ids) {
+    *ids = t->prefix;
+    return (size_t)t->n_prefix;
+}
+
+size_t ts_tokenizer_suffix_ids(const ts_tokenizer *t, const int32_t **ids) {
+    *ids = t->suffix;
+    return (size_t)t->n_suffix;
+}
+
 /* normalizers: NFC, Prepend, Replace (String pattern), or a Sequence */
 static ts_status parse_normalizer(ts_tokenizer *t, const char *file,
                                   json_t *n) {
@@ -528,6 +602,7 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
         s = parse_pretok(t, file, json_object_get(root, "pre_tokenizer"));
     if (!s)
         s = parse_decoder(t, file, json_object_get(root, "decoder"));
+    json_t *post = json_object_get(root, "post_processor");
     if (!s && t->byte_level && (t->byte_fallback || t->metaspace))
         s = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
                          "%s: a ByteLevel tokenizer with byte_fallback or "
@@ -658,6 +733,8 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
         if (!trie_build(t))
             s = ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", file);
     }
+    if (!s)
+        s = parse_post(t, file, post);
     json_decref(root);
     if (s) {
         ts_tokenizer_free(t);
@@ -1050,8 +1127,9 @@ static size_t token_bytes(const ts_tokenizer *t, int32_t id, unsigned char *o) {
     if (!t->byte_level) { /* <0xXX> is a byte; the rest (added tokens too)
                              with ▁ -> " " */
         unsigned b;
-        if (t->byte_fallback && !t->is_added[id] && n == 6 && !strncmp(s, "<0x", 3) &&
-            s[5] == '>' && sscanf(s + 3, "%2X", &b) == 1) {
+        if (t->byte_fallback && !t->is_added[id] && n == 6 &&
+            !strncmp(s, "<0x", 3) && s[5] == '>' &&
+            sscanf(s + 3, "%2X", &b) == 1) {
             o[0] = (unsigned char)b;
             return 1;
         }

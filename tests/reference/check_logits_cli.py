@@ -30,6 +30,30 @@ def main():
     assert err <= 1e-4, err
     r = subprocess.run([exe, "info", "-m", os.path.join(root, name)], capture_output=True, text=True)
     assert r.returncode == 0 and "architecture   qwen3" in r.stdout, r.stdout + r.stderr
+    # memory needed: bf16 weights + a 512-token f32 KV cache (max_positions 512)
+    import json
+    c = json.load(open(os.path.join(root, name, "config.json")))
+    kv = 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 4
+    assert ("KV cache       %.1f KiB per token" % (kv / 1024)) in r.stdout, r.stdout
+    # the same logits through a device split, and for a GPT-2 folder
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "s.npy")
+        r = subprocess.run([exe, "logits", "-m", os.path.join(root, name), "--ids",
+                            ",".join(str(int(i)) for i in ids[0]), "--out", out,
+                            "--device-map", "embed:cpu:1;0:cpu:2;1,head:cpu:0"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert np.array_equal(np.load(out), got)
+        graw = np.fromfile(os.path.join(root, "gpt2_bare.ids"), dtype=np.int64)
+        gB, gT = int(graw[0]), int(graw[1])
+        gids = graw[2:].reshape(gB, gT)
+        gwant = np.fromfile(os.path.join(root, "gpt2_bare.logits"), dtype=np.float32).reshape(gB, gT, -1)
+        r = subprocess.run([exe, "logits", "-m", os.path.join(root, "gpt2_bare"), "--ids",
+                            ",".join(str(int(i)) for i in gids[0]), "--out", out],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        gerr = np.abs(np.load(out) - gwant[0]).max() / np.abs(gwant[0]).max()
+        assert gerr <= 1e-4, gerr
     r = subprocess.run([exe, "logits", "-m", os.path.join(root, name), "--ids", "3,-1", "--out",
                         "/dev/null"], capture_output=True, text=True)
     assert r.returncode == 2 and "--ids wants comma-separated token ids" in r.stderr, r.stderr

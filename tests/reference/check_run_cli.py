@@ -4,9 +4,16 @@ hf_tiny_lm.py wrote: greedy text equals the PyTorch reference's (eager,
 --compile, and with generation_config.json's greedy default), bf16-kept
 weights run, a stop string cuts the text before it, a seeded sampling run
 repeats itself, and
-`tessera tokenize` encodes and decodes the prompt; bad options exit 2."""
+`tessera tokenize` encodes and decodes the prompt; bad options exit 2.
+Chat: --chat/--system render the model's chat template exactly as jinja2
+does (as transformers' apply_chat_template) and generate what the plain
+prompt of that text generates; -i reads turns from stdin, keeps the
+conversation (reusing its cached prefix) and survives a bad turn. GPT-2
+runs through the same command and matches its PyTorch reference;
+--device-map splits give the same text."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -47,7 +54,48 @@ def main():
     assert r.returncode == 2 and "bad or incomplete option" in r.stderr, r.stderr
     r = run(exe, "run", "-m", os.path.join(root, "nowhere"), "-p", "x")
     assert r.returncode == 1 and "nowhere" in r.stderr, r.stderr
-    print("check_run_cli: greedy text equals the reference; stop, seed, tokenize, errors ok")
+    # chat mode: the template rendered by jinja2 as transformers does
+    import jinja2.sandbox
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    tpl = json.load(open(os.path.join(d, "tokenizer_config.json")))["chat_template"]
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world"}]
+    rendered = env.from_string(tpl).render(messages=msgs, add_generation_prompt=True,
+                                           eos_token="<|endoftext|>")
+    r = run(exe, "run", "-m", d, "-p", "Hello world", "--system", "Be brief.", "-n", "12",
+            "--verbose-prompt")
+    assert r.returncode == 0, r.stderr
+    shown = r.stderr.split("prompt text: ", 1)[1].split("\nprompt ids: ", 1)[0]
+    assert shown == rendered, (shown, rendered)
+    plain = run(exe, "run", "-m", d, "-p", rendered, "-n", "12")
+    assert plain.returncode == 0 and r.stdout == plain.stdout, (r.stdout, plain.stdout)
+    # interactive: two turns from stdin, the second prompt holds the first
+    # exchange and reuses its cache; a bad turn is reported and skipped
+    long_turn = "x" * 300
+    r = subprocess.run([exe, "run", "-m", d, "-i", "--chat", "-n", "6", "--ctx-size", "120",
+                        "--verbose-prompt"], input="Hello world\n" + long_turn + "\nAgain\n",
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    prompts = re.findall(r"prompt text: (.*?)\nprompt ids:", r.stderr, re.S)
+    assert len(prompts) == 3 and prompts[0].startswith("user: Hello world\nassistant:"), prompts
+    assert "does not fit the context" in r.stderr, r.stderr
+    assert prompts[2].startswith(prompts[0]) and prompts[2].endswith("user: Again\nassistant:"), prompts
+    reused = re.findall(r"\((\d+) reused from the cache\)", r.stderr)
+    assert int(reused[-1]) > 0, r.stderr
+    # GPT-2 through the same command
+    g = os.path.join(root, "tiny_gpt2")
+    want_g = open(os.path.join(root, "tiny_gpt2.expected")).read()
+    r = run(exe, "run", "-m", g, "-p", "Hello world", "-n", "24", "--temperature", "0")
+    assert r.returncode == 0 and r.stdout == want_g + "\n", (r.stdout, want_g, r.stderr)
+    r = run(exe, "run", "-m", g, "-p", "Hello world", "--device-map", "embed,0:cpu:0;1,head:cpu:1")
+    assert r.returncode == 1 and "gpt2 runs on one device" in r.stderr, r.stderr
+    # a split decoder gives the same text
+    r = run(exe, "run", "-m", d, "-p", "Hello world", "-n", "24", "--device-map",
+            "embed,0:cpu:1;1,head:cpu:0")
+    assert r.returncode == 0 and r.stdout == want + "\n", (r.stdout, r.stderr)
+    r = run(exe, "run", "-m", d, "-p", "Hello world", "--device-map", "embed,0:cpu:0")
+    assert r.returncode == 1 and "is not placed" in r.stderr, r.stderr
+    print("check_run_cli: greedy text equals the reference; stop, seed, tokenize, chat, "
+          "interactive, gpt2, device_map, errors ok")
 
 
 if __name__ == "__main__":

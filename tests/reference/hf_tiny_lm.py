@@ -5,7 +5,11 @@ Split regex + ByteLevel, ByteLevel decoder) whose vocabulary is printable
 ASCII plus a few merges and <|endoftext|>, generation_config.json, and the
 greedy continuation the PyTorch reference gives for the prompt, as text:
   DIR/tiny_lm/...            the folder
-  DIR/tiny_lm.expected       the 24-token greedy continuation (stops at eos)"""
+  DIR/tiny_lm.expected       the 24-token greedy continuation (stops at eos)
+  DIR/tiny_gpt2/...          a random GPT-2 with the same tokenizer
+  DIR/tiny_gpt2.expected     its greedy continuation of the prompt
+tiny_lm also has a tokenizer_config.json with a chat template (plain
+ASCII, so the tiny vocabulary covers it)."""
 import json
 import os
 import sys
@@ -16,6 +20,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ref"))
 from hf_qwen3 import write_safetensors  # noqa: E402
 from nn_ref import qwen3_forward  # noqa: E402
+import hf_gpt2  # noqa: E402
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] | trim }}\n"
+                 "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
 
 QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
               r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -110,6 +118,41 @@ def main():
         f.write(text)
     with open(os.path.join(root, "tiny_lm.prompt_ids"), "w") as f:
         json.dump(ids, f)
+    json.dump({"chat_template": CHAT_TEMPLATE, "eos_token": "<|endoftext|>", "bos_token": None},
+              open(os.path.join(d, "tokenizer_config.json"), "w"))
+    # GPT-2 with the same tokenizer: `tessera run` drives either architecture
+    gd = os.path.join(root, "tiny_gpt2")
+    os.makedirs(gd, exist_ok=True)
+    with open(os.path.join(gd, "tokenizer.json"), "w") as f:
+        json.dump(tok, f, ensure_ascii=False)
+    spec = (V, 32, 2, 4, 256, False)
+    g2 = torch.Generator().manual_seed(11)
+    rnd = lambda *s, std=0.2: torch.randn(*s, generator=g2) * std  # noqa: E731
+    gp = {"wte.weight": rnd(V, 32, std=0.5), "wpe.weight": rnd(256, 32)}
+    for i in range(2):
+        pre = "h.%d." % i
+        gp[pre + "ln_1.weight"], gp[pre + "ln_1.bias"] = 1 + rnd(32), rnd(32)
+        gp[pre + "attn.c_attn.weight"], gp[pre + "attn.c_attn.bias"] = rnd(32, 96), rnd(96)
+        gp[pre + "attn.c_proj.weight"], gp[pre + "attn.c_proj.bias"] = rnd(32, 32), rnd(32)
+        gp[pre + "ln_2.weight"], gp[pre + "ln_2.bias"] = 1 + rnd(32), rnd(32)
+        gp[pre + "mlp.c_fc.weight"], gp[pre + "mlp.c_fc.bias"] = rnd(32, 128), rnd(128)
+        gp[pre + "mlp.c_proj.weight"], gp[pre + "mlp.c_proj.bias"] = rnd(128, 32), rnd(32)
+    gp["ln_f.weight"], gp["ln_f.bias"] = 1 + rnd(32), rnd(32)
+    write_safetensors(os.path.join(gd, "model.safetensors"), list(gp.items()))
+    json.dump({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": V,
+               "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 256, "n_ctx": 256,
+               "n_inner": None, "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new",
+               "eos_token_id": eos}, open(os.path.join(gd, "config.json"), "w"), indent=2)
+    seq, out = torch.tensor([ids]), []
+    with torch.no_grad():
+        for _ in range(24):
+            nxt = int(hf_gpt2.forward(gp, spec, seq)[0, -1].argmax())
+            if nxt == eos:
+                break
+            out.append(nxt)
+            seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)
+    with open(os.path.join(root, "tiny_gpt2.expected"), "w") as f:
+        f.write("".join(inv[i] for i in out).replace("Ġ", " ").replace("Ċ", "\n"))
 
 
 if __name__ == "__main__":
