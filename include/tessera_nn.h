@@ -59,9 +59,15 @@ typedef struct {
      * device; else a map of cfg->layers layers (copied). A forward moves
      * the activations between devices where the map changes device. */
     const ts_device_map *device_map;
+    /* parameters left uninitialized (a loader fills them from a
+     * checkpoint): no random init's time and temporaries */
+    bool no_init;
 } ts_qwen3_config;
 
 typedef struct ts_qwen3_model ts_qwen3_model;
+/* Replaces parameter i by t (same dtype, shape and device), e.g. a view
+ * of a mapped checkpoint: the loader's zero-copy path. */
+ts_status ts_qwen3_set_param(ts_qwen3_model *m, int i, ts_tensor *t);
 
 /* TS_OK, or TS_ERR_INVALID_ARG with a message naming the bad field. */
 ts_status ts_qwen3_config_check(ts_ctx *ctx, const ts_qwen3_config *cfg);

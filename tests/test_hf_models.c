@@ -302,6 +302,27 @@ int main(int argc, char **argv) {
         CHECK_MSG(ctx, "weights can be kept in f32 or bf16, not i32");
         ts_clear_error(ctx);
     }
+    /* zero copy: a checkpoint in the model's dtype is used where it is
+     * mapped (no allocation the size of the weights), and stays writable
+     * (copy on write) for an optimizer */
+    {
+        char p[512];
+        snprintf(p, sizeof p, "%s/gqa2_untied", dir);
+        ts_alloc_empty_cache(ctx);
+        ts_alloc_stats a0, a1;
+        ts_alloc_get_stats(ctx, &a0);
+        ts_qwen3_model *m = NULL;
+        CHECK_OK(ctx, ts_decoder_load(ctx, p, &m));
+        ts_alloc_get_stats(ctx, &a1);
+        int64_t wbytes = 0;
+        for (int i = 0; m && i < ts_qwen3_num_params(m); i++)
+            wbytes += ts_tensor_numel(ts_qwen3_param(m, i)) * 4;
+        CHECK(m && a1.bytes_in_use - a0.bytes_in_use < (size_t)wbytes / 10);
+        ts_tensor *w = m ? ts_qwen3_find_param(m, "model.norm.weight") : NULL;
+        CHECK(w && ts_fill_(w, 2.0) == TS_OK &&
+              ((float *)ts_tensor_data(w))[0] == 2.0f);
+        ts_qwen3_free(m);
+    }
     test_gpt2(ctx, "gpt2_prefixed");
     test_gpt2(ctx, "gpt2_bare");
     test_bad_models(ctx);

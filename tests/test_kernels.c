@@ -114,7 +114,50 @@ static void attention_case(int64_t B, int64_t H, int64_t KV, int64_t T,
     free(g), free(dq1), free(dq2), free(dk1), free(dk2), free(dv1), free(dv2);
 }
 
+/* the decoding kernel reads K/V in place from a cache of max_S positions
+ * per head (S used); against the reference on packed copies */
+static void decode_case(int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
+                        int64_t max_S, int64_t D, bool causal) {
+    cpu_attn_shape p = {.B = B,
+                        .H = H,
+                        .KV = KV,
+                        .T = T,
+                        .S = S,
+                        .D = D,
+                        .causal = causal,
+                        .scale = 1.0f / sqrtf((float)D)};
+    float *q = rand_buf(B * H * T * D), *kc = rand_buf(B * KV * max_S * D),
+          *vc = rand_buf(B * KV * max_S * D);
+    float *k = malloc(sizeof(float) * (size_t)(B * KV * S * D)),
+          *v = malloc(sizeof(float) * (size_t)(B * KV * S * D));
+    for (int64_t i = 0; i < B * KV; i++) {
+        memcpy(k + i * S * D, kc + i * max_S * D, sizeof(float) * S * D);
+        memcpy(v + i * S * D, vc + i * max_S * D, sizeof(float) * S * D);
+    }
+    int64_t no = B * H * T * D, nl = B * H * T;
+    float *o1 = malloc(sizeof(float) * no), *o2 = malloc(sizeof(float) * no);
+    float *l1 = malloc(sizeof(float) * nl), *l2 = malloc(sizeof(float) * nl);
+    cpu_attention_decode(&p, q, kc, KV * max_S * D, max_S * D, vc,
+                         KV * max_S * D, max_S * D, o1, l1);
+    cpu_attention_reference(&p, q, k, v, o2, l2);
+    double wo = worst(o1, o2, no, 1e-4, 1e-5),
+           wl = worst(l1, l2, nl, 1e-5, 1e-5);
+    CHECK(wo <= 1 && wl <= 1);
+    if (wo > 1 || wl > 1)
+        fprintf(stderr,
+                "decode attention B%lld H%lld KV%lld T%lld S%lld: out %.3g "
+                "lse %.3g (x tolerance)\n",
+                (long long)B, (long long)H, (long long)KV, (long long)T,
+                (long long)S, wo, wl);
+    free(q), free(kc), free(vc), free(k), free(v);
+    free(o1), free(o2), free(l1), free(l2);
+}
+
 static void test_attention(void) {
+    decode_case(1, 16, 8, 1, 37, 64, 128, true); /* Qwen3 GQA, one token */
+    decode_case(2, 4, 1, 3, 20, 33, 16, true);   /* a few rows, causal */
+    decode_case(1, 4, 4, 4, 9, 9, 20, false);    /* D not a multiple of 8 */
+    decode_case(1, 2, 2, 1, 1, 5, 8, true);      /* the first token */
     attention_case(1, 2, 2, 5, 5, 8, false, false);
     attention_case(2, 4, 2, 17, 17, 16, true, false); /* GQA, causal */
     attention_case(1, 8, 2, 70, 70, 32, true, false); /* several blocks */

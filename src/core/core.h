@@ -77,7 +77,7 @@ typedef struct ts_storage {
     ts_device device;
     ts_ctx *ctx;
     bool external; /* data not owned (not freed on release) */
-    bool uncounted; /* data not from storage_new: outside the device stats */
+    size_t counted; /* bytes in its device's stats (allocated or mapped) */
     /* external data kept alive by an owner (a file mapping): released with
      * the storage */
     void *owner;

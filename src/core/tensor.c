@@ -47,6 +47,15 @@ int ts_norm_dim(int dim, int ndim) {
     return dim >= 0 && dim < ndim ? dim : -1;
 }
 
+/* s's bytes join its device's memory stats (released with it) */
+static void count_on_device(ts_storage *s, size_t bytes) {
+    ts_device_stats *ds = &s->ctx->dev_stats[s->device.index];
+    s->counted = bytes;
+    ds->bytes_in_use += bytes;
+    if (ds->bytes_in_use > ds->peak_bytes_in_use)
+        ds->peak_bytes_in_use = ds->bytes_in_use;
+}
+
 static ts_storage *storage_new(ts_ctx *ctx, size_t bytes) {
     ts_storage *s = calloc(1, sizeof *s);
     if (!s)
@@ -61,10 +70,7 @@ static ts_storage *storage_new(ts_ctx *ctx, size_t bytes) {
     s->ctx = ctx;
     s->device.kind = ctx->backend->kind;
     s->device.index = ctx->device_index;
-    ts_device_stats *ds = &ctx->dev_stats[s->device.index];
-    ds->bytes_in_use += bytes;
-    if (ds->bytes_in_use > ds->peak_bytes_in_use)
-        ds->peak_bytes_in_use = ds->bytes_in_use;
+    count_on_device(s, bytes);
     return s;
 }
 
@@ -76,11 +82,9 @@ void ts_storage_retain(ts_storage *s) {
 void ts_storage_release(ts_storage *s) {
     if (!s || --s->refcount > 0)
         return;
-    if (!s->external && s->data) {
+    if (!s->external && s->data)
         s->ctx->backend->free(s->ctx, s->data, s->bytes);
-        if (!s->uncounted) /* counted when storage_new made it */
-            s->ctx->dev_stats[s->device.index].bytes_in_use -= s->bytes;
-    }
+    s->ctx->dev_stats[s->device.index].bytes_in_use -= s->counted;
     if (s->owner_release)
         s->owner_release(s->owner);
     free(s);
@@ -102,7 +106,6 @@ static ts_tensor *header_and_storage(ts_ctx *ctx, ts_dtype dt, int ndim,
     s->ctx = ctx;
     s->device.kind = ctx->backend->kind;
     s->device.index = ctx->device_index;
-    s->uncounted = true; /* data filled in elsewhere: not in the device stats */
     t->refcount = 1;
     t->ctx = ctx;
     t->dtype = dt;
@@ -122,6 +125,7 @@ ts_tensor *ts_tensor_wrap(ts_ctx *ctx, ts_dtype dt, int ndim,
         return NULL;
     t->storage->data = data;
     t->storage->external = true;
+    count_on_device(t->storage, t->storage->bytes); /* e.g. mapped weights */
     t->storage->owner = owner;
     t->storage->owner_release = owner_release;
     return t;

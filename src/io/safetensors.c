@@ -187,7 +187,10 @@ static ts_status open_file(ts_safetensors *st, const char *path) {
             "%s: %zu bytes, too short for a safetensors header (truncated?)",
             path, len);
     }
-    void *base = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    /* private and writable: tensors used in place (zero-copy weights) may
+     * be written, e.g. by an optimizer; the pages are copied on write and
+     * the file never changes */
+    void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
     close(fd);
     if (base == MAP_FAILED)
         return ts_set_error(ctx, TS_ERR_IO, "%s: cannot map: %s", path,

@@ -49,7 +49,8 @@ static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out,
                            .rope_high_freq_factor = mc.rope_high_freq_factor,
                            .rope_original_max_positions =
                                mc.rope_original_max_positions,
-                           .weight_dtype = weight_dtype};
+                           .weight_dtype = weight_dtype,
+                           .no_init = true}; /* the checkpoint fills them */
     if (weight_dtype != TS_F32 && weight_dtype != TS_BF16)
         return ts_set_error(ctx, TS_ERR_DTYPE,
                             "%s: weights can be kept in f32 or bf16, not %s",
@@ -65,8 +66,8 @@ static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out,
             dir);
     ts_device_map dmap = {0};
     if (device_map) {
-        if ((s = ts_device_map_parse(ctx, device_map, (int)mc.layers,
-                                     &dmap)) != TS_OK)
+        if ((s = ts_device_map_parse(ctx, device_map, (int)mc.layers, &dmap)) !=
+            TS_OK)
             return s;
         cfg.device_map = &dmap;
     }
@@ -111,8 +112,11 @@ static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out,
                              "checkpoint; the config "
                              "needs [%s]",
                              dir, name, a, b);
+        } else if (ts_tensor_dtype(src) == ts_tensor_dtype(p) &&
+                   ts_tensor_is_contiguous(src)) {
+            s = ts_qwen3_set_param(m, i, src); /* the mapping, no copy */
         } else {
-            s = ts_copy_(p, src);
+            s = ts_copy_(p, src); /* converted to the model's dtype */
         }
         ts_release(src);
     }

@@ -131,7 +131,9 @@ static ts_tensor *add_param(ts_qwen3_model *m, uint64_t seed, int normal,
         return NULL; /* sized in ts_qwen3_new */
     ts_dtype dt = ndim == 2 ? m->cfg.weight_dtype : TS_F32; /* matrices */
     ts_tensor *t =
-        normal == 1
+        m->cfg.no_init
+            ? ts_empty(m->ctx, normal == 1 ? dt : TS_F32, ndim, shape)
+        : normal == 1
             ? ts_randn(m->ctx, dt, ndim, shape, 0.02, param_seed(seed, i))
             : ts_full(m->ctx, TS_F32, ndim, shape, normal == 2 ? 0.0 : 1.0);
     if (!t)
@@ -256,6 +258,36 @@ void ts_qwen3_free(ts_qwen3_model *m) {
     free(m->layer_dev);
     ts_release(m->head_copy);
     free(m);
+}
+
+ts_status ts_qwen3_set_param(ts_qwen3_model *m, int i, ts_tensor *t) {
+    if (!m || !t)
+        return TS_ERR_INVALID_ARG;
+    ts_tensor *old = i >= 0 && i < m->n_params ? m->params[i] : NULL;
+    if (!old || ts_tensor_dtype(t) != ts_tensor_dtype(old) ||
+        ts_tensor_ndim(t) != ts_tensor_ndim(old) ||
+        memcmp(ts_tensor_shape(t), ts_tensor_shape(old),
+               sizeof(int64_t) * (size_t)ts_tensor_ndim(old)) ||
+        !ts_device_equal(ts_tensor_device(t), ts_tensor_device(old)))
+        return ts_set_error(m->ctx, TS_ERR_INVALID_ARG,
+                            "qwen3_set_param: %d does not name a parameter of "
+                            "that dtype, shape and device",
+                            i);
+    /* every borrowed pointer to the old tensor now points to t */
+    ts_tensor **named[] = {&m->embed, &m->norm, &m->lm_head};
+    for (size_t k = 0; k < 3; k++)
+        if (*named[k] == old)
+            *named[k] = t;
+    for (int64_t l = 0; l < m->cfg.layers; l++) {
+        ts_tensor **f = &m->layer[l].q_proj; /* the struct is all tensors */
+        for (size_t k = 0; k < sizeof(qwen3_layer) / sizeof(ts_tensor *); k++)
+            if (f[k] == old)
+                f[k] = t;
+    }
+    ts_set_requires_grad(t, ts_requires_grad(old));
+    m->params[i] = ts_retain(t);
+    ts_release(old);
+    return TS_OK;
 }
 
 const ts_qwen3_config *ts_qwen3_get_config(const ts_qwen3_model *m) {

@@ -14,37 +14,12 @@
 #define BQ 32
 #define BK 64
 
-/* e^x for 8 lanes: x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor series to
- * r^7 (relative error < 2e-7), 2^n put into the exponent bits. Lanes below
- * -87.3 (including -inf) give exactly 0. */
-static inline __m256 exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.7f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-    __m256 nf = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(nf), _mm256_set1_epi32(127)), 23);
-    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(under, y);
-}
-
 /* row[j] = exp(row[j] - m) for j < n; returns the sum */
 static float exp_sub_sum(float *row, int64_t n, float m) {
     __m256 mv = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), mv));
+        __m256 e = cpu_exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), mv));
         _mm256_storeu_ps(row + j, e);
         acc = _mm256_add_ps(acc, e);
     }
@@ -102,7 +77,7 @@ static void transpose(const float *src, int64_t rows, int64_t cols, int64_t lds,
 /* per (b, kv head): K (S x D) -> Kt (D x S) */
 static float *transpose_heads(const cpu_attn_shape *p, const float *k) {
     int64_t per = p->S * p->D;
-    float *kt = malloc(sizeof(float) * (size_t)(p->B * p->KV * per + 1));
+    float *kt = cpu_tmp_alloc(sizeof(float) * (size_t)(p->B * p->KV * per + 1));
     if (!kt)
         return NULL;
 #pragma omp parallel for schedule(static)
@@ -171,7 +146,69 @@ void cpu_attention_fwd(const cpu_attn_shape *p, const float *q, const float *k,
         free(sb);
         free(o);
     }
-    free(kt);
+    cpu_tmp_free(kt);
+}
+
+static float dot8(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i),
+                              acc);
+    float lanes[8], s = 0;
+    _mm256_storeu_ps(lanes, acc);
+    for (int j = 0; j < 8; j++)
+        s += lanes[j];
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+void cpu_attention_decode(const cpu_attn_shape *p, const float *q,
+                          const float *k, int64_t kst_b, int64_t kst_h,
+                          const float *v, int64_t vst_b, int64_t vst_h,
+                          float *out, float *lse) {
+    int64_t B = p->B, H = p->H, T = p->T, S = p->S, D = p->D, G = p->H / p->KV;
+#pragma omp parallel
+    {
+        float *sc = malloc(sizeof(float) * (size_t)(S + 8));
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < B * H * T; item++) {
+            int64_t b = item / (H * T), h = item / T % H, t = item % T;
+            const float *Q = q + ((b * H + h) * T + t) * D;
+            const float *K = k + b * kst_b + (h / G) * kst_h;
+            const float *V = v + b * vst_b + (h / G) * vst_h;
+            float *O = out + ((b * H + h) * T + t) * D;
+            /* keys this query sees: all, or up to its own position */
+            int64_t n = p->causal ? t + S - T + 1 : S;
+            if (n > S)
+                n = S;
+            float mx = -INFINITY;
+            for (int64_t s = 0; sc && s < n; s++) {
+                sc[s] = dot8(Q, K + s * D, D) * p->scale;
+                mx = sc[s] > mx ? sc[s] : mx;
+            }
+            memset(O, 0, sizeof(float) * (size_t)D);
+            if (!sc || n <= 0) {
+                lse[(b * H + h) * T + t] = -INFINITY;
+                continue;
+            }
+            float l = exp_sub_sum(sc, n, mx), inv = 1.0f / l;
+            for (int64_t s = 0; s < n; s++) {
+                __m256 w = _mm256_set1_ps(sc[s] * inv);
+                const float *Vr = V + s * D;
+                int64_t d = 0;
+                for (; d + 8 <= D; d += 8)
+                    _mm256_storeu_ps(O + d,
+                                     _mm256_fmadd_ps(w, _mm256_loadu_ps(Vr + d),
+                                                     _mm256_loadu_ps(O + d)));
+                for (; d < D; d++)
+                    O[d] += sc[s] * inv * Vr[d];
+            }
+            lse[(b * H + h) * T + t] = mx + logf(l);
+        }
+        free(sc);
+    }
 }
 
 void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
@@ -292,9 +329,9 @@ void cpu_attention_bwd(const cpu_attn_shape *p, const float *q, const float *k,
                     }
                 }
         }
-        free(sb), free(dp), free(tr);
+        cpu_tmp_free(sb), cpu_tmp_free(dp), cpu_tmp_free(tr);
     }
-    free(kt), free(vt);
+    cpu_tmp_free(kt), cpu_tmp_free(vt);
 }
 
 /* ---- kernels: convert operands to contiguous f32, run, store ---- */
@@ -321,9 +358,29 @@ static void attn_shape(const ts_node *n, cpu_attn_shape *p, int mask_index) {
         mask_strides(n->in[mask_index], p->mask_st);
 }
 
+/* K or V (B, KV, S, D) f32 whose S x D rows are contiguous per head */
+static bool rows_in_place(const ts_tensor *t) {
+    return t->dtype == TS_F32 && t->strides[3] == 1 &&
+           (t->shape[2] == 1 || t->strides[2] == t->shape[3]);
+}
+
+#define DECODE_MAX_T 4 /* query rows up to which decoding's kernel runs */
+
 CPU_KERNEL(attention) {
     cpu_attn_shape p;
     attn_shape(n, &p, 3);
+    ts_tensor *qt = n->in[0], *kt = n->in[1], *vt = n->in[2];
+    if (p.T <= DECODE_MAX_T && !n->attrs.i[1] && qt->dtype == TS_F32 &&
+        ts_tensor_is_contiguous(qt) && n->out->dtype == TS_F32 &&
+        rows_in_place(kt) && rows_in_place(vt)) {
+        cpu_attention_decode(&p, (const float *)ts_tensor_ptr(qt),
+                             (const float *)ts_tensor_ptr(kt), kt->strides[0],
+                             kt->strides[1], (const float *)ts_tensor_ptr(vt),
+                             vt->strides[0], vt->strides[1],
+                             (float *)ts_tensor_ptr(n->out),
+                             (float *)ts_tensor_ptr(n->saved[0]));
+        return TS_OK;
+    }
     float *tq = NULL, *tk = NULL, *tv = NULL, *tm = NULL, *to = NULL;
     const float *q = cpu_as_f32(n->in[0], &tq), *k = cpu_as_f32(n->in[1], &tk);
     const float *v = cpu_as_f32(n->in[2], &tv);
@@ -342,7 +399,8 @@ CPU_KERNEL(attention) {
         if (to)
             cpu_store_out(y, to);
     }
-    free(tq), free(tk), free(tv), free(tm), free(to);
+    cpu_tmp_free(tq), cpu_tmp_free(tk), cpu_tmp_free(tv), cpu_tmp_free(tm),
+        cpu_tmp_free(to);
     return st;
 }
 
@@ -373,8 +431,9 @@ CPU_KERNEL(attention_backward) {
             cpu_store_out(y, res);
     }
     if (res && res != (float *)ts_tensor_ptr(y))
-        free(res);
-    free(tg), free(tq), free(tk), free(tv), free(to), free(tm);
+        cpu_tmp_free(res);
+    cpu_tmp_free(tg), cpu_tmp_free(tq), cpu_tmp_free(tk), cpu_tmp_free(tv),
+        cpu_tmp_free(to), cpu_tmp_free(tm);
     return st;
 }
 

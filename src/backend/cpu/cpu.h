@@ -5,6 +5,52 @@
 #define TS_CPU_H
 
 #include "ops/ops.h"
+#include <immintrin.h>
+#include <string.h>
+
+/* e^x for 8 lanes: x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor series to
+ * r^7 (relative error < 2e-7), 2^n put into the exponent bits. Lanes below
+ * -87.3 (including -inf) give exactly 0. */
+static inline __m256 cpu_exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.7f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 nf = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(nf), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+/* silu(x) = x / (1 + e^-x) over n floats with cpu_exp8; the tail goes
+ * through a padded vector, so every element is computed alike (a folded
+ * constant equals the kernel's value) */
+static inline __m256 cpu_silu8(__m256 x) {
+    __m256 e = cpu_exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+static inline void cpu_silu(float *y, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, cpu_silu8(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float buf[8] = {0};
+        memcpy(buf, x + i, sizeof(float) * (size_t)(n - i));
+        _mm256_storeu_ps(buf, cpu_silu8(_mm256_loadu_ps(buf)));
+        memcpy(y + i, buf, sizeof(float) * (size_t)(n - i));
+    }
+}
 
 typedef ts_status (*ts_cpu_kernel)(ts_ctx *ctx, ts_node *n);
 
@@ -56,6 +102,10 @@ void cpu_copy_strided(char *dst, ts_dtype ddt, const int64_t *dst_strides,
 
 /* t's elements as contiguous f32: t's own memory when it already is, else a
  * converted copy in *tmp (free with free()). NULL on out-of-memory. */
+/* Temporaries of kernels: kept per thread and reused (see cpu_backend.c);
+ * cpu_tmp_free takes any malloc'd block (or NULL). */
+void *cpu_tmp_alloc(size_t bytes);
+void cpu_tmp_free(void *p);
 const float *cpu_as_f32(const ts_tensor *t, float **tmp);
 /* Writes f32 values (numel of t) into t (contiguous, any float dtype). */
 void cpu_store_out(ts_tensor *t, const float *src);
@@ -79,6 +129,14 @@ typedef struct {
 } cpu_attn_shape;
 void cpu_attention_fwd(const cpu_attn_shape *p, const float *q, const float *k,
                        const float *v, float *out, float *lse);
+/* Decoding (few query rows, no mask): per head, scores against the K rows
+ * as dot products, softmax, weighted V rows; K and V read in place with
+ * head strides (kst, vst: elements between (b, kv-head) blocks of S x D
+ * rows; a KV cache's view), so nothing is copied or transposed. */
+void cpu_attention_decode(const cpu_attn_shape *p, const float *q,
+                          const float *k, int64_t kst_b, int64_t kst_h,
+                          const float *v, int64_t vst_b, int64_t vst_h,
+                          float *out, float *lse);
 /* The slow reference: scores row by row, softmax, weighted sum. */
 void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
                              const float *k, const float *v, float *out,

@@ -3,6 +3,7 @@
  * gathers and scatters with dtype conversion). */
 #include "backend/cpu/cpu.h"
 
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -231,12 +232,59 @@ void cpu_copy_strided(char *dst, ts_dtype ddt, const int64_t *dst_strides,
     }
 }
 
+/* Kernel temporaries: a few freed blocks per thread are kept and handed
+ * out again. Decoding runs the same kernels with the same sizes token after
+ * token (attention copies a KV-cache view, 2 MiB per layer for Qwen3-0.6B
+ * at 512 positions); through malloc/free, blocks past glibc's mmap
+ * threshold were fresh mappings each time, their page faults costing more
+ * than the attention itself. */
+#define TMP_SLOTS     8
+#define TMP_MAX_BYTES ((size_t)256 << 20)
+static _Thread_local struct {
+    void *p;
+    size_t size;
+} tmp_cache[TMP_SLOTS];
+
+void *cpu_tmp_alloc(size_t bytes) {
+    int best = -1;
+    for (int i = 0; i < TMP_SLOTS; i++)
+        if (tmp_cache[i].p && tmp_cache[i].size >= bytes &&
+            (best < 0 || tmp_cache[i].size < tmp_cache[best].size))
+            best = i;
+    if (best < 0)
+        return malloc(bytes ? bytes : 1);
+    void *p = tmp_cache[best].p;
+    tmp_cache[best].p = NULL;
+    return p;
+}
+
+void cpu_tmp_free(void *p) {
+    if (!p)
+        return;
+    size_t size = malloc_usable_size(p);
+    int slot = -1;
+    for (int i = 0; i < TMP_SLOTS && size <= TMP_MAX_BYTES; i++)
+        if (!tmp_cache[i].p) {
+            slot = i;
+            break;
+        } else if (tmp_cache[i].size < size &&
+                   (slot < 0 || tmp_cache[i].size < tmp_cache[slot].size))
+            slot = i; /* evict the smallest kept block */
+    if (slot < 0) {
+        free(p);
+        return;
+    }
+    free(tmp_cache[slot].p);
+    tmp_cache[slot].p = p;
+    tmp_cache[slot].size = size;
+}
+
 const float *cpu_as_f32(const ts_tensor *t, float **tmp) {
     *tmp = NULL;
     if (t->dtype == TS_F32 && ts_tensor_is_contiguous(t))
         return (const float *)ts_tensor_ptr(t);
     int64_t n = ts_tensor_numel(t);
-    *tmp = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    *tmp = cpu_tmp_alloc(sizeof(float) * (size_t)(n ? n : 1));
     if (!*tmp)
         return NULL;
     int64_t cst[TS_MAX_DIMS];

@@ -162,8 +162,7 @@ static void unary_chunk(const ts_node *n, float *y, const float **xs,
             y[i] = x[i] > 0 ? x[i] : 0.0f;
         break;
     case TS_OP_SILU:
-        for (int64_t i = 0; i < len; i++)
-            y[i] = x[i] / (1.0f + expf(-x[i]));
+        cpu_silu(y, x, len);
         break;
     case TS_OP_GELU:
         if (n->attrs.i[0] == TS_GELU_TANH)
@@ -474,7 +473,7 @@ CPU_KERNEL(embedding_backward) {
     }
     if (acc && acc != (float *)ts_tensor_ptr(y))
         free(acc);
-    free(gtmp);
+    cpu_tmp_free(gtmp);
     free(offs);
     return st;
 }
@@ -524,7 +523,7 @@ CPU_KERNEL(adamw) {
             cpu_scatter_f32(pp + i0 * (int64_t)ts_dtype_size(dt), dt, 1, buf,
                             len);
     }
-    free(gt);
+    cpu_tmp_free(gt);
     return TS_OK;
 }
 

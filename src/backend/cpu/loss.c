@@ -38,7 +38,7 @@ CPU_KERNEL(cross_entropy) {
     const float *xf = cpu_as_f32(x, &xt);
     float *loss = malloc(sizeof(float) * (size_t)(N + 1));
     if (!xf || !loss) {
-        free(xt), free(loss);
+        cpu_tmp_free(xt), cpu_tmp_free(loss);
         return ts_set_error(ctx, TS_ERR_OOM, "cross_entropy: out of memory");
     }
     float *lse = (float *)ts_tensor_ptr(n->saved[0]);
@@ -68,7 +68,7 @@ CPU_KERNEL(cross_entropy) {
         float v = red == TS_REDUCE_SUM ? (float)s : (float)(s / (double)count);
         cpu_store_out(y, &v);
     }
-    free(xt), free(loss);
+    cpu_tmp_free(xt), cpu_tmp_free(loss);
     return TS_OK;
 }
 
@@ -84,7 +84,7 @@ CPU_KERNEL(cross_entropy_backward) {
                     ? (float *)ts_tensor_ptr(y)
                     : (yt = malloc(sizeof(float) * (size_t)(N * V + 1)));
     if (!xf || !gf || !yf) {
-        free(xt), free(gt), free(yt);
+        cpu_tmp_free(xt), cpu_tmp_free(gt), cpu_tmp_free(yt);
         return ts_set_error(ctx, TS_ERR_OOM,
                             "cross_entropy_backward: out of memory");
     }
@@ -110,6 +110,6 @@ CPU_KERNEL(cross_entropy_backward) {
     }
     if (yt)
         cpu_store_out(y, yt);
-    free(xt), free(gt), free(yt);
+    cpu_tmp_free(xt), cpu_tmp_free(gt), cpu_tmp_free(yt);
     return TS_OK;
 }

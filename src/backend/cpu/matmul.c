@@ -28,29 +28,49 @@ static bool blas_layout(int64_t r, int64_t c, int64_t sr, int64_t sc,
     return false;
 }
 
-/* dot(a[0..K), w[0..K)) with w bf16, converted 8 lanes at a time */
+/* dot(a[0..K), w[0..K)) with w bf16, converted 8 lanes at a time; four
+ * accumulators so the FMA latency is hidden */
 static float dot_f32_bf16(const float *a, const uint16_t *w, int64_t K) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-        __m256i w0 =
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + k)));
-        __m256i w1 = _mm256_cvtepu16_epi32(
-            _mm_loadu_si128((const __m128i *)(w + k + 8)));
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k),
-                               _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)),
-                               acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8),
-                               _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)),
-                               acc1);
-    }
+    for (; k + 32 <= K; k += 32)
+        for (int j = 0; j < 4; j++) {
+            __m256i wj = _mm256_cvtepu16_epi32(
+                _mm_loadu_si128((const __m128i *)(w + k + 8 * j)));
+            acc[j] = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a + k + 8 * j),
+                _mm256_castsi256_ps(_mm256_slli_epi32(wj, 16)), acc[j]);
+        }
     float lanes[8], s = 0;
-    _mm256_storeu_ps(lanes, _mm256_add_ps(acc0, acc1));
+    _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]),
+                                          _mm256_add_ps(acc[2], acc[3])));
     for (int i = 0; i < 8; i++)
         s += lanes[i];
     for (; k < K; k++)
         s += a[k] * ts_bf16_to_f32(w[k]);
     return s;
+}
+
+/* rows (nb, K) of 16-bit weights, row r at W + r * ld, widened to f32
+ * rows of K in out: bf16 by a shift, f16 by the F16C instruction */
+static void widen_rows(const uint16_t *W, int64_t ld, int64_t nb, int64_t K,
+                       bool bf16, float *out) {
+#pragma omp parallel for schedule(static) if (nb * K > 65536)
+    for (int64_t r = 0; r < nb; r++) {
+        const uint16_t *src = W + r * ld;
+        float *dst = out + r * K;
+        int64_t k = 0;
+        for (; k + 8 <= K; k += 8) {
+            __m128i h = _mm_loadu_si128((const __m128i *)(src + k));
+            __m256 f = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(
+                                  _mm256_cvtepu16_epi32(h), 16))
+                            : _mm256_cvtph_ps(h);
+            _mm256_storeu_ps(dst + k, f);
+        }
+        for (; k < K; k++)
+            dst[k] = bf16 ? ts_bf16_to_f32(src[k]) : ts_f16_to_f32(src[k]);
+    }
 }
 
 /* f32 activations x bf16/f16 weights. A weight shared by the batch and
@@ -90,16 +110,23 @@ static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
                 Y[r * N + nn] = dot_f32_bf16(A + r * asr, W + nn * bsc, K);
         return TS_OK;
     }
-    /* widen the weight once: (N, K) f32, then Y = A @ W^T */
-    float *wf = malloc(sizeof(float) * (size_t)(N * K + 1));
+    /* Y[:, n0:n0+nb] = A @ W[n0:n0+nb]^T block by block: each block of
+     * weight rows widened to f32 (about 2 MiB, so it stays in cache for
+     * the sgemm that reads it) in a buffer from the caching allocator */
+    int64_t NB = ((int64_t)1 << 23) / K;
+    NB = NB < 64 ? 64 : NB > N ? N : NB;
+    size_t bytes = sizeof(float) * (size_t)(NB * K);
+    float *wf = malloc(bytes);
     if (!wf)
         return ts_set_error(ctx, TS_ERR_OOM, "matmul: out of memory");
-    int64_t shape[2] = {N, K}, src_st[2] = {bsc, bsr}, dst_st[2] = {K, 1};
-    cpu_copy_strided((char *)wf, TS_F32, dst_st, ts_tensor_ptr(b), b->dtype,
-                     src_st, 2, shape);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)R, (int)N, (int)K,
-                1.0f, A, (int)(M == 1 && batch == 1 ? K : asr), wf, (int)K,
-                0.0f, Y, (int)N);
+    const uint16_t *W = (const uint16_t *)ts_tensor_ptr(b);
+    for (int64_t n0 = 0; n0 < N; n0 += NB) {
+        int64_t nb = N - n0 < NB ? N - n0 : NB;
+        widen_rows(W + n0 * bsc, bsc, nb, K, b->dtype == TS_BF16, wf);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)R, (int)nb,
+                    (int)K, 1.0f, A, (int)(M == 1 && batch == 1 ? K : asr), wf,
+                    (int)K, 0.0f, Y + n0, (int)N);
+    }
     free(wf);
     return TS_OK;
 }

@@ -49,7 +49,7 @@ CPU_KERNEL(rmsnorm) {
     float *rstd = (float *)ts_tensor_ptr(n->saved[0]);
     float eps = (float)n->attrs.f[0];
     if (!xf || (n->n_in > 1 && !w) || !yf) {
-        free(xt), free(wt), free(yt);
+        cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
         return OOM("rmsnorm");
     }
 #pragma omp parallel for schedule(static) if (N * C > 32768)
@@ -68,7 +68,7 @@ CPU_KERNEL(rmsnorm) {
     }
     if (yt)
         cpu_store_out(y, yt);
-    free(xt), free(wt), free(yt);
+    cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
     return TS_OK;
 }
 
@@ -85,7 +85,7 @@ CPU_KERNEL(rmsnorm_backward) {
                     ? (float *)ts_tensor_ptr(y)
                     : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
     if (!gf || !xf || (n->n_in > 3 && !w) || !yf) {
-        free(gt), free(xt), free(wt), free(yt);
+        cpu_tmp_free(gt), cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
         return OOM("rmsnorm_backward");
     }
 #pragma omp parallel for schedule(static) if (N * C > 32768)
@@ -101,7 +101,7 @@ CPU_KERNEL(rmsnorm_backward) {
     }
     if (yt)
         cpu_store_out(y, yt);
-    free(gt), free(xt), free(wt), free(yt);
+    cpu_tmp_free(gt), cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
     return TS_OK;
 }
 
@@ -121,7 +121,7 @@ CPU_KERNEL(layernorm) {
     float *rstd = (float *)ts_tensor_ptr(n->saved[1]);
     float eps = (float)n->attrs.f[0];
     if (!xf || (has_w && !w) || (has_b && !b) || !yf) {
-        free(xt), free(wt), free(bt), free(yt);
+        cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(bt), cpu_tmp_free(yt);
         return OOM("layernorm");
     }
 #pragma omp parallel for schedule(static) if (N * C > 32768)
@@ -145,7 +145,7 @@ CPU_KERNEL(layernorm) {
     }
     if (yt)
         cpu_store_out(y, yt);
-    free(xt), free(wt), free(bt), free(yt);
+    cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(bt), cpu_tmp_free(yt);
     return TS_OK;
 }
 
@@ -163,7 +163,7 @@ CPU_KERNEL(layernorm_backward) {
                     ? (float *)ts_tensor_ptr(y)
                     : (yt = malloc(sizeof(float) * (size_t)(N * C + 1)));
     if (!gf || !xf || (n->n_in > 4 && !w) || !yf) {
-        free(gt), free(xt), free(wt), free(yt);
+        cpu_tmp_free(gt), cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
         return OOM("layernorm_backward");
     }
 #pragma omp parallel for schedule(static) if (N * C > 32768)
@@ -184,7 +184,7 @@ CPU_KERNEL(layernorm_backward) {
     }
     if (yt)
         cpu_store_out(y, yt);
-    free(gt), free(xt), free(wt), free(yt);
+    cpu_tmp_free(gt), cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
     return TS_OK;
 }
 
