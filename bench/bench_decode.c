@@ -10,6 +10,7 @@
 #include "tessera_nn.h"
 
 #include <immintrin.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,7 +107,11 @@ int main(int argc, char **argv) {
         wbytes +=
             ts_tensor_numel(p) * (int64_t)ts_dtype_size(ts_tensor_dtype(p));
     }
-    ts_alloc_empty_cache(ctx); /* the random init's temporaries */
+    /* the random init's f32 temporaries go back to the system (a model
+     * loaded from a checkpoint has none: no init, zero-copy mapping) */
+    ts_alloc_empty_cache(ctx);
+    malloc_trim(0);
+    long rss_model = rss_mib();
     printf("Qwen3-0.6B architecture%s: %.1f M parameters, %.0f MiB of weights "
            "(%s), %d threads, "
            "built in %.1f s\n",
@@ -148,6 +153,7 @@ int main(int argc, char **argv) {
         ts_release(t), ts_release(l), ts_release(best);
     }
     double decode = now() - a;
+    long rss_run = rss_mib(); /* before the bandwidth buffers below */
     /* memcpy of the weights' size, best of 3, for the bandwidth bound */
     size_t mb = (size_t)wbytes;
     char *src = malloc(mb), *dst = malloc(mb);
@@ -187,7 +193,9 @@ int main(int argc, char **argv) {
            "GB/s (memcpy: %.1f GB/s read+write)%s\n",
            G, decode, G / decode, read_gbs, 100 * read_gbs / bound_gbs,
            bound_gbs, copy_gbs, sink == 12345 ? " " : "");
-    printf("resident memory: %ld MiB\n", rss_mib());
+    printf("resident memory: %ld MiB after building the model, %ld MiB after "
+           "prefill and decode\n",
+           rss_model, rss_run);
     free(src), free(dst), free(ids);
     ts_qwen3_cache_free(kc);
     ts_qwen3_free(m);

@@ -129,7 +129,8 @@ typedef struct {
     uint64_t *keys; /* node << 8 | byte, + 1; 0 = empty */
     int32_t *child;
     size_t cap;
-    int32_t *term; /* node -> added index or -1 */
+    int32_t *term;     /* node -> added index or -1 */
+    uint8_t first[32]; /* bitmap of the bytes an added token starts with */
     int32_t n_nodes, cap_nodes;
 } trie;
 
@@ -351,6 +352,7 @@ static bool trie_build(ts_tokenizer *t) {
     for (int k = 0; k < t->n_added; k++) {
         int32_t node = 0;
         const unsigned char *c = (const unsigned char *)t->added[k].content;
+        tr->first[c[0] >> 3] |= (uint8_t)(1u << (c[0] & 7));
         for (size_t j = 0; j < t->added[k].len; j++) {
             uint64_t key = ((uint64_t)node << 8 | c[j]) + 1;
             size_t i =
@@ -376,6 +378,9 @@ static const added_token *trie_match(const ts_tokenizer *t, const char *p,
     const trie *tr = &t->added_trie;
     const added_token *best = NULL;
     int32_t node = 0;
+    unsigned char c0 = (unsigned char)p[0];
+    if (!n || !(tr->first[c0 >> 3] & (1u << (c0 & 7))))
+        return NULL;
     for (size_t j = 0; j < n; j++) {
         node = trie_child(tr, node, (unsigned char)p[j]);
         if (node < 0)
@@ -821,16 +826,45 @@ static void push_cand(const ts_tokenizer *t, merge_cand *h, size_t *n,
         heap_push(h, n, (merge_cand){t->merges.rank[s], i, sym[i], sym[j]});
 }
 
+/* the same rule by rescanning the pairs after each merge: quadratic, but
+ * faster than the heap for the short words most pre-tokenizers make */
+static void bpe_merge_short(ts_tokenizer *t, int32_t *sym, size_t m,
+                            ids_vec *o) {
+    for (;;) {
+        int32_t best = INT32_MAX, merged = -1;
+        size_t at = 0;
+        for (size_t i = 0; i + 1 < m; i++) {
+            if (sym[i] < 0 || sym[i + 1] < 0)
+                continue;
+            size_t s = pmap_slot(&t->merges, pair_key(sym[i], sym[i + 1]));
+            if (t->merges.keys[s] && t->merges.rank[s] < best)
+                best = t->merges.rank[s], merged = t->merges.merged[s], at = i;
+        }
+        if (merged < 0)
+            break;
+        sym[at] = merged;
+        memmove(sym + at + 1, sym + at + 2, sizeof(int32_t) * (m - at - 2));
+        m--;
+    }
+    for (size_t i = 0; i < m; i++)
+        push_id(o, sym[i]);
+}
+
 static void bpe_merge(ts_tokenizer *t, int32_t *sym, size_t m, ids_vec *o) {
-    if (m < 2) {
-        for (size_t i = 0; i < m; i++)
-            push_id(o, sym[i]);
+    if (m <= 16) {
+        bpe_merge_short(t, sym, m, o);
         return;
     }
-    int32_t *next = malloc(sizeof(int32_t) * m * 2), *prev = next + m;
-    merge_cand *heap = malloc(sizeof *heap * 3 * m);
+    /* most words are short: their lists and heap live on the stack */
+    int32_t stack_links[2 * 64];
+    merge_cand stack_heap[3 * 64];
+    bool small = m <= 64;
+    int32_t *next = small ? stack_links : malloc(sizeof(int32_t) * m * 2),
+            *prev = next ? next + m : NULL;
+    merge_cand *heap = small ? stack_heap : malloc(sizeof *heap * 3 * m);
     if (!next || !heap) {
-        free(next), free(heap);
+        if (!small)
+            free(next), free(heap);
         o->oom = true;
         return;
     }
@@ -860,7 +894,8 @@ static void bpe_merge(ts_tokenizer *t, int32_t *sym, size_t m, ids_vec *o) {
     }
     for (int32_t i = 0; i >= 0; i = next[i])
         push_id(o, sym[i]);
-    free(next), free(heap);
+    if (!small)
+        free(next), free(heap);
 }
 
 /* One pre-token (raw bytes) to symbols, then merges. Byte-level: each byte
