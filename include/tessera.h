@@ -377,6 +377,17 @@ ts_status ts_rope_tables(ts_ctx *ctx, int64_t T, int64_t D, double theta,
  * scale: <= 0 means 1/sqrt(D). No gradient flows to mask. */
 ts_tensor *ts_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
                         ts_tensor *mask, bool causal, double scale);
+/* Attention over a paged KV cache, for serving: q (1, H, N, D) and the new
+ * keys/values k, v (1, KV, N, D) of N tokens from several sequences;
+ * k_pool, v_pool (blocks, KV, block_size, D) f32; meta (i32, 1-D):
+ * n_seqs, max_blocks, seq_start[n_seqs + 1] (token ranges), ctx_len[n_seqs]
+ * (positions cached before these tokens), block_table[n_seqs x max_blocks].
+ * Writes the new keys/values into their blocks, then each token attends
+ * causally to its own sequence. -> (1, H, N, D). Eager mode only (it
+ * writes the pools in place); no gradient. scale <= 0: 1/sqrt(D). */
+ts_tensor *ts_paged_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
+                              ts_tensor *k_pool, ts_tensor *v_pool,
+                              ts_tensor *meta, double scale);
 typedef enum { TS_REDUCE_MEAN = 0, TS_REDUCE_SUM, TS_REDUCE_NONE } ts_reduction;
 /* Fused log-softmax + negative log-likelihood. logits (N, V) float,
  * targets (N) i32/i64; rows whose target == ignore_index count for nothing

@@ -1,10 +1,12 @@
-/* tessera_engine.h — generation: the sampler (temperature, top-k, top-p,
- * min-p, repetition penalty, seeded) that turns a row of logits into the
- * next token. */
+/* tessera_engine.h — generation and serving: the sampler (temperature,
+ * top-k, top-p, min-p, repetition penalty, seeded) that turns a row of
+ * logits into the next token, and the engine: continuous batching over a
+ * paged KV cache with radix-tree prefix reuse (src/engine/engine.c). */
 #ifndef TESSERA_ENGINE_H
 #define TESSERA_ENGINE_H
 
 #include "tessera.h"
+#include "tessera_nn.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,6 +35,94 @@ void ts_sampler_free(ts_sampler *sm);
  * far (for the repetition penalty). logits is not modified. */
 int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
                         const int32_t *seen, size_t n_seen);
+
+/* ---- the engine ---------------------------------------------------------- */
+
+typedef struct {
+    int64_t block_size;       /* positions per KV block (16) */
+    int64_t n_blocks;         /* KV blocks in the pool; 0: from kv_memory */
+    int64_t kv_memory;        /* bytes for the pool when n_blocks is 0 (0:
+                                 512 blocks) */
+    int max_seqs;             /* running sequences at most (16) */
+    int64_t max_batch_tokens; /* tokens per forward pass at most (512) */
+    bool no_prefix_cache;     /* do not reuse cached prefixes */
+} ts_engine_options;
+ts_engine_options ts_engine_options_default(void);
+
+#define TS_ENGINE_MAX_STOP_IDS 16
+typedef struct {
+    const int32_t *prompt; /* token ids, copied */
+    size_t n_prompt;
+    int max_tokens;
+    ts_sampling sampling;
+    int32_t stop_ids[TS_ENGINE_MAX_STOP_IDS]; /* end the output too */
+    int n_stop_ids;
+    bool ignore_eos;
+} ts_request;
+
+typedef enum {
+    TS_FINISH_NONE = 0,
+    TS_FINISH_STOP,   /* an end-of-sequence or stop token (included) */
+    TS_FINISH_LENGTH, /* max_tokens */
+    TS_FINISH_ABORT
+} ts_finish_reason;
+
+/* One generated token of one request (a step gives one per sequence that
+ * reached the end of its known tokens). */
+typedef struct {
+    int64_t id;
+    int32_t token;
+    ts_finish_reason finish; /* != NONE: the request is done and gone */
+    int64_t cached_tokens;   /* prompt tokens reused from the cache */
+    int64_t prompt_tokens;
+} ts_engine_output;
+
+/* KV events: a block entered or left the prefix cache. hash chains from
+ * the parent's: ts_block_hash(parent_hash, tokens, block_size), 0 for the
+ * first block, so a router computes the same hashes from token ids. */
+#define TS_KV_EVENT_MAX_TOKENS 64
+typedef enum { TS_KV_BLOCK_STORED = 1, TS_KV_BLOCK_REMOVED } ts_kv_event_kind;
+typedef struct {
+    uint64_t seq; /* 1, 2, ... in the order they happened */
+    ts_kv_event_kind kind;
+    uint64_t hash, parent_hash;
+    int32_t block_size;
+    int32_t tokens[TS_KV_EVENT_MAX_TOKENS]; /* stored: the block's tokens
+                                               (the first 64) */
+} ts_kv_event;
+uint64_t ts_block_hash(uint64_t parent_hash, const int32_t *tokens, int64_t n);
+
+typedef struct {
+    int running, waiting;
+    int64_t blocks_total, blocks_used, blocks_free, cached_blocks;
+    int64_t blocks_in_sequences; /* held by requests (not only cached) */
+    int64_t evicted_blocks, preemptions, aborted;
+    int64_t prompt_tokens, prefix_hit_tokens, generated_tokens;
+    int64_t steps, batch_tokens;
+} ts_engine_stats;
+
+typedef struct ts_engine ts_engine;
+/* The engine serves one decoder (qwen3, qwen2, llama); its KV pool is
+ * allocated here, beside each layer. */
+ts_status ts_engine_new(ts_ctx *ctx, ts_qwen3_model *m,
+                        const ts_engine_options *opt, ts_engine **out);
+void ts_engine_free(ts_engine *e);
+/* end-of-sequence ids (generation_config's), unless a request ignores them */
+void ts_engine_set_eos(ts_engine *e, const int32_t *ids, int n);
+/* Queues a request; *id names it in outputs. A bad request (empty prompt,
+ * tokens outside the vocabulary, too long for the context or the pool,
+ * bad sampling) is an error naming the parameter; nothing changes. */
+ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id);
+/* Drops a request (a client gone): its blocks are released. */
+ts_status ts_engine_abort(ts_engine *e, int64_t id);
+/* One scheduling step and one forward pass; out (cap >= max_seqs) gets a
+ * token per sequence that produced one. */
+ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
+                         int *n_out);
+bool ts_engine_has_work(const ts_engine *e);
+void ts_engine_get_stats(const ts_engine *e, ts_engine_stats *out);
+/* Moves up to cap pending KV events into out, oldest first. */
+size_t ts_engine_drain_events(ts_engine *e, ts_kv_event *out, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -120,6 +120,25 @@ ts_status ts_qwen3_cache_new(ts_qwen3_model *m, int64_t B, int64_t max_T,
 void ts_qwen3_cache_free(ts_qwen3_cache *kc);
 int64_t ts_qwen3_cache_len(const ts_qwen3_cache *kc);
 void ts_qwen3_cache_reset(ts_qwen3_cache *kc);
+/* ---- paged KV cache (serving) ---------------------------------------------
+ * A pool of KV blocks shared by many sequences: per layer K and V (blocks,
+ * KV, block_size, D) f32, beside the layer. The engine (src/engine) owns
+ * which block holds what; the model only reads and writes through the
+ * block tables of ts_paged_attention's meta. */
+typedef struct ts_qwen3_kv_pool ts_qwen3_kv_pool;
+ts_status ts_qwen3_kv_pool_new(ts_qwen3_model *m, int64_t n_blocks,
+                               int64_t block_size, ts_qwen3_kv_pool **out);
+void ts_qwen3_kv_pool_free(ts_qwen3_kv_pool *p);
+/* bytes of one block over all layers (K and V, f32) */
+int64_t ts_qwen3_kv_block_bytes(const ts_qwen3_config *c, int64_t block_size);
+/* One engine step: ids (1, N) are the new tokens of several sequences
+ * (meta: ts_paged_attention's), positions[N] their positions; returns
+ * the logits (n_rows, V) of the tokens at rows[] (each sequence's last). */
+ts_tensor *ts_qwen3_forward_paged(ts_qwen3_model *m, ts_qwen3_kv_pool *pool,
+                                  ts_tensor *ids, const int32_t *positions,
+                                  ts_tensor *meta, const int32_t *rows,
+                                  int64_t n_rows);
+
 /* keeps the first len positions (a shorter len than cached only) */
 void ts_qwen3_cache_truncate(ts_qwen3_cache *kc, int64_t len);
 ts_tensor *ts_qwen3_forward_cached(ts_qwen3_model *m, ts_qwen3_cache *kc,

@@ -344,6 +344,11 @@ static ts_tensor *project_heads(const ts_qwen3_model *m, ts_tensor *h,
     return rot;
 }
 
+/* A layer's KV pools and the step's meta (ts_paged_attention) */
+typedef struct {
+    ts_tensor *k_pool, *v_pool, *meta;
+} paged_ref;
+
 /* One layer's keys and values for positions 0..len-1 (B, KV, max_T, D). */
 typedef struct {
     ts_tensor *k, *v;
@@ -364,7 +369,7 @@ static ts_tensor *cache_append(ts_tensor *cache, ts_tensor *x, int64_t len) {
  * cache slot, attends to the cached positions too and appends its own. */
 static ts_tensor *attention_block(const ts_qwen3_model *m, const qwen3_layer *L,
                                   ts_tensor *x, ts_tensor *cos, ts_tensor *sin,
-                                  const kv_slot *kv) {
+                                  const kv_slot *kv, const paged_ref *pg) {
     const ts_qwen3_config *c = &m->cfg;
     int64_t B = ts_tensor_dim(x, 0), T = ts_tensor_dim(x, 1);
     ts_tensor *h = ts_rmsnorm(x, L->input_norm, c->rms_eps);
@@ -381,7 +386,9 @@ static ts_tensor *attention_block(const ts_qwen3_model *m, const qwen3_layer *L,
         ts_release(k), ts_release(v);
         k = ka, v = va;
     }
-    ts_tensor *a = ts_attention(q, k, v, NULL, true, 0); /* (B, H, T, D) */
+    ts_tensor *a =
+        pg ? ts_paged_attention(q, k, v, pg->k_pool, pg->v_pool, pg->meta, 0)
+           : ts_attention(q, k, v, NULL, true, 0); /* (B, H, T, D) */
     ts_release(q), ts_release(k), ts_release(v);
     ts_tensor *at = ts_transpose(a, 1, 2); /* (B, T, H, D) */
     ts_release(a);
@@ -397,8 +404,8 @@ static ts_tensor *attention_block(const ts_qwen3_model *m, const qwen3_layer *L,
  * the reference to x. */
 static ts_tensor *decoder_layer(const ts_qwen3_model *m, const qwen3_layer *L,
                                 ts_tensor *x, ts_tensor *cos, ts_tensor *sin,
-                                const kv_slot *kv) {
-    ts_tensor *a = attention_block(m, L, x, cos, sin, kv);
+                                const kv_slot *kv, const paged_ref *pg) {
+    ts_tensor *a = attention_block(m, L, x, cos, sin, kv, pg);
     ts_tensor *x1 = ts_add(x, a);
     ts_release(x), ts_release(a);
     ts_tensor *h = ts_rmsnorm(x1, L->post_norm, m->cfg.rms_eps);
@@ -501,7 +508,7 @@ static ts_tensor *run_layers(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0,
             break;
         }
         x = decoder_layer(m, &m->layer[i], x, cos, sin,
-                          slots ? &slots[i] : NULL);
+                          slots ? &slots[i] : NULL, NULL);
     }
     ts_release(cos), ts_release(sin);
     ts_set_device(ctx, here);
@@ -696,4 +703,172 @@ ts_status ts_qwen3_generate_greedy(ts_qwen3_model *m, const int64_t *prompt,
                                           n_prompt, n_new, out);
     ts_qwen3_cache_free(q.kc);
     return s;
+}
+
+/* ---- paged KV cache (serving) ---- */
+
+struct ts_qwen3_kv_pool {
+    ts_qwen3_model *m;
+    int64_t n_blocks, block_size;
+    ts_tensor **k, **v; /* per layer (blocks, KV, block_size, D), beside it */
+};
+
+ts_status ts_qwen3_kv_pool_new(ts_qwen3_model *m, int64_t n_blocks,
+                               int64_t block_size, ts_qwen3_kv_pool **out) {
+    if (!m || !out)
+        return TS_ERR_INVALID_ARG;
+    *out = NULL;
+    const ts_qwen3_config *c = &m->cfg;
+    if (n_blocks < 1 || block_size < 1 || block_size > 1024)
+        return ts_set_error(m->ctx, TS_ERR_RANGE,
+                            "kv_pool: %lld blocks of %lld positions (want at "
+                            "least one block of 1..1024)",
+                            (long long)n_blocks, (long long)block_size);
+    ts_qwen3_kv_pool *p = calloc(1, sizeof *p);
+    if (p) {
+        p->k = calloc((size_t)c->layers, sizeof *p->k);
+        p->v = calloc((size_t)c->layers, sizeof *p->v);
+    }
+    if (!p || !p->k || !p->v) {
+        if (p)
+            free(p->k), free(p->v);
+        free(p);
+        return ts_set_error(m->ctx, TS_ERR_OOM, "kv_pool: out of memory");
+    }
+    p->m = m, p->n_blocks = n_blocks, p->block_size = block_size;
+    int64_t shape[4] = {n_blocks, c->kv_heads, block_size, c->head_dim};
+    ts_device here = ts_get_device(m->ctx);
+    ts_status s = TS_OK;
+    for (int64_t i = 0; i < c->layers && s == TS_OK; i++) {
+        ts_set_device(m->ctx, m->layer_dev[i]);
+        p->k[i] = ts_zeros(m->ctx, TS_F32, 4, shape);
+        p->v[i] = ts_zeros(m->ctx, TS_F32, 4, shape);
+        if (!p->k[i] || !p->v[i])
+            s = ts_ctx_status(m->ctx);
+    }
+    ts_set_device(m->ctx, here);
+    if (s != TS_OK) {
+        ts_qwen3_kv_pool_free(p);
+        return s;
+    }
+    *out = p;
+    return TS_OK;
+}
+
+void ts_qwen3_kv_pool_free(ts_qwen3_kv_pool *p) {
+    if (!p)
+        return;
+    for (int64_t i = 0; i < p->m->cfg.layers; i++)
+        ts_release(p->k[i]), ts_release(p->v[i]);
+    free(p->k), free(p->v), free(p);
+}
+
+int64_t ts_qwen3_kv_block_bytes(const ts_qwen3_config *c, int64_t block_size) {
+    return 2 * c->layers * c->kv_heads * block_size * c->head_dim * 4;
+}
+
+/* cos, sin (n, D) at the given positions, as rope_for computes them */
+static ts_status rope_at(const ts_qwen3_model *m, const int32_t *pos, int64_t n,
+                         ts_tensor **cos, ts_tensor **sin) {
+    const ts_qwen3_config *c = &m->cfg;
+    int64_t D = c->head_dim, half = D / 2, shape[2] = {n, D};
+    float *cb = malloc(sizeof(float) * (size_t)(n * D + 1));
+    float *sb = malloc(sizeof(float) * (size_t)(n * D + 1));
+    if (!cb || !sb) {
+        free(cb), free(sb);
+        return ts_set_error(m->ctx, TS_ERR_OOM, "rope: out of memory");
+    }
+    double old = (double)c->rope_original_max_positions;
+    for (int64_t i = 0; i < half; i++) {
+        double inv = 1.0 / pow(c->rope_theta, (double)(2 * i) / (double)D);
+        if (c->rope_llama3) {
+            double low_wl = old / c->rope_low_freq_factor,
+                   high_wl = old / c->rope_high_freq_factor,
+                   wl = 2 * M_PI / inv;
+            if (wl > low_wl) {
+                inv /= c->rope_factor;
+            } else if (wl >= high_wl) {
+                double smooth =
+                    (old / wl - c->rope_low_freq_factor) /
+                    (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                inv = (1 - smooth) * inv / c->rope_factor + smooth * inv;
+            }
+        }
+        float fi = (float)inv;
+        for (int64_t t = 0; t < n; t++) {
+            float ang = (float)pos[t] * fi;
+            cb[t * D + i] = cb[t * D + i + half] = cosf(ang);
+            sb[t * D + i] = sb[t * D + i + half] = sinf(ang);
+        }
+    }
+    *cos = ts_from_data(m->ctx, TS_F32, 2, shape, cb);
+    *sin = ts_from_data(m->ctx, TS_F32, 2, shape, sb);
+    free(cb), free(sb);
+    return *cos && *sin ? TS_OK : ts_ctx_status(m->ctx);
+}
+
+ts_tensor *ts_qwen3_forward_paged(ts_qwen3_model *m, ts_qwen3_kv_pool *pool,
+                                  ts_tensor *ids, const int32_t *positions,
+                                  ts_tensor *meta, const int32_t *rows,
+                                  int64_t n_rows) {
+    if (!m || !pool || !positions || !meta || !rows || n_rows < 1)
+        return NULL;
+    ts_ctx *ctx = m->ctx;
+    const ts_qwen3_config *c = &m->cfg;
+    if (!check_ids(ctx, "ids", ids))
+        return NULL;
+    int64_t N = ts_tensor_dim(ids, 1);
+    for (int64_t t = 0; t < N; t++)
+        if (positions[t] < 0 || positions[t] >= c->max_positions) {
+            ts_set_error(ctx, TS_ERR_RANGE,
+                         "forward_paged: position %d outside max_positions "
+                         "%lld",
+                         positions[t], (long long)c->max_positions);
+            return NULL;
+        }
+    for (int64_t r = 0; r < n_rows; r++)
+        if (rows[r] < 0 || rows[r] >= N) {
+            ts_set_error(ctx, TS_ERR_RANGE,
+                         "forward_paged: logits row %d outside the %lld "
+                         "tokens",
+                         rows[r], (long long)N);
+            return NULL;
+        }
+    ts_device here = ts_get_device(ctx);
+    ts_tensor *id_moved = ts_to_device(ids, m->embed_dev);
+    ts_tensor *x = id_moved ? embed_f32(m, id_moved) : NULL; /* (1, N, C) */
+    ts_release(id_moved);
+    ts_tensor *cos = NULL, *sin = NULL, *mt = ts_retain(meta);
+    ts_set_device(ctx, c->layers ? m->layer_dev[0] : m->embed_dev);
+    if (x && rope_at(m, positions, N, &cos, &sin) != TS_OK)
+        ts_release(x), x = NULL;
+    for (int64_t i = 0; i < c->layers && x; i++) {
+        ts_device d = m->layer_dev[i];
+        if (!move_to(&x, d) || !move_to(&cos, d) || !move_to(&sin, d) ||
+            !move_to(&mt, d)) {
+            ts_release(x), x = NULL;
+            break;
+        }
+        paged_ref pg = {pool->k[i], pool->v[i], mt};
+        x = decoder_layer(m, &m->layer[i], x, cos, sin, NULL, &pg);
+    }
+    ts_release(cos), ts_release(sin), ts_release(mt);
+    ts_set_device(ctx, here);
+    if (!move_to(&x, m->head_dev))
+        return NULL;
+    /* the rows whose next token is wanted: x (N, C) gathered */
+    int64_t flat[2] = {N, c->hidden}, rshape[1] = {n_rows};
+    ts_tensor *xf = ts_reshape(x, 2, flat);
+    ts_release(x);
+    ts_set_device(ctx, m->head_dev);
+    ts_tensor *idx = ts_from_data(ctx, TS_I32, 1, rshape, rows);
+    ts_set_device(ctx, here);
+    ts_tensor *sel = xf && idx ? ts_embedding(xf, idx) : NULL; /* (n, C) */
+    ts_release(xf), ts_release(idx);
+    ts_tensor *h = sel ? ts_rmsnorm(sel, m->norm, c->rms_eps) : NULL;
+    ts_release(sel);
+    ts_tensor *w = h ? head_weight(m) : NULL;
+    ts_tensor *logits = w ? ts_linear(h, w, NULL) : NULL; /* (n, V) */
+    ts_release(h);
+    return logits;
 }

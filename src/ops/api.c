@@ -560,6 +560,24 @@ ts_tensor *ts_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
     return call(TS_OP_ATTENTION, mask ? 4 : 3, in, &a);
 }
 
+ts_tensor *ts_paged_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
+                              ts_tensor *k_pool, ts_tensor *v_pool,
+                              ts_tensor *meta, double scale) {
+    ts_ctx *ctx = q ? q->ctx : NULL;
+    if (ctx && ctx->mode == TS_MODE_COMPILED && !ctx->force_eager)
+        return fail(ctx, TS_ERR_STATE,
+                    "paged_attention writes the KV pools in place: call it in "
+                    "eager mode");
+    if (q && !(isfinite(scale)))
+        return fail(ctx, TS_ERR_RANGE,
+                    "paged_attention: scale %g is not finite", scale);
+    if (q && q->ndim == 4 && scale <= 0)
+        scale = 1.0 / sqrt((double)q->shape[3]);
+    ts_attrs a = {.f = {scale}};
+    ts_tensor *in[6] = {q, k, v, k_pool, v_pool, meta};
+    return call(TS_OP_PAGED_ATTENTION, 6, in, &a);
+}
+
 ts_tensor *ts_cross_entropy(ts_tensor *logits, ts_tensor *targets,
                             int64_t ignore_index, ts_reduction reduction) {
     if (logits && (unsigned)reduction > TS_REDUCE_NONE)

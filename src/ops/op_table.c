@@ -56,6 +56,7 @@ const ts_op_def ts_op_table[TS_OP_COUNT] = {
     ROW(TS_OP_ATTENTION, "attention", false, attention, ts_grad_attention),
     ROW(TS_OP_ATTENTION_BACKWARD, "attention_backward", false, attention_bwd,
         NULL),
+    ROW(TS_OP_PAGED_ATTENTION, "paged_attention", false, paged_attention, NULL),
     ROW(TS_OP_CROSS_ENTROPY, "cross_entropy", false, cross_entropy,
         ts_grad_cross_entropy),
     ROW(TS_OP_CROSS_ENTROPY_BACKWARD, "cross_entropy_backward", false, ce_bwd,

@@ -62,6 +62,7 @@ typedef enum {
     TS_OP_ROPE,
     TS_OP_ATTENTION,
     TS_OP_ATTENTION_BACKWARD,
+    TS_OP_PAGED_ATTENTION,
     TS_OP_CROSS_ENTROPY,
     TS_OP_CROSS_ENTROPY_BACKWARD,
     /* in-place write of in[1] into in[0]'s memory (compiled mode's ts_copy_) */

@@ -29,6 +29,7 @@ TS_INFER(norm_bwd);
 TS_INFER(rope);
 TS_INFER(attention);
 TS_INFER(attention_bwd);
+TS_INFER(paged_attention);
 TS_INFER(cross_entropy);
 TS_INFER(ce_bwd);
 TS_INFER(copy_into);

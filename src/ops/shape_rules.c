@@ -495,6 +495,77 @@ ts_status ts_infer_attention(ts_ctx *ctx, const ts_node *n, ts_desc *o,
     return TS_OK;
 }
 
+/* q (1, H, N, D), new k, v (1, KV, N, D), pools (NB, KV, BS, D) f32 and
+ * meta (i32): n_seqs, max_blocks, seq_start[n_seqs + 1], ctx_len[n_seqs],
+ * block_table[n_seqs x max_blocks]; the values are checked here too, so
+ * the kernel never reads or writes outside the pools */
+ts_status ts_infer_paged_attention(ts_ctx *ctx, const ts_node *n, ts_desc *o,
+                                   ts_desc *s, int *ns) {
+    (void)s, (void)ns;
+    const ts_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *kp = n->in[3],
+                    *vp = n->in[4], *meta = n->in[5];
+    char sq[128], sk[128], sp[128];
+    for (int i = 0; i < 5; i++)
+        if (n->in[i]->dtype != TS_F32 || n->in[i]->ndim != 4)
+            return ts_set_error(ctx, TS_ERR_DTYPE,
+                                "paged_attention: input %d must be f32 with 4 "
+                                "dims, got %s %s",
+                                i, ts_dtype_name(n->in[i]->dtype),
+                                SHP(n->in[i], sq));
+    int64_t H = q->shape[1], N = q->shape[2], D = q->shape[3];
+    int64_t KV = k->shape[1], NB = kp->shape[0], BS = kp->shape[2];
+    if (q->shape[0] != 1 || k->shape[0] != 1 || k->shape[2] != N ||
+        k->shape[3] != D || !ts_shape_equal(4, k->shape, 4, v->shape) ||
+        !ts_shape_equal(4, kp->shape, 4, vp->shape) || kp->shape[1] != KV ||
+        kp->shape[3] != D || KV == 0 || H % KV || BS < 1)
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "paged_attention: want q (1, H, N, D), k and v (1, "
+                            "KV, N, D), pools (blocks, KV, block size, D); got "
+                            "q %s, k %s, pool %s",
+                            SHP(q, sq), SHP(k, sk), SHP(kp, sp));
+    if (meta->dtype != TS_I32 || meta->ndim != 1 || meta->shape[0] < 2 ||
+        !ts_tensor_is_contiguous(meta))
+        return ts_set_error(
+            ctx, TS_ERR_DTYPE,
+            "paged_attention: meta must be a contiguous 1-D i32 "
+            "tensor");
+    const int32_t *m = ts_tensor_data((ts_tensor *)meta);
+    int64_t S = m ? m[0] : -1, MB = m ? m[1] : -1;
+    if (S < 1 || MB < 1 || meta->shape[0] != 2 + (S + 1) + S + S * MB)
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "paged_attention: meta of %lld values does not "
+                            "hold %lld sequences of %lld blocks",
+                            (long long)meta->shape[0], (long long)S,
+                            (long long)MB);
+    const int32_t *start = m + 2, *ctx_len = start + S + 1,
+                  *table = ctx_len + S;
+    if (start[0] != 0 || start[S] != N)
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "paged_attention: sequence starts must run from 0 "
+                            "to the %lld tokens",
+                            (long long)N);
+    for (int64_t i = 0; i < S; i++) {
+        int64_t last = ctx_len[i] + (start[i + 1] - start[i]); /* positions */
+        if (start[i + 1] < start[i] || ctx_len[i] < 0 || last > MB * BS)
+            return ts_set_error(ctx, TS_ERR_RANGE,
+                                "paged_attention: sequence %lld: %d cached + "
+                                "%d new positions do not fit %lld blocks of "
+                                "%lld",
+                                (long long)i, ctx_len[i],
+                                start[i + 1] - start[i], (long long)MB,
+                                (long long)BS);
+        for (int64_t b = 0; b < (last + BS - 1) / BS; b++)
+            if (table[i * MB + b] < 0 || table[i * MB + b] >= NB)
+                return ts_set_error(ctx, TS_ERR_RANGE,
+                                    "paged_attention: sequence %lld names "
+                                    "block %d of a pool of %lld",
+                                    (long long)i, table[i * MB + b],
+                                    (long long)NB);
+    }
+    desc_like(o, TS_F32, 4, q->shape);
+    return TS_OK;
+}
+
 ts_status ts_infer_attention_bwd(ts_ctx *ctx, const ts_node *n, ts_desc *o,
                                  ts_desc *s, int *ns) {
     (void)ctx, (void)s, (void)ns;

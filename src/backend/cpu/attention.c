@@ -358,6 +358,83 @@ static void attn_shape(const ts_node *n, cpu_attn_shape *p, int mask_index) {
         mask_strides(n->in[mask_index], p->mask_st);
 }
 
+/* Paged attention (see ts_paged_attention): the new tokens' keys and
+ * values go into their sequences' blocks, then each new token attends to
+ * every position of its sequence up to its own, reading K/V rows through
+ * the block table. */
+CPU_KERNEL(paged_attention) {
+    (void)ctx;
+    ts_tensor *qt = n->in[0], *kp = n->in[3], *vp = n->in[4];
+    int64_t H = qt->shape[1], N = qt->shape[2], D = qt->shape[3];
+    int64_t KV = n->in[1]->shape[1], BS = kp->shape[2], G = H / KV;
+    const int32_t *m = (const int32_t *)ts_tensor_ptr(n->in[5]);
+    int64_t S = m[0], MB = m[1];
+    const int32_t *start = m + 2, *clen = start + S + 1, *table = clen + S;
+    float *tq = NULL, *tk = NULL, *tv = NULL;
+    const float *q = cpu_as_f32(qt, &tq), *k = cpu_as_f32(n->in[1], &tk),
+                *v = cpu_as_f32(n->in[2], &tv);
+    float *K = (float *)ts_tensor_ptr(kp), *V = (float *)ts_tensor_ptr(vp);
+    float *out = (float *)ts_tensor_ptr(n->out);
+    float scale = (float)n->attrs.f[0];
+    int32_t *seq_of = cpu_tmp_alloc(sizeof(int32_t) * (size_t)(N + 1));
+    if (!q || !k || !v || !seq_of) {
+        cpu_tmp_free(tq), cpu_tmp_free(tk), cpu_tmp_free(tv);
+        cpu_tmp_free(seq_of);
+        return ts_set_error(ctx, TS_ERR_OOM, "paged_attention: out of memory");
+    }
+    /* where row s of sequence i lives, for head kvh */
+#define ROW_AT(P, i, s, kvh)                                                   \
+    ((P) + ((table[(i)*MB + (s) / BS] * KV + (kvh)) * BS + (s) % BS) * D)
+    for (int64_t i = 0; i < S; i++)
+        for (int64_t j = start[i]; j < start[i + 1]; j++) {
+            seq_of[j] = (int32_t)i;
+            int64_t pos = clen[i] + (j - start[i]);
+            for (int64_t h = 0; h < KV; h++) {
+                memcpy(ROW_AT(K, i, pos, h), k + (h * N + j) * D,
+                       sizeof(float) * (size_t)D);
+                memcpy(ROW_AT(V, i, pos, h), v + (h * N + j) * D,
+                       sizeof(float) * (size_t)D);
+            }
+        }
+#pragma omp parallel
+    {
+        int64_t cap = 0;
+        float *sc = NULL;
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t item = 0; item < N * H; item++) {
+            int64_t j = item / H, h = item % H, i = seq_of[j], kvh = h / G;
+            int64_t nvis = clen[i] + (j - start[i]) + 1; /* causal */
+            if (nvis > cap) {
+                free(sc);
+                cap = nvis + 256;
+                sc = malloc(sizeof(float) * (size_t)cap);
+            }
+            const float *Q = q + (h * N + j) * D;
+            float *O = out + (h * N + j) * D;
+            memset(O, 0, sizeof(float) * (size_t)D);
+            if (!sc)
+                continue;
+            float mx = -INFINITY;
+            for (int64_t s = 0; s < nvis; s++) {
+                sc[s] = dot8(Q, ROW_AT(K, i, s, kvh), D) * scale;
+                mx = sc[s] > mx ? sc[s] : mx;
+            }
+            float inv = 1.0f / exp_sub_sum(sc, nvis, mx);
+            for (int64_t s = 0; s < nvis; s++) {
+                const float *Vr = ROW_AT(V, i, s, kvh);
+                float w = sc[s] * inv;
+                for (int64_t d = 0; d < D; d++)
+                    O[d] += w * Vr[d];
+            }
+        }
+        free(sc);
+    }
+#undef ROW_AT
+    cpu_tmp_free(tq), cpu_tmp_free(tk), cpu_tmp_free(tv);
+    cpu_tmp_free(seq_of);
+    return TS_OK;
+}
+
 /* K or V (B, KV, S, D) f32 whose S x D rows are contiguous per head */
 static bool rows_in_place(const ts_tensor *t) {
     return t->dtype == TS_F32 && t->strides[3] == 1 &&

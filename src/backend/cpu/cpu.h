@@ -182,6 +182,7 @@ CPU_KERNEL(layernorm_backward);
 CPU_KERNEL(rope);
 CPU_KERNEL(attention);
 CPU_KERNEL(attention_backward);
+CPU_KERNEL(paged_attention);
 CPU_KERNEL(cross_entropy);
 CPU_KERNEL(cross_entropy_backward);
 CPU_KERNEL(copy_into);

@@ -50,6 +50,7 @@ const ts_cpu_kernel ts_cpu_kernels[TS_OP_COUNT] = {
     [TS_OP_ROPE] = cpu_rope,
     [TS_OP_ATTENTION] = cpu_attention,
     [TS_OP_ATTENTION_BACKWARD] = cpu_attention_backward,
+    [TS_OP_PAGED_ATTENTION] = cpu_paged_attention,
     [TS_OP_CROSS_ENTROPY] = cpu_cross_entropy,
     [TS_OP_CROSS_ENTROPY_BACKWARD] = cpu_cross_entropy_backward,
     [TS_OP_COPY_INTO] = cpu_copy_into,

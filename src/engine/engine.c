@@ -1,0 +1,755 @@
+/* engine.c — the serving engine: continuous batching over a paged KV
+ * cache with prefix reuse, as vLLM and SGLang do.
+ *
+ * Blocks: a pool of n_blocks blocks of block_size positions (K and V of
+ * every layer, ts_qwen3_kv_pool); a block's reference count is the number
+ * of sequences whose block table holds it, plus one while the prefix
+ * cache holds it. Free blocks (count 0) are on a free list.
+ *
+ * Prefix cache: a radix tree over token ids with one full block per edge
+ * (SGLang's RadixAttention at block granularity). Each cached block has a
+ * stable hash chained from its parent, XXH3(tokens, seed = parent hash),
+ * kept in a hash map for lookup; a request walks its prompt's full blocks
+ * and reuses the longest cached run, skipping that prefill. Finished and
+ * running sequences insert their full blocks; unreferenced leaves are
+ * evicted least recently used when the pool runs short. Every insertion
+ * and eviction is published as a KV event for the router.
+ *
+ * Scheduler (one ts_engine_step): admit waiting requests (FCFS) while
+ * slots and blocks allow; give every running sequence in decode its one
+ * token first, then chunks of pending prefills up to max_batch_tokens (a
+ * long prompt never stalls running streams); one forward pass computes all
+ * of them, so the weights are read once per step; sample each sequence's
+ * next token with its own parameters. When blocks run out: evict cached
+ * leaves, then preempt the youngest running sequence (its blocks freed, its
+ * tokens kept; it is recomputed when readmitted, mostly from the cache).
+ * Owns sequences, blocks, the tree and the events; the model computes. */
+#include "tessera_engine.h"
+
+#include "core/core.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+typedef enum { SEQ_WAITING, SEQ_RUNNING } seq_state;
+
+typedef struct seq {
+    int64_t id;
+    seq_state state;
+    int32_t *tok; /* prompt then generated tokens */
+    size_t n_tok, cap_tok, n_prompt;
+    int32_t *blocks; /* block table */
+    size_t n_blocks, cap_blocks;
+    size_t n_computed;     /* positions whose K/V are in the blocks */
+    size_t n_inserted;     /* full blocks handed to the prefix cache */
+    uint64_t last_hash;    /* chained hash of block n_inserted - 1 */
+    int64_t cached_tokens; /* prefix-cache hit at (first) admission */
+    bool admitted_once;
+    int n_generated, max_tokens;
+    ts_sampler *sm;
+    int32_t stop_ids[TS_ENGINE_MAX_STOP_IDS];
+    int n_stop_ids;
+    bool ignore_eos;
+    uint64_t order; /* arrival */
+} seq;
+
+typedef struct node {
+    uint64_t hash, parent_hash;
+    struct node *parent;
+    int32_t block;
+    int32_t *tokens; /* block_size of them */
+    int n_children;
+    uint64_t last_used;
+} node;
+
+struct ts_engine {
+    ts_ctx *ctx;
+    ts_qwen3_model *m;
+    ts_qwen3_kv_pool *pool;
+    ts_engine_options opt;
+    int64_t bs, n_blocks, max_blocks_per_seq;
+    int32_t *ref;  /* per block */
+    bool *in_tree; /* per block: the prefix cache holds one reference */
+    int32_t *free_list;
+    int64_t n_free;
+    /* the tree: open-addressed map hash -> node */
+    node **map;
+    size_t map_cap, n_nodes;
+    /* sequences */
+    seq **running, **waiting;
+    int n_running, n_waiting, cap_running, cap_waiting;
+    int64_t next_id;
+    uint64_t tick, order;
+    int32_t eos[8];
+    int n_eos;
+    /* events */
+    ts_kv_event *events;
+    size_t n_events, cap_events;
+    uint64_t event_seq;
+    ts_engine_stats stats;
+};
+
+/* ---- blocks ---- */
+
+static int32_t block_take(ts_engine *e) {
+    if (!e->n_free)
+        return -1;
+    int32_t b = e->free_list[--e->n_free];
+    e->ref[b] = 1;
+    return b;
+}
+
+static void block_release(ts_engine *e, int32_t b) {
+    if (--e->ref[b] == 0)
+        e->free_list[e->n_free++] = b;
+}
+
+/* ---- events ---- */
+
+static void publish(ts_engine *e, ts_kv_event_kind kind, const node *n) {
+    if (e->n_events == e->cap_events) {
+        size_t cap = e->cap_events ? e->cap_events * 2 : 256;
+        ts_kv_event *p = realloc(e->events, cap * sizeof *p);
+        if (!p)
+            return; /* an event lost beats a crash; counted */
+        e->events = p, e->cap_events = cap;
+    }
+    ts_kv_event *ev = &e->events[e->n_events++];
+    memset(ev, 0, sizeof *ev);
+    ev->seq = ++e->event_seq;
+    ev->kind = kind;
+    ev->hash = n->hash;
+    ev->parent_hash = n->parent_hash;
+    ev->block_size = (int32_t)e->bs;
+    if (kind == TS_KV_BLOCK_STORED)
+        memcpy(ev->tokens, n->tokens,
+               sizeof(int32_t) * (size_t)(e->bs < TS_KV_EVENT_MAX_TOKENS
+                                              ? e->bs
+                                              : TS_KV_EVENT_MAX_TOKENS));
+}
+
+size_t ts_engine_drain_events(ts_engine *e, ts_kv_event *out, size_t cap) {
+    if (!e || !out)
+        return 0;
+    size_t n = e->n_events < cap ? e->n_events : cap;
+    memcpy(out, e->events, n * sizeof *out);
+    memmove(e->events, e->events + n, (e->n_events - n) * sizeof *out);
+    e->n_events -= n;
+    return n;
+}
+
+/* ---- the prefix tree ---- */
+
+uint64_t ts_block_hash(uint64_t parent, const int32_t *tokens, int64_t n) {
+    return XXH3_64bits_withSeed(tokens, sizeof(int32_t) * (size_t)n, parent);
+}
+
+static size_t map_slot(const ts_engine *e, uint64_t h) {
+    size_t i = (size_t)(h * 0x9e3779b97f4a7c15ull >> 17) & (e->map_cap - 1);
+    while (e->map[i] && e->map[i]->hash != h)
+        i = (i + 1) & (e->map_cap - 1);
+    return i;
+}
+
+static node *tree_find(ts_engine *e, uint64_t h, const int32_t *tokens) {
+    node *n = e->map[map_slot(e, h)];
+    /* a hash collision with other tokens is a miss, never a wrong reuse */
+    if (n && memcmp(n->tokens, tokens, sizeof(int32_t) * (size_t)e->bs))
+        return NULL;
+    return n;
+}
+
+static void map_remove(ts_engine *e, node *n) {
+    size_t i = map_slot(e, n->hash);
+    e->map[i] = NULL;
+    /* re-place the cluster after the hole (linear probing) */
+    for (size_t j = (i + 1) & (e->map_cap - 1); e->map[j];
+         j = (j + 1) & (e->map_cap - 1)) {
+        node *m = e->map[j];
+        e->map[j] = NULL;
+        e->map[map_slot(e, m->hash)] = m;
+    }
+}
+
+/* a sequence's full block k, filled with its tokens, joins the tree */
+static void tree_insert(ts_engine *e, seq *s, size_t k) {
+    const int32_t *toks = s->tok + k * (size_t)e->bs;
+    uint64_t parent = k ? s->last_hash : 0;
+    uint64_t h = ts_block_hash(parent, toks, e->bs);
+    s->last_hash = h;
+    s->n_inserted = k + 1;
+    if (e->opt.no_prefix_cache || e->map[map_slot(e, h)])
+        return; /* already cached (or a colliding hash: keep the first) */
+    if (2 * (e->n_nodes + 1) > e->map_cap)
+        return; /* the map is sized for every block; cannot happen */
+    node *n = calloc(1, sizeof *n);
+    int32_t *t = n ? malloc(sizeof(int32_t) * (size_t)e->bs) : NULL;
+    if (!t) {
+        free(n);
+        return;
+    }
+    memcpy(t, toks, sizeof(int32_t) * (size_t)e->bs);
+    n->hash = h, n->parent_hash = parent, n->tokens = t;
+    n->block = s->blocks[k];
+    n->parent = k ? e->map[map_slot(e, parent)] : NULL;
+    if (n->parent)
+        n->parent->n_children++;
+    n->last_used = ++e->tick;
+    e->ref[n->block]++; /* the tree's own reference */
+    e->in_tree[n->block] = true;
+    e->map[map_slot(e, h)] = n;
+    e->n_nodes++;
+    publish(e, TS_KV_BLOCK_STORED, n);
+}
+
+/* the least recently used leaf no sequence holds, removed; false if none */
+static bool evict_one(ts_engine *e) {
+    node *best = NULL;
+    for (size_t i = 0; i < e->map_cap; i++) {
+        node *n = e->map[i];
+        if (n && !n->n_children && e->ref[n->block] == 1 &&
+            (!best || n->last_used < best->last_used))
+            best = n;
+    }
+    if (!best)
+        return false;
+    map_remove(e, best);
+    e->n_nodes--;
+    if (best->parent)
+        best->parent->n_children--;
+    publish(e, TS_KV_BLOCK_REMOVED, best);
+    e->in_tree[best->block] = false;
+    block_release(e, best->block);
+    e->stats.evicted_blocks++;
+    free(best->tokens);
+    free(best);
+    return true;
+}
+
+/* ---- sequences ---- */
+
+static void seq_free(seq *s) {
+    if (!s)
+        return;
+    ts_sampler_free(s->sm);
+    free(s->tok), free(s->blocks), free(s);
+}
+
+static void seq_drop_blocks(ts_engine *e, seq *s) {
+    for (size_t k = 0; k < s->n_blocks; k++)
+        block_release(e, s->blocks[k]);
+    s->n_blocks = 0;
+    s->n_computed = 0;
+    s->n_inserted = 0;
+}
+
+static bool push_block(seq *s, int32_t b) {
+    if (s->n_blocks == s->cap_blocks) {
+        size_t cap = s->cap_blocks ? s->cap_blocks * 2 : 8;
+        int32_t *p = realloc(s->blocks, cap * sizeof *p);
+        if (!p)
+            return false;
+        s->blocks = p, s->cap_blocks = cap;
+    }
+    s->blocks[s->n_blocks++] = b;
+    return true;
+}
+
+static bool push_token(seq *s, int32_t t) {
+    if (s->n_tok == s->cap_tok) {
+        size_t cap = s->cap_tok ? s->cap_tok * 2 : 64;
+        int32_t *p = realloc(s->tok, cap * sizeof *p);
+        if (!p)
+            return false;
+        s->tok = p, s->cap_tok = cap;
+    }
+    s->tok[s->n_tok++] = t;
+    return true;
+}
+
+static bool list_push(seq ***v, int *n, int *cap, seq *s, bool front) {
+    if (*n == *cap) {
+        int c = *cap ? *cap * 2 : 16;
+        seq **p = realloc(*v, sizeof *p * (size_t)c);
+        if (!p)
+            return false;
+        *v = p, *cap = c;
+    }
+    if (front) {
+        memmove(*v + 1, *v, sizeof **v * (size_t)*n);
+        (*v)[0] = s;
+    } else
+        (*v)[*n] = s;
+    (*n)++;
+    return true;
+}
+
+static void list_remove(seq **v, int *n, int i) {
+    memmove(v + i, v + i + 1, sizeof *v * (size_t)(*n - i - 1));
+    (*n)--;
+}
+
+/* ---- public: lifetime ---- */
+
+ts_engine_options ts_engine_options_default(void) {
+    return (ts_engine_options){
+        .block_size = 16, .max_seqs = 16, .max_batch_tokens = 512};
+}
+
+ts_status ts_engine_new(ts_ctx *ctx, ts_qwen3_model *m,
+                        const ts_engine_options *opt, ts_engine **out) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!m || !opt || !out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "engine: NULL argument");
+    *out = NULL;
+    const ts_qwen3_config *c = ts_qwen3_get_config(m);
+    ts_engine_options o = *opt;
+    if (o.block_size < 1 || o.block_size > 256)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "engine: block_size %lld (want 1..256)",
+                            (long long)o.block_size);
+    if (o.max_seqs < 1 || o.max_seqs > 4096)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "engine: max_seqs %d (want 1..4096)", o.max_seqs);
+    if (o.max_batch_tokens < 1)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "engine: max_batch_tokens %lld (want >= 1)",
+                            (long long)o.max_batch_tokens);
+    int64_t per_block = ts_qwen3_kv_block_bytes(c, o.block_size);
+    int64_t nb = o.n_blocks;
+    if (!nb)
+        nb = o.kv_memory ? o.kv_memory / per_block : 512;
+    if (nb < 1 || nb > ((int64_t)1 << 26))
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "engine: %lld KV blocks (%lld bytes each; want at "
+                            "least one)",
+                            (long long)nb, (long long)per_block);
+    ts_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return ts_set_error(ctx, TS_ERR_OOM, "engine: out of memory");
+    e->ctx = ctx, e->m = m, e->opt = o, e->bs = o.block_size, e->n_blocks = nb;
+    e->max_blocks_per_seq = (c->max_positions + e->bs - 1) / e->bs;
+    e->ref = calloc((size_t)nb, sizeof *e->ref);
+    e->in_tree = calloc((size_t)nb, sizeof *e->in_tree);
+    e->free_list = malloc(sizeof *e->free_list * (size_t)nb);
+    e->map_cap = 16;
+    while (e->map_cap < 2 * (size_t)nb + 2)
+        e->map_cap <<= 1;
+    e->map = calloc(e->map_cap, sizeof *e->map);
+    if (!e->ref || !e->in_tree || !e->free_list || !e->map) {
+        ts_engine_free(e);
+        return ts_set_error(ctx, TS_ERR_OOM, "engine: out of memory");
+    }
+    for (int64_t b = nb - 1; b >= 0; b--)
+        e->free_list[e->n_free++] = (int32_t)b;
+    ts_status s = ts_qwen3_kv_pool_new(m, nb, e->bs, &e->pool);
+    if (s != TS_OK) {
+        ts_engine_free(e);
+        return s;
+    }
+    e->stats.blocks_total = nb;
+    *out = e;
+    return TS_OK;
+}
+
+void ts_engine_free(ts_engine *e) {
+    if (!e)
+        return;
+    for (int i = 0; i < e->n_running; i++)
+        seq_free(e->running[i]);
+    for (int i = 0; i < e->n_waiting; i++)
+        seq_free(e->waiting[i]);
+    for (size_t i = 0; e->map && i < e->map_cap; i++)
+        if (e->map[i])
+            free(e->map[i]->tokens), free(e->map[i]);
+    free(e->running), free(e->waiting), free(e->map);
+    free(e->ref), free(e->in_tree), free(e->free_list), free(e->events);
+    ts_qwen3_kv_pool_free(e->pool);
+    free(e);
+}
+
+void ts_engine_set_eos(ts_engine *e, const int32_t *ids, int n) {
+    e->n_eos = 0;
+    for (int i = 0; i < n && i < 8; i++)
+        e->eos[e->n_eos++] = ids[i];
+}
+
+ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id) {
+    if (!e)
+        return TS_ERR_INVALID_ARG;
+    if (!r || !id || (!r->prompt && r->n_prompt))
+        return ts_set_error(e->ctx, TS_ERR_INVALID_ARG,
+                            "engine_add: NULL argument");
+    const ts_qwen3_config *c = ts_qwen3_get_config(e->m);
+    if (r->n_prompt < 1)
+        return ts_set_error(e->ctx, TS_ERR_INVALID_ARG, "the prompt is empty");
+    if (r->max_tokens < 1)
+        return ts_set_error(e->ctx, TS_ERR_RANGE, "max_tokens %d (want >= 1)",
+                            r->max_tokens);
+    if ((int64_t)r->n_prompt + r->max_tokens > c->max_positions)
+        return ts_set_error(e->ctx, TS_ERR_RANGE,
+                            "the prompt (%zu tokens) plus max_tokens (%d) is "
+                            "longer than the model's context (%lld)",
+                            r->n_prompt, r->max_tokens,
+                            (long long)c->max_positions);
+    /* a request that could never fit the pool alone is refused now */
+    int64_t need = ((int64_t)r->n_prompt + r->max_tokens + e->bs - 1) / e->bs;
+    if (need > e->n_blocks)
+        return ts_set_error(e->ctx, TS_ERR_RANGE,
+                            "the request needs %lld KV blocks; the pool has "
+                            "%lld",
+                            (long long)need, (long long)e->n_blocks);
+    for (size_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab)
+            return ts_set_error(e->ctx, TS_ERR_RANGE,
+                                "prompt token %d at %zu is outside the "
+                                "vocabulary (%lld)",
+                                r->prompt[i], i, (long long)c->vocab);
+    if (r->n_stop_ids < 0 || r->n_stop_ids > TS_ENGINE_MAX_STOP_IDS)
+        return ts_set_error(e->ctx, TS_ERR_RANGE, "at most %d stop token ids",
+                            TS_ENGINE_MAX_STOP_IDS);
+    seq *s = calloc(1, sizeof *s);
+    if (!s)
+        return ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");
+    ts_status st = ts_sampler_new(e->ctx, &r->sampling, &s->sm);
+    for (size_t i = 0; st == TS_OK && i < r->n_prompt; i++)
+        if (!push_token(s, r->prompt[i]))
+            st = ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");
+    if (st != TS_OK) {
+        seq_free(s);
+        return st;
+    }
+    s->n_prompt = r->n_prompt;
+    s->max_tokens = r->max_tokens;
+    s->ignore_eos = r->ignore_eos;
+    s->n_stop_ids = r->n_stop_ids;
+    memcpy(s->stop_ids, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop_ids);
+    s->id = ++e->next_id;
+    s->order = ++e->order;
+    s->state = SEQ_WAITING;
+    if (!list_push(&e->waiting, &e->n_waiting, &e->cap_waiting, s, false)) {
+        seq_free(s);
+        return ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");
+    }
+    *id = s->id;
+    return TS_OK;
+}
+
+static void finish(ts_engine *e, seq *s, int i_running) {
+    seq_drop_blocks(e, s);
+    if (i_running >= 0)
+        list_remove(e->running, &e->n_running, i_running);
+    seq_free(s);
+}
+
+ts_status ts_engine_abort(ts_engine *e, int64_t id) {
+    if (!e)
+        return TS_ERR_INVALID_ARG;
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i]->id == id) {
+            finish(e, e->running[i], i);
+            e->stats.aborted++;
+            return TS_OK;
+        }
+    for (int i = 0; i < e->n_waiting; i++)
+        if (e->waiting[i]->id == id) {
+            seq *s = e->waiting[i];
+            list_remove(e->waiting, &e->n_waiting, i);
+            seq_drop_blocks(e, s);
+            seq_free(s);
+            e->stats.aborted++;
+            return TS_OK;
+        }
+    return ts_set_error(e->ctx, TS_ERR_INVALID_ARG,
+                        "engine_abort: no request %lld", (long long)id);
+}
+
+bool ts_engine_has_work(const ts_engine *e) {
+    return e && (e->n_running || e->n_waiting);
+}
+
+void ts_engine_get_stats(const ts_engine *e, ts_engine_stats *out) {
+    if (!e || !out)
+        return;
+    *out = e->stats;
+    out->running = e->n_running;
+    out->waiting = e->n_waiting;
+    out->blocks_free = e->n_free;
+    out->blocks_used = e->n_blocks - e->n_free;
+    out->cached_blocks = (int64_t)e->n_nodes;
+    out->blocks_in_sequences = 0;
+    for (int64_t b = 0; b < e->n_blocks; b++)
+        out->blocks_in_sequences += e->ref[b] > (int32_t)e->in_tree[b];
+}
+
+/* ---- scheduling ---- */
+
+/* a block for s's next position block, evicting cached leaves when the
+ * pool is empty; false when nothing can be freed */
+static bool grow(ts_engine *e, seq *s) {
+    int32_t b = block_take(e);
+    while (b < 0 && evict_one(e))
+        b = block_take(e);
+    if (b < 0)
+        return false;
+    if (!push_block(s, b)) {
+        block_release(e, b);
+        return false;
+    }
+    return true;
+}
+
+/* blocks that could serve a new allocation: free ones and evictable
+ * cached leaves (an upper bound: evicting a leaf may expose its parent) */
+static int64_t blocks_available(const ts_engine *e) {
+    int64_t n = e->n_free;
+    for (size_t i = 0; i < e->map_cap; i++) {
+        const node *x = e->map[i];
+        if (x && e->ref[x->block] == 1)
+            n++;
+    }
+    return n;
+}
+
+/* reuse the longest cached run of s's full blocks (leaving at least one
+ * token to compute) */
+static void match_prefix(ts_engine *e, seq *s) {
+    size_t max_blocks = (s->n_tok - 1) / (size_t)e->bs;
+    uint64_t parent = 0;
+    size_t k = 0;
+    for (; !e->opt.no_prefix_cache && k < max_blocks; k++) {
+        const int32_t *toks = s->tok + k * (size_t)e->bs;
+        uint64_t h = ts_block_hash(parent, toks, e->bs);
+        node *n = tree_find(e, h, toks);
+        if (!n || !push_block(s, n->block))
+            break;
+        e->ref[n->block]++;
+        n->last_used = ++e->tick;
+        parent = h;
+    }
+    s->n_computed = k * (size_t)e->bs;
+    s->n_inserted = k;
+    s->last_hash = parent;
+}
+
+static void admit(ts_engine *e) {
+    while (e->n_waiting && e->n_running < e->opt.max_seqs) {
+        seq *s = e->waiting[0];
+        match_prefix(e, s);
+        int64_t need =
+            ((int64_t)s->n_tok + e->bs - 1) / e->bs - (int64_t)s->n_blocks + 1;
+        if (blocks_available(e) < need) { /* FCFS: wait for room */
+            seq_drop_blocks(e, s);
+            break;
+        }
+        list_remove(e->waiting, &e->n_waiting, 0);
+        s->state = SEQ_RUNNING;
+        if (!s->admitted_once) { /* the hit a client sees (usage) */
+            s->cached_tokens = (int64_t)s->n_computed;
+            e->stats.prefix_hit_tokens += s->cached_tokens;
+            e->stats.prompt_tokens += (int64_t)s->n_prompt;
+            s->admitted_once = true;
+        }
+        list_push(&e->running, &e->n_running, &e->cap_running, s, false);
+    }
+}
+
+/* the youngest running sequence goes back to waiting, its blocks freed
+ * (its tokens kept: recomputed when readmitted, mostly from the cache) */
+static seq *preempt_youngest(ts_engine *e) {
+    int victim = -1;
+    for (int i = 0; i < e->n_running; i++)
+        if (victim < 0 || e->running[i]->order > e->running[victim]->order)
+            victim = i;
+    if (victim < 0)
+        return NULL;
+    seq *s = e->running[victim];
+    list_remove(e->running, &e->n_running, victim);
+    seq_drop_blocks(e, s);
+    s->state = SEQ_WAITING;
+    list_push(&e->waiting, &e->n_waiting, &e->cap_waiting, s, true);
+    e->stats.preemptions++;
+    return s;
+}
+
+typedef struct {
+    seq *s;
+    size_t from, n; /* tokens [from, from + n) of s this step */
+} slice;
+
+ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
+                         int *n_out) {
+    if (!e || !n_out || (!out && cap))
+        return TS_ERR_INVALID_ARG;
+    *n_out = 0;
+    ts_ctx *ctx = e->ctx;
+    admit(e);
+    if (!e->n_running)
+        return TS_OK;
+    /* decodes first (one token each), then prefill chunks */
+    slice *sl = calloc((size_t)e->n_running, sizeof *sl);
+    if (!sl)
+        return ts_set_error(ctx, TS_ERR_OOM, "engine: out of memory");
+    int n_sl = 0;
+    int64_t budget = e->opt.max_batch_tokens;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < e->n_running && budget > 0; i++) {
+            seq *s = e->running[i];
+            size_t left = s->n_tok - s->n_computed;
+            bool decoding = left == 1;
+            if (decoding != (pass == 0))
+                continue;
+            size_t n = left < (size_t)budget ? left : (size_t)budget;
+            sl[n_sl++] = (slice){s, s->n_computed, n};
+            budget -= (int64_t)n;
+        }
+    /* blocks for every position written this step */
+    for (int k = 0; k < n_sl; k++) {
+        seq *s = sl[k].s;
+        size_t need =
+            (sl[k].from + sl[k].n + (size_t)e->bs - 1) / (size_t)e->bs;
+        while (s->n_blocks < need) {
+            if (grow(e, s))
+                continue;
+            /* out of blocks: the youngest sequence (maybe s) waits */
+            seq *victim = e->n_running > 1 ? preempt_youngest(e) : NULL;
+            if (!victim) {
+                free(sl);
+                return ts_set_error(ctx, TS_ERR_STATE,
+                                    "engine: out of KV blocks with nothing "
+                                    "to evict or preempt");
+            }
+            for (int j = 0; j < n_sl; j++)
+                if (sl[j].s == victim) {
+                    memmove(sl + j, sl + j + 1,
+                            sizeof *sl * (size_t)(n_sl - j - 1));
+                    n_sl--;
+                    if (j <= k)
+                        k--;
+                    break;
+                }
+            if (victim == s)
+                break; /* s's slice is gone; on to the next one */
+        }
+    }
+    if (!n_sl) {
+        free(sl);
+        return TS_OK;
+    }
+    /* inputs of the one forward pass */
+    size_t N = 0;
+    int64_t max_b = 0;
+    for (int k = 0; k < n_sl; k++) {
+        N += sl[k].n;
+        if ((int64_t)sl[k].s->n_blocks > max_b)
+            max_b = (int64_t)sl[k].s->n_blocks;
+    }
+    size_t meta_n =
+        2 + (size_t)(n_sl + 1) + (size_t)n_sl + (size_t)n_sl * (size_t)max_b;
+    int32_t *meta = calloc(meta_n, sizeof *meta);
+    int32_t *pos = malloc(sizeof(int32_t) * N),
+            *rows = malloc(sizeof(int32_t) * (size_t)n_sl);
+    int64_t *ids = malloc(sizeof(int64_t) * N);
+    seq **row_seq = malloc(sizeof(seq *) * (size_t)n_sl);
+    ts_status st = meta && pos && rows && ids && row_seq
+                       ? TS_OK
+                       : ts_set_error(ctx, TS_ERR_OOM, "engine: out of memory");
+    int n_rows = 0;
+    if (st == TS_OK) {
+        meta[0] = n_sl, meta[1] = (int32_t)max_b;
+        int32_t *start = meta + 2, *clen = start + n_sl + 1,
+                *table = clen + n_sl;
+        size_t t = 0;
+        for (int k = 0; k < n_sl; k++) {
+            seq *s = sl[k].s;
+            start[k] = (int32_t)t;
+            clen[k] = (int32_t)sl[k].from;
+            for (size_t b = 0; b < s->n_blocks; b++)
+                table[(size_t)k * (size_t)max_b + b] = s->blocks[b];
+            for (size_t j = 0; j < sl[k].n; j++, t++) {
+                ids[t] = s->tok[sl[k].from + j];
+                pos[t] = (int32_t)(sl[k].from + j);
+            }
+            if (sl[k].from + sl[k].n == s->n_tok) { /* reaches its end */
+                rows[n_rows] = (int32_t)t - 1;
+                row_seq[n_rows++] = s;
+            }
+        }
+        start[n_sl] = (int32_t)t;
+    }
+    ts_tensor *logits = NULL;
+    if (st == TS_OK) {
+        bool old = ts_set_grad_enabled(ctx, false);
+        ts_mode mode = ctx->mode;
+        ctx->mode = TS_MODE_EAGER; /* the pools are written in place */
+        int64_t ishape[2] = {1, (int64_t)N}, mshape[1] = {(int64_t)meta_n};
+        ts_tensor *in = ts_from_data(ctx, TS_I64, 2, ishape, ids);
+        ts_tensor *mt = ts_from_data(ctx, TS_I32, 1, mshape, meta);
+        if (in && mt && n_rows)
+            logits = ts_qwen3_forward_paged(e->m, e->pool, in, pos, mt, rows,
+                                            n_rows);
+        else if (in && mt) { /* only prefill chunks: K/V, no logits needed */
+            int32_t last = (int32_t)N - 1;
+            logits =
+                ts_qwen3_forward_paged(e->m, e->pool, in, pos, mt, &last, 1);
+        }
+        ctx->mode = mode;
+        ts_set_grad_enabled(ctx, old);
+        ts_release(in), ts_release(mt);
+        if (!logits)
+            st = ts_ctx_status(ctx) ? ts_ctx_status(ctx)
+                                    : ts_set_error(ctx, TS_ERR_STATE,
+                                                   "engine: forward failed");
+    }
+    if (st == TS_OK) {
+        e->stats.steps++;
+        e->stats.batch_tokens += (int64_t)N;
+        for (int k = 0; k < n_sl; k++) {
+            seq *s = sl[k].s;
+            s->n_computed += sl[k].n;
+            /* full blocks of known tokens join the prefix cache */
+            while ((s->n_inserted + 1) * (size_t)e->bs <= s->n_computed)
+                tree_insert(e, s, s->n_inserted);
+        }
+        const float *L = n_rows ? ts_tensor_data(logits) : NULL;
+        int64_t V = ts_tensor_dim(logits, 1);
+        for (int r = 0; r < n_rows && L; r++) {
+            seq *s = row_seq[r];
+            int32_t t = ts_sampler_next(s->sm, L + (size_t)r * (size_t)V, V,
+                                        s->tok, s->n_tok);
+            ts_finish_reason why = TS_FINISH_NONE;
+            bool is_stop = false;
+            for (int k = 0; k < e->n_eos && !s->ignore_eos; k++)
+                is_stop |= t == e->eos[k];
+            for (int k = 0; k < s->n_stop_ids; k++)
+                is_stop |= t == s->stop_ids[k];
+            if (!push_token(s, t))
+                why = TS_FINISH_ABORT;
+            s->n_generated++;
+            e->stats.generated_tokens++;
+            if (is_stop)
+                why = TS_FINISH_STOP;
+            else if (s->n_generated >= s->max_tokens)
+                why = TS_FINISH_LENGTH;
+            if (*n_out < cap)
+                out[(*n_out)++] =
+                    (ts_engine_output){.id = s->id,
+                                       .token = t,
+                                       .finish = why,
+                                       .cached_tokens = s->cached_tokens,
+                                       .prompt_tokens = (int64_t)s->n_prompt};
+            if (why != TS_FINISH_NONE) {
+                for (int i = 0; i < e->n_running; i++)
+                    if (e->running[i] == s) {
+                        finish(e, s, i);
+                        break;
+                    }
+            }
+        }
+    }
+    ts_release(logits);
+    free(sl), free(meta), free(pos), free(rows), free(ids), free(row_seq);
+    return st;
+}
