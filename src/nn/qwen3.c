@@ -416,47 +416,20 @@ static ts_tensor *decoder_layer(const ts_qwen3_model *m, const qwen3_layer *L,
     return x2;
 }
 
-/* cos, sin (T, D) for positions pos0.. with the config's rope: HF's
- * default, or Llama 3.1's rope_scaling of type llama3 (long wavelengths
- * divided by factor, short ones kept, a smooth blend between). */
+static ts_status rope_at(const ts_qwen3_model *m, const int32_t *pos, int64_t n,
+                         ts_tensor **cos, ts_tensor **sin);
+
+/* cos, sin (T, D) for positions pos0.. */
 static ts_status rope_for(const ts_qwen3_model *m, int64_t T, int64_t pos0,
                           ts_tensor **cos, ts_tensor **sin) {
-    const ts_qwen3_config *c = &m->cfg;
-    if (!c->rope_llama3)
-        return ts_rope_tables(m->ctx, T, c->head_dim, c->rope_theta, pos0, cos,
-                              sin);
-    int64_t D = c->head_dim, half = D / 2, shape[2] = {T, D};
-    float *cb = malloc(sizeof(float) * (size_t)(T * D + 1));
-    float *sb = malloc(sizeof(float) * (size_t)(T * D + 1));
-    if (!cb || !sb) {
-        free(cb), free(sb);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)(T + 1));
+    if (!pos)
         return ts_set_error(m->ctx, TS_ERR_OOM, "rope: out of memory");
-    }
-    double old = (double)c->rope_original_max_positions;
-    double low_wl = old / c->rope_low_freq_factor,
-           high_wl = old / c->rope_high_freq_factor;
-    for (int64_t i = 0; i < half; i++) {
-        double inv = 1.0 / pow(c->rope_theta, (double)(2 * i) / (double)D);
-        double wl = 2 * M_PI / inv;
-        if (wl > low_wl) {
-            inv /= c->rope_factor;
-        } else if (wl >= high_wl) {
-            double smooth =
-                (old / wl - c->rope_low_freq_factor) /
-                (c->rope_high_freq_factor - c->rope_low_freq_factor);
-            inv = (1 - smooth) * inv / c->rope_factor + smooth * inv;
-        }
-        float fi = (float)inv;
-        for (int64_t t = 0; t < T; t++) {
-            float ang = (float)(pos0 + t) * fi;
-            cb[t * D + i] = cb[t * D + i + half] = cosf(ang);
-            sb[t * D + i] = sb[t * D + i + half] = sinf(ang);
-        }
-    }
-    *cos = ts_from_data(m->ctx, TS_F32, 2, shape, cb);
-    *sin = ts_from_data(m->ctx, TS_F32, 2, shape, sb);
-    free(cb), free(sb);
-    return *cos && *sin ? TS_OK : ts_ctx_status(m->ctx);
+    for (int64_t t = 0; t < T; t++)
+        pos[t] = (int32_t)(pos0 + t);
+    ts_status s = rope_at(m, pos, T, cos, sin);
+    free(pos);
+    return s;
 }
 
 /* token embeddings as f32, whatever the table's dtype (B, T, C) */
@@ -767,7 +740,10 @@ int64_t ts_qwen3_kv_block_bytes(const ts_qwen3_config *c, int64_t block_size) {
     return 2 * c->layers * c->kv_heads * block_size * c->head_dim * 4;
 }
 
-/* cos, sin (n, D) at the given positions, as rope_for computes them */
+/* cos, sin (n, D) at the given positions with the config's rope: HF's
+ * default (inv_freq in f32, as ts_rope_tables), or Llama 3.1's
+ * rope_scaling of type llama3 (long wavelengths divided by factor, short
+ * ones kept, a smooth blend between) */
 static ts_status rope_at(const ts_qwen3_model *m, const int32_t *pos, int64_t n,
                          ts_tensor **cos, ts_tensor **sin) {
     const ts_qwen3_config *c = &m->cfg;
