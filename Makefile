@@ -8,7 +8,7 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-openmp-dev libgomp1 \
               libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev \
               python3 python3-torch python3-numpy python3-jinja2
 
-.PHONY: run test deps build build-san bench bench-compile bench-tokenizer bench-decode clean format
+.PHONY: run test deps build build-san bench bench-compile bench-tokenizer bench-decode bench-engine clean format
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -45,6 +45,10 @@ bench-compile: build
 
 bench-decode: build
 	./$(BUILD)/bench_decode
+
+bench-engine: build
+	./$(BUILD)/bench_engine --small
+	./$(BUILD)/bench_engine
 
 # needs the JavaScript peer installed by the test suite (make test)
 bench-tokenizer: build

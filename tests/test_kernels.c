@@ -208,12 +208,13 @@ static void test_matmul_op(void) {
  * the same (exactly widened) weights */
 static void test_mixed_matmul(void) {
     ts_ctx *ctx = test_ctx();
-    const int64_t rows[3] = {1, 5, 300};
+    /* one row (the dot kernel), 2..8 (all rows per weight load), more */
+    const int64_t rows[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 300};
     int64_t ws[2] = {70, 53}; /* (N, K) */
     ts_tensor *w32 = ts_randn(ctx, TS_F32, 2, ws, 1, 7);
     ts_tensor *wb = ts_cast(w32, TS_BF16), *wbf = ts_cast(wb, TS_F32);
     ts_tensor *wt = ts_transpose(wb, 0, 1), *wtf = ts_transpose(wbf, 0, 1);
-    for (int c = 0; c < 3; c++) {
+    for (int c = 0; c < 10; c++) {
         int64_t xs[3] = {1, rows[c], 53};
         ts_tensor *x = ts_randn(ctx, TS_F32, 3, xs, 1, (uint64_t)c);
         ts_tensor *y = ts_matmul(x, wt), *want = ts_matmul(x, wtf);

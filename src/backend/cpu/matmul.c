@@ -8,6 +8,7 @@
 
 #include <cblas.h>
 #include <immintrin.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +51,65 @@ static float dot_f32_bf16(const float *a, const uint16_t *w, int64_t K) {
     for (; k < K; k++)
         s += a[k] * ts_bf16_to_f32(w[k]);
     return s;
+}
+
+/* y[r * ldy] = dot(A row r, w) for r < R (R <= 8 rows of activations):
+ * each 8 weights are widened once and used by every row's accumulator, so
+ * a batch of decoding sequences costs one read and one conversion of the
+ * weights. Inlined with R a constant (see gemv_rows), the accumulators
+ * live in registers. */
+static inline void dot_rows_bf16(const float *A, int64_t asr, const int R,
+                                 const uint16_t *w, int64_t K, float *y,
+                                 int64_t ldy) {
+    __m256 acc[8];
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 wv = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + k))),
+            16));
+        for (int r = 0; r < R; r++)
+            acc[r] =
+                _mm256_fmadd_ps(_mm256_loadu_ps(A + r * asr + k), wv, acc[r]);
+    }
+    for (int r = 0; r < R; r++) {
+        float lanes[8], s = 0;
+        _mm256_storeu_ps(lanes, acc[r]);
+        for (int q = 0; q < 8; q++)
+            s += lanes[q];
+        for (int64_t kk = k; kk < K; kk++)
+            s += A[r * asr + kk] * ts_bf16_to_f32(w[kk]);
+        y[r * ldy] = s;
+    }
+}
+
+/* Y (R, N) = A (R, K) @ W^T with W (N, K) bf16 rows bsc apart, R <= 8 */
+static void gemv_rows(const float *A, int64_t asr, int64_t R, const uint16_t *W,
+                      int64_t bsc, int64_t N, int64_t K, float *Y) {
+#define TS_ROWS_CASE(r)                                                        \
+    case r:                                                                    \
+        for (int64_t nn = n0; nn < n1; nn++)                                   \
+            dot_rows_bf16(A, asr, r, W + nn * bsc, K, Y + nn, N);              \
+        break
+#pragma omp parallel if (N * K > 65536)
+    {
+        int nt = omp_get_num_threads(), me = omp_get_thread_num();
+        int64_t n0 = N * me / nt, n1 = N * (me + 1) / nt;
+        switch (R) {
+            TS_ROWS_CASE(1);
+            TS_ROWS_CASE(2);
+            TS_ROWS_CASE(3);
+            TS_ROWS_CASE(4);
+            TS_ROWS_CASE(5);
+            TS_ROWS_CASE(6);
+            TS_ROWS_CASE(7);
+            TS_ROWS_CASE(8);
+        default:
+            break;
+        }
+    }
+#undef TS_ROWS_CASE
 }
 
 /* rows (nb, K) of 16-bit weights, row r at W + r * ld, widened to f32
@@ -102,12 +162,16 @@ static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
         return TS_ERR_UNSUPPORTED;
     const float *A = (const float *)ts_tensor_ptr(a);
     float *Y = (float *)ts_tensor_ptr(y);
-    if (R <= 8 && b->dtype == TS_BF16) {
+    if (R == 1 && b->dtype == TS_BF16) {
         const uint16_t *W = (const uint16_t *)ts_tensor_ptr(b);
 #pragma omp parallel for schedule(static) if (N * K > 65536)
         for (int64_t nn = 0; nn < N; nn++)
-            for (int64_t r = 0; r < R; r++)
-                Y[r * N + nn] = dot_f32_bf16(A + r * asr, W + nn * bsc, K);
+            Y[nn] = dot_f32_bf16(A, W + nn * bsc, K);
+        return TS_OK;
+    }
+    if (R <= 8 && b->dtype == TS_BF16) {
+        gemv_rows(A, M == 1 && batch == 1 ? K : asr, R,
+                  (const uint16_t *)ts_tensor_ptr(b), bsc, N, K, Y);
         return TS_OK;
     }
     /* Y[:, n0:n0+nb] = A @ W[n0:n0+nb]^T block by block: each block of
