@@ -21,6 +21,10 @@ typedef struct {
                                   positive logits of seen tokens, multiply
                                   negative ones) */
     uint64_t seed;
+    /* OpenAI's, over the generated tokens (after the prompt, see
+     * ts_sampler_set_prompt_len): logit -= presence (once per distinct
+     * token) + frequency x count. 0: off; each in -2..2 */
+    double presence_penalty, frequency_penalty;
 } ts_sampling;
 
 /* Defaults: greedy, no filtering, seed 0. */
@@ -35,6 +39,8 @@ void ts_sampler_free(ts_sampler *sm);
  * far (for the repetition penalty). logits is not modified. */
 int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
                         const int32_t *seen, size_t n_seen);
+/* seen[0..n) is the prompt: presence and frequency penalties skip it */
+void ts_sampler_set_prompt_len(ts_sampler *sm, size_t n);
 
 /* ---- the engine ---------------------------------------------------------- */
 

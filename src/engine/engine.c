@@ -414,6 +414,7 @@ ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id) {
     if (!s)
         return ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");
     ts_status st = ts_sampler_new(e->ctx, &r->sampling, &s->sm);
+    ts_sampler_set_prompt_len(s->sm, r->n_prompt);
     for (size_t i = 0; st == TS_OK && i < r->n_prompt; i++)
         if (!push_token(s, r->prompt[i]))
             st = ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");

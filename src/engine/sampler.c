@@ -19,7 +19,13 @@ struct ts_sampler {
     float *work;
     int32_t *order;
     int64_t cap;
+    size_t prompt_len;
 };
+
+void ts_sampler_set_prompt_len(ts_sampler *sm, size_t n) {
+    if (sm)
+        sm->prompt_len = n;
+}
 
 ts_sampling ts_sampling_default(void) {
     ts_sampling s = {.temperature = 0,
@@ -47,6 +53,14 @@ ts_status ts_sampling_check(ts_ctx *ctx, const ts_sampling *s) {
     if (!(s->min_p >= 0 && s->min_p <= 1))
         return ts_set_error(ctx, TS_ERR_RANGE, "min_p %g (want 0..1)",
                             s->min_p);
+    if (!(s->presence_penalty >= -2 && s->presence_penalty <= 2))
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "presence_penalty %g (want -2..2)",
+                            s->presence_penalty);
+    if (!(s->frequency_penalty >= -2 && s->frequency_penalty <= 2))
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "frequency_penalty %g (want -2..2)",
+                            s->frequency_penalty);
     if (!(s->repetition_penalty > 0 && s->repetition_penalty <= 100))
         return ts_set_error(ctx, TS_ERR_RANGE,
                             "repetition_penalty %g (want 0 < r <= 100)",
@@ -134,6 +148,17 @@ int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
             if (first)
                 l[t] = l[t] > 0 ? l[t] / (float)s->repetition_penalty
                                 : l[t] * (float)s->repetition_penalty;
+        }
+    if (s->presence_penalty != 0 || s->frequency_penalty != 0)
+        for (size_t i = sm->prompt_len; i < n_seen; i++) {
+            int32_t t = seen[i];
+            if (t < 0 || t >= V)
+                continue;
+            bool first = true;
+            for (size_t j = sm->prompt_len; j < i && first; j++)
+                first = seen[j] != t;
+            l[t] -= (float)s->frequency_penalty +
+                    (first ? (float)s->presence_penalty : 0.0f);
         }
     if (s->temperature == 0 || s->top_k == 1) { /* greedy: first of the best */
         int32_t best = 0;

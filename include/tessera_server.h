@@ -1,0 +1,35 @@
+/* tessera_server.h — an OpenAI-compatible HTTP server over the engine:
+ * /v1/completions and /v1/chat/completions (streamed as Server-Sent
+ * Events or whole), /v1/models, /health, /metrics (Prometheus text),
+ * /v1/kv_events (the prefix cache's block events as JSON lines). */
+#ifndef TESSERA_SERVER_H
+#define TESSERA_SERVER_H
+
+#include "tessera_engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const char *model_dir;
+    const char *model_name; /* NULL: the folder's last component */
+    const char *host;       /* "127.0.0.1" */
+    int port;               /* 8000 */
+    ts_dtype weight_dtype;  /* TS_F32 or TS_BF16 */
+    const char *device_map; /* NULL: the current device */
+    ts_engine_options engine;
+    /* written once listening (the port actually bound, e.g. for port 0) */
+    void (*on_listen)(int port, void *arg);
+    void *on_listen_arg;
+} ts_server_options;
+
+/* Loads the model and serves until SIGINT or SIGTERM, then stops taking
+ * requests, finishes the running ones and returns 0 (1 on a startup error,
+ * printed to stderr). */
+int ts_server_run(const ts_server_options *o);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,84 @@
+/* serve.c — `tessera serve`: the OpenAI-compatible server over one model
+ * folder (src/server). */
+#include "tessera_server.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int usage(void) {
+    fprintf(stderr,
+            "usage: tessera serve -m DIR [--host 127.0.0.1] [--port 8000] "
+            "[--max-seqs N]\n"
+            "         [--kv-blocks N | --kv-memory BYTES] [--block-size 16] "
+            "[--max-batch-tokens N]\n"
+            "         [--no-prefix-cache] [--served-model-name NAME] "
+            "[--dtype f32|bf16] [--device-map MAP]\n");
+    return 2;
+}
+
+static bool parse_int(const char *s, long long lo, long long hi,
+                      long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || !(v >= lo && v <= hi))
+        return false;
+    if (*end == 'K' || *end == 'k')
+        v <<= 10, end++;
+    else if (*end == 'M' || *end == 'm')
+        v <<= 20, end++;
+    else if (*end == 'G' || *end == 'g')
+        v <<= 30, end++;
+    if (*end)
+        return false;
+    *out = v;
+    return true;
+}
+
+int tessera_serve(int argc, char **argv) {
+    ts_server_options o = {.host = "127.0.0.1",
+                           .port = 8000,
+                           .weight_dtype = TS_F32,
+                           .engine = ts_engine_options_default()};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long long n;
+        if (!strcmp(a, "-m") && v)
+            o.model_dir = v, i++;
+        else if (!strcmp(a, "--host") && v)
+            o.host = v, i++;
+        else if (!strcmp(a, "--port") && v && parse_int(v, 0, 65535, &n))
+            o.port = (int)n, i++;
+        else if (!strcmp(a, "--max-seqs") && v && parse_int(v, 1, 4096, &n))
+            o.engine.max_seqs = (int)n, i++;
+        else if (!strcmp(a, "--kv-blocks") && v && parse_int(v, 1, 1 << 26, &n))
+            o.engine.n_blocks = n, i++;
+        else if (!strcmp(a, "--kv-memory") && v &&
+                 parse_int(v, 1, (long long)1 << 40, &n))
+            o.engine.kv_memory = n, i++;
+        else if (!strcmp(a, "--block-size") && v && parse_int(v, 1, 256, &n))
+            o.engine.block_size = n, i++;
+        else if (!strcmp(a, "--max-batch-tokens") && v &&
+                 parse_int(v, 1, 1 << 20, &n))
+            o.engine.max_batch_tokens = n, i++;
+        else if (!strcmp(a, "--no-prefix-cache"))
+            o.engine.no_prefix_cache = true;
+        else if (!strcmp(a, "--served-model-name") && v)
+            o.model_name = v, i++;
+        else if (!strcmp(a, "--dtype") && v &&
+                 (!strcmp(v, "f32") || !strcmp(v, "bf16")))
+            o.weight_dtype = strcmp(v, "bf16") ? TS_F32 : TS_BF16, i++;
+        else if (!strcmp(a, "--device-map") && v)
+            o.device_map = v, i++;
+        else {
+            fprintf(stderr, "tessera serve: bad or incomplete option \"%s\"\n",
+                    a);
+            return usage();
+        }
+    }
+    if (!o.model_dir)
+        return usage();
+    return ts_server_run(&o);
+}
