@@ -1190,10 +1190,13 @@ int ts_server_run(const ts_server_options *o) {
     const union MHD_DaemonInfo *info =
         MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     int port = info ? info->port : o->port;
+    ts_engine_stats est0;
+    ts_engine_get_stats(S.eng, &est0);
     fprintf(stderr,
-            "tessera serve: %s on http://%s:%d (%lld KV blocks of %lld)\n",
+            "tessera serve: %s on http://%s:%d (%lld KV blocks of %lld "
+            "positions)\n",
             S.model, o->host ? o->host : "127.0.0.1", port,
-            (long long)(o->engine.n_blocks), (long long)o->engine.block_size);
+            (long long)est0.blocks_total, (long long)o->engine.block_size);
     if (o->on_listen)
         o->on_listen(port, o->on_listen_arg);
     signal(SIGINT, on_signal);
