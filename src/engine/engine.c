@@ -133,6 +133,8 @@ size_t ts_engine_drain_events(ts_engine *e, ts_kv_event *out, size_t cap) {
     if (!e || !out)
         return 0;
     size_t n = e->n_events < cap ? e->n_events : cap;
+    if (!n)
+        return 0;
     memcpy(out, e->events, n * sizeof *out);
     memmove(e->events, e->events + n, (e->n_events - n) * sizeof *out);
     e->n_events -= n;

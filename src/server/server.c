@@ -1178,7 +1178,7 @@ int ts_server_run(const ts_server_options *o) {
     }
     d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-            MHD_USE_ITC | MHD_USE_ERROR_LOG,
+            MHD_USE_ITC, /* no MHD log: a client hanging up is normal */
         (uint16_t)o->port, NULL, NULL, handle, NULL, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);

@@ -4,6 +4,7 @@
 #include "backend/cpu/cpu.h"
 
 #include <malloc.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -246,7 +247,22 @@ static _Thread_local struct {
     size_t size;
 } tmp_cache[TMP_SLOTS];
 
+/* a thread that ends (a server's engine thread) frees what it kept */
+static pthread_key_t tmp_key;
+static pthread_once_t tmp_once = PTHREAD_ONCE_INIT;
+static void tmp_release(void *unused) {
+    (void)unused;
+    for (int i = 0; i < TMP_SLOTS; i++) {
+        free(tmp_cache[i].p);
+        tmp_cache[i].p = NULL;
+    }
+}
+static void tmp_key_init(void) { pthread_key_create(&tmp_key, tmp_release); }
+
 void *cpu_tmp_alloc(size_t bytes) {
+    pthread_once(&tmp_once, tmp_key_init);
+    if (!pthread_getspecific(tmp_key))
+        pthread_setspecific(tmp_key, (void *)1); /* run tmp_release at exit */
     int best = -1;
     for (int i = 0; i < TMP_SLOTS; i++)
         if (tmp_cache[i].p && tmp_cache[i].size >= bytes &&
