@@ -64,7 +64,10 @@ typedef struct {
     int32_t stop_ids[TS_ENGINE_MAX_STOP_IDS]; /* end the output too */
     int n_stop_ids;
     bool ignore_eos;
+    int logprobs; /* 0: none; 1 + N: the chosen token's log-probability
+                     and the N most likely (N <= TS_ENGINE_MAX_TOP) */
 } ts_request;
+#define TS_ENGINE_MAX_TOP 20
 
 typedef enum {
     TS_FINISH_NONE = 0,
@@ -81,6 +84,12 @@ typedef struct {
     ts_finish_reason finish; /* != NONE: the request is done and gone */
     int64_t cached_tokens;   /* prompt tokens reused from the cache */
     int64_t prompt_tokens;
+    /* with logprobs: log-softmax of the model's logits (before sampling's
+     * temperature and filters) for the token and the n_top most likely */
+    float logprob;
+    int n_top;
+    int32_t top_ids[TS_ENGINE_MAX_TOP];
+    float top_logprobs[TS_ENGINE_MAX_TOP];
 } ts_engine_output;
 
 /* KV events: a block entered or left the prefix cache. hash chains from
@@ -127,6 +136,10 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
                          int *n_out);
 bool ts_engine_has_work(const ts_engine *e);
 void ts_engine_get_stats(const ts_engine *e, ts_engine_stats *out);
+/* The blocks the prefix cache holds now (a snapshot for a router that
+ * joins late): up to cap hashes and their parents' hashes; the count. */
+size_t ts_engine_cached_blocks(const ts_engine *e, uint64_t *hashes,
+                               uint64_t *parents, size_t cap);
 /* Moves up to cap pending KV events into out, oldest first. */
 size_t ts_engine_drain_events(ts_engine *e, ts_kv_event *out, size_t cap);
 

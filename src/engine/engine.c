@@ -28,6 +28,7 @@
 
 #include "core/core.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -51,6 +52,7 @@ typedef struct seq {
     int32_t stop_ids[TS_ENGINE_MAX_STOP_IDS];
     int n_stop_ids;
     bool ignore_eos;
+    int logprobs;   /* as ts_request */
     uint64_t order; /* arrival */
 } seq;
 
@@ -127,6 +129,17 @@ static void publish(ts_engine *e, ts_kv_event_kind kind, const node *n) {
                sizeof(int32_t) * (size_t)(e->bs < TS_KV_EVENT_MAX_TOKENS
                                               ? e->bs
                                               : TS_KV_EVENT_MAX_TOKENS));
+}
+
+size_t ts_engine_cached_blocks(const ts_engine *e, uint64_t *hashes,
+                               uint64_t *parents, size_t cap) {
+    size_t n = 0;
+    for (size_t i = 0; e && i < e->map_cap && n < cap; i++)
+        if (e->map[i]) {
+            hashes[n] = e->map[i]->hash;
+            parents[n++] = e->map[i]->parent_hash;
+        }
+    return n;
 }
 
 size_t ts_engine_drain_events(ts_engine *e, ts_kv_event *out, size_t cap) {
@@ -409,6 +422,10 @@ ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id) {
                                 "prompt token %d at %zu is outside the "
                                 "vocabulary (%lld)",
                                 r->prompt[i], i, (long long)c->vocab);
+    if (r->logprobs < 0 || r->logprobs > 1 + TS_ENGINE_MAX_TOP)
+        return ts_set_error(e->ctx, TS_ERR_RANGE,
+                            "top_logprobs %d (want 0..%d)", r->logprobs - 1,
+                            TS_ENGINE_MAX_TOP);
     if (r->n_stop_ids < 0 || r->n_stop_ids > TS_ENGINE_MAX_STOP_IDS)
         return ts_set_error(e->ctx, TS_ERR_RANGE, "at most %d stop token ids",
                             TS_ENGINE_MAX_STOP_IDS);
@@ -427,6 +444,7 @@ ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id) {
     s->n_prompt = r->n_prompt;
     s->max_tokens = r->max_tokens;
     s->ignore_eos = r->ignore_eos;
+    s->logprobs = r->logprobs;
     s->n_stop_ids = r->n_stop_ids;
     memcpy(s->stop_ids, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop_ids);
     s->id = ++e->next_id;
@@ -582,6 +600,32 @@ typedef struct {
     size_t from, n; /* tokens [from, from + n) of s this step */
 } slice;
 
+/* log-softmax of row at t and the n most likely tokens, into o */
+static void fill_logprobs(const float *row, int64_t V, int32_t t, int n,
+                          ts_engine_output *o) {
+    float mx = row[0];
+    for (int64_t i = 1; i < V; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    double sum = 0;
+    for (int64_t i = 0; i < V; i++)
+        sum += exp((double)(row[i] - mx));
+    float lse = mx + (float)log(sum);
+    o->logprob = row[t] - lse;
+    o->n_top = 0;
+    for (int64_t i = 0; i < V && n > 0; i++) { /* insertion into top n */
+        if (o->n_top == n && row[i] <= row[o->top_ids[n - 1]])
+            continue;
+        int k = o->n_top < n ? o->n_top++ : n - 1;
+        while (k > 0 && row[o->top_ids[k - 1]] < row[i]) {
+            o->top_ids[k] = o->top_ids[k - 1];
+            k--;
+        }
+        o->top_ids[k] = (int32_t)i;
+    }
+    for (int k = 0; k < o->n_top; k++)
+        o->top_logprobs[k] = row[o->top_ids[k]] - lse;
+}
+
 ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
                          int *n_out) {
     if (!e || !n_out || (!out && cap))
@@ -736,13 +780,17 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
                 why = TS_FINISH_STOP;
             else if (s->n_generated >= s->max_tokens)
                 why = TS_FINISH_LENGTH;
-            if (*n_out < cap)
-                out[(*n_out)++] =
-                    (ts_engine_output){.id = s->id,
-                                       .token = t,
-                                       .finish = why,
-                                       .cached_tokens = s->cached_tokens,
-                                       .prompt_tokens = (int64_t)s->n_prompt};
+            if (*n_out < cap) {
+                ts_engine_output *o = &out[(*n_out)++];
+                *o = (ts_engine_output){.id = s->id,
+                                        .token = t,
+                                        .finish = why,
+                                        .cached_tokens = s->cached_tokens,
+                                        .prompt_tokens = (int64_t)s->n_prompt};
+                if (s->logprobs)
+                    fill_logprobs(L + (size_t)r * (size_t)V, V, t,
+                                  s->logprobs - 1, o);
+            }
             if (why != TS_FINISH_NONE) {
                 for (int i = 0; i < e->n_running; i++)
                     if (e->running[i] == s) {

@@ -91,6 +91,8 @@ typedef struct choice {
     const char *finish_reason;
     int64_t cached, prompt_tokens;
     double t_last;
+    ts_engine_output *lp; /* per token, when logprobs were asked for */
+    int n_lp, cap_lp, lp_sent;
 } choice;
 
 typedef enum { REQ_OTHER, REQ_COMPLETION, REQ_CHAT, REQ_EVENTS } req_kind;
@@ -100,6 +102,7 @@ typedef struct hreq {
     bool too_big;
     req_kind kind;
     bool stream, include_usage, cancelled, usage_sent, done_sent;
+    int logprobs; /* as ts_request: 0 none, 1 + N top */
     int n;
     choice ch[MAX_CHOICES];
     char id[48];
@@ -129,7 +132,7 @@ static struct {
     ts_chat *chat;
     ts_engine *eng;
     char model[256];
-    int64_t max_positions;
+    int64_t max_positions, block_size;
     int32_t eos[8];
     int n_eos;
     pthread_mutex_t eng_mu, out_mu, tok_mu;
@@ -233,6 +236,16 @@ static bool deliver(choice *c, const ts_engine_output *o) {
     c->n_tokens++;
     c->cached = o->cached_tokens;
     c->prompt_tokens = o->prompt_tokens;
+    if (r->logprobs && o->finish != TS_FINISH_STOP) {
+        if (c->n_lp == c->cap_lp) {
+            int cap = c->cap_lp ? c->cap_lp * 2 : 16;
+            ts_engine_output *p = realloc(c->lp, sizeof *p * (size_t)cap);
+            if (p)
+                c->lp = p, c->cap_lp = cap;
+        }
+        if (c->n_lp < c->cap_lp)
+            c->lp[c->n_lp++] = *o;
+    }
     S.generated_tokens++;
     bool abort_it = false;
     if (o->finish != TS_FINISH_STOP) { /* a stop token's text is not shown */
@@ -557,12 +570,21 @@ static enum MHD_Result parse_params(struct MHD_Connection *c, hreq *r,
     v = json_object_get(b, "ignore_eos");
     g->ignore_eos = json_is_true(v);
     v = json_object_get(b, "logprobs");
-    if ((v && json_is_true(v)) ||
-        (json_is_integer(v) && json_integer_value(v) > 0) ||
-        json_object_get(b, "top_logprobs"))
-        return send_error(c, 400, "invalid_request_error", "logprobs",
-                          "unsupported",
-                          "logprobs are not supported by this server yet");
+    if (r->kind == REQ_CHAT) { /* logprobs: bool, top_logprobs: 0..20 */
+        if (v && !json_is_boolean(v) && !json_is_null(v))
+            return bad_param(c, "logprobs", "must be a boolean");
+        int top = 0;
+        if (!int_field(b, "top_logprobs", 0, TS_ENGINE_MAX_TOP, &top, &err))
+            return bad_param(c, err, "must be an integer in 0..20");
+        if (top && !json_is_true(v))
+            return bad_param(c, "top_logprobs", "needs logprobs: true");
+        r->logprobs = json_is_true(v) ? 1 + top : 0;
+    } else { /* logprobs: how many of the most likely, 0..5 */
+        int top = -1;
+        if (!int_field(b, "logprobs", 0, 5, &top, &err))
+            return bad_param(c, err, "must be an integer in 0..5");
+        r->logprobs = top >= 0 ? 1 + top : 0;
+    }
     v = json_object_get(b, "stop");
     if (json_is_string(v)) {
         if (json_string_length(v))
@@ -620,6 +642,80 @@ static json_t *usage_json(const hreq *r) {
                      "cached_tokens", (json_int_t)cached);
 }
 
+/* one token's text (lossy where it holds part of a character) and bytes */
+static json_t *token_json(int32_t id, json_t **bytes) {
+    char *text = NULL;
+    size_t len = 0;
+    pthread_mutex_lock(&S.tok_mu);
+    if (ts_tokenizer_decode(S.tok, &id, 1, false, &text, &len) != TS_OK)
+        ts_clear_error(S.ctx), len = 0;
+    pthread_mutex_unlock(&S.tok_mu);
+    if (bytes) {
+        *bytes = json_array();
+        for (size_t i = 0; i < len; i++)
+            json_array_append_new(*bytes, json_integer((unsigned char)text[i]));
+    }
+    json_t *s = json_stringn(text ? text : "", len);
+    if (!s) { /* not whole UTF-8: U+FFFD, as a lossy decode shows it */
+        sbuf b = {0};
+        for (size_t i = 0; i < len; i++) {
+            unsigned char ch = (unsigned char)text[i];
+            if (ch < 0x80)
+                sb_add(&b, text + i, 1);
+            else if ((ch & 0xC0) != 0x80)
+                sb_add(&b, "\xEF\xBF\xBD", 3);
+        }
+        s = json_string(b.p ? b.p : "");
+        free(b.p);
+    }
+    free(text);
+    return s;
+}
+
+/* OpenAI's logprobs object for tokens [from, to) of c (out_mu held) */
+static json_t *logprobs_json(const hreq *r, choice *c, int from, int to,
+                             size_t offset) {
+    if (r->kind == REQ_CHAT) {
+        json_t *content = json_array();
+        for (int i = from; i < to; i++) {
+            const ts_engine_output *o = &c->lp[i];
+            json_t *bytes, *tok = token_json(o->token, &bytes);
+            json_t *top = json_array();
+            for (int k = 0; k < o->n_top; k++) {
+                json_t *tb, *tt = token_json(o->top_ids[k], &tb);
+                json_array_append_new(
+                    top, json_pack("{s:o, s:f, s:o}", "token", tt, "logprob",
+                                   (double)o->top_logprobs[k], "bytes", tb));
+            }
+            json_array_append_new(
+                content, json_pack("{s:o, s:f, s:o, s:o}", "token", tok,
+                                   "logprob", (double)o->logprob, "bytes",
+                                   bytes, "top_logprobs", top));
+        }
+        return json_pack("{s:o}", "content", content);
+    }
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(),
+           *offs = json_array();
+    for (int i = from; i < to; i++) {
+        const ts_engine_output *o = &c->lp[i];
+        json_t *tok = token_json(o->token, NULL);
+        json_array_append_new(offs, json_integer((json_int_t)offset));
+        offset += json_string_length(tok);
+        json_array_append_new(tokens, tok);
+        json_array_append_new(lps, json_real(o->logprob));
+        json_t *top = json_object();
+        for (int k = 0; k < o->n_top; k++) {
+            json_t *tt = token_json(o->top_ids[k], NULL);
+            json_object_set_new(top, json_string_value(tt),
+                                json_real(o->top_logprobs[k]));
+            json_decref(tt);
+        }
+        json_array_append_new(tops, top);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs",
+                     lps, "top_logprobs", tops, "text_offset", offs);
+}
+
 static json_t *chunk_head(const hreq *r) {
     return json_pack("{s:s, s:s, s:I, s:s}", "id", r->id, "object",
                      r->kind == REQ_CHAT ? "chat.completion.chunk"
@@ -666,6 +762,12 @@ static void stream_ready(hreq *r, sbuf *b) {
             else
                 ch = json_pack("{s:i, s:o, s:n, s:n}", "index", i, "text",
                                piece, "logprobs", "finish_reason");
+            if (r->logprobs && c->lp_sent < c->n_lp) {
+                json_object_set_new(
+                    ch, "logprobs",
+                    logprobs_json(r, c, c->lp_sent, c->n_lp, c->sent));
+                c->lp_sent = c->n_lp;
+            }
             json_object_set_new(j, "choices", json_pack("[o]", ch));
             sse(b, j);
             c->sent = c->safe;
@@ -745,17 +847,19 @@ static enum MHD_Result respond_whole(struct MHD_Connection *c, hreq *r) {
         json_t *txt = json_stringn(ch->text.p ? ch->text.p : "", ch->text.n);
         if (!txt)
             txt = json_string("");
+        json_t *lp =
+            r->logprobs ? logprobs_json(r, ch, 0, ch->n_lp, 0) : json_null();
         if (r->kind == REQ_CHAT)
             json_array_append_new(
                 choices,
-                json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", i,
+                json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", i,
                           "message", "role", "assistant", "content", txt,
-                          "logprobs", "finish_reason", ch->finish_reason));
+                          "logprobs", lp, "finish_reason", ch->finish_reason));
         else
             json_array_append_new(
                 choices,
-                json_pack("{s:i, s:o, s:n, s:s}", "index", i, "text", txt,
-                          "logprobs", "finish_reason", ch->finish_reason));
+                json_pack("{s:i, s:o, s:o, s:s}", "index", i, "text", txt,
+                          "logprobs", lp, "finish_reason", ch->finish_reason));
     }
     json_t *resp =
         json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", r->id, "object",
@@ -824,7 +928,8 @@ static enum MHD_Result generate(struct MHD_Connection *c, hreq *r) {
                         .max_tokens = g.max_tokens,
                         .sampling = g.s,
                         .n_stop_ids = g.n_stop_ids,
-                        .ignore_eos = g.ignore_eos};
+                        .ignore_eos = g.ignore_eos,
+                        .logprobs = r->logprobs};
         memcpy(q.stop_ids, g.stop_ids, sizeof q.stop_ids);
         q.sampling.seed = g.seeded ? g.s.seed + (uint64_t)i
                                    : (uint64_t)now_s() * 1000003u +
@@ -1029,6 +1134,31 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
                               "max_model_len", (json_int_t)S.max_positions);
         return send_json(c, 200, m);
     }
+    if (!strcmp(url, "/v1/kv_cache") && get) { /* the snapshot */
+        pthread_mutex_lock(&S.eng_mu);
+        ts_engine_stats st;
+        ts_engine_get_stats(S.eng, &st);
+        size_t cap = (size_t)st.blocks_total;
+        uint64_t *h = malloc(sizeof *h * cap), *p = malloc(sizeof *p * cap);
+        size_t n = h && p ? ts_engine_cached_blocks(S.eng, h, p, cap) : 0;
+        pthread_mutex_unlock(&S.eng_mu);
+        pthread_mutex_lock(&S.out_mu);
+        uint64_t seq = S.n_events ? S.events[S.n_events - 1].seq : 0;
+        pthread_mutex_unlock(&S.out_mu);
+        json_t *blocks = json_array();
+        for (size_t i = 0; i < n; i++) {
+            char a[17], b[17];
+            snprintf(a, sizeof a, "%016llx", (unsigned long long)h[i]);
+            snprintf(b, sizeof b, "%016llx", (unsigned long long)p[i]);
+            json_array_append_new(blocks, json_pack("{s:s, s:s}", "block_hash",
+                                                    a, "parent_hash", b));
+        }
+        free(h), free(p);
+        return send_json(c, 200,
+                         json_pack("{s:I, s:I, s:o}", "block_size",
+                                   (json_int_t)S.block_size, "last_event_seq",
+                                   (json_int_t)seq, "blocks", blocks));
+    }
     if (!strcmp(url, "/v1/kv_events") && get) {
         const char *since =
             MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "since");
@@ -1049,7 +1179,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
         return generate(c, r);
     }
     if (comp || chat || !strcmp(url, "/v1/models") || !strcmp(url, "/health") ||
-        !strcmp(url, "/metrics") || !strcmp(url, "/v1/kv_events"))
+        !strcmp(url, "/metrics") || !strcmp(url, "/v1/kv_events") ||
+        !strcmp(url, "/v1/kv_cache"))
         return send_error(c, 405, "invalid_request_error", NULL, NULL,
                           "%s is not allowed on %s", method, url);
     return send_error(c, 404, "invalid_request_error", NULL, NULL,
@@ -1081,7 +1212,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
         pthread_mutex_unlock(&S.eng_mu);
     }
     for (int i = 0; i < r->n; i++)
-        free(r->ch[i].text.p);
+        free(r->ch[i].text.p), free(r->ch[i].lp);
     for (int k = 0; k < r->n_stops; k++)
         free(r->stops[k]);
     free(r->body.p), free(r->pend.p), free(r);
@@ -1131,6 +1262,7 @@ int ts_server_run(const ts_server_options *o) {
     }
     const ts_model_config *mc = ts_lm_config(S.lm);
     S.max_positions = mc->max_positions;
+    S.block_size = o->engine.block_size;
     if (mc->eos_token_id >= 0)
         S.eos[S.n_eos++] = (int32_t)mc->eos_token_id;
     char gp[4096];

@@ -92,6 +92,31 @@ async function main() {
   assert.equal(s.choices[0].text, c.choices[0].text.slice(0, c.choices[0].text.indexOf(stop)));
   assert.equal(s.choices[0].finish_reason, "stop");
 
+  // logprobs: the chosen token's and the most likely ones, as OpenAI
+  const lpc = await client.completions.create({ model: "tiny", prompt: "Hello world",
+    max_tokens: 8, temperature: 0, logprobs: 3 });
+  const L = lpc.choices[0].logprobs;
+  assert.equal(L.tokens.length, 8);
+  assert.equal(L.tokens.join(""), lpc.choices[0].text);
+  for (let i = 0; i < 8; i++) {
+    const top = Object.values(L.top_logprobs[i]);
+    assert.ok(top.length >= 1 && top.length <= 3 && L.token_logprobs[i] <= 0);
+    // greedy: the chosen token is the most likely one
+    assert.ok(Math.abs(Math.max(...top) - L.token_logprobs[i]) < 1e-5);
+    assert.ok(top.reduce((a, x) => a + Math.exp(x), 0) <= 1 + 1e-5);
+  }
+  const lpchat = await client.chat.completions.create({ model: "tiny", messages: msgs,
+    max_tokens: 6, temperature: 0, logprobs: true, top_logprobs: 2 });
+  const content = lpchat.choices[0].logprobs.content;
+  assert.equal(content.length, 6);
+  assert.ok(content.every((e) => e.logprob <= 0 && e.top_logprobs.length === 2 &&
+    Array.isArray(e.bytes)));
+  let streamedLp = 0;
+  for await (const ch of await client.chat.completions.create({ model: "tiny", messages: msgs,
+    max_tokens: 6, temperature: 0, logprobs: true, stream: true }))
+    streamedLp += ch.choices[0]?.logprobs?.content?.length ?? 0;
+  assert.equal(streamedLp, 6);
+
   // n choices, seeded: repeatable
   const n1 = await client.completions.create({ model: "tiny", prompt: "Hello", max_tokens: 8,
     temperature: 1, seed: 42, n: 3 });
@@ -107,6 +132,19 @@ async function main() {
   assert.equal(a1.usage.prompt_tokens_details.cached_tokens, 0);
   assert.ok(a2.usage.prompt_tokens_details.cached_tokens >= 16, JSON.stringify(a2.usage));
   assert.equal(a1.choices[0].text, a2.choices[0].text);
+  // the cache's blocks: as a snapshot and as the event stream
+  const snap = await (await fetch(`${base}/v1/kv_cache`)).json();
+  assert.equal(snap.block_size, 16);
+  assert.ok(snap.blocks.length >= 1 && snap.last_event_seq >= snap.blocks.length);
+  const ac0 = new AbortController();
+  const evr = await fetch(`${base}/v1/kv_events?since=1`, { signal: ac0.signal });
+  const reader = evr.body.getReader();
+  const first = new TextDecoder().decode((await reader.read()).value).split("\n")[0];
+  const ev = JSON.parse(first);
+  assert.equal(ev.seq, 1);
+  assert.equal(ev.type, "BlockStored");
+  assert.equal(ev.token_ids.length, 16);
+  ac0.abort();
 
   // batching invariance: 16 concurrent greedy requests = one at a time
   const prompts = Array.from({ length: 16 }, (_, i) => `Hello ${"world ".repeat(i % 5)}${i}`);
