@@ -209,7 +209,7 @@ static void test_matmul_op(void) {
 static void test_mixed_matmul(void) {
     ts_ctx *ctx = test_ctx();
     /* one row (the dot kernel), 2..8 (all rows per weight load), more */
-    const int64_t rows[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 300};
+    const int64_t rows[10] = {1, 2, 3, 4, 5, 6, 7, 8, 19, 300};
     int64_t ws[2] = {70, 53}; /* (N, K) */
     ts_tensor *w32 = ts_randn(ctx, TS_F32, 2, ws, 1, 7);
     ts_tensor *wb = ts_cast(w32, TS_BF16), *wbf = ts_cast(wb, TS_F32);

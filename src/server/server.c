@@ -983,7 +983,12 @@ static enum MHD_Result generate(struct MHD_Connection *c, hreq *r) {
 
 static enum MHD_Result metrics(struct MHD_Connection *c) {
     sbuf b = {0};
+    ts_engine_stats fresh; /* now, not as of the last step */
+    pthread_mutex_lock(&S.eng_mu);
+    ts_engine_get_stats(S.eng, &fresh);
+    pthread_mutex_unlock(&S.eng_mu);
     pthread_mutex_lock(&S.out_mu);
+    S.est = fresh;
     static const int codes[6] = {200, 400, 404, 405, 413, 500};
     sb_printf(&b, "# HELP tessera_requests_total HTTP requests by status\n"
                   "# TYPE tessera_requests_total counter\n");

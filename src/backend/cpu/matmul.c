@@ -58,9 +58,9 @@ static float dot_f32_bf16(const float *a, const uint16_t *w, int64_t K) {
  * a batch of decoding sequences costs one read and one conversion of the
  * weights. Inlined with R a constant (see gemv_rows), the accumulators
  * live in registers. */
-static inline void dot_rows_bf16(const float *A, int64_t asr, const int R,
-                                 const uint16_t *w, int64_t K, float *y,
-                                 int64_t ldy) {
+static inline __attribute__((always_inline)) void
+dot_rows_bf16(const float *A, int64_t asr, const int R, const uint16_t *w,
+              int64_t K, float *y, int64_t ldy) {
     __m256 acc[8];
     for (int r = 0; r < R; r++)
         acc[r] = _mm256_setzero_ps();
@@ -84,31 +84,103 @@ static inline void dot_rows_bf16(const float *A, int64_t asr, const int R,
     }
 }
 
-/* Y (R, N) = A (R, K) @ W^T with W (N, K) bf16 rows bsc apart, R <= 8 */
+/* Two weight rows against NA <= 6 activation rows at once: 12
+ * accumulators, two widened weight vectors and one activation vector fill
+ * the 16 AVX2 registers, so each activation load feeds two FMAs and each
+ * widened weight NA of them (FMA-bound, not load-bound). */
+static inline __attribute__((always_inline)) void
+dot2_rows_bf16(const float *A, int64_t asr, const int NA, const uint16_t *w0,
+               const uint16_t *w1, int64_t K, float *y0, float *y1,
+               int64_t ldy) {
+    __m256 c0[6], c1[6];
+    for (int r = 0; r < 6; r++)
+        c0[r] = c1[r] = _mm256_setzero_ps();
+    int64_t k = 0;
+    /* few activation rows: two steps of k on separate accumulators, so
+     * enough FMA chains are in flight to hide their latency */
+    const int U = NA <= 3 ? 2 : 1;
+    for (; k + 8 * U <= K; k += 8 * U)
+        for (int u = 0; u < U; u++) {
+            __m256 x0 = _mm256_castsi256_ps(
+                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                      (const __m128i *)(w0 + k + 8 * u))),
+                                  16));
+            __m256 x1 = _mm256_castsi256_ps(
+                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                      (const __m128i *)(w1 + k + 8 * u))),
+                                  16));
+            for (int r = 0; r < NA; r++) {
+                __m256 v = _mm256_loadu_ps(A + r * asr + k + 8 * u);
+                c0[r + 3 * u] = _mm256_fmadd_ps(v, x0, c0[r + 3 * u]);
+                c1[r + 3 * u] = _mm256_fmadd_ps(v, x1, c1[r + 3 * u]);
+            }
+        }
+    if (U == 2)
+        for (int r = 0; r < NA; r++) {
+            c0[r] = _mm256_add_ps(c0[r], c0[r + 3]);
+            c1[r] = _mm256_add_ps(c1[r], c1[r + 3]);
+        }
+    for (int r = 0; r < NA; r++) {
+        float l0[8], l1[8], s0 = 0, s1 = 0;
+        _mm256_storeu_ps(l0, c0[r]);
+        _mm256_storeu_ps(l1, c1[r]);
+        for (int q = 0; q < 8; q++)
+            s0 += l0[q], s1 += l1[q];
+        for (int64_t kk = k; kk < K; kk++) {
+            s0 += A[r * asr + kk] * ts_bf16_to_f32(w0[kk]);
+            s1 += A[r * asr + kk] * ts_bf16_to_f32(w1[kk]);
+        }
+        y0[r * ldy] = s0;
+        y1[r * ldy] = s1;
+    }
+}
+
+/* Y (R, N) = A (R, K) @ W^T with W (N, K) bf16 rows bsc apart, R <= 8:
+ * weight rows in pairs, activation rows in groups of up to 6 */
 static void gemv_rows(const float *A, int64_t asr, int64_t R, const uint16_t *W,
                       int64_t bsc, int64_t N, int64_t K, float *Y) {
+#define TS_PAIR_CASE(na)                                                       \
+    case na:                                                                   \
+        dot2_rows_bf16(A + r0 * asr, asr, na, W + nn * bsc,                    \
+                       W + (nn + 1) * bsc, K, Y + r0 * N + nn,                 \
+                       Y + r0 * N + nn + 1, N);                                \
+        break
 #define TS_ROWS_CASE(r)                                                        \
     case r:                                                                    \
-        for (int64_t nn = n0; nn < n1; nn++)                                   \
-            dot_rows_bf16(A, asr, r, W + nn * bsc, K, Y + nn, N);              \
+        dot_rows_bf16(A, asr, r, W + nn * bsc, K, Y + nn, N);                  \
         break
 #pragma omp parallel if (N * K > 65536)
     {
         int nt = omp_get_num_threads(), me = omp_get_thread_num();
         int64_t n0 = N * me / nt, n1 = N * (me + 1) / nt;
-        switch (R) {
-            TS_ROWS_CASE(1);
-            TS_ROWS_CASE(2);
-            TS_ROWS_CASE(3);
-            TS_ROWS_CASE(4);
-            TS_ROWS_CASE(5);
-            TS_ROWS_CASE(6);
-            TS_ROWS_CASE(7);
-            TS_ROWS_CASE(8);
-        default:
-            break;
-        }
+        int64_t nn = n0;
+        for (; nn + 1 < n1; nn += 2)
+            for (int64_t r0 = 0; r0 < R; r0 += 6)
+                switch (R - r0 < 6 ? R - r0 : 6) {
+                    TS_PAIR_CASE(1);
+                    TS_PAIR_CASE(2);
+                    TS_PAIR_CASE(3);
+                    TS_PAIR_CASE(4);
+                    TS_PAIR_CASE(5);
+                    TS_PAIR_CASE(6);
+                default:
+                    break;
+                }
+        if (nn < n1) /* an odd last row */
+            switch (R) {
+                TS_ROWS_CASE(1);
+                TS_ROWS_CASE(2);
+                TS_ROWS_CASE(3);
+                TS_ROWS_CASE(4);
+                TS_ROWS_CASE(5);
+                TS_ROWS_CASE(6);
+                TS_ROWS_CASE(7);
+                TS_ROWS_CASE(8);
+            default:
+                break;
+            }
     }
+#undef TS_PAIR_CASE
 #undef TS_ROWS_CASE
 }
 
@@ -169,9 +241,13 @@ static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
             Y[nn] = dot_f32_bf16(A, W + nn * bsc, K);
         return TS_OK;
     }
-    if (R <= 8 && b->dtype == TS_BF16) {
-        gemv_rows(A, M == 1 && batch == 1 ? K : asr, R,
-                  (const uint16_t *)ts_tensor_ptr(b), bsc, N, K, Y);
+    /* a batch of decoding sequences: groups of 8 rows, each reading the
+     * weights once (cheaper than widening a whole matrix per step) */
+    if (R <= 32 && b->dtype == TS_BF16) {
+        int64_t lda = M == 1 && batch == 1 ? K : asr;
+        for (int64_t r = 0; r < R; r += 8)
+            gemv_rows(A + r * lda, lda, R - r < 8 ? R - r : 8,
+                      (const uint16_t *)ts_tensor_ptr(b), bsc, N, K, Y + r * N);
         return TS_OK;
     }
     /* Y[:, n0:n0+nb] = A @ W[n0:n0+nb]^T block by block: each block of
