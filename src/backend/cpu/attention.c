@@ -423,7 +423,13 @@ CPU_KERNEL(paged_attention) {
             for (int64_t s = 0; s < nvis; s++) {
                 const float *Vr = ROW_AT(V, i, s, kvh);
                 float w = sc[s] * inv;
-                for (int64_t d = 0; d < D; d++)
+                __m256 wv = _mm256_set1_ps(w);
+                int64_t d = 0;
+                for (; d + 8 <= D; d += 8)
+                    _mm256_storeu_ps(
+                        O + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(Vr + d),
+                                               _mm256_loadu_ps(O + d)));
+                for (; d < D; d++)
                     O[d] += w * Vr[d];
             }
         }
