@@ -870,14 +870,28 @@ static enum MHD_Result respond_whole(struct MHD_Connection *c, hreq *r) {
     return send_json(c, 200, resp);
 }
 
+/* the request parameter an engine error is about */
+static const char *param_of(const hreq *r, const char *msg) {
+    if (strstr(msg, "max_tokens"))
+        return "max_tokens";
+    if (strstr(msg, "top_logprobs"))
+        return "top_logprobs";
+    if (strstr(msg, "prompt"))
+        return r->kind == REQ_CHAT ? "messages" : "prompt";
+    return NULL;
+}
+
 static enum MHD_Result generate(struct MHD_Connection *c, hreq *r) {
     json_error_t je;
     json_t *b = json_loadb(r->body.p ? r->body.p : "", r->body.n,
                            JSON_REJECT_DUPLICATES, &je);
     if (!json_is_object(b)) {
+        bool parsed = b != NULL;
         json_decref(b);
         return send_error(c, 400, "invalid_request_error", NULL, NULL,
-                          "the body is not a JSON object: %s", je.text);
+                          parsed ? "the body must be a JSON object"
+                                 : "the body is not valid JSON: %s",
+                          je.text);
     }
     gen_params g = {0};
     bool sent;
@@ -964,9 +978,8 @@ static enum MHD_Result generate(struct MHD_Connection *c, hreq *r) {
     pthread_mutex_unlock(&S.eng_mu);
     free(ids);
     if (st != TS_OK)
-        return send_error(c, 400, "invalid_request_error",
-                          strstr(msg, "max_tokens") ? "max_tokens" : NULL, NULL,
-                          "%s", msg);
+        return send_error(c, 400, "invalid_request_error", param_of(r, msg),
+                          NULL, "%s", msg);
     if (!r->stream)
         return respond_whole(c, r);
     struct MHD_Response *resp = MHD_create_response_from_callback(
