@@ -164,6 +164,31 @@ static float dot8(const float *a, const float *b, int64_t n) {
     return s;
 }
 
+/* out[r] = dot(q, k[r]) for four rows at once: four independent FMA
+ * chains instead of one, so the dot products are not latency-bound */
+static void dot8x4(const float *q, const float *const k[4], int64_t n,
+                   float *out) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(q + i);
+        a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[0] + i), a0);
+        a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[1] + i), a1);
+        a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[2] + i), a2);
+        a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[3] + i), a3);
+    }
+    __m256 acc[4] = {a0, a1, a2, a3};
+    for (int r = 0; r < 4; r++) {
+        float lanes[8], sum = 0;
+        _mm256_storeu_ps(lanes, acc[r]);
+        for (int j = 0; j < 8; j++)
+            sum += lanes[j];
+        for (int64_t t = i; t < n; t++)
+            sum += q[t] * k[r][t];
+        out[r] = sum;
+    }
+}
+
 void cpu_attention_decode(const cpu_attn_shape *p, const float *q,
                           const float *k, int64_t kst_b, int64_t kst_h,
                           const float *v, int64_t vst_b, int64_t vst_h,
@@ -184,8 +209,16 @@ void cpu_attention_decode(const cpu_attn_shape *p, const float *q,
             if (n > S)
                 n = S;
             float mx = -INFINITY;
-            for (int64_t s = 0; sc && s < n; s++) {
-                sc[s] = dot8(Q, K + s * D, D) * p->scale;
+            int64_t s = 0;
+            for (; sc && s + 4 <= n; s += 4) {
+                const float *rows[4] = {K + s * D, K + (s + 1) * D,
+                                        K + (s + 2) * D, K + (s + 3) * D};
+                dot8x4(Q, rows, D, sc + s);
+            }
+            for (; sc && s < n; s++)
+                sc[s] = dot8(Q, K + s * D, D);
+            for (s = 0; sc && s < n; s++) {
+                sc[s] *= p->scale;
                 mx = sc[s] > mx ? sc[s] : mx;
             }
             memset(O, 0, sizeof(float) * (size_t)D);
@@ -415,8 +448,17 @@ CPU_KERNEL(paged_attention) {
             if (!sc)
                 continue;
             float mx = -INFINITY;
-            for (int64_t s = 0; s < nvis; s++) {
-                sc[s] = dot8(Q, ROW_AT(K, i, s, kvh), D) * scale;
+            int64_t s = 0;
+            for (; s + 4 <= nvis; s += 4) {
+                const float *rows[4] = {
+                    ROW_AT(K, i, s, kvh), ROW_AT(K, i, s + 1, kvh),
+                    ROW_AT(K, i, s + 2, kvh), ROW_AT(K, i, s + 3, kvh)};
+                dot8x4(Q, rows, D, sc + s);
+            }
+            for (; s < nvis; s++)
+                sc[s] = dot8(Q, ROW_AT(K, i, s, kvh), D);
+            for (s = 0; s < nvis; s++) {
+                sc[s] *= scale;
                 mx = sc[s] > mx ? sc[s] : mx;
             }
             float inv = 1.0f / exp_sub_sum(sc, nvis, mx);
