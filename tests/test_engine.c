@@ -236,6 +236,28 @@ static void test_small_pool(ts_ctx *ctx, ts_qwen3_model *m) {
     ts_engine_free(e1), ts_engine_free(e2);
 }
 
+/* a model split across devices (KV pools beside their layers) serves the
+ * same tokens */
+static void test_device_split(ts_ctx *ctx, ts_qwen3_model *m, const char *dir) {
+    ts_load_options o = {.device_map = "embed,0:cpu:1;1,head:cpu:2"};
+    ts_qwen3_model *split = NULL;
+    CHECK_OK(ctx, ts_decoder_load_opts(ctx, dir, &o, &split));
+    if (!split)
+        return;
+    req r[6];
+    make_requests(r, 6, 31);
+    result one[6], two[6];
+    ts_engine *e1 = engine(ctx, m, 256, 8, 128);
+    ts_engine *e2 = engine(ctx, split, 256, 8, 128);
+    if (e1 && e2) {
+        run_all(ctx, e1, r, 6, false, one);
+        run_all(ctx, e2, r, 6, false, two);
+        CHECK(same_tokens(one, two, 6));
+    }
+    ts_engine_free(e1), ts_engine_free(e2);
+    ts_qwen3_free(split);
+}
+
 static void test_errors_and_abort(ts_ctx *ctx, ts_qwen3_model *m) {
     ts_engine *e = engine(ctx, m, 64, 4, 64);
     if (!e)
@@ -298,6 +320,7 @@ int main(int argc, char **argv) {
         test_batching_invariance(ctx, m);
         test_prefix_reuse(ctx, m);
         test_small_pool(ctx, m);
+        test_device_split(ctx, m, dir);
         test_errors_and_abort(ctx, m);
     }
     ts_qwen3_free(m);
