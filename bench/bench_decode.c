@@ -37,8 +37,8 @@ static float read_all(const float *p, size_t n) {
             a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
         }
         float lanes[8];
-        _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1),
-                                              _mm256_add_ps(a2, a3)));
+        _mm256_storeu_ps(
+            lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
         for (int k = 0; k < 8; k++)
             total += lanes[k];
     }

@@ -76,7 +76,7 @@ typedef struct ts_storage {
     size_t bytes;
     ts_device device;
     ts_ctx *ctx;
-    bool external; /* data not owned (not freed on release) */
+    bool external;  /* data not owned (not freed on release) */
     size_t counted; /* bytes in its device's stats (allocated or mapped) */
     /* external data kept alive by an owner (a file mapping): released with
      * the storage */

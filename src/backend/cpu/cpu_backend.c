@@ -257,7 +257,9 @@ static void tmp_release(void *unused) {
         tmp_cache[i].p = NULL;
     }
 }
-static void tmp_key_init(void) { pthread_key_create(&tmp_key, tmp_release); }
+static void tmp_key_init(void) {
+    pthread_key_create(&tmp_key, tmp_release);
+}
 
 void *cpu_tmp_alloc(size_t bytes) {
     pthread_once(&tmp_once, tmp_key_init);
