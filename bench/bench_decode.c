@@ -9,8 +9,10 @@
 #include "tessera.h"
 #include "tessera_nn.h"
 
+#include "qwen3_06b.h"
 #include <immintrin.h>
 #include <malloc.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,20 +77,9 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    ts_qwen3_config cfg = {.vocab = 151936,
-                           .hidden = 1024,
-                           .layers = 28,
-                           .heads = 16,
-                           .kv_heads = 8,
-                           .head_dim = 128,
-                           .intermediate = 3072,
-                           .rms_eps = 1e-6,
-                           .rope_theta = 1e6,
-                           .tie_word_embeddings = true,
-                           .max_positions = 40960,
-                           .weight_dtype = f32 ? TS_F32 : TS_BF16};
+    ts_qwen3_config cfg = qwen3_06b(f32 ? TS_F32 : TS_BF16, small);
     if (small)
-        cfg.layers = 2, cfg.vocab = 4096, P = 64, G = 16;
+        P = 64, G = 16;
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;

@@ -8,6 +8,8 @@
  *   bench_engine [--small] [--decode N] */
 #include "tessera_engine.h"
 
+#include "qwen3_06b.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,20 +102,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    ts_qwen3_config cfg = {.vocab = 151936,
-                           .hidden = 1024,
-                           .layers = 28,
-                           .heads = 16,
-                           .kv_heads = 8,
-                           .head_dim = 128,
-                           .intermediate = 3072,
-                           .rms_eps = 1e-6,
-                           .rope_theta = 1e6,
-                           .tie_word_embeddings = true,
-                           .max_positions = 40960,
-                           .weight_dtype = TS_BF16};
-    if (small)
-        cfg.layers = 2, cfg.vocab = 4096;
+    ts_qwen3_config cfg = qwen3_06b(TS_BF16, small);
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
@@ -147,6 +136,40 @@ int main(int argc, char **argv) {
            "(%lld cached): warm/cold %.3f (target <= 0.10: %s)\n",
            cold, (long long)ca, warm, (long long)cb, warm / cold,
            warm / cold <= 0.10 ? "yes" : "no");
+    /* more warm requests, each with a new 50-token tail (the first warm one
+     * also pays first-use costs of its buffer sizes) */
+    double best = warm;
+    for (int k = 1; k <= 2; k++) {
+        for (int t = 950; t < 1000; t++)
+            b[t] = (int32_t)((t * 104729 + 5 + k) % cfg.vocab);
+        double w = ttft(ctx, e, b, 1000, &cb);
+        if (w < 0)
+            return die(ctx);
+        best = w < best ? w : best;
+    }
+    printf("TTFT warm, best of 3 tails: %.3f s: warm/cold %.3f\n", best,
+           best / cold);
+    /* the batched-decode kernel alone: the LM head (vocab x 1024, bf16)
+     * against R activation rows */
+    ts_tensor *head = ts_qwen3_find_param(m, "model.embed_tokens.weight");
+    ts_tensor *ht = ts_transpose(head, 0, 1);
+    for (int64_t R = 1; R <= 16; R *= 2) {
+        int64_t xs[2] = {R, cfg.hidden};
+        ts_tensor *x = ts_randn(ctx, TS_F32, 2, xs, 1, 2);
+        double tk = 1e9;
+        for (int k = 0; k < 4; k++) {
+            double a0 = now();
+            ts_tensor *y = ts_matmul(x, ht);
+            if (!y || !ts_tensor_data(y))
+                return die(ctx);
+            ts_release(y);
+            tk = k && now() - a0 > tk ? tk : now() - a0;
+        }
+        printf("LM head, %2lld rows: %.2f ms (%.1f GFLOP/s)\n", (long long)R,
+               tk * 1e3, 2.0 * (double)R * cfg.vocab * cfg.hidden / tk / 1e9);
+        ts_release(x);
+    }
+    ts_release(ht);
     int counts[4] = {1, 4, 8, 16};
     double tps[4];
     for (int i = 0; i < 4; i++) {

@@ -36,6 +36,13 @@ ts_status ts_tokenizer_encode(ts_tokenizer *tok, const char *text, size_t len,
  * write their own. The count; *ids points into the tokenizer. */
 size_t ts_tokenizer_prefix_ids(const ts_tokenizer *tok, const int32_t **ids);
 size_t ts_tokenizer_suffix_ids(const ts_tokenizer *tok, const int32_t **ids);
+/* ts_tokenizer_encode (special tokens in the text recognized) and, with
+ * add_special_tokens, the post-processor's tokens around the result, as
+ * Hugging Face's encode(text) does by default. A rendered chat template
+ * writes its own: encode it without. */
+ts_status ts_tokenizer_encode_text(ts_tokenizer *tok, const char *text,
+                                   size_t len, bool add_special_tokens,
+                                   int32_t **ids, size_t *n);
 
 /* ids -> text (malloc'd, NUL-terminated; *len excludes the NUL). */
 ts_status ts_tokenizer_decode(ts_tokenizer *tok, const int32_t *ids, size_t n,

@@ -257,26 +257,8 @@ static ts_status prompt_ids(session *S, const run_opts *o, json_t *messages,
         text = rendered;
     } else
         len = strlen(text);
-    int32_t *body = NULL;
-    size_t nb = 0;
-    ts_status s = ts_tokenizer_encode(S->tok, text, len, true, &body, &nb);
-    if (s == TS_OK) {
-        const int32_t *pre = NULL, *post = NULL;
-        size_t np = templated ? 0 : ts_tokenizer_prefix_ids(S->tok, &pre);
-        size_t ns = templated ? 0 : ts_tokenizer_suffix_ids(S->tok, &post);
-        *ids = malloc(sizeof(int32_t) * (np + nb + ns + 1));
-        if (!*ids)
-            s = ts_set_error(S->ctx, TS_ERR_OOM, "out of memory");
-        else {
-            if (np)
-                memcpy(*ids, pre, sizeof(int32_t) * np);
-            if (nb)
-                memcpy(*ids + np, body, sizeof(int32_t) * nb);
-            if (ns)
-                memcpy(*ids + np + nb, post, sizeof(int32_t) * ns);
-            *n = np + nb + ns;
-        }
-    }
+    ts_status s =
+        ts_tokenizer_encode_text(S->tok, text, len, !templated, ids, n);
     if (s == TS_OK && o->verbose_prompt) {
         fprintf(stderr, "prompt text: ");
         fwrite(text, 1, len, stderr);
@@ -285,7 +267,6 @@ static ts_status prompt_ids(session *S, const run_opts *o, json_t *messages,
             fprintf(stderr, "%s%d", k ? ", " : "", (*ids)[k]);
         fprintf(stderr, "]\n");
     }
-    free(body);
     free(rendered);
     return s;
 }
@@ -552,21 +533,15 @@ int tessera_tokenize(int argc, char **argv) {
     if (!decode) {
         int32_t *ids;
         size_t n;
-        if (ts_tokenizer_encode(tok, arg, strlen(arg), true, &ids, &n) !=
+        /* with the post-processor's special tokens, as encode() */
+        if (ts_tokenizer_encode_text(tok, arg, strlen(arg), true, &ids, &n) !=
             TS_OK) {
             fprintf(stderr, "tessera tokenize: %s\n", ts_errmsg(ctx));
             rc = 1;
-        } else { /* with the post-processor's special tokens, as encode() */
-            const int32_t *pre, *post;
-            size_t np = ts_tokenizer_prefix_ids(tok, &pre),
-                   ns = ts_tokenizer_suffix_ids(tok, &post), k = 0;
+        } else {
             printf("[");
-            for (size_t i = 0; i < np; i++)
-                printf("%s%d", k++ ? ", " : "", pre[i]);
             for (size_t i = 0; i < n; i++)
-                printf("%s%d", k++ ? ", " : "", ids[i]);
-            for (size_t i = 0; i < ns; i++)
-                printf("%s%d", k++ ? ", " : "", post[i]);
+                printf("%s%d", i ? ", " : "", ids[i]);
             printf("]\n");
             free(ids);
         }

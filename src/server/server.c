@@ -21,6 +21,8 @@
 #include "tessera_models.h"
 #include "tessera_tokenizer.h"
 
+#include "core/strbuf.h"
+
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <microhttpd.h>
@@ -39,36 +41,6 @@
 #define EVENT_KEEP   65536
 #define KEEPALIVE_MS 1000
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return; /* dropped: the response says less, never crashes */
-        b->p = p, b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    char tmp[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        sb_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -84,7 +56,7 @@ typedef struct choice {
     int index;
     int64_t eid; /* the engine's id */
     ts_detok_state ds;
-    sbuf text;         /* decoded so far, stop strings cut */
+    ts_sbuf text;      /* decoded so far, stop strings cut */
     size_t safe, sent; /* bytes that can go out / have gone out */
     int n_tokens;
     bool finished, final_sent, role_sent;
@@ -98,7 +70,7 @@ typedef struct choice {
 typedef enum { REQ_OTHER, REQ_COMPLETION, REQ_CHAT, REQ_EVENTS } req_kind;
 
 typedef struct hreq {
-    sbuf body;
+    ts_sbuf body;
     bool too_big;
     req_kind kind;
     bool stream, include_usage, cancelled, usage_sent, done_sent;
@@ -110,7 +82,7 @@ typedef struct hreq {
     char *stops[MAX_STOPS];
     int n_stops;
     size_t max_stop;
-    sbuf pend; /* streamed bytes not yet taken by MHD */
+    ts_sbuf pend; /* streamed bytes not yet taken by MHD */
     size_t pend_off;
     uint64_t events_next;
     double t_start;
@@ -259,7 +231,7 @@ static bool deliver(choice *c, const ts_engine_output *o) {
         }
         pthread_mutex_unlock(&S.tok_mu);
         size_t from = c->text.n > r->max_stop ? c->text.n - r->max_stop : 0;
-        sb_add(&c->text, piece, pl);
+        ts_sb_add(&c->text, piece, pl);
         for (int k = 0; k < r->n_stops && c->text.n; k++) {
             char *hit = memmem(c->text.p + from, c->text.n - from, r->stops[k],
                                strlen(r->stops[k]));
@@ -392,14 +364,15 @@ static enum MHD_Result bad_param(struct MHD_Connection *c, const char *p,
 static bool int_field(json_t *o, const char *k, long lo, long hi, int *out,
                       const char **err) {
     json_t *v = json_object_get(o, k);
-    if (!v || json_is_null(v))
-        return true;
-    if (!json_is_integer(v) || json_integer_value(v) < lo ||
-        json_integer_value(v) > hi) {
+    double d = *out;
+    if (v && !json_is_null(v) && !json_is_integer(v)) {
         *err = k;
         return false;
     }
-    *out = (int)json_integer_value(v);
+    if (!num_field(o, k, (double)lo, (double)hi, &d, err))
+        return false;
+    if (v && !json_is_null(v))
+        *out = (int)d;
     return true;
 }
 
@@ -429,14 +402,14 @@ static enum MHD_Result prompt_of(struct MHD_Connection *c, hreq *r,
             }
             json_t *nm = json_deep_copy(m);
             if (json_is_array(content)) {
-                sbuf t = {0};
+                ts_sbuf t = {0};
                 size_t k;
                 json_t *part;
                 json_array_foreach(content, k, part) {
                     const char *s =
                         json_string_value(json_object_get(part, "text"));
                     if (s)
-                        sb_add(&t, s, strlen(s));
+                        ts_sb_add(&t, s, strlen(s));
                 }
                 json_object_set_new(nm, "content", json_string(t.p ? t.p : ""));
                 free(t.p);
@@ -500,12 +473,9 @@ static enum MHD_Result prompt_of(struct MHD_Connection *c, hreq *r,
         text = malloc(len + 1);
         memcpy(text, json_string_value(p), len + 1);
     }
-    int32_t *body_ids = NULL;
-    size_t nb = 0;
     pthread_mutex_lock(&S.tok_mu);
-    ts_status s = ts_tokenizer_encode(S.tok, text, len, true, &body_ids, &nb);
-    const int32_t *pre = NULL;
-    size_t np = templated ? 0 : ts_tokenizer_prefix_ids(S.tok, &pre);
+    ts_status s =
+        ts_tokenizer_encode_text(S.tok, text, len, !templated, ids, n);
     char msg[512];
     snprintf(msg, sizeof msg, "%s", ts_errmsg(S.ctx));
     if (s != TS_OK)
@@ -516,13 +486,6 @@ static enum MHD_Result prompt_of(struct MHD_Connection *c, hreq *r,
         return send_error(c, 400, "invalid_request_error",
                           r->kind == REQ_CHAT ? "messages" : "prompt", NULL,
                           "%s", msg);
-    *ids = malloc(sizeof(int32_t) * (np + nb + 1));
-    if (np)
-        memcpy(*ids, pre, sizeof(int32_t) * np);
-    if (nb)
-        memcpy(*ids + np, body_ids, sizeof(int32_t) * nb);
-    *n = np + nb;
-    free(body_ids);
     *sent = false;
     return MHD_YES;
 }
@@ -657,13 +620,13 @@ static json_t *token_json(int32_t id, json_t **bytes) {
     }
     json_t *s = json_stringn(text ? text : "", len);
     if (!s) { /* not whole UTF-8: U+FFFD, as a lossy decode shows it */
-        sbuf b = {0};
+        ts_sbuf b = {0};
         for (size_t i = 0; i < len; i++) {
             unsigned char ch = (unsigned char)text[i];
             if (ch < 0x80)
-                sb_add(&b, text + i, 1);
+                ts_sb_add(&b, text + i, 1);
             else if ((ch & 0xC0) != 0x80)
-                sb_add(&b, "\xEF\xBF\xBD", 3);
+                ts_sb_add(&b, "\xEF\xBF\xBD", 3);
         }
         s = json_string(b.p ? b.p : "");
         free(b.p);
@@ -723,18 +686,18 @@ static json_t *chunk_head(const hreq *r) {
                      "created", (json_int_t)r->created, "model", S.model);
 }
 
-static void sse(sbuf *b, json_t *j) {
+static void sse(ts_sbuf *b, json_t *j) {
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
-    sb_add(b, "data: ", 6);
+    ts_sb_add(b, "data: ", 6);
     if (s)
-        sb_add(b, s, strlen(s));
-    sb_add(b, "\n\n", 2);
+        ts_sb_add(b, s, strlen(s));
+    ts_sb_add(b, "\n\n", 2);
     free(s);
 }
 
 /* the SSE chunks ready now (out_mu held) */
-static void stream_ready(hreq *r, sbuf *b) {
+static void stream_ready(hreq *r, ts_sbuf *b) {
     bool all_final = true;
     for (int i = 0; i < r->n; i++) {
         choice *c = &r->ch[i];
@@ -794,7 +757,7 @@ static void stream_ready(hreq *r, sbuf *b) {
         r->usage_sent = true;
     }
     if (all_final && !r->done_sent) {
-        sb_add(b, "data: [DONE]\n\n", 14);
+        ts_sb_add(b, "data: [DONE]\n\n", 14);
         r->done_sent = true;
     }
 }
@@ -820,7 +783,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             ts.tv_nsec %= 1000000000;
             if (pthread_cond_timedwait(&S.out_cv, &S.out_mu, &ts)) {
                 /* a comment: writing it finds a client that went away */
-                sb_add(&r->pend, ": keep-alive\n\n", 14);
+                ts_sb_add(&r->pend, ": keep-alive\n\n", 14);
             }
         }
         pthread_mutex_unlock(&S.out_mu);
@@ -995,7 +958,7 @@ static enum MHD_Result generate(struct MHD_Connection *c, hreq *r) {
 /* ---- other endpoints ---- */
 
 static enum MHD_Result metrics(struct MHD_Connection *c) {
-    sbuf b = {0};
+    ts_sbuf b = {0};
     ts_engine_stats fresh; /* now, not as of the last step */
     pthread_mutex_lock(&S.eng_mu);
     ts_engine_get_stats(S.eng, &fresh);
@@ -1003,35 +966,35 @@ static enum MHD_Result metrics(struct MHD_Connection *c) {
     pthread_mutex_lock(&S.out_mu);
     S.est = fresh;
     static const int codes[6] = {200, 400, 404, 405, 413, 500};
-    sb_printf(&b, "# HELP tessera_requests_total HTTP requests by status\n"
-                  "# TYPE tessera_requests_total counter\n");
+    ts_sb_printf(&b, "# HELP tessera_requests_total HTTP requests by status\n"
+                     "# TYPE tessera_requests_total counter\n");
     for (int i = 0; i < 6; i++)
-        sb_printf(&b, "tessera_requests_total{status=\"%d\"} %llu\n", codes[i],
-                  (unsigned long long)S.status_count[i]);
-    sb_printf(&b,
-              "# TYPE tessera_prompt_tokens_total counter\n"
-              "tessera_prompt_tokens_total %llu\n"
-              "# TYPE tessera_generation_tokens_total counter\n"
-              "tessera_generation_tokens_total %llu\n"
-              "# TYPE tessera_requests_running gauge\n"
-              "tessera_requests_running %d\n"
-              "# TYPE tessera_requests_waiting gauge\n"
-              "tessera_requests_waiting %d\n"
-              "# TYPE tessera_kv_blocks_used gauge\n"
-              "tessera_kv_blocks_used %lld\n"
-              "# TYPE tessera_kv_blocks_total gauge\n"
-              "tessera_kv_blocks_total %lld\n"
-              "# TYPE tessera_kv_blocks_cached gauge\n"
-              "tessera_kv_blocks_cached %lld\n"
-              "# TYPE tessera_prefix_cache_hit_rate gauge\n"
-              "tessera_prefix_cache_hit_rate %.6f\n",
-              (unsigned long long)S.prompt_tokens,
-              (unsigned long long)S.generated_tokens, S.est.running,
-              S.est.waiting, (long long)S.est.blocks_in_sequences,
-              (long long)S.est.blocks_total, (long long)S.est.cached_blocks,
-              S.est.prompt_tokens
-                  ? (double)S.est.prefix_hit_tokens / S.est.prompt_tokens
-                  : 0.0);
+        ts_sb_printf(&b, "tessera_requests_total{status=\"%d\"} %llu\n",
+                     codes[i], (unsigned long long)S.status_count[i]);
+    ts_sb_printf(&b,
+                 "# TYPE tessera_prompt_tokens_total counter\n"
+                 "tessera_prompt_tokens_total %llu\n"
+                 "# TYPE tessera_generation_tokens_total counter\n"
+                 "tessera_generation_tokens_total %llu\n"
+                 "# TYPE tessera_requests_running gauge\n"
+                 "tessera_requests_running %d\n"
+                 "# TYPE tessera_requests_waiting gauge\n"
+                 "tessera_requests_waiting %d\n"
+                 "# TYPE tessera_kv_blocks_used gauge\n"
+                 "tessera_kv_blocks_used %lld\n"
+                 "# TYPE tessera_kv_blocks_total gauge\n"
+                 "tessera_kv_blocks_total %lld\n"
+                 "# TYPE tessera_kv_blocks_cached gauge\n"
+                 "tessera_kv_blocks_cached %lld\n"
+                 "# TYPE tessera_prefix_cache_hit_rate gauge\n"
+                 "tessera_prefix_cache_hit_rate %.6f\n",
+                 (unsigned long long)S.prompt_tokens,
+                 (unsigned long long)S.generated_tokens, S.est.running,
+                 S.est.waiting, (long long)S.est.blocks_in_sequences,
+                 (long long)S.est.blocks_total, (long long)S.est.cached_blocks,
+                 S.est.prompt_tokens
+                     ? (double)S.est.prefix_hit_tokens / S.est.prompt_tokens
+                     : 0.0);
     const struct {
         const char *name;
         const uint64_t *h;
@@ -1044,18 +1007,18 @@ static enum MHD_Result metrics(struct MHD_Connection *c) {
                 S.itl_sum}};
     for (int k = 0; k < 2; k++) {
         uint64_t cum = 0;
-        sb_printf(&b, "# TYPE %s histogram\n", hs[k].name);
+        ts_sb_printf(&b, "# TYPE %s histogram\n", hs[k].name);
         for (int i = 0; i <= hs[k].nb; i++) {
             cum += hs[k].h[i];
             if (i < hs[k].nb)
-                sb_printf(&b, "%s_bucket{le=\"%g\"} %llu\n", hs[k].name,
-                          hs[k].bounds[i], (unsigned long long)cum);
+                ts_sb_printf(&b, "%s_bucket{le=\"%g\"} %llu\n", hs[k].name,
+                             hs[k].bounds[i], (unsigned long long)cum);
             else
-                sb_printf(&b, "%s_bucket{le=\"+Inf\"} %llu\n", hs[k].name,
-                          (unsigned long long)cum);
+                ts_sb_printf(&b, "%s_bucket{le=\"+Inf\"} %llu\n", hs[k].name,
+                             (unsigned long long)cum);
         }
-        sb_printf(&b, "%s_sum %.6f\n%s_count %llu\n", hs[k].name, hs[k].sum,
-                  hs[k].name, (unsigned long long)cum);
+        ts_sb_printf(&b, "%s_sum %.6f\n%s_count %llu\n", hs[k].name, hs[k].sum,
+                     hs[k].name, (unsigned long long)cum);
     }
     pthread_mutex_unlock(&S.out_mu);
     enum MHD_Result ret =
@@ -1078,24 +1041,26 @@ static ssize_t events_reader(void *cls, uint64_t pos, char *buf, size_t max) {
                 const ts_kv_event *e = &S.events[i];
                 if (e->seq < r->events_next)
                     continue;
-                sb_printf(&r->pend,
-                          "{\"seq\":%llu,\"type\":\"%s\",\"block_hash\":\"%016"
-                          "llx\",\"parent_hash\":\"%016llx\",\"block_size\":%d",
-                          (unsigned long long)e->seq,
-                          e->kind == TS_KV_BLOCK_STORED ? "BlockStored"
-                                                        : "BlockRemoved",
-                          (unsigned long long)e->hash,
-                          (unsigned long long)e->parent_hash, e->block_size);
+                ts_sb_printf(
+                    &r->pend,
+                    "{\"seq\":%llu,\"type\":\"%s\",\"block_hash\":\"%016"
+                    "llx\",\"parent_hash\":\"%016llx\",\"block_size\":%d",
+                    (unsigned long long)e->seq,
+                    e->kind == TS_KV_BLOCK_STORED ? "BlockStored"
+                                                  : "BlockRemoved",
+                    (unsigned long long)e->hash,
+                    (unsigned long long)e->parent_hash, e->block_size);
                 if (e->kind == TS_KV_BLOCK_STORED) {
-                    sb_add(&r->pend, ",\"token_ids\":[", 14);
+                    ts_sb_add(&r->pend, ",\"token_ids\":[", 14);
                     int nt = e->block_size < TS_KV_EVENT_MAX_TOKENS
                                  ? e->block_size
                                  : TS_KV_EVENT_MAX_TOKENS;
                     for (int t = 0; t < nt; t++)
-                        sb_printf(&r->pend, "%s%d", t ? "," : "", e->tokens[t]);
-                    sb_add(&r->pend, "]", 1);
+                        ts_sb_printf(&r->pend, "%s%d", t ? "," : "",
+                                     e->tokens[t]);
+                    ts_sb_add(&r->pend, "]", 1);
                 }
-                sb_add(&r->pend, "}\n", 2);
+                ts_sb_add(&r->pend, "}\n", 2);
                 r->events_next = e->seq + 1;
             }
             if (r->pend.n || g_signal)
@@ -1104,7 +1069,7 @@ static ssize_t events_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_sec += 1;
             if (pthread_cond_timedwait(&S.out_cv, &S.out_mu, &ts))
-                sb_add(&r->pend, "\n", 1); /* keep-alive: an empty line */
+                ts_sb_add(&r->pend, "\n", 1); /* keep-alive: an empty line */
         }
         pthread_mutex_unlock(&S.out_mu);
         if (!r->pend.n)
@@ -1133,7 +1098,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
         if (r->body.n + *upload_size > MAX_BODY)
             r->too_big = true;
         else
-            sb_add(&r->body, upload, *upload_size);
+            ts_sb_add(&r->body, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }

@@ -244,22 +244,30 @@ static ts_status add_split(ts_tokenizer *t, const char *file,
     return TS_OK;
 }
 
-/* one pre-tokenizer step (or a Sequence of them) */
-static ts_status parse_pretok(ts_tokenizer *t, const char *file, json_t *p) {
+/* A tokenizer.json step (normalizer, pre-tokenizer, post-processor,
+ * decoder), or a Sequence of them listed under key: each through one. */
+typedef ts_status (*step_fn)(ts_tokenizer *t, const char *file, json_t *p);
+static ts_status parse_steps(ts_tokenizer *t, const char *file, json_t *p,
+                             const char *key, step_fn one) {
     if (!p || json_is_null(p))
         return TS_OK;
     const char *type = json_string_value(json_object_get(p, "type"));
-    if (type && !strcmp(type, "Sequence")) {
-        json_t *list = json_object_get(p, "pretokenizers");
-        size_t i;
-        json_t *v;
-        json_array_foreach(list, i, v) {
-            ts_status s = parse_pretok(t, file, v);
-            if (s)
-                return s;
-        }
-        return TS_OK;
+    if (!type || strcmp(type, "Sequence"))
+        return one(t, file, p);
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(p, key), i, v) {
+        ts_status s = parse_steps(t, file, v, key, one);
+        if (s)
+            return s;
     }
+    return TS_OK;
+}
+
+/* one pre-tokenizer step */
+static ts_status parse_pretok_step(ts_tokenizer *t, const char *file,
+                                   json_t *p) {
+    const char *type = json_string_value(json_object_get(p, "type"));
     if (type && !strcmp(type, "Split")) {
         json_t *pat = json_object_get(p, "pattern");
         const char *re = json_string_value(json_object_get(pat, "Regex"));
@@ -395,20 +403,8 @@ static const added_token *trie_match(const ts_tokenizer *t, const char *p,
 /* post_processor: TemplateProcessing's "single" template gives the
  * special tokens around a text (Llama's <s>, Llama 3's
  * <|begin_of_text|>); ByteLevel adds none; Sequence of those. */
-static ts_status parse_post(ts_tokenizer *t, const char *file, json_t *p) {
-    if (!p || json_is_null(p))
-        return TS_OK;
+static ts_status parse_post_step(ts_tokenizer *t, const char *file, json_t *p) {
     const char *type = json_string_value(json_object_get(p, "type"));
-    if (type && !strcmp(type, "Sequence")) {
-        size_t i;
-        json_t *v;
-        json_array_foreach(json_object_get(p, "processors"), i, v) {
-            ts_status s = parse_post(t, file, v);
-            if (s)
-                return s;
-        }
-        return TS_OK;
-    }
     if (type &&
         (!strcmp(type, "ByteLevel") || !strcmp(type, "RobertaProcessing") ||
          !strcmp(type, "BertProcessing")))
@@ -463,22 +459,30 @@ size_t ts_tokenizer_suffix_ids(const ts_tokenizer *t, const int32_t **ids) {
     return (size_t)t->n_suffix;
 }
 
-/* normalizers: NFC, Prepend, Replace (String pattern), or a Sequence */
-static ts_status parse_normalizer(ts_tokenizer *t, const char *file,
-                                  json_t *n) {
-    if (!n || json_is_null(n))
-        return TS_OK;
-    const char *type = json_string_value(json_object_get(n, "type"));
-    if (type && !strcmp(type, "Sequence")) {
-        size_t i;
-        json_t *v;
-        json_array_foreach(json_object_get(n, "normalizers"), i, v) {
-            ts_status s = parse_normalizer(t, file, v);
-            if (s)
-                return s;
-        }
-        return TS_OK;
+ts_status ts_tokenizer_encode_text(ts_tokenizer *t, const char *text,
+                                   size_t len, bool add_special_tokens,
+                                   int32_t **ids, size_t *n) {
+    ts_status s = ts_tokenizer_encode(t, text, len, true, ids, n);
+    size_t np = add_special_tokens ? (size_t)t->n_prefix : 0,
+           ns = add_special_tokens ? (size_t)t->n_suffix : 0;
+    if (s != TS_OK || (!np && !ns))
+        return s;
+    int32_t *all = realloc(*ids, sizeof(int32_t) * (np + *n + ns));
+    if (!all) {
+        free(*ids), *ids = NULL, *n = 0;
+        return ts_set_error(t->ctx, TS_ERR_OOM, "tokenizer: out of memory");
     }
+    memmove(all + np, all, sizeof(int32_t) * *n);
+    memcpy(all, t->prefix, sizeof(int32_t) * np);
+    memcpy(all + np + *n, t->suffix, sizeof(int32_t) * ns);
+    *ids = all, *n += np + ns;
+    return TS_OK;
+}
+
+/* normalizers: NFC, Prepend, Replace (String pattern), or a Sequence */
+static ts_status parse_normalizer_step(ts_tokenizer *t, const char *file,
+                                       json_t *n) {
+    const char *type = json_string_value(json_object_get(n, "type"));
     if (t->n_norm == MAX_NORM)
         return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
                             "%s: more than %d normalizer steps", file,
@@ -515,20 +519,9 @@ static ts_status parse_normalizer(ts_tokenizer *t, const char *file,
 
 /* decoders: ByteLevel; Metaspace; or a Sequence of Replace (String),
  * ByteFallback, Fuse and Strip (leading spaces only) */
-static ts_status parse_decoder(ts_tokenizer *t, const char *file, json_t *d) {
-    if (!d || json_is_null(d))
-        return TS_OK;
+static ts_status parse_decoder_step(ts_tokenizer *t, const char *file,
+                                    json_t *d) {
     const char *type = json_string_value(json_object_get(d, "type"));
-    if (type && !strcmp(type, "Sequence")) {
-        size_t i;
-        json_t *v;
-        json_array_foreach(json_object_get(d, "decoders"), i, v) {
-            ts_status s = parse_decoder(t, file, v);
-            if (s)
-                return s;
-        }
-        return TS_OK;
-    }
     if (type && !strcmp(type, "ByteLevel")) {
         t->byte_level = true;
         return TS_OK;
@@ -601,12 +594,15 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
         t->byte_fallback =
             json_is_true(json_object_get(model, "byte_fallback"));
         t->fuse_unk = json_is_true(json_object_get(model, "fuse_unk"));
-        s = parse_normalizer(t, file, json_object_get(root, "normalizer"));
+        s = parse_steps(t, file, json_object_get(root, "normalizer"),
+                        "normalizers", parse_normalizer_step);
     }
     if (!s)
-        s = parse_pretok(t, file, json_object_get(root, "pre_tokenizer"));
+        s = parse_steps(t, file, json_object_get(root, "pre_tokenizer"),
+                        "pretokenizers", parse_pretok_step);
     if (!s)
-        s = parse_decoder(t, file, json_object_get(root, "decoder"));
+        s = parse_steps(t, file, json_object_get(root, "decoder"), "decoders",
+                        parse_decoder_step);
     json_t *post = json_object_get(root, "post_processor");
     if (!s && t->byte_level && (t->byte_fallback || t->metaspace))
         s = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
@@ -739,7 +735,7 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
             s = ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", file);
     }
     if (!s)
-        s = parse_post(t, file, post);
+        s = parse_steps(t, file, post, "processors", parse_post_step);
     json_decref(root);
     if (s) {
         ts_tokenizer_free(t);

@@ -12,6 +12,7 @@
 #include "jinja.h"
 
 #include "core/core.h"
+#include "core/strbuf.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -23,43 +24,6 @@
 #include <utf8proc.h>
 
 #define MAX_DEPTH 200 /* nesting of expressions, statements and macro calls */
-
-/* ---- string buffer ---- */
-
-typedef struct {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static void sb_putn(sbuf *b, const char *s, size_t n) {
-    if (n > ((size_t)1 << 40))
-        abort(); /* no template renders a terabyte */
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            abort(); /* out of memory while rendering text */
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-static void sb_puts(sbuf *b, const char *s) {
-    sb_putn(b, s, strlen(s));
-}
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    char tmp[128];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        sb_putn(b, tmp, n < (int)sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
 
 /* ---- UTF-8 ---- */
 
@@ -192,12 +156,12 @@ static bool is_ident(char c) {
 
 /* Python string-literal escapes. */
 static bool lex_string(diag *d, int line, const char *s, size_t n, size_t *i,
-                       sbuf *out) {
+                       ts_sbuf *out) {
     char q = s[(*i)++];
     while (*i < n && s[*i] != q) {
         char c = s[(*i)++];
         if (c != '\\') {
-            sb_putn(out, &c, 1);
+            ts_sb_add(out, &c, 1);
             continue;
         }
         if (*i >= n)
@@ -236,7 +200,7 @@ static bool lex_string(diag *d, int line, const char *s, size_t n, size_t *i,
             simple = "\v";
             break;
         case '0':
-            sb_putn(out, "", 1);
+            ts_sb_add(out, "", 1);
             continue;
         case '\n':
             continue;
@@ -244,13 +208,13 @@ static bool lex_string(diag *d, int line, const char *s, size_t n, size_t *i,
             break;
         }
         if (simple) {
-            sb_puts(out, simple);
+            ts_sb_puts(out, simple);
             continue;
         }
         int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
         if (!digits) { /* unknown escapes stay as written, as in Python */
-            sb_putn(out, "\\", 1);
-            sb_putn(out, &e, 1);
+            ts_sb_add(out, "\\", 1);
+            ts_sb_add(out, &e, 1);
             continue;
         }
         if (*i + digits > n)
@@ -263,7 +227,7 @@ static bool lex_string(diag *d, int line, const char *s, size_t n, size_t *i,
             return fail_at(d, line, "bad \\%c escape in a string", e);
         *i += digits;
         utf8proc_uint8_t u[4];
-        sb_putn(out, (char *)u, utf8proc_encode_char(cp, u));
+        ts_sb_add(out, (char *)u, utf8proc_encode_char(cp, u));
     }
     if (*i >= n)
         return fail_at(d, line, "unterminated string literal");
@@ -345,8 +309,8 @@ static bool lex_tag(diag *d, const char *s, size_t n, size_t *i, int *line,
                 t.i = strtoll(num, NULL, 10);
             *i = j;
         } else if (c == '\'' || c == '"') {
-            sbuf b = {0};
-            sb_putn(&b, "", 0);
+            ts_sbuf b = {0};
+            ts_sb_add(&b, "", 0);
             if (!lex_string(d, *line, s, n, i, &b)) {
                 free(b.p);
                 return false;
@@ -733,10 +697,10 @@ static node *parse_primary(parser *p) {
         break;
     case T_STRING: {
         /* adjacent literals concatenate */
-        sbuf b = {0};
-        sb_putn(&b, "", 0);
+        ts_sbuf b = {0};
+        ts_sb_add(&b, "", 0);
         while (cur(p)->kind == T_STRING) {
-            sb_putn(&b, cur(p)->s, cur(p)->len);
+            ts_sb_add(&b, cur(p)->s, cur(p)->len);
             p->i++;
         }
         x = mk(E_LIT, t->line);
@@ -1572,13 +1536,13 @@ static bool truthy(val v) {
 }
 
 /* Python's repr() of a float. */
-static void put_float(sbuf *b, double f) {
+static void put_float(ts_sbuf *b, double f) {
     if (isnan(f)) {
-        sb_puts(b, "nan");
+        ts_sb_puts(b, "nan");
         return;
     }
     if (isinf(f)) {
-        sb_puts(b, f < 0 ? "-inf" : "inf");
+        ts_sb_puts(b, f < 0 ? "-inf" : "inf");
         return;
     }
     char tmp[40];
@@ -1603,85 +1567,85 @@ static void put_float(sbuf *b, double f) {
         nd--;
     digits[nd] = 0;
     if (negative)
-        sb_puts(b, "-");
+        ts_sb_puts(b, "-");
     if (exp10 >= -5 && exp10 < 16) {
         if (exp10 < 0) {
-            sb_puts(b, "0.");
+            ts_sb_puts(b, "0.");
             for (int k = -1; k > exp10; k--)
-                sb_puts(b, "0");
-            sb_puts(b, digits);
+                ts_sb_puts(b, "0");
+            ts_sb_puts(b, digits);
         } else {
             for (int k = 0; k <= exp10; k++)
-                sb_putn(b, k < nd ? &digits[k] : "0", 1);
-            sb_puts(b, ".");
+                ts_sb_add(b, k < nd ? &digits[k] : "0", 1);
+            ts_sb_puts(b, ".");
             if (nd > exp10 + 1)
-                sb_puts(b, digits + exp10 + 1);
+                ts_sb_puts(b, digits + exp10 + 1);
             else
-                sb_puts(b, "0");
+                ts_sb_puts(b, "0");
         }
     } else {
-        sb_putn(b, digits, 1);
+        ts_sb_add(b, digits, 1);
         if (nd > 1) {
-            sb_puts(b, ".");
-            sb_puts(b, digits + 1);
+            ts_sb_puts(b, ".");
+            ts_sb_puts(b, digits + 1);
         }
-        sb_printf(b, "e%c%02d", exp10 < 0 ? '-' : '+', abs(exp10));
+        ts_sb_printf(b, "e%c%02d", exp10 < 0 ? '-' : '+', abs(exp10));
     }
 }
 
-static void put_repr_str(sbuf *b, const char *s, size_t n) {
+static void put_repr_str(ts_sbuf *b, const char *s, size_t n) {
     bool has_sq = memchr(s, '\'', n), has_dq = memchr(s, '"', n);
     char q = has_sq && !has_dq ? '"' : '\'';
-    sb_putn(b, &q, 1);
+    ts_sb_add(b, &q, 1);
     for (size_t i = 0; i < n;) {
         int32_t c;
         int k = u8_next(s, n, i, &c);
         if (c == q || c == '\\') {
-            sb_puts(b, "\\");
-            sb_putn(b, s + i, 1);
+            ts_sb_puts(b, "\\");
+            ts_sb_add(b, s + i, 1);
         } else if (c == '\n')
-            sb_puts(b, "\\n");
+            ts_sb_puts(b, "\\n");
         else if (c == '\r')
-            sb_puts(b, "\\r");
+            ts_sb_puts(b, "\\r");
         else if (c == '\t')
-            sb_puts(b, "\\t");
+            ts_sb_puts(b, "\\t");
         else if (c < 0x20 || c == 0x7f)
-            sb_printf(b, "\\x%02x", c);
+            ts_sb_printf(b, "\\x%02x", c);
         else
-            sb_putn(b, s + i, k);
+            ts_sb_add(b, s + i, k);
         i += k;
     }
-    sb_putn(b, &q, 1);
+    ts_sb_add(b, &q, 1);
 }
 
-static void put_str(sbuf *b, val v, bool repr);
-static void put_json(sbuf *b, json_t *j, bool repr) {
+static void put_str(ts_sbuf *b, val v, bool repr);
+static void put_json(ts_sbuf *b, json_t *j, bool repr) {
     val v = {.kind = V_JSON, .j = j};
     put_str(b, v, repr);
 }
 /* Python's str() (repr=false) or repr() of a value. */
-static void put_str(sbuf *b, val v, bool repr) {
+static void put_str(ts_sbuf *b, val v, bool repr) {
     if (v.kind == V_UNDEF)
         return;
     if (v.kind == V_MACRO) {
-        sb_printf(b, "<Macro '%s'>", v.macro->s);
+        ts_sb_printf(b, "<Macro '%s'>", v.macro->s);
         return;
     }
     if (v.kind == V_NS)
-        sb_puts(b, "<Namespace ");
+        ts_sb_puts(b, "<Namespace ");
     json_t *j = v.j;
     switch (json_typeof(j)) {
     case JSON_NULL:
-        sb_puts(b, "None");
+        ts_sb_puts(b, "None");
         break;
     case JSON_TRUE:
-        sb_puts(b, "True");
+        ts_sb_puts(b, "True");
         break;
     case JSON_FALSE:
-        sb_puts(b, "False");
+        ts_sb_puts(b, "False");
         break;
     case JSON_INTEGER:
-        sb_printf(b, "%lld", (long long)json_integer_value(j));
+        ts_sb_printf(b, "%lld", (long long)json_integer_value(j));
         break;
     case JSON_REAL:
         put_float(b, json_real_value(j));
@@ -1690,39 +1654,39 @@ static void put_str(sbuf *b, val v, bool repr) {
         if (repr)
             put_repr_str(b, json_string_value(j), json_string_length(j));
         else
-            sb_putn(b, json_string_value(j), json_string_length(j));
+            ts_sb_add(b, json_string_value(j), json_string_length(j));
         break;
     case JSON_ARRAY: {
-        sb_puts(b, "[");
+        ts_sb_puts(b, "[");
         size_t i;
         json_t *e;
         json_array_foreach(j, i, e) {
             if (i)
-                sb_puts(b, ", ");
+                ts_sb_puts(b, ", ");
             put_json(b, e, true);
         }
-        sb_puts(b, "]");
+        ts_sb_puts(b, "]");
         break;
     }
     case JSON_OBJECT: {
-        sb_puts(b, "{");
+        ts_sb_puts(b, "{");
         const char *k;
         json_t *e;
         bool first = true;
         json_object_foreach(j, k, e) {
             if (!first)
-                sb_puts(b, ", ");
+                ts_sb_puts(b, ", ");
             first = false;
             put_repr_str(b, k, strlen(k));
-            sb_puts(b, ": ");
+            ts_sb_puts(b, ": ");
             put_json(b, e, true);
         }
-        sb_puts(b, "}");
+        ts_sb_puts(b, "}");
         break;
     }
     }
     if (v.kind == V_NS)
-        sb_puts(b, ">");
+        ts_sb_puts(b, ">");
 }
 
 /* json.dumps(x, ensure_ascii=False, indent=indent, separators=...,
@@ -1733,66 +1697,66 @@ typedef struct {
     bool sort_keys;
 } dump_opts;
 
-static void dump_str(sbuf *b, const char *s, size_t n) {
-    sb_puts(b, "\"");
+static void dump_str(ts_sbuf *b, const char *s, size_t n) {
+    ts_sb_puts(b, "\"");
     for (size_t i = 0; i < n; i++) {
         unsigned char c = s[i];
         switch (c) {
         case '"':
-            sb_puts(b, "\\\"");
+            ts_sb_puts(b, "\\\"");
             break;
         case '\\':
-            sb_puts(b, "\\\\");
+            ts_sb_puts(b, "\\\\");
             break;
         case '\n':
-            sb_puts(b, "\\n");
+            ts_sb_puts(b, "\\n");
             break;
         case '\r':
-            sb_puts(b, "\\r");
+            ts_sb_puts(b, "\\r");
             break;
         case '\t':
-            sb_puts(b, "\\t");
+            ts_sb_puts(b, "\\t");
             break;
         case '\b':
-            sb_puts(b, "\\b");
+            ts_sb_puts(b, "\\b");
             break;
         case '\f':
-            sb_puts(b, "\\f");
+            ts_sb_puts(b, "\\f");
             break;
         default:
             if (c < 0x20)
-                sb_printf(b, "\\u%04x", c);
+                ts_sb_printf(b, "\\u%04x", c);
             else
-                sb_putn(b, s + i, 1);
+                ts_sb_add(b, s + i, 1);
         }
     }
-    sb_puts(b, "\"");
+    ts_sb_puts(b, "\"");
 }
 
 static int key_cmp(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static void dump_json(sbuf *b, json_t *j, const dump_opts *o, int level) {
+static void dump_json(ts_sbuf *b, json_t *j, const dump_opts *o, int level) {
     switch (json_typeof(j)) {
     case JSON_NULL:
-        sb_puts(b, "null");
+        ts_sb_puts(b, "null");
         return;
     case JSON_TRUE:
-        sb_puts(b, "true");
+        ts_sb_puts(b, "true");
         return;
     case JSON_FALSE:
-        sb_puts(b, "false");
+        ts_sb_puts(b, "false");
         return;
     case JSON_INTEGER:
-        sb_printf(b, "%lld", (long long)json_integer_value(j));
+        ts_sb_printf(b, "%lld", (long long)json_integer_value(j));
         return;
     case JSON_REAL: {
         double f = json_real_value(j);
         if (isnan(f))
-            sb_puts(b, "NaN");
+            ts_sb_puts(b, "NaN");
         else if (isinf(f))
-            sb_puts(b, f < 0 ? "-Infinity" : "Infinity");
+            ts_sb_puts(b, f < 0 ? "-Infinity" : "Infinity");
         else
             put_float(b, f);
         return;
@@ -1805,9 +1769,9 @@ static void dump_json(sbuf *b, json_t *j, const dump_opts *o, int level) {
     }
     bool arr = json_is_array(j);
     size_t n = arr ? json_array_size(j) : json_object_size(j);
-    sb_puts(b, arr ? "[" : "{");
+    ts_sb_puts(b, arr ? "[" : "{");
     if (!n) {
-        sb_puts(b, arr ? "]" : "}");
+        ts_sb_puts(b, arr ? "]" : "}");
         return;
     }
     const char **keys = NULL;
@@ -1822,34 +1786,34 @@ static void dump_json(sbuf *b, json_t *j, const dump_opts *o, int level) {
     }
     for (size_t i = 0; i < n; i++) {
         if (i)
-            sb_puts(b, o->item_sep);
+            ts_sb_puts(b, o->item_sep);
         if (o->indent >= 0) {
-            sb_puts(b, "\n");
+            ts_sb_puts(b, "\n");
             for (int s = 0; s < o->indent * (level + 1); s++)
-                sb_puts(b, " ");
+                ts_sb_puts(b, " ");
         }
         if (arr)
             dump_json(b, json_array_get(j, i), o, level + 1);
         else {
             dump_str(b, keys[i], strlen(keys[i]));
-            sb_puts(b, o->key_sep);
+            ts_sb_puts(b, o->key_sep);
             dump_json(b, json_object_get(j, keys[i]), o, level + 1);
         }
     }
     if (o->indent >= 0) {
-        sb_puts(b, "\n");
+        ts_sb_puts(b, "\n");
         for (int s = 0; s < o->indent * level; s++)
-            sb_puts(b, " ");
+            ts_sb_puts(b, " ");
     }
-    sb_puts(b, arr ? "]" : "}");
+    ts_sb_puts(b, arr ? "]" : "}");
     free(keys);
 }
 
 static val to_string(val v) {
     if (is_str(v))
         return vcopy(v);
-    sbuf b = {0};
-    sb_putn(&b, "", 0);
+    ts_sbuf b = {0};
+    ts_sb_add(&b, "", 0);
     put_str(&b, v, false);
     val s = mkstr(b.p, b.n);
     free(b.p);
@@ -1993,7 +1957,7 @@ static bool iter_items(rt *r, const node *x, val v, json_t **out) {
 }
 
 static bool eval(rt *r, const node *x, val *out);
-static bool render(rt *r, const node *body, sbuf *out);
+static bool render(rt *r, const node *body, ts_sbuf *out);
 
 /* ---- attribute and item access ---- */
 
@@ -2097,10 +2061,10 @@ static bool do_slice(rt *r, const node *x, val obj, val *parts, val *out) {
                 i += u8_next(s, bn, i, &c);
             }
         }
-        sbuf b = {0};
-        sb_putn(&b, "", 0);
+        ts_sbuf b = {0};
+        ts_sb_add(&b, "", 0);
         for (long long k = start; step > 0 ? k < stop : k > stop; k += step)
-            sb_putn(&b, s + offs[k], offs[k + 1] - offs[k]);
+            ts_sb_add(&b, s + offs[k], offs[k + 1] - offs[k]);
         *out = mkstr(b.p, b.n);
         free(b.p);
         free(offs);
@@ -2117,9 +2081,9 @@ static bool binop(rt *r, const node *x, const char *op, val a, val b,
                   val *out) {
     if (!strcmp(op, "~")) {
         val sa = to_string(a), sb = to_string(b);
-        sbuf s = {0};
-        sb_putn(&s, sval(sa), slen(sa));
-        sb_putn(&s, sval(sb), slen(sb));
+        ts_sbuf s = {0};
+        ts_sb_add(&s, sval(sa), slen(sa));
+        ts_sb_add(&s, sval(sb), slen(sb));
         *out = mkstr(s.p, s.n);
         free(s.p);
         vfree(&sa);
@@ -2168,9 +2132,9 @@ static bool binop(rt *r, const node *x, const char *op, val a, val b,
     if (b.kind == V_UNDEF)
         return undef_error(r, x, b);
     if (!strcmp(op, "+") && is_str(a) && is_str(b)) {
-        sbuf s = {0};
-        sb_putn(&s, sval(a), slen(a));
-        sb_putn(&s, sval(b), slen(b));
+        ts_sbuf s = {0};
+        ts_sb_add(&s, sval(a), slen(a));
+        ts_sb_add(&s, sval(b), slen(b));
         *out = mkstr(s.p, s.n);
         free(s.p);
         return true;
@@ -2185,10 +2149,10 @@ static bool binop(rt *r, const node *x, const char *op, val a, val b,
         ((is_str(a) && is_int(b)) || (is_int(a) && is_str(b)))) {
         val s = is_str(a) ? a : b;
         long long n = is_int(a) ? inum(a) : inum(b);
-        sbuf t = {0};
-        sb_putn(&t, "", 0);
+        ts_sbuf t = {0};
+        ts_sb_add(&t, "", 0);
         for (long long i = 0; i < n && i < 1000000; i++)
-            sb_putn(&t, sval(s), slen(s));
+            ts_sb_add(&t, sval(s), slen(s));
         *out = mkstr(t.p, t.n);
         free(t.p);
         return true;
@@ -2305,14 +2269,14 @@ static val str_strip(val s, val chars, bool left, bool right) {
 static val str_map_case(val s, int mode) { /* 0 lower, 1 upper */
     const char *p = sval(s);
     size_t n = slen(s);
-    sbuf b = {0};
-    sb_putn(&b, "", 0);
+    ts_sbuf b = {0};
+    ts_sb_add(&b, "", 0);
     for (size_t i = 0; i < n;) {
         int32_t c;
         i += u8_next(p, n, i, &c);
         c = mode ? utf8proc_toupper(c) : utf8proc_tolower(c);
         utf8proc_uint8_t u[4];
-        sb_putn(&b, (char *)u, utf8proc_encode_char(c, u));
+        ts_sb_add(&b, (char *)u, utf8proc_encode_char(c, u));
     }
     val v = mkstr(b.p, b.n);
     free(b.p);
@@ -2328,8 +2292,8 @@ static bool is_cased_letter(int32_t c) {
 static val str_title(val s, int mode) { /* 0 str.title, 1 jinja, 2 capitalize */
     const char *p = sval(s);
     size_t n = slen(s);
-    sbuf b = {0};
-    sb_putn(&b, "", 0);
+    ts_sbuf b = {0};
+    ts_sb_add(&b, "", 0);
     bool start = true;
     for (size_t i = 0; i < n;) {
         int32_t c;
@@ -2347,7 +2311,7 @@ static val str_title(val s, int mode) { /* 0 str.title, 1 jinja, 2 capitalize */
                     c == '[' || c == '<';
         }
         utf8proc_uint8_t u[4];
-        sb_putn(&b, (char *)u, utf8proc_encode_char(o, u));
+        ts_sb_add(&b, (char *)u, utf8proc_encode_char(o, u));
     }
     val v = mkstr(b.p, b.n);
     free(b.p);
@@ -2355,37 +2319,37 @@ static val str_title(val s, int mode) { /* 0 str.title, 1 jinja, 2 capitalize */
 }
 
 static val str_replace(val s, val old, val new, long long count) {
-    sbuf b = {0};
-    sb_putn(&b, "", 0);
+    ts_sbuf b = {0};
+    ts_sb_add(&b, "", 0);
     const char *p = sval(s);
     size_t n = slen(s), on = slen(old);
     size_t i = 0;
     long long done = 0;
     if (!on) { /* Python inserts `new` between characters */
         for (; i <= n && (count < 0 || done < count); done++) {
-            sb_putn(&b, sval(new), slen(new));
+            ts_sb_add(&b, sval(new), slen(new));
             if (i == n) {
                 i++;
                 break;
             }
             int32_t c;
             int k = u8_next(p, n, i, &c);
-            sb_putn(&b, p + i, k);
+            ts_sb_add(&b, p + i, k);
             i += k;
         }
         if (i < n)
-            sb_putn(&b, p + i, n - i);
+            ts_sb_add(&b, p + i, n - i);
     } else {
         while (i < n && (count < 0 || done < count)) {
             const char *f = memmem(p + i, n - i, sval(old), on);
             if (!f)
                 break;
-            sb_putn(&b, p + i, f - (p + i));
-            sb_putn(&b, sval(new), slen(new));
+            ts_sb_add(&b, p + i, f - (p + i));
+            ts_sb_add(&b, sval(new), slen(new));
             i = f - p + on;
             done++;
         }
-        sb_putn(&b, p + i, n - i);
+        ts_sb_add(&b, p + i, n - i);
     }
     val v = mkstr(b.p, b.n);
     free(b.p);
@@ -2689,8 +2653,8 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             if (!o.item_sep || !o.key_sep)
                 return err(r, x, "tojson: separators must be two strings");
         }
-        sbuf b = {0};
-        sb_putn(&b, "", 0);
+        ts_sbuf b = {0};
+        ts_sb_add(&b, "", 0);
         dump_json(&b, v.j, &o, 0);
         *out = mkstr(b.p, b.n);
         free(b.p);
@@ -2741,13 +2705,13 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         if (!iter_items(r, x, v, &items))
             return false;
         val d = arg(a, 1, "d"), at = arg(a, 2, "attribute");
-        sbuf b = {0};
-        sb_putn(&b, "", 0);
+        ts_sbuf b = {0};
+        ts_sb_add(&b, "", 0);
         size_t i;
         json_t *e;
         json_array_foreach(items, i, e) {
             if (i && is_str(d))
-                sb_putn(&b, sval(d), slen(d));
+                ts_sb_add(&b, sval(d), slen(d));
             val item = jv(json_incref(e));
             val sub = at.kind != V_UNDEF ? attr_path(item, at) : vcopy(item);
             put_str(&b, sub, false);
@@ -2931,31 +2895,31 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         val s = to_string(v), w = arg(a, 1, "width");
         bool first = truthy(arg(a, 2, "first")),
              blank = truthy(arg(a, 3, "blank"));
-        sbuf ind = {0};
-        sb_putn(&ind, "", 0);
+        ts_sbuf ind = {0};
+        ts_sb_add(&ind, "", 0);
         if (is_str(w))
-            sb_putn(&ind, sval(w), slen(w));
+            ts_sb_add(&ind, sval(w), slen(w));
         else
             for (long long k = 0; k < (is_int(w) ? inum(w) : 4); k++)
-                sb_puts(&ind, " ");
+                ts_sb_puts(&ind, " ");
         /* jinja: lines = (s + "\n").splitlines(); the first line as is,
          * the others indented (blank ones only with blank=True) */
         const char *p = sval(s);
         size_t n = slen(s);
-        sbuf o = {0};
-        sb_putn(&o, "", 0);
+        ts_sbuf o = {0};
+        ts_sb_add(&o, "", 0);
         if (first)
-            sb_putn(&o, ind.p, ind.n);
+            ts_sb_add(&o, ind.p, ind.n);
         for (size_t i = 0, line = 0; i <= n; line++) {
             size_t j = i;
             while (j < n && p[j] != '\n')
                 j++;
             if (line) {
-                sb_puts(&o, "\n");
+                ts_sb_puts(&o, "\n");
                 if (blank || j > i)
-                    sb_putn(&o, ind.p, ind.n);
+                    ts_sb_add(&o, ind.p, ind.n);
             }
-            sb_putn(&o, p + i, j - i);
+            ts_sb_add(&o, p + i, j - i);
             i = j + 1; /* past the newline; i == n + 1 ends */
         }
         *out = mkstr(o.p, o.n);
@@ -2966,8 +2930,8 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
     }
     if (!strcmp(name, "e") || !strcmp(name, "escape")) {
         val s = to_string(v);
-        sbuf o = {0};
-        sb_putn(&o, "", 0);
+        ts_sbuf o = {0};
+        ts_sb_add(&o, "", 0);
         for (size_t i = 0; i < slen(s); i++) {
             char c = sval(s)[i];
             const char *rep = c == '&'    ? "&amp;"
@@ -2977,9 +2941,9 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
                               : c == '\'' ? "&#39;"
                                           : NULL;
             if (rep)
-                sb_puts(&o, rep);
+                ts_sb_puts(&o, rep);
             else
-                sb_putn(&o, &c, 1);
+                ts_sb_add(&o, &c, 1);
         }
         *out = mkstr(o.p, o.n);
         free(o.p);
@@ -3069,8 +3033,8 @@ static bool call_macro(rt *r, const node *call, const node *m, args *a,
         } else
             bind(r, m->kids[i]->s, undef(m->kids[i]->s));
     }
-    sbuf b = {0};
-    sb_putn(&b, "", 0);
+    ts_sbuf b = {0};
+    ts_sb_add(&b, "", 0);
     r->depth++;
     bool ok = render(r, m->b, &b);
     r->depth--;
@@ -3163,8 +3127,8 @@ static bool call_method(rt *r, const node *x, val obj, const char *m, args *a,
             json_t *items;
             if (!iter_items(r, x, arg(a, 0, NULL), &items))
                 return false;
-            sbuf b = {0};
-            sb_putn(&b, "", 0);
+            ts_sbuf b = {0};
+            ts_sb_add(&b, "", 0);
             size_t i;
             json_t *e;
             json_array_foreach(items, i, e) {
@@ -3175,8 +3139,8 @@ static bool call_method(rt *r, const node *x, val obj, const char *m, args *a,
                                i);
                 }
                 if (i)
-                    sb_putn(&b, sval(obj), slen(obj));
-                sb_putn(&b, json_string_value(e), json_string_length(e));
+                    ts_sb_add(&b, sval(obj), slen(obj));
+                ts_sb_add(&b, json_string_value(e), json_string_length(e));
             }
             json_decref(items);
             *out = mkstr(b.p, b.n);
@@ -3518,7 +3482,7 @@ static bool eval(rt *r, const node *x, val *out) {
     }
 }
 
-static bool render_for(rt *r, const node *x, sbuf *out) {
+static bool render_for(rt *r, const node *x, ts_sbuf *out) {
     val seq;
     if (!eval(r, x->a, &seq))
         return false;
@@ -3601,7 +3565,7 @@ static bool render_for(rt *r, const node *x, sbuf *out) {
     return ok;
 }
 
-static bool render(rt *r, const node *body, sbuf *out) {
+static bool render(rt *r, const node *body, ts_sbuf *out) {
     if (++r->depth > MAX_DEPTH)
         return err(r, body, "blocks nested too deeply");
     bool ok = true;
@@ -3609,7 +3573,7 @@ static bool render(rt *r, const node *body, sbuf *out) {
         const node *x = body->kids[i];
         switch (x->kind) {
         case N_TEXT:
-            sb_putn(out, x->s, x->len);
+            ts_sb_add(out, x->s, x->len);
             break;
         case N_OUT: {
             val v;
@@ -3665,8 +3629,8 @@ static bool render(rt *r, const node *body, sbuf *out) {
             break;
         }
         case N_SETBLOCK: {
-            sbuf b = {0};
-            sb_putn(&b, "", 0);
+            ts_sbuf b = {0};
+            ts_sb_add(&b, "", 0);
             ok = render(r, x->b, &b);
             if (ok)
                 bind(r, x->s, mkstr(b.p, b.n));
@@ -3741,15 +3705,18 @@ ts_status ts_template_render_json(ts_ctx *ctx, const ts_template *t,
     json_t *e;
     json_object_foreach(vars, k, e) bind(&r, k, jv(json_incref(e)));
     frame_push(&r); /* the template's own top-level sets */
-    sbuf b = {0};
-    sb_putn(&b, "", 0);
+    ts_sbuf b = {0};
+    ts_sb_add(&b, "", 0);
     bool ok = render(&r, t->root, &b);
     while (r.nframes)
         frame_pop(&r);
     free(r.frames);
-    if (!ok) {
+    if (!ok || b.oom) {
         free(b.p);
-        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "%s", r.d.msg);
+        return b.oom && ok
+                   ? ts_set_error(ctx, TS_ERR_OOM,
+                                  "chat template: out of memory")
+                   : ts_set_error(ctx, TS_ERR_INVALID_ARG, "%s", r.d.msg);
     }
     *out = b.p;
     if (len)
