@@ -143,6 +143,24 @@ size_t ts_engine_cached_blocks(const ts_engine *e, uint64_t *hashes,
 /* Moves up to cap pending KV events into out, oldest first. */
 size_t ts_engine_drain_events(ts_engine *e, ts_kv_event *out, size_t cap);
 
+/* ---- KV transfer (prefill on one server, decode on another) ----
+ * A block travels as its tokens and ts_engine_block_bytes of K and V (per
+ * layer K then V, f32, as ts_qwen3_kv_pool_copy_block). */
+int64_t ts_engine_block_size(const ts_engine *e);
+int64_t ts_engine_block_bytes(const ts_engine *e);
+/* Copies the K/V of the longest cached run of tokens' full blocks (at most
+ * max_blocks) into buf, block after block; returns how many. */
+size_t ts_engine_export_prefix(ts_engine *e, const int32_t *tokens,
+                               size_t n_tokens, void *buf, size_t max_blocks);
+/* Adopts n_blocks full blocks (tokens[0 .. n_blocks x block_size), their
+ * K/V in buf) into the prefix cache, as if this engine had computed them;
+ * blocks already cached are kept (and touched). Stops early when the pool
+ * has no room; *adopted counts the new blocks. A request with this prefix
+ * then starts after it. */
+ts_status ts_engine_import_prefix(ts_engine *e, const int32_t *tokens,
+                                  size_t n_blocks, const void *buf,
+                                  size_t *adopted);
+
 #ifdef __cplusplus
 }
 #endif

@@ -131,6 +131,13 @@ ts_status ts_qwen3_kv_pool_new(ts_qwen3_model *m, int64_t n_blocks,
 void ts_qwen3_kv_pool_free(ts_qwen3_kv_pool *p);
 /* bytes of one block over all layers (K and V, f32) */
 int64_t ts_qwen3_kv_block_bytes(const ts_qwen3_config *c, int64_t block_size);
+/* Block `block` of every layer out of the pool into out, or from in into
+ * the pool: per layer K then V, each (KV, block_size, D) f32,
+ * ts_qwen3_kv_block_bytes in all (what a KV transfer carries). */
+ts_status ts_qwen3_kv_pool_read_block(ts_qwen3_kv_pool *p, int64_t block,
+                                      void *out);
+ts_status ts_qwen3_kv_pool_write_block(ts_qwen3_kv_pool *p, int64_t block,
+                                       const void *in);
 /* One engine step: ids (1, N) are the new tokens of several sequences
  * (meta: ts_paged_attention's), positions[N] their positions; returns
  * the logits (n_rows, V) of the tokens at rows[] (each sequence's last). */

@@ -1,7 +1,11 @@
 /* tessera_server.h — an OpenAI-compatible HTTP server over the engine:
  * /v1/completions and /v1/chat/completions (streamed as Server-Sent
  * Events or whole), /v1/models, /health, /metrics (Prometheus text),
- * /v1/kv_events (the prefix cache's block events as JSON lines). */
+ * /v1/kv_events (the prefix cache's block events as JSON lines),
+ * /v1/kv_cache (a snapshot of the cached blocks). A completion or chat
+ * request with "kv_transfer_params": {"target": "HOST:PORT"} is a prefill
+ * for another server: its prompt's KV blocks are computed and sent there
+ * (src/server/kv_transfer.h) and the response says how it went. */
 #ifndef TESSERA_SERVER_H
 #define TESSERA_SERVER_H
 
@@ -19,6 +23,11 @@ typedef struct {
     ts_dtype weight_dtype;  /* TS_F32 or TS_BF16 */
     const char *device_map; /* NULL: the current device */
     ts_engine_options engine;
+    /* prefill/decode disaggregation: a port (0: any) on host where this
+     * server takes KV blocks from prefill servers into its prefix cache;
+     * -1: none. /health names it. */
+    int kv_port;
+    bool no_kv_events; /* /v1/kv_events and /v1/kv_cache answer 404 */
     /* written once listening (the port actually bound, e.g. for port 0) */
     void (*on_listen)(int port, void *arg);
     void *on_listen_arg;

@@ -14,7 +14,11 @@ static int usage(void) {
             "         [--kv-blocks N | --kv-memory BYTES] [--block-size 16] "
             "[--max-batch-tokens N]\n"
             "         [--no-prefix-cache] [--served-model-name NAME] "
-            "[--dtype f32|bf16] [--device-map MAP]\n");
+            "[--dtype f32|bf16] [--device-map MAP]\n"
+            "         [--kv-port PORT] (receive KV blocks from prefill "
+            "servers; 0: any port)\n"
+            "         [--no-kv-events] (publish no /v1/kv_events, "
+            "/v1/kv_cache)\n");
     return 2;
 }
 
@@ -41,6 +45,7 @@ int tessera_serve(int argc, char **argv) {
     ts_server_options o = {.host = "127.0.0.1",
                            .port = 8000,
                            .weight_dtype = TS_F32,
+                           .kv_port = -1,
                            .engine = ts_engine_options_default()};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -70,6 +75,10 @@ int tessera_serve(int argc, char **argv) {
         else if (!strcmp(a, "--dtype") && v &&
                  (!strcmp(v, "f32") || !strcmp(v, "bf16")))
             o.weight_dtype = strcmp(v, "bf16") ? TS_F32 : TS_BF16, i++;
+        else if (!strcmp(a, "--kv-port") && v && parse_int(v, 0, 65535, &n))
+            o.kv_port = (int)n, i++;
+        else if (!strcmp(a, "--no-kv-events"))
+            o.no_kv_events = true;
         else if (!strcmp(a, "--device-map") && v)
             o.device_map = v, i++;
         else {

@@ -187,27 +187,26 @@ static void map_remove(ts_engine *e, node *n) {
     }
 }
 
-/* a sequence's full block k, filled with its tokens, joins the tree */
-static void tree_insert(ts_engine *e, seq *s, size_t k) {
-    const int32_t *toks = s->tok + k * (size_t)e->bs;
-    uint64_t parent = k ? s->last_hash : 0;
+/* block `block` holding toks (block_size of them) after parent joins the
+ * tree with the tree's own reference; NULL when already cached (or a
+ * colliding hash: the first is kept) or out of memory */
+static node *tree_add(ts_engine *e, const int32_t *toks, uint64_t parent,
+                      int32_t block) {
     uint64_t h = ts_block_hash(parent, toks, e->bs);
-    s->last_hash = h;
-    s->n_inserted = k + 1;
     if (e->opt.no_prefix_cache || e->map[map_slot(e, h)])
-        return; /* already cached (or a colliding hash: keep the first) */
+        return NULL;
     if (2 * (e->n_nodes + 1) > e->map_cap)
-        return; /* the map is sized for every block; cannot happen */
+        return NULL; /* the map is sized for every block; cannot happen */
     node *n = calloc(1, sizeof *n);
     int32_t *t = n ? malloc(sizeof(int32_t) * (size_t)e->bs) : NULL;
     if (!t) {
         free(n);
-        return;
+        return NULL;
     }
     memcpy(t, toks, sizeof(int32_t) * (size_t)e->bs);
     n->hash = h, n->parent_hash = parent, n->tokens = t;
-    n->block = s->blocks[k];
-    n->parent = k ? e->map[map_slot(e, parent)] : NULL;
+    n->block = block;
+    n->parent = parent ? e->map[map_slot(e, parent)] : NULL;
     if (n->parent)
         n->parent->n_children++;
     n->last_used = ++e->tick;
@@ -216,6 +215,16 @@ static void tree_insert(ts_engine *e, seq *s, size_t k) {
     e->map[map_slot(e, h)] = n;
     e->n_nodes++;
     publish(e, TS_KV_BLOCK_STORED, n);
+    return n;
+}
+
+/* a sequence's full block k, filled with its tokens, joins the tree */
+static void tree_insert(ts_engine *e, seq *s, size_t k) {
+    const int32_t *toks = s->tok + k * (size_t)e->bs;
+    uint64_t parent = k ? s->last_hash : 0;
+    s->last_hash = ts_block_hash(parent, toks, e->bs);
+    s->n_inserted = k + 1;
+    tree_add(e, toks, parent, s->blocks[k]);
 }
 
 /* the least recently used leaf no sequence holds, removed; false if none */
@@ -802,5 +811,92 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
     }
     ts_release(logits);
     free(sl), free(meta), free(pos), free(rows), free(ids), free(row_seq);
+    return st;
+}
+
+/* ---- KV transfer (prefill/decode disaggregation) ---- */
+
+int64_t ts_engine_block_size(const ts_engine *e) {
+    return e ? e->bs : 0;
+}
+
+int64_t ts_engine_block_bytes(const ts_engine *e) {
+    return e ? ts_qwen3_kv_block_bytes(ts_qwen3_get_config(e->m), e->bs) : 0;
+}
+
+size_t ts_engine_export_prefix(ts_engine *e, const int32_t *tokens,
+                               size_t n_tokens, void *buf, size_t max_blocks) {
+    if (!e || !tokens || !buf || e->opt.no_prefix_cache)
+        return 0;
+    size_t per = (size_t)ts_engine_block_bytes(e), k = 0;
+    uint64_t parent = 0;
+    for (; k < max_blocks && (k + 1) * (size_t)e->bs <= n_tokens; k++) {
+        const int32_t *toks = tokens + k * (size_t)e->bs;
+        uint64_t h = ts_block_hash(parent, toks, e->bs);
+        node *n = tree_find(e, h, toks);
+        if (!n || ts_qwen3_kv_pool_read_block(e->pool, n->block,
+                                              (char *)buf + k * per) != TS_OK)
+            break;
+        n->last_used = ++e->tick;
+        parent = h;
+    }
+    return k;
+}
+
+ts_status ts_engine_import_prefix(ts_engine *e, const int32_t *tokens,
+                                  size_t n_blocks, const void *buf,
+                                  size_t *adopted) {
+    if (!e)
+        return TS_ERR_INVALID_ARG;
+    if (!tokens || !buf || !adopted)
+        return ts_set_error(e->ctx, TS_ERR_INVALID_ARG,
+                            "engine_import_prefix: NULL argument");
+    *adopted = 0;
+    const ts_qwen3_config *c = ts_qwen3_get_config(e->m);
+    for (size_t i = 0; i < n_blocks * (size_t)e->bs; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab)
+            return ts_set_error(e->ctx, TS_ERR_RANGE,
+                                "imported token %d at %zu is outside the "
+                                "vocabulary (%lld)",
+                                tokens[i], i, (long long)c->vocab);
+    if (e->opt.no_prefix_cache)
+        return TS_OK; /* nothing to adopt into */
+    size_t per = (size_t)ts_engine_block_bytes(e);
+    /* the chain's blocks are held while it grows, so making room for
+     * block k never evicts block k - 1 */
+    int32_t *held = malloc(sizeof(int32_t) * (n_blocks ? n_blocks : 1));
+    if (!held)
+        return ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");
+    size_t n_held = 0;
+    uint64_t parent = 0;
+    ts_status st = TS_OK;
+    for (size_t k = 0; k < n_blocks; k++) {
+        const int32_t *toks = tokens + k * (size_t)e->bs;
+        uint64_t h = ts_block_hash(parent, toks, e->bs);
+        node *n = tree_find(e, h, toks);
+        if (!n && e->map[map_slot(e, h)])
+            break; /* a colliding hash holds the slot: stop here */
+        if (!n) {
+            int32_t b = block_take(e);
+            while (b < 0 && evict_one(e))
+                b = block_take(e);
+            if (b < 0)
+                break; /* the pool is full of blocks in use: adopt less */
+            st = ts_qwen3_kv_pool_write_block(e->pool, b,
+                                              (const char *)buf + k * per);
+            n = st == TS_OK ? tree_add(e, toks, parent, b) : NULL;
+            block_release(e, b); /* the tree's reference remains */
+            if (!n)
+                break;
+            (*adopted)++;
+        }
+        n->last_used = ++e->tick;
+        e->ref[n->block]++;
+        held[n_held++] = n->block;
+        parent = h;
+    }
+    for (size_t i = 0; i < n_held; i++)
+        block_release(e, held[i]);
+    free(held);
     return st;
 }

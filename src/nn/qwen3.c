@@ -736,6 +736,41 @@ void ts_qwen3_kv_pool_free(ts_qwen3_kv_pool *p) {
     free(p->k), free(p->v), free(p);
 }
 
+static ts_status kv_pool_copy(ts_qwen3_kv_pool *p, int64_t block, float *out,
+                              const float *in) {
+    if (!p || (!out && !in))
+        return TS_ERR_INVALID_ARG;
+    if (block < 0 || block >= p->n_blocks)
+        return ts_set_error(p->m->ctx, TS_ERR_RANGE,
+                            "kv_pool: block %lld of %lld", (long long)block,
+                            (long long)p->n_blocks);
+    const ts_qwen3_config *c = &p->m->cfg;
+    size_t slab = (size_t)(c->kv_heads * p->block_size * c->head_dim);
+    for (int64_t i = 0; i < c->layers; i++)
+        for (int kv = 0; kv < 2; kv++) {
+            float *pool = ts_tensor_data(kv ? p->v[i] : p->k[i]);
+            if (!pool)
+                return ts_ctx_status(p->m->ctx);
+            pool += (size_t)block * slab;
+            size_t at = (size_t)(2 * i + kv) * slab;
+            if (out)
+                memcpy(out + at, pool, slab * sizeof(float));
+            else
+                memcpy(pool, in + at, slab * sizeof(float));
+        }
+    return TS_OK;
+}
+
+ts_status ts_qwen3_kv_pool_read_block(ts_qwen3_kv_pool *p, int64_t block,
+                                      void *out) {
+    return out ? kv_pool_copy(p, block, out, NULL) : TS_ERR_INVALID_ARG;
+}
+
+ts_status ts_qwen3_kv_pool_write_block(ts_qwen3_kv_pool *p, int64_t block,
+                                       const void *in) {
+    return in ? kv_pool_copy(p, block, NULL, in) : TS_ERR_INVALID_ARG;
+}
+
 int64_t ts_qwen3_kv_block_bytes(const ts_qwen3_config *c, int64_t block_size) {
     return 2 * c->layers * c->kv_heads * block_size * c->head_dim * 4;
 }

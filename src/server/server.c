@@ -22,16 +22,19 @@
 #include "tessera_tokenizer.h"
 
 #include "core/strbuf.h"
+#include "kv_transfer.h"
 
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <microhttpd.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -86,6 +89,11 @@ typedef struct hreq {
     size_t pend_off;
     uint64_t events_next;
     double t_start;
+    /* a prefill for another server: its prompt and where its KV goes */
+    bool kv_prefill;
+    char kv_target[128];
+    int32_t *kv_ids;
+    size_t kv_n;
 } hreq;
 
 /* ---- server state ---- */
@@ -122,6 +130,11 @@ static struct {
     uint64_t ttft_hist[N_TTFT + 1], itl_hist[N_ITL + 1];
     double ttft_sum, itl_sum;
     ts_engine_stats est;
+    /* KV transfer: the listening socket, counters (out_mu) */
+    int kv_fd, kv_port, kv_conns; /* kv_conns: atomic */
+    bool no_kv_events, kv_stop, fault_corrupt;
+    uint64_t kvx_sent, kvx_send_failed, kvx_received, kvx_refused;
+    uint64_t kvx_blocks_sent, kvx_blocks_adopted;
 } S;
 
 static volatile sig_atomic_t g_signal;
@@ -261,6 +274,25 @@ static bool deliver(choice *c, const ts_engine_output *o) {
     return abort_it;
 }
 
+/* the engine's pending KV events into the kept window (eng_mu and out_mu
+ * held); ev: room for 256 */
+static void collect_events(ts_kv_event *ev) {
+    size_t ne;
+    while ((ne = ts_engine_drain_events(S.eng, ev, 256)) > 0) {
+        if (S.n_events + ne > EVENT_KEEP) { /* drop the oldest */
+            size_t drop = S.n_events + ne - EVENT_KEEP;
+            memmove(S.events, S.events + drop,
+                    sizeof *S.events * (S.n_events - drop));
+            S.n_events -= drop;
+            S.first_event_seq += drop;
+        }
+        if (!S.n_events)
+            S.first_event_seq = ev[0].seq;
+        memcpy(S.events + S.n_events, ev, sizeof *ev * ne);
+        S.n_events += ne;
+    }
+}
+
 static void *engine_loop(void *arg) {
     (void)arg;
     ts_engine_output *out = malloc(sizeof *out * 4096);
@@ -285,20 +317,7 @@ static void *engine_loop(void *arg) {
         ts_engine_stats est;
         ts_engine_get_stats(S.eng, &est);
         pthread_mutex_lock(&S.out_mu);
-        size_t ne;
-        while ((ne = ts_engine_drain_events(S.eng, ev, 256)) > 0) {
-            if (S.n_events + ne > EVENT_KEEP) { /* drop the oldest */
-                size_t drop = S.n_events + ne - EVENT_KEEP;
-                memmove(S.events, S.events + drop,
-                        sizeof *S.events * (S.n_events - drop));
-                S.n_events -= drop;
-                S.first_event_seq += drop;
-            }
-            if (!S.n_events)
-                S.first_event_seq = ev[0].seq;
-            memcpy(S.events + S.n_events, ev, sizeof *ev * ne);
-            S.n_events += ne;
-        }
+        collect_events(ev);
         S.est = est;
         int n_abort = 0;
         for (int i = 0; i < k; i++)
@@ -794,6 +813,139 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     return (ssize_t)n;
 }
 
+/* ---- KV transfer ---- */
+
+static ts_kvx_geometry geometry(uint32_t n_blocks) {
+    const ts_qwen3_config *mc = ts_qwen3_get_config(ts_lm_decoder(S.lm));
+    return (ts_kvx_geometry){.block_size = (uint32_t)S.block_size,
+                             .layers = (uint32_t)mc->layers,
+                             .kv_heads = (uint32_t)mc->kv_heads,
+                             .head_dim = (uint32_t)mc->head_dim,
+                             .n_blocks = n_blocks};
+}
+
+/* a finished prefill request's prompt blocks to its target; the
+ * response's kv_transfer_params */
+static json_t *send_prefill(hreq *r) {
+    size_t per = (size_t)ts_engine_block_bytes(S.eng);
+    size_t nb = r->kv_n / (size_t)S.block_size;
+    void *kv = malloc(nb * per + 1);
+    char err[600] = "";
+    uint32_t adopted = 0;
+    size_t got = 0, len = 0;
+    int rc = -1;
+    if (kv) {
+        pthread_mutex_lock(&S.eng_mu);
+        got = ts_engine_export_prefix(S.eng, r->kv_ids, r->kv_n, kv, nb);
+        pthread_mutex_unlock(&S.eng_mu);
+        ts_kvx_blocks b = {
+            .g = geometry((uint32_t)got), .tokens = r->kv_ids, .kv = kv};
+        uint8_t *f = ts_kvx_encode(&b, &len);
+        if (f && S.fault_corrupt && len > TS_KVX_HEADER + TS_KVX_META)
+            f[len - 1] ^= 0x40; /* fault injection: one bit of the data */
+        rc = f ? ts_kvx_send(r->kv_target, f, len, 30000, &adopted, err,
+                             sizeof err)
+               : -1;
+        free(f);
+    }
+    if (!kv || (rc && !*err))
+        snprintf(err, sizeof err, "out of memory for %zu KV blocks", nb);
+    free(kv);
+    pthread_mutex_lock(&S.out_mu);
+    if (rc)
+        S.kvx_send_failed++;
+    else
+        S.kvx_sent++, S.kvx_blocks_sent += got;
+    pthread_mutex_unlock(&S.out_mu);
+    if (rc) {
+        fprintf(stderr, "tessera serve: %s\n", err);
+        return json_pack("{s:s, s:s, s:I}", "status", "error", "message", err,
+                         "blocks", (json_int_t)got);
+    }
+    return json_pack("{s:s, s:I, s:I, s:I, s:I}", "status", "ok", "blocks",
+                     (json_int_t)got, "adopted", (json_int_t)adopted, "tokens",
+                     (json_int_t)(got * (size_t)S.block_size), "bytes",
+                     (json_int_t)len);
+}
+
+/* the decode side: a geometry check (b NULL), then the adoption */
+static int adopt_blocks(void *arg, const ts_kvx_geometry *g,
+                        const ts_kvx_blocks *b, uint32_t *adopted, char *err,
+                        size_t errcap) {
+    (void)arg;
+    ts_kvx_geometry me = geometry(g->n_blocks);
+    if (memcmp(&me, g, sizeof me)) {
+        snprintf(err, errcap,
+                 "KV blocks of another model: block_size %u, layers %u, "
+                 "kv_heads %u, head_dim %u, dtype %u (this server: %u, %u, "
+                 "%u, %u, 0)",
+                 g->block_size, g->layers, g->kv_heads, g->head_dim, g->dtype,
+                 me.block_size, me.layers, me.kv_heads, me.head_dim);
+        return -1;
+    }
+    if (!b)
+        return 0;
+    ts_kv_event ev[256];
+    size_t got = 0;
+    pthread_mutex_lock(&S.eng_mu);
+    ts_status st =
+        ts_engine_import_prefix(S.eng, b->tokens, g->n_blocks, b->kv, &got);
+    if (st != TS_OK) {
+        snprintf(err, errcap, "%s", ts_errmsg(S.ctx));
+        ts_clear_error(S.ctx);
+    }
+    pthread_mutex_lock(&S.out_mu);
+    collect_events(ev);
+    if (st == TS_OK)
+        S.kvx_blocks_adopted += got;
+    pthread_cond_broadcast(&S.out_cv);
+    pthread_mutex_unlock(&S.out_mu);
+    pthread_mutex_unlock(&S.eng_mu);
+    *adopted = (uint32_t)got;
+    return st == TS_OK ? 0 : -1;
+}
+
+static void *kv_conn(void *arg) {
+    int fd = (int)(intptr_t)arg;
+    ts_engine_stats st;
+    pthread_mutex_lock(&S.eng_mu);
+    ts_engine_get_stats(S.eng, &st);
+    pthread_mutex_unlock(&S.eng_mu);
+    uint64_t per =
+        (uint64_t)ts_engine_block_bytes(S.eng) + 4 * (uint64_t)S.block_size;
+    int rc = ts_kvx_serve_connection(
+        fd, adopt_blocks, NULL, TS_KVX_META + per * (uint64_t)st.blocks_total,
+        30000);
+    pthread_mutex_lock(&S.out_mu);
+    if (rc)
+        S.kvx_refused++;
+    else
+        S.kvx_received++;
+    pthread_mutex_unlock(&S.out_mu);
+    __atomic_sub_fetch(&S.kv_conns, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+static void *kv_listen_loop(void *arg) {
+    (void)arg;
+    while (!__atomic_load_n(&S.kv_stop, __ATOMIC_SEQ_CST)) {
+        struct pollfd pf = {.fd = S.kv_fd, .events = POLLIN};
+        if (poll(&pf, 1, 200) <= 0)
+            continue;
+        int fd = accept4(S.kv_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            continue;
+        pthread_t t;
+        __atomic_add_fetch(&S.kv_conns, 1, __ATOMIC_SEQ_CST);
+        if (pthread_create(&t, NULL, kv_conn, (void *)(intptr_t)fd)) {
+            __atomic_sub_fetch(&S.kv_conns, 1, __ATOMIC_SEQ_CST);
+            close(fd);
+        } else
+            pthread_detach(t);
+    }
+    return NULL;
+}
+
 static enum MHD_Result respond_whole(struct MHD_Connection *c, hreq *r) {
     pthread_mutex_lock(&S.out_mu);
     bool done = false;
@@ -803,6 +955,12 @@ static enum MHD_Result respond_whole(struct MHD_Connection *c, hreq *r) {
             done &= r->ch[i].finished;
         if (!done)
             pthread_cond_wait(&S.out_cv, &S.out_mu);
+    }
+    json_t *kvx = NULL;
+    if (r->kv_prefill) {
+        pthread_mutex_unlock(&S.out_mu);
+        kvx = send_prefill(r);
+        pthread_mutex_lock(&S.out_mu);
     }
     json_t *choices = json_array();
     for (int i = 0; i < r->n; i++) {
@@ -829,6 +987,8 @@ static enum MHD_Result respond_whole(struct MHD_Connection *c, hreq *r) {
                   r->kind == REQ_CHAT ? "chat.completion" : "text_completion",
                   "created", (json_int_t)r->created, "model", S.model,
                   "choices", choices, "usage", usage_json(r));
+    if (kvx)
+        json_object_set_new(resp, "kv_transfer_params", kvx);
     pthread_mutex_unlock(&S.out_mu);
     return send_json(c, 200, resp);
 }
@@ -856,9 +1016,26 @@ static enum MHD_Result generate(struct MHD_Connection *c, hreq *r) {
                                  : "the body is not valid JSON: %s",
                           je.text);
     }
+    json_t *kvp = json_object_get(b, "kv_transfer_params");
+    if (kvp && !json_is_null(kvp)) {
+        const char *t = json_string_value(json_object_get(kvp, "target"));
+        if (!t || !strchr(t, ':') || strlen(t) >= sizeof r->kv_target) {
+            json_decref(b);
+            return bad_param(c, "kv_transfer_params",
+                             "needs a target \"host:port\" (a decode "
+                             "server's --kv-port)");
+        }
+        snprintf(r->kv_target, sizeof r->kv_target, "%s", t);
+        r->kv_prefill = true;
+    }
     gen_params g = {0};
     bool sent;
     enum MHD_Result ret = parse_params(c, r, b, &g, &sent);
+    if (!sent && r->kv_prefill) { /* the prompt's KV, one greedy token */
+        g.n = 1, g.max_tokens = 1, g.ignore_eos = true;
+        g.s = ts_sampling_default();
+        r->stream = false, r->logprobs = 0;
+    }
     int32_t *ids = NULL;
     size_t n = 0;
     if (!sent)
@@ -939,7 +1116,10 @@ static enum MHD_Result generate(struct MHD_Connection *c, hreq *r) {
         pthread_cond_signal(&S.eng_cv);
     }
     pthread_mutex_unlock(&S.eng_mu);
-    free(ids);
+    if (st == TS_OK && r->kv_prefill)
+        r->kv_ids = ids, r->kv_n = n; /* sent once computed */
+    else
+        free(ids);
     if (st != TS_OK)
         return send_error(c, 400, "invalid_request_error", param_of(r, msg),
                           NULL, "%s", msg);
@@ -971,30 +1151,56 @@ static enum MHD_Result metrics(struct MHD_Connection *c) {
     for (int i = 0; i < 6; i++)
         ts_sb_printf(&b, "tessera_requests_total{status=\"%d\"} %llu\n",
                      codes[i], (unsigned long long)S.status_count[i]);
-    ts_sb_printf(&b,
-                 "# TYPE tessera_prompt_tokens_total counter\n"
-                 "tessera_prompt_tokens_total %llu\n"
-                 "# TYPE tessera_generation_tokens_total counter\n"
-                 "tessera_generation_tokens_total %llu\n"
-                 "# TYPE tessera_requests_running gauge\n"
-                 "tessera_requests_running %d\n"
-                 "# TYPE tessera_requests_waiting gauge\n"
-                 "tessera_requests_waiting %d\n"
-                 "# TYPE tessera_kv_blocks_used gauge\n"
-                 "tessera_kv_blocks_used %lld\n"
-                 "# TYPE tessera_kv_blocks_total gauge\n"
-                 "tessera_kv_blocks_total %lld\n"
-                 "# TYPE tessera_kv_blocks_cached gauge\n"
-                 "tessera_kv_blocks_cached %lld\n"
-                 "# TYPE tessera_prefix_cache_hit_rate gauge\n"
-                 "tessera_prefix_cache_hit_rate %.6f\n",
-                 (unsigned long long)S.prompt_tokens,
-                 (unsigned long long)S.generated_tokens, S.est.running,
-                 S.est.waiting, (long long)S.est.blocks_in_sequences,
-                 (long long)S.est.blocks_total, (long long)S.est.cached_blocks,
-                 S.est.prompt_tokens
-                     ? (double)S.est.prefix_hit_tokens / S.est.prompt_tokens
-                     : 0.0);
+    ts_sb_printf(
+        &b,
+        "# TYPE tessera_prompt_tokens_total counter\n"
+        "tessera_prompt_tokens_total %llu\n"
+        "# TYPE tessera_generation_tokens_total counter\n"
+        "tessera_generation_tokens_total %llu\n"
+        "# TYPE tessera_requests_running gauge\n"
+        "tessera_requests_running %d\n"
+        "# TYPE tessera_requests_waiting gauge\n"
+        "tessera_requests_waiting %d\n"
+        "# TYPE tessera_kv_blocks_used gauge\n"
+        "tessera_kv_blocks_used %lld\n"
+        "# TYPE tessera_kv_blocks_total gauge\n"
+        "tessera_kv_blocks_total %lld\n"
+        "# TYPE tessera_kv_blocks_cached gauge\n"
+        "tessera_kv_blocks_cached %lld\n"
+        "# TYPE tessera_prefix_cache_hit_rate gauge\n"
+        "tessera_prefix_cache_hit_rate %.6f\n"
+        "# HELP tessera_prefix_cache_queries_total prompt tokens "
+        "looked up in the prefix cache\n"
+        "# TYPE tessera_prefix_cache_queries_total counter\n"
+        "tessera_prefix_cache_queries_total %lld\n"
+        "# HELP tessera_prefix_cache_hits_total prompt tokens found "
+        "in the prefix cache\n"
+        "# TYPE tessera_prefix_cache_hits_total counter\n"
+        "tessera_prefix_cache_hits_total %lld\n"
+        "# TYPE tessera_kv_transfers_sent_total counter\n"
+        "tessera_kv_transfers_sent_total %llu\n"
+        "# TYPE tessera_kv_transfers_send_failed_total counter\n"
+        "tessera_kv_transfers_send_failed_total %llu\n"
+        "# TYPE tessera_kv_transfers_received_total counter\n"
+        "tessera_kv_transfers_received_total %llu\n"
+        "# TYPE tessera_kv_transfers_refused_total counter\n"
+        "tessera_kv_transfers_refused_total %llu\n"
+        "# TYPE tessera_kv_blocks_sent_total counter\n"
+        "tessera_kv_blocks_sent_total %llu\n"
+        "# TYPE tessera_kv_blocks_adopted_total counter\n"
+        "tessera_kv_blocks_adopted_total %llu\n",
+        (unsigned long long)S.prompt_tokens,
+        (unsigned long long)S.generated_tokens, S.est.running, S.est.waiting,
+        (long long)S.est.blocks_in_sequences, (long long)S.est.blocks_total,
+        (long long)S.est.cached_blocks,
+        S.est.prompt_tokens
+            ? (double)S.est.prefix_hit_tokens / S.est.prompt_tokens
+            : 0.0,
+        (long long)S.est.prompt_tokens, (long long)S.est.prefix_hit_tokens,
+        (unsigned long long)S.kvx_sent, (unsigned long long)S.kvx_send_failed,
+        (unsigned long long)S.kvx_received, (unsigned long long)S.kvx_refused,
+        (unsigned long long)S.kvx_blocks_sent,
+        (unsigned long long)S.kvx_blocks_adopted);
     const struct {
         const char *name;
         const uint64_t *h;
@@ -1106,8 +1312,19 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
         return send_error(c, 413, "invalid_request_error", NULL, NULL,
                           "the body is larger than %d bytes", MAX_BODY);
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
-    if (!strcmp(url, "/health") && get)
-        return send_text(c, 200, "application/json", "{\"status\":\"ok\"}");
+    if (!strcmp(url, "/health") && get) {
+        if (S.kv_fd < 0)
+            return send_text(c, 200, "application/json", "{\"status\":\"ok\"}");
+        return send_json(c, 200,
+                         json_pack("{s:s, s:i, s:I}", "status", "ok",
+                                   "kv_transfer_port", S.kv_port, "block_size",
+                                   (json_int_t)S.block_size));
+    }
+    if (S.no_kv_events &&
+        (!strcmp(url, "/v1/kv_cache") || !strcmp(url, "/v1/kv_events")))
+        return send_error(c, 404, "invalid_request_error", NULL, NULL,
+                          "this server publishes no KV events "
+                          "(--no-kv-events)");
     if (!strcmp(url, "/metrics") && get)
         return metrics(c);
     if (!strcmp(url, "/v1/models") && get) {
@@ -1198,7 +1415,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
         free(r->ch[i].text.p), free(r->ch[i].lp);
     for (int k = 0; k < r->n_stops; k++)
         free(r->stops[k]);
-    free(r->body.p), free(r->pend.p), free(r);
+    free(r->body.p), free(r->pend.p), free(r->kv_ids), free(r);
     *con_cls = NULL;
 }
 
@@ -1214,6 +1431,10 @@ int ts_server_run(const ts_server_options *o) {
         return 1;
     }
     memset(&S, 0, sizeof S);
+    S.kv_fd = -1;
+    S.no_kv_events = o->no_kv_events;
+    const char *fault = getenv("TESSERA_FAULT_KV_CORRUPT");
+    S.fault_corrupt = fault && *fault && strcmp(fault, "0");
     if (ts_ctx_new(&S.ctx, NULL) != TS_OK)
         return 1;
     ts_set_grad_enabled(S.ctx, false);
@@ -1221,8 +1442,8 @@ int ts_server_run(const ts_server_options *o) {
                           .device_map = o->device_map};
     int rc = 1;
     struct MHD_Daemon *d = NULL;
-    pthread_t engine_thread;
-    bool thread_started = false;
+    pthread_t engine_thread, kv_thread;
+    bool thread_started = false, kv_started = false;
     if (ts_lm_load(S.ctx, o->model_dir, &lo, &S.lm) != TS_OK ||
         ts_tokenizer_load(S.ctx, o->model_dir, &S.tok) != TS_OK) {
         fprintf(stderr, "tessera serve: %s\n", ts_errmsg(S.ctx));
@@ -1283,6 +1504,20 @@ int ts_server_run(const ts_server_options *o) {
         goto done;
     }
     thread_started = true;
+    if (o->kv_port >= 0) {
+        char err[300];
+        S.kv_fd = ts_kvx_listen(o->host ? o->host : "127.0.0.1", o->kv_port,
+                                &S.kv_port, err, sizeof err);
+        if (S.kv_fd < 0) {
+            fprintf(stderr, "tessera serve: %s\n", err);
+            goto done;
+        }
+        if (pthread_create(&kv_thread, NULL, kv_listen_loop, NULL)) {
+            fprintf(stderr, "tessera serve: cannot start the KV thread\n");
+            goto done;
+        }
+        kv_started = true;
+    }
     struct sockaddr_in addr = {.sin_family = AF_INET,
                                .sin_port = htons((uint16_t)o->port)};
     if (inet_pton(AF_INET, o->host ? o->host : "127.0.0.1", &addr.sin_addr) !=
@@ -1312,6 +1547,9 @@ int ts_server_run(const ts_server_options *o) {
             "positions)\n",
             S.model, o->host ? o->host : "127.0.0.1", port,
             (long long)est0.blocks_total, (long long)o->engine.block_size);
+    if (S.kv_fd >= 0)
+        fprintf(stderr, "tessera serve: KV transfers on %s:%d\n",
+                o->host ? o->host : "127.0.0.1", S.kv_port);
     if (o->on_listen)
         o->on_listen(port, o->on_listen_arg);
     signal(SIGINT, on_signal);
@@ -1333,6 +1571,14 @@ int ts_server_run(const ts_server_options *o) {
     fprintf(stderr, "tessera serve: stopped (signal %d)\n", (int)g_signal);
     rc = 0;
 done:
+    if (kv_started) {
+        __atomic_store_n(&S.kv_stop, true, __ATOMIC_SEQ_CST);
+        pthread_join(kv_thread, NULL);
+        while (__atomic_load_n(&S.kv_conns, __ATOMIC_SEQ_CST))
+            usleep(10000); /* transfers in flight end (30 s timeouts) */
+    }
+    if (S.kv_fd >= 0)
+        close(S.kv_fd);
     if (d)
         MHD_stop_daemon(d);
     if (thread_started) {
