@@ -10,6 +10,7 @@ int tessera_logits(int argc, char **argv);
 int tessera_run(int argc, char **argv);
 int tessera_tokenize(int argc, char **argv);
 int tessera_serve(int argc, char **argv);
+int tessera_route(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(
@@ -18,6 +19,8 @@ static void usage(FILE *f) {
            "  run      -m DIR -p TEXT: generate text from a Hugging Face model "
            "folder\n"
            "  serve    -m DIR [--port 8000]: an OpenAI-compatible server\n"
+           "  route    --server URL... [-m DIR]: one address for many "
+           "servers\n"
            "  tokenize -m DIR TEXT (or --decode 1,2,3): the model's tokenizer\n"
            "  demo     train a tiny MLP for a few steps in eager mode\n"
            "  info     -m DIR: a Hugging Face model folder's architecture and "
@@ -39,6 +42,8 @@ int main(int argc, char **argv) {
         return tessera_run(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve"))
         return tessera_serve(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "route"))
+        return tessera_route(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokenize"))
         return tessera_tokenize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "logits"))

@@ -23,6 +23,7 @@
 
 #include "core/strbuf.h"
 #include "kv_transfer.h"
+#include "prompt.h"
 
 #include <arpa/inet.h>
 #include <jansson.h>
@@ -399,114 +400,14 @@ static bool int_field(json_t *o, const char *k, long lo, long hi, int *out,
 static enum MHD_Result prompt_of(struct MHD_Connection *c, hreq *r,
                                  json_t *body, int32_t **ids, size_t *n,
                                  bool *sent) {
-    *sent = true;
-    *ids = NULL, *n = 0;
-    char *text = NULL;
-    size_t len = 0;
-    bool templated = false;
-    if (r->kind == REQ_CHAT) {
-        json_t *msgs = json_object_get(body, "messages");
-        if (!json_is_array(msgs) || !json_array_size(msgs))
-            return bad_param(c, "messages", "must be a non-empty array");
-        size_t i;
-        json_t *m;
-        json_t *norm = json_array(); /* content parts joined as text */
-        json_array_foreach(msgs, i, m) {
-            json_t *role = json_object_get(m, "role"),
-                   *content = json_object_get(m, "content");
-            if (!json_is_object(m) || !json_is_string(role)) {
-                json_decref(norm);
-                return bad_param(c, "messages",
-                                 "each message needs a string role");
-            }
-            json_t *nm = json_deep_copy(m);
-            if (json_is_array(content)) {
-                ts_sbuf t = {0};
-                size_t k;
-                json_t *part;
-                json_array_foreach(content, k, part) {
-                    const char *s =
-                        json_string_value(json_object_get(part, "text"));
-                    if (s)
-                        ts_sb_add(&t, s, strlen(s));
-                }
-                json_object_set_new(nm, "content", json_string(t.p ? t.p : ""));
-                free(t.p);
-            } else if (!json_is_string(content) && !json_is_null(content) &&
-                       content) {
-                json_decref(nm), json_decref(norm);
-                return bad_param(c, "messages",
-                                 "content must be a string or an array of "
-                                 "text parts");
-            }
-            json_array_append_new(norm, nm);
-        }
-        if (!S.chat) {
-            json_decref(norm);
-            return send_error(c, 400, "invalid_request_error", "messages", NULL,
-                              "this model has no chat template; use "
-                              "/v1/completions");
-        }
-        char *mj = json_dumps(norm, JSON_COMPACT);
-        json_decref(norm);
-        pthread_mutex_lock(&S.tok_mu);
-        ts_status s =
-            ts_chat_apply(S.chat, mj ? mj : "[]", true, NULL, &text, &len);
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", ts_errmsg(S.ctx));
-        if (s != TS_OK)
-            ts_clear_error(S.ctx);
-        pthread_mutex_unlock(&S.tok_mu);
-        free(mj);
-        if (s != TS_OK)
-            return send_error(c, 400, "invalid_request_error", "messages", NULL,
-                              "the chat template: %s", msg);
-        templated = true;
-    } else {
-        json_t *p = json_object_get(body, "prompt");
-        if (json_is_array(p) && json_array_size(p) == 1 &&
-            json_is_string(json_array_get(p, 0)))
-            p = json_array_get(p, 0);
-        if (json_is_array(p) && json_array_size(p) &&
-            json_is_integer(json_array_get(p, 0))) { /* token ids */
-            size_t k;
-            json_t *v;
-            *ids = malloc(sizeof(int32_t) * json_array_size(p));
-            json_array_foreach(p, k, v) {
-                if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-                    json_integer_value(v) > INT32_MAX) {
-                    free(*ids), *ids = NULL;
-                    return bad_param(c, "prompt",
-                                     "token ids must be integers >= 0");
-                }
-                (*ids)[k] = (int32_t)json_integer_value(v);
-            }
-            *n = json_array_size(p);
-            *sent = false;
-            return MHD_YES;
-        }
-        if (!json_is_string(p))
-            return bad_param(c, "prompt",
-                             "must be a string or an array of token ids");
-        len = json_string_length(p);
-        text = malloc(len + 1);
-        memcpy(text, json_string_value(p), len + 1);
-    }
-    pthread_mutex_lock(&S.tok_mu);
-    ts_status s =
-        ts_tokenizer_encode_text(S.tok, text, len, !templated, ids, n);
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", ts_errmsg(S.ctx));
-    if (s != TS_OK)
-        ts_clear_error(S.ctx);
-    pthread_mutex_unlock(&S.tok_mu);
-    free(text);
-    if (s != TS_OK)
-        return send_error(c, 400, "invalid_request_error",
-                          r->kind == REQ_CHAT ? "messages" : "prompt", NULL,
-                          "%s", msg);
+    ts_prompt_error pe;
     *sent = false;
-    return MHD_YES;
+    if (!ts_openai_prompt(S.tok, S.chat, S.ctx, &S.tok_mu, body,
+                          r->kind == REQ_CHAT, ids, n, &pe))
+        return MHD_YES;
+    *sent = true;
+    return send_error(c, pe.status, "invalid_request_error", pe.param, NULL,
+                      "%s", pe.msg);
 }
 
 static enum MHD_Result parse_params(struct MHD_Connection *c, hreq *r,
@@ -1067,8 +968,9 @@ static enum MHD_Result generate(struct MHD_Connection *c, hreq *r) {
     r->created = (long)time(NULL);
     static uint64_t counter;
     snprintf(
-        r->id, sizeof r->id, "%s-%lx%llx",
+        r->id, sizeof r->id, "%s-%lx%x%llx",
         r->kind == REQ_CHAT ? "chatcmpl" : "cmpl", (long)r->created,
+        (unsigned)getpid(), /* unique across the servers behind a router */
         (unsigned long long)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
     r->t_start = now_s();
     /* the choices into the engine, all or none */

@@ -1,0 +1,27 @@
+/* prompt.h — an OpenAI completion or chat body to the model's token ids,
+ * as the server and the router both need it (the router hashes the same
+ * blocks the engine caches). */
+#ifndef TS_SERVER_PROMPT_H
+#define TS_SERVER_PROMPT_H
+
+#include "tessera_tokenizer.h"
+
+#include <jansson.h>
+#include <pthread.h>
+
+typedef struct {
+    int status;        /* HTTP status: 400 */
+    const char *param; /* the request field at fault, or NULL */
+    char msg[512];
+} ts_prompt_error;
+
+/* "messages" through the chat template (chat), or "prompt" (a string, a
+ * one-string array, or token ids), tokenized as the model expects (the
+ * post-processor's special tokens for raw text). mu guards tok, chat and
+ * ctx's error (may be NULL). 0 with *ids (malloc'd) and *n, or -1 with
+ * err filled. */
+int ts_openai_prompt(ts_tokenizer *tok, ts_chat *chat, ts_ctx *ctx,
+                     pthread_mutex_t *mu, json_t *body, bool chat_req,
+                     int32_t **ids, size_t *n, ts_prompt_error *err);
+
+#endif
