@@ -131,7 +131,7 @@ static void test_block_set(void) {
                (i % 2 == 1 && i >= N - 200);
     CHECK(bad == 0);
     ts_block_set_expire(&s, N - 50); /* stamps below N - 50 go */
-    CHECK(s.n == 26); /* even stamps 2950..3000 */
+    CHECK(s.n == 26);                /* even stamps 2950..3000 */
     ts_block_set_clear(&s);
     CHECK(s.n == 0 && !ts_block_set_get(&s, keys[N - 1]));
     CHECK(ts_block_set_put(&s, 0, 7) && ts_block_set_get(&s, 0) == 7);
@@ -451,7 +451,10 @@ static void test_transfer(ts_ctx *ctx, ts_qwen3_model *m) {
     ts_clear_error(ctx);
     /* another model's geometry is refused before the data is read */
     blk.g.head_dim += 1;
+    void *wide = calloc(blk.g.n_blocks, ts_kvx_block_bytes(&blk.g));
+    blk.kv = wide;
     uint8_t *g2 = ts_kvx_encode(&blk, &len);
+    free(wide);
     CHECK(transfer(&r, g2, len, &adopted, err) == -1);
     CHECK(strstr(err, "another model") != NULL);
     free(g2);

@@ -145,6 +145,15 @@ static long http_call(const char *url, const char *path, const char *body,
 
 /* ---- monitors ---- */
 
+/* a server out of rotation (mu held): what it had cached is unknown now
+ * (it may come back empty); precise mode re-reads it, approximate mode
+ * starts over */
+static void mark_down(backend *be) {
+    be->healthy = false;
+    ts_block_set_clear(&be->cached);
+    ts_block_set_clear(&be->recent);
+}
+
 /* a sample's value in Prometheus text ("name value" lines) */
 static bool metric(const char *text, const char *name, double *v) {
     size_t nl = strlen(name);
@@ -190,6 +199,8 @@ static void *monitor_loop(void *arg) {
             logf_("%s %s%s%s", be->url,
                   ok ? "is healthy" : "is out of rotation", ok ? "" : ": ",
                   ok ? "" : err);
+        if (!ok && be->healthy)
+            mark_down(be);
         be->healthy = ok, be->checked = true;
         if (ok) {
             be->running = (int64_t)running, be->waiting = (int64_t)waiting;
@@ -383,7 +394,7 @@ static void server_failed(int k, const char *why) {
     backend *be = &R.b[k];
     if (be->healthy)
         logf_("%s is out of rotation: %s", be->url, why);
-    be->healthy = false;
+    mark_down(be);
     be->errors++;
     R.upstream_errors++;
     pthread_mutex_unlock(&R.mu);
@@ -654,9 +665,9 @@ static enum MHD_Result route_generate(struct MHD_Connection *c, rreq *r,
             free(hashes);
             json_decref(j);
             if (attempt)
-                return send_error(c, 502, "server_error",
-                                  "no server could take the request; the "
-                                  "last failure: %s",
+                return send_error(c, 503, "server_error",
+                                  "no healthy server could take the "
+                                  "request; the last failure: %s",
                                   last_err);
             return send_error(c, 503, "server_error",
                               "no healthy server to route to");
