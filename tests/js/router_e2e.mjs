@@ -10,6 +10,7 @@
 //  4. prefill/decode disaggregation: the decode server adopts the prefill
 //     server's KV blocks, the text equals a plain server's;
 //  5. a corrupted KV transfer is refused and recomputed: same text;
+//  7. a JSON config file; bad options and configs are named errors;
 // then SIGTERM stops every router (exit 0 within 5 s) and server.
 import OpenAI from "openai";
 import { spawn } from "node:child_process";
@@ -419,6 +420,46 @@ async function part5() {
   console.log("router_e2e: 5 corrupt KV transfer refused, recomputed, same text ok");
 }
 
+// ---- 7. the JSON config file; bad options and configs are clear errors ----
+async function part7() {
+  const { writeFileSync, mkdtempSync } = await import("node:fs");
+  const { tmpdir } = await import("node:os");
+  const dir = mkdtempSync(`${tmpdir()}/router_e2e_`);
+  const A = serve("cfg-server", port());
+  await waitUp(A);
+  const rp = port();
+  const good = `${dir}/route.json`;
+  writeFileSync(good, JSON.stringify({ listen: `127.0.0.1:${rp}`, servers: [A.url],
+    model: modelDir, policy: "round-robin", weights: { prefix: 3, queue: 1, kv: 0 },
+    seed: 5, health_interval_ms: 200 }));
+  const R = start("cfg-router", ["route", "--config", good]);
+  R.url = url(rp);
+  await waitUp(R);
+  const h = JSON.parse((await get(R.url, "/health")).text);
+  assert.equal(h.policy, "round-robin", JSON.stringify(h));
+  assert.deepEqual(h.servers.map((s) => s.url), [A.url]);
+  const r = await post(R.url, "/v1/completions", { prompt: "Hello world", max_tokens: 3,
+    temperature: 0 });
+  assert.equal(r.status, 200, r.text);
+  async function refused(args, needle) {
+    const p = start("bad-router", ["route", ...args]);
+    const e = await Promise.race([p.exited, sleep(5000).then(() => null)]);
+    assert.ok(e && e.code !== 0, `route ${args.join(" ")} did not fail: ${JSON.stringify(e)}`);
+    assert.ok(p.log.includes(needle), `route ${args.join(" ")}: "${needle}" not in ${p.log}`);
+  }
+  const bad = (name, obj) => { writeFileSync(`${dir}/${name}`, obj); return `${dir}/${name}`; };
+  await refused(["--config", bad("typo.json", '{"servers": ["http://127.0.0.1:1"], "polcy": "load"}')],
+    'unknown key "polcy"');
+  await refused(["--config", bad("broken.json", '{"servers": [')], "broken.json");
+  await refused(["--config", bad("weights.json", '{"servers": ["http://127.0.0.1:1"], "weights": {"prefix": -1}}')],
+    'bad value for "weights"');
+  await refused(["--server", "127.0.0.1:1"], "not an http://HOST:PORT");
+  await refused(["--server", A.url, "--policy", "fastest"], 'bad or incomplete option "--policy"');
+  await refused(["--server", A.url, "--weights", "speed=2"], '"speed=2"');
+  await refused(["--listen", "127.0.0.1:0"], "no servers");
+  console.log("router_e2e: 7. the JSON config works; bad options and configs are named");
+}
+
 // ---- shutdown ----
 async function stopAll() {
   const live = procs.filter((p) => !p.exit);
@@ -440,6 +481,7 @@ async function main() {
   await part3();
   await part4();
   await part5();
+  await part7();
   await stopAll();
   console.log(`router_e2e: all checks passed in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
 }
