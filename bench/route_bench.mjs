@@ -26,7 +26,10 @@
 //        [--threads N] (TS_NUM_THREADS per server; default cores / servers)
 //        [--pd-duration 60] [--pd-streams 4] [--pd-interval 1.5]
 //        [--pd-prompt-tokens 2500] [--pd-kv-blocks 1024] [--pd-gen-tokens 128]
-//        [--keep-logs]
+//        [--pd-min-blocks N] (passed to the router; its default when absent)
+//        [--retry-503 N] (a client re-sends a request answered 503 up to N times,
+//                         100 ms apart; TTFT counts from the first try; 0)
+//        [--keep-logs] (keep the servers' and routers' logs; printed path)
 import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
@@ -41,7 +44,7 @@ const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
 }, []));
 const known = new Set(["part", "exe", "model", "requests", "concurrency", "policies", "base-port", "servers",
   "tenants", "system-tokens", "kv-blocks", "max-seqs", "time-limit", "seed", "threads", "pd-duration",
-  "pd-streams", "pd-interval", "pd-prompt-tokens", "pd-kv-blocks", "pd-gen-tokens", "keep-logs", "help"]);
+  "pd-streams", "pd-interval", "pd-prompt-tokens", "pd-kv-blocks", "pd-gen-tokens", "keep-logs", "retry-503", "pd-min-blocks", "help"]);
 for (const k of Object.keys(args)) {
   if (!known.has(k)) { console.error(`route_bench: unknown option --${k}`); process.exit(2); }
 }
@@ -60,6 +63,7 @@ const sysTokens = Number(args["system-tokens"] ?? 2000);
 const kvBlocks = Number(args["kv-blocks"] ?? 420), maxSeqs = Number(args["max-seqs"] ?? 8);
 const timeLimit = Number(args["time-limit"] ?? 240) * 1000;
 const seed0 = Number(args.seed ?? 1);
+const retry503 = Number(args["retry-503"] ?? 0);
 const threads = Number(args.threads ?? Math.max(1, Math.floor(os.availableParallelism() / nServers)));
 const pdDuration = Number(args["pd-duration"] ?? 60) * 1000, pdStreams = Number(args["pd-streams"] ?? 4);
 const pdInterval = Number(args["pd-interval"] ?? 1.5) * 1000, pdPromptTokens = Number(args["pd-prompt-tokens"] ?? 2500);
@@ -192,6 +196,11 @@ async function chat(url, messages, maxTokens, signal, extra = {}) {
   return res;
 }
 
+// how often the router took a server out of rotation (its log, after it stopped)
+const flaps = (name) => {
+  try { return (fs.readFileSync(path.join(logDir, `${name}.log`), "utf8").match(/is out of rotation/g) ?? []).length; } catch { return NaN; }
+};
+
 async function scrape(url) {
   try { return await (await fetch(`${url}/metrics`, { signal: AbortSignal.timeout(3000) })).text(); } catch { return ""; }
 }
@@ -231,11 +240,19 @@ async function runPolicy(policy, pi) {
     const ctl = new AbortController();
     const t0 = performance.now();
     const timer = setTimeout(() => ctl.abort(), timeLimit);
-    let next = 0;
+    let next = 0, retried = 0;
     async function worker() {
       while (next < qs.length && !ctl.signal.aborted) {
         const { t, q } = qs[next++];
-        const r = await chat(rurl, [{ role: "system", content: tenants[t] }, { role: "user", content: q }], 16, ctl.signal);
+        const t1 = performance.now();
+        let r, tries = 0;
+        for (;;) { // --retry-503: the client waits out "no healthy server" answers
+          r = await chat(rurl, [{ role: "system", content: tenants[t] }, { role: "user", content: q }], 16, ctl.signal);
+          if (r.status !== 503 || tries >= retry503 || ctl.signal.aborted) break;
+          tries++, retried++;
+          await sleep(100);
+        }
+        if (r.ok) r.ttft += r.start - t1; // from the first try
         r.tenant = t;
         r.end = performance.now();
         results.push(r);
@@ -255,7 +272,7 @@ async function runPolicy(policy, pi) {
       (tenantsAt[s] ??= new Set()).add(r.tenant);
     }
     return {
-      policy, done: ok.length, errors: bad.length, aborted: results.filter((r) => r.aborted).length,
+      policy, done: ok.length, retried, errors: bad.length, aborted: results.filter((r) => r.aborted).length,
       notStarted: qs.length - results.length, secs, timedOut: ctl.signal.aborted,
       ttftMean: mean(ttft), ttftP50: pct(ttft, 50), ttftP90: pct(ttft, 90),
       tokS: sum((r) => r.usage.completion_tokens) / secs,
@@ -292,6 +309,7 @@ async function partRoute() {
     process.stdout.write(`  ${p}: `);
     try {
       const r = await runPolicy(p, i);
+      r.flaps = flaps(`${p}-router`);
       res.push(r);
       console.log(`${r.done} done, ${r.errors} errors in ${r.secs.toFixed(1)} s${r.timedOut ? " (time limit)" : ""}`);
     } catch (e) {
@@ -313,9 +331,11 @@ async function partRoute() {
     ["output tokens/s", ...ok.map((r) => r.tokS.toFixed(1))],
     ["prefix-cache hit rate", ...ok.map((r) => `${(100 * r.cached / (r.prompt || 1)).toFixed(1)}%`)],
     ["router predicted hits", ...ok.map((r) => `${(100 * r.predicted / (r.routerPrompt || 1)).toFixed(1)}%`)],
-    ["requests/tenants per server", ...ok.map((r) => r.spread)],
+    ["per server: requests/tenants", ...ok.map((r) => r.spread)],
     ["router decisions", ...ok.map((r) => r.reasons || "-")],
+    ["client retries after 503", ...ok.map((r) => r.retried)],
     ["router retries/upstream errs", ...ok.map((r) => `${r.retries}/${r.upstreamErrors}`)],
+    ["servers taken out of rotation", ...ok.map((r) => r.flaps)],
   ], ok.map((r) => r.policy));
   for (const r of ok) if (r.firstError) console.log(`  ${r.policy}: first error: ${r.firstError}`);
   for (const r of ok) if (r.unknownServer) console.log(`  ${r.policy}: ${r.unknownServer} responses without x-tessera-server`);
@@ -342,7 +362,7 @@ async function runPd(kind, base) {
   try {
     await Promise.all(servers.map((p, i) => waitHealthy(urls[i], p, (h) => h.status === "ok")));
     const rargs = kind === "pd"
-      ? ["--prefill", urls[0], "--decode", urls[1]]
+      ? ["--prefill", urls[0], "--decode", urls[1], ...(args["pd-min-blocks"] ? ["--pd-min-blocks", args["pd-min-blocks"]] : [])]
       : ["--server", urls[0], "--server", urls[1], "--policy", "load"];
     const router = start(`${kind}-router`, ["route", "--listen", `${HOST}:${rport}`, ...rargs, "-m", modelDir, "--seed", "1"]);
     all.push(router);
@@ -359,11 +379,12 @@ async function runPd(kind, base) {
       while (performance.now() < until) {
         const r = await chat(rurl, [{ role: "user", content: `G${s}.${gi++}: ${text(rand, 12)}` }], pdGenTokens, ctl.signal, { ignore_eos: true });
         if (!r.aborted) gens.push(r);
+        if (!r.ok) await sleep(100); // no hot loop on 503s
       }
     }
     async function longPrompts() {
       const inflight = [];
-      for (let i = 0; performance.now() + 0 < until; i++) {
+      for (let i = 0; performance.now() < until; i++) {
         const lr = rng(seed0 * 5000 + i + 1);
         const p = chat(rurl, [{ role: "user", content: `[${code(lr)}] ${text(lr, pdPromptTokens)}` }], 4, ctl.signal)
           .then((r) => { if (!r.aborted) longs.push(r); });
@@ -389,9 +410,10 @@ async function runPd(kind, base) {
     }
     const lok = longs.filter((r) => r.ok), lttft = lok.map((r) => r.ttft);
     const bad = [...gens, ...longs].filter((r) => !r.ok);
+    const genErrors = gens.filter((r) => !r.ok).length, longErrors = longs.filter((r) => !r.ok).length;
     return {
       kind, secs, gens: gens.filter((r) => r.ok).length, longs: lok.length, longsSent: longs.length,
-      errors: bad.length, firstError: bad[0]?.error,
+      errors: bad.length, genErrors, longErrors, firstError: bad[0]?.error,
       itl50: pct(gaps, 50), itl90: pct(gaps, 90), itl99: pct(gaps, 99), itlMax: gaps.length ? Math.max(...gaps) : NaN,
       tokPerChunk: toks / (chunks || 1), genTokS: toks / secs,
       lttftMean: mean(lttft), lttft50: pct(lttft, 50), lttft90: pct(lttft, 90), lttftMax: lttft.length ? Math.max(...lttft) : NaN,
@@ -408,13 +430,15 @@ async function runPd(kind, base) {
 async function partPd() {
   console.log(`\n== prefill/decode disaggregation: ${pdStreams} long-generation streams (max_tokens ${pdGenTokens}) + ` +
     `a ~${pdPromptTokens}-token prompt (max_tokens 4) every ${pdInterval / 1000} s, ${pdDuration / 1000} s per config, ` +
-    `${pdKvBlocks} KV blocks, ${threads} thread(s) per server`);
+    `${pdKvBlocks} KV blocks, ${threads} thread(s) per server` +
+    (args["pd-min-blocks"] ? `, --pd-min-blocks ${args["pd-min-blocks"]}` : ""));
   const base = basePort + 100;
   const res = [];
   for (const [i, kind] of ["pd", "load"].entries()) {
     process.stdout.write(`  ${kind === "pd" ? "1 prefill + 1 decode" : "2 servers, policy load"}: `);
     try {
       const r = await runPd(kind, base + i * 10);
+      r.flaps = flaps(`${kind}-router`);
       res.push(r);
       console.log(`${r.gens} generations, ${r.longs} long prompts, ${r.errors} errors in ${r.secs.toFixed(1)} s`);
     } catch (e) {
@@ -438,7 +462,8 @@ async function partPd() {
     ["long-prompt cached at decode", ...res.map((r) => `${(100 * r.longCached / (r.longPrompt || 1)).toFixed(1)}%`)],
     ["long prompts ran on (ports)", ...res.map((r) => r.longWhere || "-")],
     ["KV transfers", ...res.map((r) => r.kvx)],
-    ["errors", ...res.map((r) => r.errors)],
+    ["errors: generations/long prompts", ...res.map((r) => `${r.genErrors}/${r.longErrors}`)],
+    ["servers taken out of rotation", ...res.map((r) => r.flaps)],
   ], res.map((r) => (r.kind === "pd" ? "prefill+decode" : "2x load")));
   for (const r of res) if (r.firstError) console.log(`  ${r.kind}: first error: ${r.firstError}`);
 }

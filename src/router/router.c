@@ -32,8 +32,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_BODY  (16 << 20)
-#define RECENT_MS 5000 /* routed blocks count as cached this long */
+#define MAX_BODY         (16 << 20)
+#define RECENT_MS        5000 /* routed blocks count as cached this long */
+#define CHECK_TIMEOUT_MS 3000 /* a health or metrics check */
+#define CHECK_FAILS      3 /* failed checks in a row before a server is out */
 
 typedef enum { ROLE_BOTH, ROLE_PREFILL, ROLE_DECODE } role;
 static const char *const ROLE_NAME[] = {"both", "prefill", "decode"};
@@ -44,6 +46,7 @@ typedef struct {
     role role;
     /* under R.mu */
     bool healthy, checked, precise, no_events;
+    int fails;           /* consecutive failed checks */
     ts_block_set cached; /* precise: the events; approximate: routed */
     ts_block_set recent; /* routed in the last RECENT_MS (stamp: ms) */
     uint64_t approx_tick;
@@ -105,7 +108,7 @@ static size_t sink(char *p, size_t sz, size_t n, void *u) {
 }
 
 /* GET or POST (body != NULL) url+path; the status, or -1 when no answer
- * (err says why) */
+ * (err says why), -2 when nothing listens there */
 static long http_call(const char *url, const char *path, const char *body,
                       size_t len, long timeout_ms, ts_sbuf *out, char *err,
                       size_t errcap) {
@@ -136,8 +139,11 @@ static long http_call(const char *url, const char *path, const char *body,
     long status = -1;
     if (rc == CURLE_OK)
         curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
-    else
+    else {
         snprintf(err, errcap, "%s", *eb ? eb : curl_easy_strerror(rc));
+        if (rc == CURLE_COULDNT_CONNECT)
+            status = -2;
+    }
     curl_slist_free_all(h);
     curl_easy_cleanup(e);
     return status;
@@ -170,17 +176,20 @@ static void *monitor_loop(void *arg) {
     while (!R.stop) {
         ts_sbuf h = {0}, m = {0};
         char err[CURL_ERROR_SIZE + 64] = "";
-        long st =
-            http_call(be->url, "/health", NULL, 0, 1000, &h, err, sizeof err);
-        bool ok = st == 200;
+        long st = http_call(be->url, "/health", NULL, 0, CHECK_TIMEOUT_MS, &h,
+                            err, sizeof err);
+        bool ok = st == 200, refused = st == -2;
         int kv_port = 0;
         if (ok) {
             json_t *j = json_loadb(h.p ? h.p : "", h.n, 0, NULL);
             kv_port =
                 (int)json_integer_value(json_object_get(j, "kv_transfer_port"));
             json_decref(j);
-            ok = http_call(be->url, "/metrics", NULL, 0, 1000, &m, err,
-                           sizeof err) == 200;
+            st = http_call(be->url, "/metrics", NULL, 0, CHECK_TIMEOUT_MS, &m,
+                           err, sizeof err);
+            ok = st == 200, refused = st == -2;
+            if (!ok && !*err)
+                snprintf(err, sizeof err, "/metrics answered %ld", st);
         } else if (!*err)
             snprintf(err, sizeof err, "/health answered %ld", st);
         double running = 0, waiting = 0, used = 0, total = 0, cached = 0,
@@ -195,13 +204,18 @@ static void *monitor_loop(void *arg) {
             metric(m.p, "tessera_prefix_cache_queries_total", &queries);
         }
         pthread_mutex_lock(&R.mu);
-        if (ok != be->healthy || !be->checked)
+        /* a server nothing listens on is out at once; one that answers
+         * slowly or wrongly (busy, overloaded) only after CHECK_FAILS
+         * checks in a row, so a long step does not drop its cache */
+        be->fails = ok ? 0 : be->fails + 1;
+        bool up = ok || (be->healthy && !refused && be->fails < CHECK_FAILS);
+        if (up != be->healthy || !be->checked)
             logf_("%s %s%s%s", be->url,
-                  ok ? "is healthy" : "is out of rotation", ok ? "" : ": ",
-                  ok ? "" : err);
-        if (!ok && be->healthy)
+                  up ? "is healthy" : "is out of rotation", up ? "" : ": ",
+                  up ? "" : err);
+        if (!up && be->healthy)
             mark_down(be);
-        be->healthy = ok, be->checked = true;
+        be->healthy = up, be->checked = true;
         if (ok) {
             be->running = (int64_t)running, be->waiting = (int64_t)waiting;
             be->kv_used = (int64_t)used, be->kv_total = (int64_t)total;
@@ -227,8 +241,10 @@ static void apply_event(backend *be, const char *line, size_t len) {
         uint64_t h = strtoull(hash, NULL, 16);
         if (!strcmp(type, "BlockStored"))
             ts_block_set_put(&be->cached, h, 1);
-        else if (!strcmp(type, "BlockRemoved"))
+        else if (!strcmp(type, "BlockRemoved")) {
             ts_block_set_del(&be->cached, h);
+            ts_block_set_del(&be->recent, h); /* routed, then evicted */
+        }
     }
     json_decref(j);
 }
@@ -352,6 +368,21 @@ typedef struct {
 /* picks among role r (ROLE_BOTH: plain servers) the best eligible server
  * not in tried[]; counts it in flight and records the prompt's blocks as
  * routed there. idx -1 when none. */
+/* KV pressure (mu held): the blocks a new prompt would compete with, held
+ * by sequences or kept in the prefix cache, whichever is more, and what the
+ * router knows of before the next scrape (events, recent routing): a new
+ * tenant goes where it evicts least of the others' prefixes */
+static int64_t kv_occupied(const backend *be) {
+    int64_t v = be->kv_used;
+    if (be->kv_cached > v)
+        v = be->kv_cached;
+    if ((int64_t)be->cached.n > v)
+        v = (int64_t)be->cached.n;
+    if ((int64_t)be->recent.n > v)
+        v = (int64_t)be->recent.n;
+    return v;
+}
+
 static choice pick_server(role r, const uint64_t *hashes, size_t nh,
                           const bool *tried, bool retry) {
     ts_route_candidate c[TS_ROUTER_MAX_SERVERS * 3];
@@ -366,7 +397,7 @@ static choice pick_server(role r, const uint64_t *hashes, size_t nh,
             .hit_blocks =
                 ts_prefix_hits(&be->cached, &be->recent, since, hashes, nh),
             .queue = scraped > be->inflight ? scraped : be->inflight,
-            .kv_used = be->kv_used,
+            .kv_used = kv_occupied(be),
             .kv_total = be->kv_total};
     }
     ts_route_reason why;
@@ -682,8 +713,10 @@ static enum MHD_Result route_generate(struct MHD_Connection *c, rreq *r,
             for (;;) {
                 choice p = pick_server(ROLE_PREFILL, hashes, nh, ptried, false);
                 if (p.idx < 0) {
-                    if (!*err)
+                    if (!*err) { /* none to try: the decode server does it */
                         snprintf(err, sizeof err, "no healthy prefill server");
+                        rc = 1;
+                    }
                     break;
                 }
                 ptried[p.idx] = true;
@@ -701,6 +734,8 @@ static enum MHD_Result route_generate(struct MHD_Connection *c, rreq *r,
             pthread_mutex_lock(&R.mu);
             if (rc == 0)
                 R.kvx_ok++;
+            else if (rc == 1)
+                R.kvx_skipped++;
             else
                 R.kvx_failed++;
             pthread_mutex_unlock(&R.mu);

@@ -30,8 +30,10 @@
 #include <microhttpd.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +119,7 @@ static struct {
     int32_t eos[8];
     int n_eos;
     pthread_mutex_t eng_mu, out_mu, tok_mu;
+    atomic_int eng_want; /* threads waiting for eng_mu (see eng_lock) */
     pthread_cond_t eng_cv, out_cv;
     choice **active;
     int n_active, cap_active;
@@ -294,12 +297,25 @@ static void collect_events(ts_kv_event *ev) {
     }
 }
 
+/* eng_mu for any thread but the engine's. The engine thread releases
+ * eng_mu between steps and takes it straight back; a mutex is not fair, so
+ * a connection waiting for it (admission, /v1/kv_cache, a KV import) could
+ * wait for many steps. A waiter announces itself in eng_want and the
+ * engine thread yields until the waiters have had their turn. */
+static void eng_lock(void) {
+    atomic_fetch_add(&S.eng_want, 1);
+    pthread_mutex_lock(&S.eng_mu);
+    atomic_fetch_sub(&S.eng_want, 1);
+}
+
 static void *engine_loop(void *arg) {
     (void)arg;
     ts_engine_output *out = malloc(sizeof *out * 4096);
     ts_kv_event *ev = malloc(sizeof *ev * 256);
     int64_t *aborts = malloc(sizeof *aborts * 4096);
     for (;;) {
+        for (int spin = 0; spin < 10000 && atomic_load(&S.eng_want); spin++)
+            sched_yield(); /* let waiting connections in first */
         pthread_mutex_lock(&S.eng_mu);
         while (!S.stop_engine && !ts_engine_has_work(S.eng))
             pthread_cond_wait(&S.eng_cv, &S.eng_mu);
@@ -736,7 +752,7 @@ static json_t *send_prefill(hreq *r) {
     size_t got = 0, len = 0;
     int rc = -1;
     if (kv) {
-        pthread_mutex_lock(&S.eng_mu);
+        eng_lock();
         got = ts_engine_export_prefix(S.eng, r->kv_ids, r->kv_n, kv, nb);
         pthread_mutex_unlock(&S.eng_mu);
         ts_kvx_blocks b = {
@@ -788,7 +804,7 @@ static int adopt_blocks(void *arg, const ts_kvx_geometry *g,
         return 0;
     ts_kv_event ev[256];
     size_t got = 0;
-    pthread_mutex_lock(&S.eng_mu);
+    eng_lock();
     ts_status st =
         ts_engine_import_prefix(S.eng, b->tokens, g->n_blocks, b->kv, &got);
     if (st != TS_OK) {
@@ -809,7 +825,7 @@ static int adopt_blocks(void *arg, const ts_kvx_geometry *g,
 static void *kv_conn(void *arg) {
     int fd = (int)(intptr_t)arg;
     ts_engine_stats st;
-    pthread_mutex_lock(&S.eng_mu);
+    eng_lock();
     ts_engine_get_stats(S.eng, &st);
     pthread_mutex_unlock(&S.eng_mu);
     uint64_t per =
@@ -974,7 +990,7 @@ static enum MHD_Result generate(struct MHD_Connection *c, hreq *r) {
         (unsigned long long)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
     r->t_start = now_s();
     /* the choices into the engine, all or none */
-    pthread_mutex_lock(&S.eng_mu);
+    eng_lock();
     ts_status st = TS_OK;
     char msg[512] = "";
     int added = 0;
@@ -1041,12 +1057,18 @@ static enum MHD_Result generate(struct MHD_Connection *c, hreq *r) {
 
 static enum MHD_Result metrics(struct MHD_Connection *c) {
     ts_sbuf b = {0};
-    ts_engine_stats fresh; /* now, not as of the last step */
-    pthread_mutex_lock(&S.eng_mu);
-    ts_engine_get_stats(S.eng, &fresh);
-    pthread_mutex_unlock(&S.eng_mu);
+    /* the engine's figures as of its last step; fresher when the engine is
+     * idle (a scrape never waits for a step: a router's health check must
+     * not time out on a busy server) */
+    ts_engine_stats fresh;
+    bool got = pthread_mutex_trylock(&S.eng_mu) == 0;
+    if (got) {
+        ts_engine_get_stats(S.eng, &fresh);
+        pthread_mutex_unlock(&S.eng_mu);
+    }
     pthread_mutex_lock(&S.out_mu);
-    S.est = fresh;
+    if (got)
+        S.est = fresh;
     static const int codes[6] = {200, 400, 404, 405, 413, 500};
     ts_sb_printf(&b, "# HELP tessera_requests_total HTTP requests by status\n"
                      "# TYPE tessera_requests_total counter\n");
@@ -1237,7 +1259,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
         return send_json(c, 200, m);
     }
     if (!strcmp(url, "/v1/kv_cache") && get) { /* the snapshot */
-        pthread_mutex_lock(&S.eng_mu);
+        eng_lock();
         ts_engine_stats st;
         ts_engine_get_stats(S.eng, &st);
         size_t cap = (size_t)st.blocks_total;
@@ -1307,7 +1329,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
         }
     pthread_mutex_unlock(&S.out_mu);
     if (n) {
-        pthread_mutex_lock(&S.eng_mu);
+        eng_lock();
         for (int i = 0; i < n; i++)
             if (ts_engine_abort(S.eng, ids[i]) != TS_OK)
                 ts_clear_error(S.ctx);
@@ -1484,7 +1506,7 @@ done:
     if (d)
         MHD_stop_daemon(d);
     if (thread_started) {
-        pthread_mutex_lock(&S.eng_mu);
+        eng_lock();
         S.stop_engine = true;
         pthread_cond_signal(&S.eng_cv);
         pthread_mutex_unlock(&S.eng_mu);
