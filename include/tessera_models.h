@@ -10,6 +10,9 @@
 extern "C" {
 #endif
 
+/* A decoder's (qwen3, qwen2, llama) shape from its config.json. */
+ts_qwen3_config ts_decoder_config(const ts_model_config *mc);
+
 /* Builds the Qwen3 model that dir's config.json describes and fills its
  * parameters from dir's safetensors (one file or shards), converting the
  * stored dtype to the model's f32. Every parameter must be present with

@@ -203,6 +203,8 @@ ts_status ts_adamw_step(ts_adamw *opt);
 ts_tensor *ts_adamw_exp_avg(const ts_adamw *opt, int i);
 ts_tensor *ts_adamw_exp_avg_sq(const ts_adamw *opt, int i);
 int64_t ts_adamw_step_count(const ts_adamw *opt, int i);
+/* Restores parameter i's step count (a resumed run). */
+void ts_adamw_set_step_count(ts_adamw *opt, int i, int64_t steps);
 
 /* Drops the .grad of n parameters (torch's zero_grad(set_to_none=True)). */
 void ts_zero_grads(ts_tensor *const *params, int n);

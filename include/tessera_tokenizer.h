@@ -61,6 +61,31 @@ ts_status ts_tokenizer_decode_step(ts_tokenizer *tok, ts_detok_state *st,
                                    int32_t id, char *out, size_t out_cap,
                                    size_t *out_len);
 
+/* ---- training a tokenizer ---------------------------------------------- */
+
+typedef struct {
+    int vocab_size;             /* 4096: bytes + merges + special tokens */
+    int min_frequency;          /* 2: pairs rarer than this are not merged */
+    const char *const *special; /* added after the merges; the first is
+                                   the end-of-text token (eos) */
+    int n_special;
+    int64_t model_max_length; /* tokenizer_config.json's */
+} ts_bpe_train_options;
+ts_bpe_train_options ts_bpe_train_default_options(void);
+
+typedef struct {
+    int64_t bytes, distinct_words;
+    int merges, vocab_size;
+} ts_bpe_train_stats;
+
+/* Trains a byte-level BPE (GPT-2's pre-tokenizer and alphabet) on the
+ * files and writes out_dir/tokenizer.json and tokenizer_config.json, which
+ * ts_tokenizer_load (and Hugging Face's tokenizers) read. stats may be
+ * NULL. */
+ts_status ts_bpe_train(ts_ctx *ctx, const char *const *files, int n_files,
+                       const ts_bpe_train_options *o, const char *out_dir,
+                       ts_bpe_train_stats *stats);
+
 /* ---- Chat templates ----------------------------------------------------
  * The Jinja subset that real chat templates use, rendered exactly as
  * transformers' apply_chat_template renders them with Python's jinja2:

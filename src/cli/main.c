@@ -11,6 +11,11 @@ int tessera_run(int argc, char **argv);
 int tessera_tokenize(int argc, char **argv);
 int tessera_serve(int argc, char **argv);
 int tessera_route(int argc, char **argv);
+int tessera_tokenizer_train(int argc, char **argv);
+int tessera_prepare_data(int argc, char **argv);
+int tessera_train(int argc, char **argv);
+int tessera_bench(int argc, char **argv);
+int tessera_plot_loss(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(
@@ -22,6 +27,12 @@ static void usage(FILE *f) {
            "  route    --server URL... [-m DIR]: one address for many "
            "servers\n"
            "  tokenize -m DIR TEXT (or --decode 1,2,3): the model's tokenizer\n"
+           "  tokenizer-train --vocab N --out DIR FILES: a byte-level BPE\n"
+           "  prepare-data -t TOKENIZER_DIR --out DIR FILES: token shards\n"
+           "  train    --model-config F | --init-from DIR --data DIR --out "
+           "DIR: train\n"
+           "  plot-loss LOG.jsonl --out loss.svg: the loss curves\n"
+           "  bench peak: the machine's f32 matmul rate (for MFU)\n"
            "  demo     train a tiny MLP for a few steps in eager mode\n"
            "  info     -m DIR: a Hugging Face model folder's architecture and "
            "size\n"
@@ -44,6 +55,16 @@ int main(int argc, char **argv) {
         return tessera_serve(argc - 1, argv + 1);
     if (!strcmp(argv[1], "route"))
         return tessera_route(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "tokenizer-train"))
+        return tessera_tokenizer_train(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "prepare-data"))
+        return tessera_prepare_data(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "train"))
+        return tessera_train(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "bench"))
+        return tessera_bench(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "plot-loss"))
+        return tessera_plot_loss(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokenize"))
         return tessera_tokenize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "logits"))

@@ -200,6 +200,18 @@ void ts_node_forget_out(struct ts_node *n, const ts_tensor *out);
  * config.json, tokenizer.json ...); into buf of n bytes. */
 const char *ts_file_in(const char *path, const char *name, char *buf, size_t n);
 
+/* Files written whole or not at all (atomic_file.c): open a temporary
+ * beside path, write, then commit (fsync, rename over path) or abandon
+ * (keep false). err holds the errno of the first failure. */
+typedef struct {
+    int fd, err;
+    bool ok;
+    char path[4096], tmp[4200];
+} ts_atomic_file;
+bool ts_atomic_open(ts_atomic_file *f, const char *path);
+bool ts_atomic_write(ts_atomic_file *f, const void *p, size_t n);
+bool ts_atomic_commit(ts_atomic_file *f, bool keep);
+
 /* Threading (OpenMP). */
 void ts_threads_apply(int n);
 

@@ -496,20 +496,6 @@ ts_tensor *ts_safetensors_get(ts_safetensors *st, const char *name) {
 
 /* ---- writing ---- */
 
-static bool write_all(int fd, const void *p, size_t n) {
-    const char *c = p;
-    while (n) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return false;
-        c += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
 ts_status ts_safetensors_save(ts_ctx *ctx, const char *path, int n,
                               const char *const *names, ts_tensor *const *ts,
                               int n_meta, const char *const *meta) {
@@ -567,19 +553,17 @@ ts_status ts_safetensors_save(ts_ctx *ctx, const char *path, int n,
         return s;
     }
     size_t hl = strlen(hdr), padded = (hl + 7) & ~(size_t)7; /* spaces to 8 */
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
+    ts_atomic_file f;
+    if (!ts_atomic_open(&f, path)) {
         free(hdr);
         return ts_set_error(ctx, TS_ERR_IO, "%s: cannot create %s: %s", path,
-                            tmp, strerror(errno));
+                            f.tmp, strerror(f.err));
     }
     unsigned char len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    bool ok = write_all(fd, len8, 8) && write_all(fd, hdr, hl) &&
-              write_all(fd, "        ", padded - hl);
+    bool ok = ts_atomic_write(&f, len8, 8) && ts_atomic_write(&f, hdr, hl) &&
+              ts_atomic_write(&f, "        ", padded - hl);
     free(hdr);
     for (int i = 0; i < n && ok; i++) {
         size_t bytes = (size_t)ts_tensor_numel(ts[i]) *
@@ -587,24 +571,12 @@ ts_status ts_safetensors_save(ts_ctx *ctx, const char *path, int n,
         void *buf = malloc(bytes ? bytes : 1);
         ok = buf &&
              ts_tensor_read(ts[i], buf, ts_tensor_dtype(ts[i])) == TS_OK &&
-             write_all(fd, buf, bytes);
+             ts_atomic_write(&f, buf, bytes);
         free(buf);
     }
-    ok = ok && fsync(fd) == 0;
-    ok = close(fd) == 0 && ok;
-    if (ok && rename(tmp, path) != 0)
-        ok = false;
-    if (!ok) {
-        int err = errno;
-        unlink(tmp);
+    if (!ts_atomic_commit(&f, ok))
         return ts_set_error(ctx, TS_ERR_IO,
                             "%s: write failed (%s); the previous file is kept",
-                            path, strerror(err));
-    }
-    char dcopy[4096]; /* make the rename durable */
-    snprintf(dcopy, sizeof dcopy, "%s", path);
-    int dfd = open(dirname(dcopy), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0)
-        fsync(dfd), close(dfd);
+                            path, strerror(f.err ? f.err : EIO));
     return TS_OK;
 }

@@ -7,6 +7,28 @@
 #include <stdio.h>
 #include <string.h>
 
+ts_qwen3_config ts_decoder_config(const ts_model_config *mc) {
+    return (ts_qwen3_config){.vocab = mc->vocab,
+                             .hidden = mc->hidden,
+                             .layers = mc->layers,
+                             .heads = mc->heads,
+                             .kv_heads = mc->kv_heads,
+                             .head_dim = mc->head_dim,
+                             .intermediate = mc->intermediate,
+                             .rms_eps = mc->norm_eps,
+                             .rope_theta = mc->rope_theta,
+                             .tie_word_embeddings = mc->tie_word_embeddings,
+                             .max_positions = mc->max_positions,
+                             .no_qk_norm = !mc->qk_norm,
+                             .attention_bias = mc->attention_bias,
+                             .rope_llama3 = mc->rope_llama3,
+                             .rope_factor = mc->rope_factor,
+                             .rope_low_freq_factor = mc->rope_low_freq_factor,
+                             .rope_high_freq_factor = mc->rope_high_freq_factor,
+                             .rope_original_max_positions =
+                                 mc->rope_original_max_positions};
+}
+
 static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out,
                       bool any_decoder, ts_dtype weight_dtype,
                       const char *device_map) {
@@ -30,27 +52,9 @@ static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out,
             "%s: a gpt2 model; ts_decoder_load reads qwen3, qwen2 and llama "
             "(gpt2: ts_gpt2_load)",
             dir);
-    ts_qwen3_config cfg = {.vocab = mc.vocab,
-                           .hidden = mc.hidden,
-                           .layers = mc.layers,
-                           .heads = mc.heads,
-                           .kv_heads = mc.kv_heads,
-                           .head_dim = mc.head_dim,
-                           .intermediate = mc.intermediate,
-                           .rms_eps = mc.norm_eps,
-                           .rope_theta = mc.rope_theta,
-                           .tie_word_embeddings = mc.tie_word_embeddings,
-                           .max_positions = mc.max_positions,
-                           .no_qk_norm = !mc.qk_norm,
-                           .attention_bias = mc.attention_bias,
-                           .rope_llama3 = mc.rope_llama3,
-                           .rope_factor = mc.rope_factor,
-                           .rope_low_freq_factor = mc.rope_low_freq_factor,
-                           .rope_high_freq_factor = mc.rope_high_freq_factor,
-                           .rope_original_max_positions =
-                               mc.rope_original_max_positions,
-                           .weight_dtype = weight_dtype,
-                           .no_init = true}; /* the checkpoint fills them */
+    ts_qwen3_config cfg = ts_decoder_config(&mc);
+    cfg.weight_dtype = weight_dtype;
+    cfg.no_init = true; /* the checkpoint fills them */
     if (weight_dtype != TS_F32 && weight_dtype != TS_BF16)
         return ts_set_error(ctx, TS_ERR_DTYPE,
                             "%s: weights can be kept in f32 or bf16, not %s",

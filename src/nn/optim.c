@@ -148,6 +148,11 @@ static ts_tensor *as_f32(ts_tensor *x) {
     return ts_tensor_dtype(x) == TS_F32 ? ts_retain(x) : ts_cast(x, TS_F32);
 }
 
+void ts_adamw_set_step_count(ts_adamw *a, int i, int64_t steps) {
+    if (a && i >= 0 && i < a->n && steps >= 0)
+        a->steps[i] = steps;
+}
+
 /* One AdamW update of p from g with moments m, v at step t (>= 1), by the
  * fused in-place op. The hyperparameters travel as a small tensor, so a
  * compiled training step keeps one plan while lr and t change. */

@@ -12,6 +12,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "tessera_tokenizer.h"
 
+#include "bytelevel.h"
 #include "core/core.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -168,38 +169,13 @@ struct ts_tokenizer {
     int16_t cp_to_byte[512];
 };
 
-static const char *gpt2_pattern =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| "
-    "?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-
-/* GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to
- * code points from 256 up, so every byte is a visible character. */
+/* GPT-2's bytes_to_unicode (bytelevel.h) both ways */
 static void byte_map(ts_tokenizer *t) {
-    int n = 0;
     for (int i = 0; i < 512; i++)
         t->cp_to_byte[i] = -1;
-    for (int b = 0; b < 256; b++) {
-        bool printable =
-            (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-        t->byte_to_cp[b] = printable ? (uint32_t)b : (uint32_t)(256 + n++);
+    ts_byte_level_map(t->byte_to_cp);
+    for (int b = 0; b < 256; b++)
         t->cp_to_byte[t->byte_to_cp[b]] = (int16_t)b;
-    }
-}
-
-static int put_utf8(char *o, uint32_t cp) {
-    if (cp < 0x80)
-        return o[0] = (char)cp, 1;
-    if (cp < 0x800)
-        return o[0] = (char)(0xC0 | cp >> 6), o[1] = (char)(0x80 | (cp & 63)),
-               2;
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | cp >> 12), o[1] = (char)(0x80 | ((cp >> 6) & 63));
-        o[2] = (char)(0x80 | (cp & 63));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | cp >> 18), o[1] = (char)(0x80 | ((cp >> 12) & 63));
-    o[2] = (char)(0x80 | ((cp >> 6) & 63)), o[3] = (char)(0x80 | (cp & 63));
-    return 4;
 }
 
 void ts_tokenizer_free(ts_tokenizer *t) {
@@ -323,7 +299,7 @@ static ts_status parse_pretok_step(ts_tokenizer *t, const char *file,
         json_t *ur = json_object_get(p, "use_regex");
         t->byte_level = true;
         if (!ur || json_is_true(ur))
-            return add_split(t, file, gpt2_pattern, SPLIT_ISOLATED);
+            return add_split(t, file, TS_GPT2_PATTERN, SPLIT_ISOLATED);
         return TS_OK;
     }
     return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
@@ -912,7 +888,7 @@ static void bpe_word(ts_tokenizer *t, const unsigned char *w, size_t n,
         size_t len = 1;
         if (t->byte_level) {
             char c[5];
-            int k = put_utf8(c, t->byte_to_cp[w[i]]);
+            int k = ts_put_utf8(c, t->byte_to_cp[w[i]]);
             id = smap_get(&t->vocab, c, (size_t)k);
         } else {
             utf8proc_int32_t cp;
@@ -1184,8 +1160,8 @@ static size_t token_bytes(const ts_tokenizer *t, int32_t id, unsigned char *o) {
         if (cp >= 0 && cp < 512 && t->cp_to_byte[cp] >= 0)
             o[k++] = (unsigned char)t->cp_to_byte[cp];
         else
-            k += (size_t)put_utf8((char *)o + k,
-                                  (uint32_t)cp); /* not a byte char */
+            k += (size_t)ts_put_utf8((char *)o + k,
+                                     (uint32_t)cp); /* not a byte char */
         i += (size_t)l;
     }
     return k;

@@ -1,0 +1,132 @@
+/* tessera_train.h — the training half (src/train): token shards and the
+ * loader that feeds each rank its slice, and the training loop behind
+ * `tessera train` (AdamW, warmup + cosine, clipping, accumulation, mixed
+ * precision, checkpoints in Hugging Face's layout, MFU). */
+#ifndef TESSERA_TRAIN_H
+#define TESSERA_TRAIN_H
+
+#include "tessera.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- token shards ---------------------------------------------------------
+ * A shard is a 32-byte header then the token ids, little-endian:
+ *   u32 magic "TSTK" | u32 version (1) | u32 bytes per token (2 or 4) |
+ *   u32 reserved (0) | u64 token count | u64 reserved (0)
+ * A data folder holds train_NNN.bin and val_NNN.bin shards, meta.json
+ * (vocabulary, counts, the tokenizer) and the tokenizer's files. */
+#define TS_SHARD_MAGIC   0x4B545354u /* "TSTK" */
+#define TS_SHARD_VERSION 1
+#define TS_SHARD_HEADER  32
+
+/* Writes n ids to path (atomically: temporary file, fsync, rename) with 2
+ * bytes per token when every id < 65536, else 4. */
+ts_status ts_shard_write(ts_ctx *ctx, const char *path, const int32_t *ids,
+                         size_t n);
+
+typedef struct ts_shard ts_shard;
+/* Maps a shard, checking its header and its size. */
+ts_status ts_shard_open(ts_ctx *ctx, const char *path, ts_shard **out);
+void ts_shard_close(ts_shard *s);
+uint64_t ts_shard_count(const ts_shard *s);
+int32_t ts_shard_token(const ts_shard *s, uint64_t i);
+
+/* ---- the loader -------------------------------------------------------------
+ * The shards of one split (prefix "train" or "val") seen as one stream of
+ * tokens, cut into windows of seq + 1 tokens (inputs and their next
+ * tokens) at multiples of seq. Each epoch visits every window once in an
+ * order shuffled from (seed, epoch); the global batch of step s is the
+ * next `batch` windows, and rank r of `world` takes its contiguous
+ * batch / world of them. The state is one number (windows consumed), so a
+ * resumed run continues exactly where a checkpoint left off. */
+typedef struct ts_loader ts_loader;
+ts_status ts_loader_open(ts_ctx *ctx, const char *dir, const char *split,
+                         int64_t seq, uint64_t seed, bool shuffle,
+                         ts_loader **out);
+void ts_loader_free(ts_loader *l);
+int64_t ts_loader_windows(const ts_loader *l); /* per epoch */
+int64_t ts_loader_tokens(const ts_loader *l);
+/* The next global batch's rows for this rank: ids and targets, each
+ * (batch / world) x seq, int64. */
+ts_status ts_loader_next(ts_loader *l, int64_t batch, int rank, int world,
+                         int64_t *ids, int64_t *targets);
+uint64_t ts_loader_position(const ts_loader *l); /* windows consumed */
+void ts_loader_seek(ts_loader *l, uint64_t position);
+
+/* ---- preparing data ------------------------------------------------------ */
+
+typedef struct {
+    const char *tokenizer_dir; /* tokenizer.json (+ tokenizer_config.json) */
+    const char *out_dir;
+    double val_fraction;  /* the last fraction of each file's tokens: 0.05 */
+    int64_t shard_tokens; /* tokens per shard at most: 1 << 26 */
+    bool quiet;           /* no progress on stderr */
+} ts_prepare_options;
+
+typedef struct {
+    int64_t bytes, train_tokens, val_tokens;
+    int train_shards, val_shards;
+} ts_prepare_result;
+
+/* Tokenizes the files (each a document, ended by the tokenizer's
+ * end-of-text token when it has one) into out_dir/train_NNN.bin and
+ * val_NNN.bin, copies the tokenizer files there and writes meta.json. */
+ts_status ts_prepare_data(ts_ctx *ctx, const char *const *files, int n_files,
+                          const ts_prepare_options *o, ts_prepare_result *res);
+
+/* ---- the machine's peak ------------------------------------------------ */
+
+/* The f32 matmul rate of this machine in FLOP/s with the current thread
+ * count: the best of a few 2048^3 sgemm runs (OpenBLAS), cached in
+ * ~/.cache/tessera/peak.json per CPU model and thread count unless fresh.
+ * *cached says whether it came from the cache. */
+double ts_peak_flops(bool fresh, bool *cached);
+
+/* Model FLOPs per token of a training step (forward + backward), PaLM's
+ * appendix B: 6 N + 12 L H Q T, N the parameters without the embeddings. */
+double ts_train_flops_per_token(int64_t n_params_no_embed, int64_t layers,
+                                int64_t heads, int64_t head_dim, int64_t seq);
+
+/* ---- the training loop ----------------------------------------------------
+ */
+
+typedef struct {
+    const char *model_config; /* a Hugging Face config.json: a new model */
+    const char *init_from;    /* or a model folder to start from */
+    const char *data_dir;     /* prepare-data's output */
+    const char *out_dir;      /* checkpoints and the log */
+    int64_t batch, seq, grad_accum, steps;
+    double lr, min_lr; /* peak and final learning rates */
+    int64_t warmup;
+    bool constant_lr; /* --schedule constant (else cosine) */
+    double weight_decay, clip, beta1, beta2;
+    int64_t eval_every, eval_batches, save_every, log_every;
+    uint64_t seed;
+    bool eager;  /* else compiled */
+    bool resume; /* from out_dir's latest checkpoint */
+    bool quiet;  /* no progress bar or lines on stderr */
+    double peak; /* FLOP/s for MFU; 0: ts_peak_flops */
+} ts_train_options;
+
+ts_train_options ts_train_default_options(void);
+
+typedef struct {
+    int64_t steps_done;
+    double first_loss, last_loss, last_val_loss;
+    double tokens_per_s, mfu, seconds;
+    int64_t n_params;
+} ts_train_result;
+
+/* Trains as the options say; checkpoints in out_dir/step_NNNNNN (Hugging
+ * Face layout plus optimizer.safetensors and trainer_state.json, written
+ * to a temporary folder and renamed), out_dir/latest naming the newest;
+ * a JSON-lines log in out_dir/log.jsonl. */
+ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
+                       ts_train_result *res);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,195 @@
+/* prepare.c — text files to token shards with a train/validation split
+ * (`tessera prepare-data`, tessera_train.h). */
+#include "tessera_train.h"
+
+#include "tessera_tokenizer.h"
+
+#include "core/core.h"
+#include "core/strbuf.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct {
+    int32_t *p;
+    size_t n, cap;
+} ids_buf;
+
+static bool push(ids_buf *b, const int32_t *ids, size_t n) {
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 1 << 16;
+        while (cap < b->n + n)
+            cap *= 2;
+        int32_t *p = realloc(b->p, sizeof *p * cap);
+        if (!p)
+            return false;
+        b->p = p, b->cap = cap;
+    }
+    memcpy(b->p + b->n, ids, sizeof *ids * n);
+    b->n += n;
+    return true;
+}
+
+/* b's tokens as shards prefix_NNN.bin of at most per tokens each */
+static ts_status write_shards(ts_ctx *ctx, const char *dir, const char *prefix,
+                              const ids_buf *b, int64_t per, int *count) {
+    *count = 0;
+    for (size_t at = 0; at < b->n || (!at && !b->n); at += (size_t)per) {
+        if (!b->n)
+            break;
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s_%03d.bin", dir, prefix, *count);
+        size_t n = b->n - at < (size_t)per ? b->n - at : (size_t)per;
+        ts_status st = ts_shard_write(ctx, path, b->p + at, n);
+        if (st != TS_OK)
+            return st;
+        (*count)++;
+    }
+    return TS_OK;
+}
+
+static ts_status copy_text(ts_ctx *ctx, const char *from, const char *to) {
+    FILE *f = fopen(from, "rb");
+    if (!f)
+        return TS_OK; /* optional files */
+    ts_sbuf b = {0};
+    char buf[1 << 16];
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, f)) > 0)
+        ts_sb_add(&b, buf, k);
+    fclose(f);
+    ts_atomic_file af;
+    bool ok =
+        ts_atomic_open(&af, to) && ts_atomic_write(&af, b.p ? b.p : "", b.n);
+    free(b.p);
+    if (!ts_atomic_commit(&af, ok))
+        return ts_set_error(ctx, TS_ERR_IO, "cannot write %s", to);
+    return TS_OK;
+}
+
+ts_status ts_prepare_data(ts_ctx *ctx, const char *const *files, int n_files,
+                          const ts_prepare_options *o, ts_prepare_result *res) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!files || n_files < 1 || !o || !o->tokenizer_dir || !o->out_dir)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "prepare-data: a tokenizer, an output folder and "
+                            "input files are needed");
+    if (!(o->val_fraction >= 0 && o->val_fraction < 1))
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "prepare-data: val fraction %g (want 0 <= f < 1)",
+                            o->val_fraction);
+    if (o->shard_tokens < 1024)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "prepare-data: shard size %lld tokens (want >= "
+                            "1024)",
+                            (long long)o->shard_tokens);
+    ts_tokenizer *tok = NULL;
+    ts_status st = ts_tokenizer_load(ctx, o->tokenizer_dir, &tok);
+    if (st != TS_OK)
+        return st;
+    if (mkdir(o->out_dir, 0755) && errno != EEXIST) {
+        ts_tokenizer_free(tok);
+        return ts_set_error(ctx, TS_ERR_IO, "cannot create %s: %s", o->out_dir,
+                            strerror(errno));
+    }
+    int32_t eot = ts_tokenizer_token_id(tok, "<|endoftext|>");
+    ids_buf train = {0}, val = {0};
+    ts_prepare_result r = {0};
+    int64_t total = 0;
+    for (int f = 0; f < n_files; f++) {
+        struct stat sb;
+        if (!stat(files[f], &sb))
+            total += (int64_t)sb.st_size;
+    }
+    for (int f = 0; f < n_files && st == TS_OK; f++) {
+        FILE *fp = fopen(files[f], "rb");
+        if (!fp) {
+            st =
+                ts_set_error(ctx, TS_ERR_IO, "prepare-data: cannot open %s: %s",
+                             files[f], strerror(errno));
+            break;
+        }
+        ids_buf doc = {0};
+        ts_sbuf chunk = {0};
+        char line[1 << 16];
+        bool eof = false;
+        while (st == TS_OK && !eof) {
+            /* about 1 MiB of whole lines at a time, for progress */
+            eof = true;
+            while (fgets(line, sizeof line, fp)) {
+                ts_sb_add(&chunk, line, strlen(line));
+                if (chunk.n >= (1 << 20)) {
+                    eof = false;
+                    break;
+                }
+            }
+            if (!chunk.n)
+                break;
+            int32_t *ids = NULL;
+            size_t n = 0;
+            st = ts_tokenizer_encode(tok, chunk.p, chunk.n, false, &ids, &n);
+            if (st == TS_OK && !push(&doc, ids, n))
+                st = ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+            free(ids);
+            r.bytes += (int64_t)chunk.n;
+            chunk.n = 0;
+            if (!o->quiet && total > 0)
+                fprintf(stderr,
+                        "\rprepare-data: %5.1f%% of %.1f MB, %zu tokens",
+                        100.0 * (double)r.bytes / (double)total, total / 1e6,
+                        train.n + val.n + doc.n);
+        }
+        fclose(fp);
+        free(chunk.p);
+        if (st == TS_OK && eot >= 0 && !push(&doc, &eot, 1))
+            st = ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+        size_t n_val = (size_t)((double)doc.n * o->val_fraction);
+        if (st == TS_OK && (!push(&train, doc.p, doc.n - n_val) ||
+                            !push(&val, doc.p + doc.n - n_val, n_val)))
+            st = ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+        free(doc.p);
+    }
+    if (!o->quiet && total > 0)
+        fputc('\n', stderr);
+    if (st == TS_OK)
+        st = write_shards(ctx, o->out_dir, "train", &train, o->shard_tokens,
+                          &r.train_shards);
+    if (st == TS_OK)
+        st = write_shards(ctx, o->out_dir, "val", &val, o->shard_tokens,
+                          &r.val_shards);
+    static const char *const tf[] = {"tokenizer.json", "tokenizer_config.json"};
+    for (int i = 0; i < 2 && st == TS_OK; i++) {
+        char from[4200], to[4200];
+        snprintf(from, sizeof from, "%s/%s", o->tokenizer_dir, tf[i]);
+        snprintf(to, sizeof to, "%s/%s", o->out_dir, tf[i]);
+        struct stat a, b;
+        if (!stat(from, &a) && !stat(to, &b) && a.st_ino == b.st_ino)
+            continue; /* the same file */
+        st = copy_text(ctx, from, to);
+    }
+    r.train_tokens = (int64_t)train.n, r.val_tokens = (int64_t)val.n;
+    if (st == TS_OK) {
+        json_t *m = json_pack(
+            "{s:i, s:I, s:I, s:I, s:i, s:i, s:I, s:f}", "vocab_size",
+            ts_tokenizer_vocab_size(tok), "train_tokens", (json_int_t)train.n,
+            "val_tokens", (json_int_t)val.n, "bytes", (json_int_t)r.bytes,
+            "train_shards", r.train_shards, "val_shards", r.val_shards,
+            "eot_token_id", (json_int_t)eot, "val_fraction", o->val_fraction);
+        char p[4200];
+        snprintf(p, sizeof p, "%s/meta.json", o->out_dir);
+        if (json_dump_file(m, p, JSON_INDENT(2) | JSON_PRESERVE_ORDER))
+            st = ts_set_error(ctx, TS_ERR_IO, "cannot write %s", p);
+        json_decref(m);
+    }
+    if (res)
+        *res = r;
+    free(train.p), free(val.p);
+    ts_tokenizer_free(tok);
+    return st;
+}

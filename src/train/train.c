@@ -1,0 +1,631 @@
+/* train.c — the training loop behind `tessera train` (tessera_train.h).
+ *
+ * A step: grad_accum micro-batches (forward, backward of loss / accum,
+ * gradients accumulating in .grad), global-norm clipping, the learning
+ * rate of the step (linear warmup then cosine to min_lr, or constant),
+ * one fused AdamW update. In compiled mode the step is recorded and run
+ * as planned graphs (cached by shape), eager otherwise; both give the
+ * same losses. Checkpoints are Hugging Face folders (model.safetensors,
+ * config.json, generation_config.json, tokenizer files) plus
+ * optimizer.safetensors (AdamW moments) and trainer_state.json (step,
+ * loader position, options), written to a temporary folder and renamed,
+ * so a process killed mid-save leaves the previous checkpoint whole. A
+ * resumed run reloads all of it and continues with the same batches, so
+ * its losses are the ones an uninterrupted run prints. */
+#define _GNU_SOURCE
+#include "tessera_train.h"
+
+#include "tessera_models.h"
+#include "tessera_nn.h"
+
+#include "core/core.h"
+#include "core/strbuf.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+ts_train_options ts_train_default_options(void) {
+    return (ts_train_options){.batch = 8,
+                              .seq = 256,
+                              .grad_accum = 1,
+                              .steps = 1000,
+                              .lr = 3e-4,
+                              .min_lr = 3e-5,
+                              .warmup = 100,
+                              .weight_decay = 0.1,
+                              .clip = 1.0,
+                              .beta1 = 0.9,
+                              .beta2 = 0.95,
+                              .eval_every = 0,
+                              .eval_batches = 8,
+                              .save_every = 0,
+                              .log_every = 1,
+                              .seed = 1};
+}
+
+/* ---- files ---- */
+
+static ts_status copy_file(ts_ctx *ctx, const char *from, const char *to) {
+    FILE *f = fopen(from, "rb");
+    if (!f)
+        return ts_set_error(ctx, TS_ERR_IO, "cannot read %s: %s", from,
+                            strerror(errno));
+    ts_sbuf b = {0};
+    char buf[1 << 16];
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, f)) > 0)
+        ts_sb_add(&b, buf, k);
+    fclose(f);
+    ts_atomic_file af;
+    bool ok =
+        ts_atomic_open(&af, to) && ts_atomic_write(&af, b.p ? b.p : "", b.n);
+    free(b.p);
+    if (!ts_atomic_commit(&af, ok))
+        return ts_set_error(ctx, TS_ERR_IO, "cannot write %s: %s", to,
+                            strerror(af.err ? af.err : EIO));
+    return TS_OK;
+}
+
+static ts_status write_json(ts_ctx *ctx, const char *path, json_t *j) {
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    ts_atomic_file af;
+    bool ok = s && ts_atomic_open(&af, path) &&
+              ts_atomic_write(&af, s, strlen(s)) &&
+              ts_atomic_write(&af, "\n", 1);
+    free(s);
+    if (!s || !ts_atomic_commit(&af, ok))
+        return ts_set_error(ctx, TS_ERR_IO, "cannot write %s", path);
+    return TS_OK;
+}
+
+static void remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[4096];
+    while (d && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    if (d)
+        closedir(d);
+    rmdir(dir);
+}
+
+/* ---- the run's state ---- */
+
+typedef struct {
+    ts_ctx *ctx;
+    const ts_train_options *o;
+    ts_qwen3_model *m;
+    ts_adamw *opt;
+    ts_loader *train, *val;
+    int n_params;
+    ts_tensor *const *params;
+    char config_src[4096]; /* the config.json a checkpoint copies */
+    int64_t step;          /* steps done */
+    FILE *log;
+} run;
+
+static ts_status save_checkpoint(run *r) {
+    ts_ctx *ctx = r->ctx;
+    const ts_train_options *o = r->o;
+    char name[64], tmp[4096], final[4096], p[4200];
+    snprintf(name, sizeof name, "step_%06lld", (long long)r->step);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-%s", o->out_dir, name);
+    snprintf(final, sizeof final, "%s/%s", o->out_dir, name);
+    remove_tree(tmp);
+    if (mkdir(tmp, 0755))
+        return ts_set_error(ctx, TS_ERR_IO, "cannot create %s: %s", tmp,
+                            strerror(errno));
+    int n = r->n_params;
+    const char **names = malloc(sizeof *names * (size_t)n * 2);
+    ts_tensor **ts = malloc(sizeof *ts * (size_t)n * 2);
+    char **owned = calloc((size_t)n * 2, sizeof *owned);
+    ts_status st = names && ts && owned
+                       ? TS_OK
+                       : ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+    for (int i = 0; st == TS_OK && i < n; i++)
+        names[i] = ts_qwen3_param_name(r->m, i), ts[i] = r->params[i];
+    snprintf(p, sizeof p, "%s/model.safetensors", tmp);
+    const char *meta[2] = {"format", "pt"};
+    if (st == TS_OK)
+        st = ts_safetensors_save(ctx, p, n, names, ts, 1, meta);
+    /* AdamW's moments, named after their parameters */
+    for (int i = 0; st == TS_OK && i < n; i++) {
+        if (asprintf(&owned[2 * i], "exp_avg.%s", names[i]) < 0 ||
+            asprintf(&owned[2 * i + 1], "exp_avg_sq.%s", names[i]) < 0)
+            st = ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+    }
+    for (int i = 0; st == TS_OK && i < n; i++) {
+        names[2 * i] = owned[2 * i], names[2 * i + 1] = owned[2 * i + 1];
+        ts[2 * i] = ts_adamw_exp_avg(r->opt, i);
+        ts[2 * i + 1] = ts_adamw_exp_avg_sq(r->opt, i);
+    }
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
+    if (st == TS_OK)
+        st = ts_safetensors_save(ctx, p, 2 * n, names, ts, 1, meta);
+    for (int i = 0; owned && i < 2 * n; i++)
+        free(owned[i]);
+    free(owned), free(names), free(ts);
+    /* the Hugging Face files */
+    static const char *const tok_files[] = {"tokenizer.json",
+                                            "tokenizer_config.json"};
+    snprintf(p, sizeof p, "%s/config.json", tmp);
+    if (st == TS_OK)
+        st = copy_file(ctx, r->config_src, p);
+    for (int i = 0; st == TS_OK && i < 2; i++) {
+        char from[4200];
+        snprintf(from, sizeof from, "%s/%s", o->data_dir, tok_files[i]);
+        snprintf(p, sizeof p, "%s/%s", tmp, tok_files[i]);
+        if (access(from, R_OK) == 0)
+            st = copy_file(ctx, from, p);
+    }
+    if (st == TS_OK) {
+        ts_model_config mc;
+        json_t *gen = json_object();
+        if (ts_config_load(ctx, r->config_src, &mc) == TS_OK) {
+            if (mc.bos_token_id >= 0)
+                json_object_set_new(gen, "bos_token_id",
+                                    json_integer(mc.bos_token_id));
+            if (mc.eos_token_id >= 0)
+                json_object_set_new(gen, "eos_token_id",
+                                    json_integer(mc.eos_token_id));
+        } else
+            ts_clear_error(ctx);
+        snprintf(p, sizeof p, "%s/generation_config.json", tmp);
+        st = write_json(ctx, p, gen);
+        json_decref(gen);
+    }
+    if (st == TS_OK) {
+        json_t *state = json_pack(
+            "{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I}", "step",
+            (json_int_t)r->step, "loader_position",
+            (json_int_t)ts_loader_position(r->train), "seed",
+            (json_int_t)o->seed, "batch", (json_int_t)o->batch, "seq",
+            (json_int_t)o->seq, "grad_accum", (json_int_t)o->grad_accum, "lr",
+            o->lr, "steps", (json_int_t)o->steps);
+        snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
+        st = write_json(ctx, p, state);
+        json_decref(state);
+    }
+    if (st == TS_OK) { /* the folder appears whole, then latest names it */
+        remove_tree(final);
+        if (rename(tmp, final))
+            st = ts_set_error(ctx, TS_ERR_IO, "cannot rename %s: %s", tmp,
+                              strerror(errno));
+    }
+    if (st == TS_OK) {
+        snprintf(p, sizeof p, "%s/latest", o->out_dir);
+        ts_atomic_file af;
+        bool ok = ts_atomic_open(&af, p) &&
+                  ts_atomic_write(&af, name, strlen(name)) &&
+                  ts_atomic_write(&af, "\n", 1);
+        if (!ts_atomic_commit(&af, ok))
+            st = ts_set_error(ctx, TS_ERR_IO, "cannot write %s", p);
+    }
+    if (st != TS_OK)
+        remove_tree(tmp);
+    return st;
+}
+
+/* copies the named tensors of path into dst[] (same shapes) */
+static ts_status load_into(ts_ctx *ctx, const char *path, int n,
+                           const char *const *names, ts_tensor *const *dst) {
+    ts_safetensors *sf = NULL;
+    ts_status st = ts_safetensors_open(ctx, path, &sf);
+    for (int i = 0; st == TS_OK && i < n; i++) {
+        ts_tensor *t = ts_safetensors_get(sf, names[i]);
+        if (!t) {
+            st = ts_ctx_status(ctx);
+            break;
+        }
+        if (ts_tensor_numel(t) != ts_tensor_numel(dst[i]))
+            st = ts_set_error(ctx, TS_ERR_SHAPE, "%s: %s has another shape",
+                              path, names[i]);
+        else
+            st = ts_copy_(dst[i], t);
+        ts_release(t);
+    }
+    ts_safetensors_close(sf);
+    return st;
+}
+
+static ts_status resume(run *r) {
+    ts_ctx *ctx = r->ctx;
+    char p[4800], name[256] = "", dir[4400];
+    snprintf(p, sizeof p, "%s/latest", r->o->out_dir);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return ts_set_error(ctx, TS_ERR_IO,
+                            "--resume: %s has no checkpoint (no %s)",
+                            r->o->out_dir, p);
+    if (!fgets(name, sizeof name, f))
+        name[0] = 0;
+    fclose(f);
+    name[strcspn(name, "\n")] = 0;
+    snprintf(dir, sizeof dir, "%s/%s", r->o->out_dir, name);
+    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+    json_error_t je;
+    json_t *s = json_load_file(p, 0, &je);
+    if (!json_is_object(s)) {
+        json_decref(s);
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "%s: %s", p, je.text);
+    }
+    r->step = json_integer_value(json_object_get(s, "step"));
+    ts_loader_seek(r->train, (uint64_t)json_integer_value(
+                                 json_object_get(s, "loader_position")));
+    json_int_t b = json_integer_value(json_object_get(s, "batch")),
+               t = json_integer_value(json_object_get(s, "seq"));
+    json_decref(s);
+    if (b != r->o->batch || t != r->o->seq)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "--resume: %s was trained with batch %lld, seq "
+                            "%lld (now %lld, %lld)",
+                            dir, (long long)b, (long long)t,
+                            (long long)r->o->batch, (long long)r->o->seq);
+    int n = r->n_params;
+    const char **names = malloc(sizeof *names * (size_t)n * 2);
+    ts_tensor **ts = malloc(sizeof *ts * (size_t)n * 2);
+    char **owned = calloc((size_t)n * 2, sizeof *owned);
+    ts_status st = names && ts && owned
+                       ? TS_OK
+                       : ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+    for (int i = 0; st == TS_OK && i < n; i++)
+        names[i] = ts_qwen3_param_name(r->m, i), ts[i] = r->params[i];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (st == TS_OK)
+        st = load_into(ctx, p, n, names, ts);
+    for (int i = 0; st == TS_OK && i < n; i++)
+        if (asprintf(&owned[2 * i], "exp_avg.%s", names[i]) < 0 ||
+            asprintf(&owned[2 * i + 1], "exp_avg_sq.%s", names[i]) < 0)
+            st = ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+    for (int i = 0; st == TS_OK && i < n; i++) {
+        names[2 * i] = owned[2 * i], names[2 * i + 1] = owned[2 * i + 1];
+        ts[2 * i] = ts_adamw_exp_avg(r->opt, i);
+        ts[2 * i + 1] = ts_adamw_exp_avg_sq(r->opt, i);
+    }
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
+    if (st == TS_OK)
+        st = load_into(ctx, p, 2 * n, names, ts);
+    for (int i = 0; st == TS_OK && i < n; i++)
+        ts_adamw_set_step_count(r->opt, i, r->step);
+    for (int i = 0; owned && i < 2 * n; i++)
+        free(owned[i]);
+    free(owned), free(names), free(ts);
+    if (st == TS_OK)
+        st = ts_sync(ctx);
+    return st;
+}
+
+/* ---- steps ---- */
+
+static double lr_at(const ts_train_options *o, int64_t step) {
+    if (o->constant_lr)
+        return step < o->warmup ? o->lr * (double)(step + 1) / (double)o->warmup
+                                : o->lr;
+    /* step + 1: the first update already has a non-zero rate */
+    return ts_lr_cosine_warmup(step + 1, o->warmup, o->steps, o->lr, o->min_lr);
+}
+
+/* mean loss of the micro-batch (ids, targets hold B x T each) */
+static ts_tensor *batch_loss(run *r, int64_t *ids, int64_t *tg, int64_t B) {
+    int64_t shape[2] = {B, r->o->seq};
+    ts_tensor *i = ts_from_data(r->ctx, TS_I64, 2, shape, ids);
+    ts_tensor *t = ts_from_data(r->ctx, TS_I64, 2, shape, tg);
+    ts_tensor *l = i && t ? ts_qwen3_loss(r->m, i, t, NULL) : NULL;
+    ts_release(i), ts_release(t);
+    return l;
+}
+
+static ts_status eval_loss(run *r, double *out) {
+    ts_ctx *ctx = r->ctx;
+    const ts_train_options *o = r->o;
+    int64_t B = o->batch, T = o->seq;
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)(B * T)),
+            *tg = malloc(sizeof(int64_t) * (size_t)(B * T));
+    if (!ids || !tg) {
+        free(ids), free(tg);
+        return ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+    }
+    bool old = ts_set_grad_enabled(ctx, false);
+    ts_loader_seek(r->val, 0);
+    int64_t nb = o->eval_batches;
+    if (nb * B > ts_loader_windows(r->val))
+        nb = ts_loader_windows(r->val) / B > 0 ? ts_loader_windows(r->val) / B
+                                               : 1;
+    double sum = 0;
+    ts_status st = TS_OK;
+    for (int64_t k = 0; k < nb && st == TS_OK; k++) {
+        st = ts_loader_next(r->val, B, 0, 1, ids, tg);
+        ts_tensor *l = st == TS_OK ? batch_loss(r, ids, tg, B) : NULL;
+        double v = 0;
+        if (st == TS_OK)
+            st = l ? ts_item(l, &v) : ts_ctx_status(ctx);
+        ts_release(l);
+        sum += v;
+    }
+    ts_set_grad_enabled(ctx, old);
+    free(ids), free(tg);
+    *out = sum / (double)nb;
+    return st;
+}
+
+/* one optimizer step; the mean loss over its micro-batches, the gradient
+ * norm before clipping */
+static ts_status train_step(run *r, int64_t *ids, int64_t *tg, double *loss,
+                            double *gnorm) {
+    ts_ctx *ctx = r->ctx;
+    const ts_train_options *o = r->o;
+    int64_t B = o->batch;
+    ts_zero_grads(r->params, r->n_params);
+    ts_tensor *lv[64];
+    int64_t accum = o->grad_accum;
+    ts_status st = TS_OK;
+    for (int64_t a = 0; a < accum && st == TS_OK; a++) {
+        st = ts_loader_next(r->train, B, 0, 1, ids, tg);
+        ts_tensor *l = st == TS_OK ? batch_loss(r, ids, tg, B) : NULL;
+        ts_tensor *scaled =
+            l ? (accum > 1 ? ts_mul_scalar(l, 1.0 / (double)accum) : l) : NULL;
+        if (!scaled || ts_backward(scaled, NULL) != TS_OK)
+            st = ts_ctx_status(ctx) ? ts_ctx_status(ctx) : TS_ERR_STATE;
+        lv[a] = l ? ts_detach(l) : NULL;
+        if (scaled != l)
+            ts_release(scaled);
+        ts_release(l); /* the activations die with the graph */
+    }
+    if (st == TS_OK)
+        st = ts_clip_grad_norm(r->params, r->n_params,
+                               o->clip > 0 ? o->clip : INFINITY, gnorm);
+    if (st == TS_OK) {
+        ts_adamw_set_lr(r->opt, lr_at(o, r->step));
+        st = ts_adamw_step(r->opt);
+    }
+    if (st == TS_OK)
+        st = ts_sync(ctx);
+    double sum = 0;
+    for (int64_t a = 0; a < accum; a++) {
+        double v = 0;
+        if (st == TS_OK && lv[a])
+            st = ts_item(lv[a], &v);
+        sum += v;
+        ts_release(lv[a]);
+    }
+    *loss = sum / (double)accum;
+    return st;
+}
+
+/* ---- the run ---- */
+
+static ts_status check_options(ts_ctx *ctx, const ts_train_options *o) {
+    const char *bad = NULL;
+    if (!o->data_dir)
+        bad = "--data DIR is required";
+    else if (!o->out_dir)
+        bad = "--out DIR is required";
+    else if (!o->model_config == !o->init_from)
+        bad = "give one of --model-config FILE and --init-from DIR";
+    else if (o->batch < 1 || o->seq < 1 || o->steps < 1)
+        bad = "--batch, --seq and --steps must be >= 1";
+    else if (o->grad_accum < 1 || o->grad_accum > 64)
+        bad = "--grad-accum must be in 1..64";
+    else if (!(o->lr > 0) || o->min_lr < 0 || o->min_lr > o->lr)
+        bad = "--lr must be > 0 and --min-lr in 0..lr";
+    else if (o->warmup < 0 || o->weight_decay < 0 || o->clip < 0)
+        bad = "--warmup, --weight-decay and --clip must be >= 0";
+    else if (!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1))
+        bad = "betas must be in [0, 1)";
+    else if (o->eval_every < 0 || o->save_every < 0 || o->log_every < 1 ||
+             o->eval_batches < 1)
+        bad = "--eval-every and --save-every must be >= 0, --log-every >= 1";
+    return bad ? ts_set_error(ctx, TS_ERR_INVALID_ARG, "train: %s", bad)
+               : TS_OK;
+}
+
+static void fmt_time(char *out, size_t cap, double s) {
+    if (s < 0 || !isfinite(s))
+        snprintf(out, cap, "?");
+    else if (s >= 3600)
+        snprintf(out, cap, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+    else
+        snprintf(out, cap, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+}
+
+ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
+                       ts_train_result *res) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    ts_status st = check_options(ctx, o);
+    if (st != TS_OK)
+        return st;
+    run r = {.ctx = ctx, .o = o};
+    ts_train_result out = {0};
+    int64_t *ids = NULL, *tg = NULL;
+    mkdir(o->out_dir, 0755);
+    /* the model */
+    if (o->init_from) {
+        snprintf(r.config_src, sizeof r.config_src, "%s/config.json",
+                 o->init_from);
+        st = ts_decoder_load(ctx, o->init_from, &r.m);
+        if (st == TS_OK) /* loaded weights are leaves that learn */
+            for (int i = 0; i < ts_qwen3_num_params(r.m); i++)
+                ts_set_requires_grad(ts_qwen3_param(r.m, i), true);
+    } else {
+        snprintf(r.config_src, sizeof r.config_src, "%s", o->model_config);
+        ts_model_config mc;
+        st = ts_config_load(ctx, o->model_config, &mc);
+        if (st == TS_OK && mc.arch == TS_ARCH_GPT2)
+            st = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                              "%s: train builds qwen3, qwen2 and llama "
+                              "models",
+                              o->model_config);
+        if (st == TS_OK) {
+            ts_qwen3_config c = ts_decoder_config(&mc);
+            st = ts_qwen3_new(ctx, &c, o->seed, &r.m);
+        }
+    }
+    const ts_qwen3_config *mc = r.m ? ts_qwen3_get_config(r.m) : NULL;
+    if (st == TS_OK)
+        st = ts_loader_open(ctx, o->data_dir, "train", o->seq, o->seed, true,
+                            &r.train);
+    if (st == TS_OK && o->eval_every &&
+        ts_loader_open(ctx, o->data_dir, "val", o->seq, o->seed, false,
+                       &r.val) != TS_OK)
+        st = ts_ctx_status(ctx);
+    if (st == TS_OK) {
+        r.n_params = ts_qwen3_num_params(r.m);
+        r.params = ts_qwen3_params(r.m);
+        ts_adamw_options ao = {.lr = o->lr,
+                               .beta1 = o->beta1,
+                               .beta2 = o->beta2,
+                               .eps = 1e-8,
+                               .weight_decay = o->weight_decay};
+        st = ts_adamw_new(ctx, r.params, r.n_params, &ao, &r.opt);
+    }
+    if (st == TS_OK && o->resume)
+        st = resume(&r);
+    ids = malloc(sizeof(int64_t) * (size_t)(o->batch * o->seq));
+    tg = malloc(sizeof(int64_t) * (size_t)(o->batch * o->seq));
+    if (st == TS_OK && (!ids || !tg))
+        st = ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+    /* counts for MFU */
+    int64_t n_all = 0, n_embed = 0;
+    for (int i = 0; st == TS_OK && i < r.n_params; i++) {
+        int64_t k = ts_tensor_numel(r.params[i]);
+        n_all += k;
+        if (!strcmp(ts_qwen3_param_name(r.m, i), "model.embed_tokens.weight"))
+            n_embed = k;
+    }
+    double fpt = mc ? ts_train_flops_per_token(n_all - n_embed, mc->layers,
+                                               mc->heads, mc->head_dim, o->seq)
+                    : 0;
+    bool peak_cached = false;
+    double peak = o->peak > 0 ? o->peak : 0;
+    if (st == TS_OK && !peak)
+        peak = ts_peak_flops(false, &peak_cached);
+    char logp[4200];
+    snprintf(logp, sizeof logp, "%s/log.jsonl", o->out_dir);
+    if (st == TS_OK && !(r.log = fopen(logp, o->resume ? "a" : "w")))
+        st = ts_set_error(ctx, TS_ERR_IO, "cannot write %s: %s", logp,
+                          strerror(errno));
+    bool tty = isatty(2) && !o->quiet;
+    if (st == TS_OK && !o->quiet)
+        fprintf(stderr,
+                "train: %lld parameters (%lld without embeddings), %lld "
+                "train tokens, batch %lld x %lld x %lld accum, %s, peak %.1f "
+                "GFLOP/s (%s f32 sgemm)%s\n",
+                (long long)n_all, (long long)(n_all - n_embed),
+                (long long)ts_loader_tokens(r.train), (long long)o->batch,
+                (long long)o->seq, (long long)o->grad_accum,
+                o->eager ? "eager" : "compiled", peak / 1e9,
+                peak_cached ? "cached" : "measured",
+                o->resume ? ", resumed" : "");
+    if (st == TS_OK)
+        ts_set_mode(ctx, o->eager ? TS_MODE_EAGER : TS_MODE_COMPILED);
+    double t_start = now_s(), t_window = t_start;
+    int64_t start_step = r.step, win_tokens = 0;
+    out.n_params = n_all;
+    while (st == TS_OK && r.step < o->steps) {
+        double loss = 0, gnorm = 0;
+        double lr = lr_at(o, r.step);
+        st = train_step(&r, ids, tg, &loss, &gnorm);
+        if (st != TS_OK)
+            break;
+        if (!isfinite(loss)) {
+            st = ts_set_error(ctx, TS_ERR_STATE,
+                              "train: the loss is %g at step %lld; lower "
+                              "--lr or raise --warmup",
+                              loss, (long long)r.step + 1);
+            break;
+        }
+        r.step++;
+        win_tokens += o->batch * o->seq * o->grad_accum;
+        if (r.step == start_step + 1)
+            out.first_loss = loss;
+        out.last_loss = loss;
+        double val = NAN;
+        if (o->eval_every &&
+            (r.step % o->eval_every == 0 || r.step == o->steps)) {
+            ts_set_mode(ctx, TS_MODE_EAGER);
+            st = eval_loss(&r, &val);
+            ts_set_mode(ctx, o->eager ? TS_MODE_EAGER : TS_MODE_COMPILED);
+            out.last_val_loss = val;
+        }
+        double t = now_s();
+        if (r.step % o->log_every == 0 || r.step == o->steps || !isnan(val)) {
+            double dt = t - t_window;
+            double tps = dt > 0 ? (double)win_tokens / dt : 0;
+            double mfu = peak > 0 ? tps * fpt / peak : 0;
+            double eta = (double)(o->steps - r.step) * (t - t_start) /
+                         (double)(r.step - start_step);
+            out.tokens_per_s = tps, out.mfu = mfu;
+            char etas[32];
+            fmt_time(etas, sizeof etas, eta);
+            fprintf(r.log,
+                    "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, "
+                    "\"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"mfu\": "
+                    "%.4f, \"elapsed_s\": %.2f",
+                    (long long)r.step, loss, lr, gnorm, tps, mfu, t - t_start);
+            if (!isnan(val))
+                fprintf(r.log, ", \"val_loss\": %.6f", val);
+            fprintf(r.log, "}\n");
+            fflush(r.log);
+            if (!o->quiet) {
+                char line[512];
+                int n = snprintf(line, sizeof line,
+                                 "step %6lld/%lld  loss %.4f  lr %.3g  gnorm "
+                                 "%.3f  %.0f tok/s  MFU %.1f%%  ETA %s",
+                                 (long long)r.step, (long long)o->steps, loss,
+                                 lr, gnorm, tps, 100 * mfu, etas);
+                if (!isnan(val))
+                    snprintf(line + n, sizeof line - (size_t)n, "  val %.4f",
+                             val);
+                if (tty) {
+                    int width = 20, done = (int)(width * r.step / o->steps);
+                    fprintf(stderr, "\r[%.*s%*s] %s\033[K", done,
+                            "####################", width - done, "", line);
+                    if (r.step == o->steps || !isnan(val))
+                        fputc('\n', stderr);
+                } else
+                    fprintf(stderr, "%s\n", line);
+            }
+            t_window = t, win_tokens = 0;
+        }
+        if (st == TS_OK && ((o->save_every && r.step % o->save_every == 0) ||
+                            r.step == o->steps)) {
+            ts_set_mode(ctx, TS_MODE_EAGER);
+            st = save_checkpoint(&r);
+            ts_set_mode(ctx, o->eager ? TS_MODE_EAGER : TS_MODE_COMPILED);
+        }
+    }
+    ts_set_mode(ctx, TS_MODE_EAGER);
+    out.steps_done = r.step;
+    out.seconds = now_s() - t_start;
+    if (r.step > start_step && out.seconds > 0 && !out.tokens_per_s)
+        out.tokens_per_s = (double)((r.step - start_step) * o->batch * o->seq *
+                                    o->grad_accum) /
+                           out.seconds;
+    if (res)
+        *res = out;
+    if (r.log)
+        fclose(r.log);
+    free(ids), free(tg);
+    ts_loader_free(r.train), ts_loader_free(r.val);
+    ts_adamw_free(r.opt);
+    ts_qwen3_free(r.m);
+    return st;
+}
