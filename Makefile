@@ -7,6 +7,7 @@ JOBS       ?= $(shell nproc)
 APT_PKGS   := build-essential cmake pkg-config libopenblas-openmp-dev libgomp1 \
               libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev \
               libmicrohttpd-dev libcurl4-openssl-dev \
+              libopenmpi-dev openmpi-bin bible-kjv bible-kjv-text \
               python3 python3-torch python3-numpy python3-jinja2
 
 .PHONY: run test deps build build-san bench bench-compile bench-tokenizer bench-decode bench-engine clean format

@@ -6,6 +6,7 @@
 #define TESSERA_TRAIN_H
 
 #include "tessera.h"
+#include "tessera_dist.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -107,7 +108,15 @@ typedef struct {
     bool eager;  /* else compiled */
     bool resume; /* from out_dir's latest checkpoint */
     bool quiet;  /* no progress bar or lines on stderr */
-    double peak; /* FLOP/s for MFU; 0: ts_peak_flops */
+    double peak; /* FLOP/s of one rank for MFU; 0: ts_peak_flops */
+    /* distributed: the run's ranks (NULL: this process alone). Each rank
+     * takes batch / world rows of every micro-batch. shard: 0 data
+     * parallel (gradients all-reduced in buckets), 1 grad-opt (ZeRO-2:
+     * gradients reduce-scattered to the rank that owns each parameter,
+     * which alone keeps its AdamW state and updates it; parameters are
+     * all-gathered after the update) */
+    ts_dist *dist;
+    int shard;
 } ts_train_options;
 
 ts_train_options ts_train_default_options(void);
@@ -116,6 +125,7 @@ typedef struct {
     int64_t steps_done;
     double first_loss, last_loss, last_val_loss;
     double tokens_per_s, mfu, seconds;
+    double comm_share; /* of the step time, in collectives (last window) */
     int64_t n_params;
 } ts_train_result;
 

@@ -142,6 +142,8 @@ static const char *TRAIN_USAGE =
     "         [--eval-every N] [--eval-batches 8] [--save-every N] "
     "[--log-every 1] [--seed 1]\n"
     "         [--eager | --compile] [--resume] [--quiet] [--peak-gflops G]\n"
+    "         [--shard none|grad-opt] (under mpirun -np N: data parallel, or "
+    "ZeRO-2 sharded)\n"
     "       tessera train --config FILE.json (the same keys, with "
     "underscores)\n";
 
@@ -214,6 +216,12 @@ static bool train_opt(ts_train_options *o, const char *key, const char *v,
     }
     if (!strcmp(k, "dtype")) /* bf16 mixed precision: not in this build */
         return v && !strcmp(v, "f32");
+    if (!strcmp(k, "shard")) { /* full (ZeRO-3): not in this build */
+        if (!v || (strcmp(v, "none") && strcmp(v, "grad-opt")))
+            return false;
+        o->shard = !strcmp(v, "grad-opt");
+        return true;
+    }
     *used_value = false;
     if (!strcmp(k, "eager"))
         return o->eager = true;
@@ -287,18 +295,37 @@ int tessera_train(int argc, char **argv) {
     ts_ctx *ctx = NULL;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
+    ts_dist *dist = NULL; /* under mpirun: this rank of the run */
+    if (ts_dist_init(ctx, &dist) != TS_OK) {
+        json_decref(cfg);
+        return fail(ctx, "train");
+    }
+    o.dist = dist;
     ts_train_result r;
     ts_status s = ts_train_run(ctx, &o, &r);
     json_decref(cfg); /* option strings pointed into it */
-    if (s != TS_OK)
-        return fail(ctx, "train");
-    if (!o.quiet)
+    int rank = ts_dist_rank(dist), world = ts_dist_world(dist);
+    if (s != TS_OK) {
+        if (world > 1)
+            fprintf(stderr, "[rank %d of %d] ", rank, world);
+        int rc = fail(ctx, "train");
+        ts_dist_free(dist);
+        return rc;
+    }
+    if (!o.quiet && rank == 0) {
         fprintf(stderr,
-                "train: %lld steps, loss %.4f -> %.4f%s, %.0f tokens/s, MFU "
-                "%.1f%%, %.1f s\n",
+                "train: %lld steps, loss %.4f -> %.4f, %.0f tokens/s, MFU "
+                "%.1f%%",
                 (long long)r.steps_done, r.first_loss, r.last_loss,
-                r.last_val_loss > 0 ? " (validation below in log.jsonl)" : "",
-                r.tokens_per_s, 100 * r.mfu, r.seconds);
+                r.tokens_per_s, 100 * r.mfu);
+        if (r.last_val_loss > 0)
+            fprintf(stderr, ", validation loss %.4f", r.last_val_loss);
+        if (world > 1)
+            fprintf(stderr, ", %d ranks, %.0f%% of the time in collectives",
+                    world, 100 * r.comm_share);
+        fprintf(stderr, ", %.1f s\n", r.seconds);
+    }
+    ts_dist_free(dist);
     ts_ctx_free(ctx);
     return 0;
 }

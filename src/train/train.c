@@ -119,9 +119,241 @@ typedef struct {
     char config_src[4096]; /* the config.json a checkpoint copies */
     int64_t step;          /* steps done */
     FILE *log;
+    /* distributed */
+    ts_dist *dist;
+    int rank, world;
+    bool shard_opt;     /* --shard grad-opt over more than one rank */
+    int n_opt;          /* parameters the optimizer updates here */
+    int *opt_idx;       /* their indices (grad-opt: the owned ones) */
+    int *owner;         /* grad-opt: the rank owning each parameter */
+    int *order;         /* grad-opt: parameters in owner order */
+    int64_t *counts;    /* grad-opt: elements owned by each rank */
+    float *flat, *mine; /* scratch: every parameter's elements; own */
 } run;
 
-static ts_status save_checkpoint(run *r) {
+/* ---- distributed: host views, broadcast, gradient sync, sharding ---- */
+
+static int64_t numel_of(run *r, int i) {
+    return ts_tensor_numel(r->params[i]);
+}
+
+/* the f32 host elements of t (a parameter or its gradient) */
+static float *host_f32(run *r, ts_tensor *t, int i) {
+    float *p = t && ts_tensor_dtype(t) == TS_F32 && ts_tensor_is_contiguous(t)
+                   ? ts_tensor_data(t)
+                   : NULL;
+    if (!p)
+        ts_set_error(r->ctx, TS_ERR_UNSUPPORTED,
+                     "train: %s %s is not a contiguous f32 host tensor",
+                     ts_qwen3_param_name(r->m, i),
+                     t ? "(or its gradient)" : "has no gradient");
+    return p;
+}
+
+/* every rank must agree that a collective phase went well: a failure on
+ * one rank fails all (never a rank waiting forever on the others) */
+static ts_status agree(run *r, ts_status st) {
+    if (r->world == 1)
+        return st;
+    float bad = st != TS_OK;
+    ts_status cs = ts_dist_all_reduce(r->dist, &bad, 1, TS_F32, TS_DIST_MAX);
+    if (cs != TS_OK)
+        return cs;
+    if (bad > 0 && st == TS_OK)
+        st = ts_set_error(r->ctx, TS_ERR_STATE,
+                          "train: another rank failed (see its message)");
+    return st;
+}
+
+/* rank 0's parameters on every rank (a run starts identical everywhere) */
+static ts_status broadcast_params(run *r) {
+    ts_status st = ts_sync(r->ctx);
+    for (int i = 0; st == TS_OK && i < r->n_params; i++) {
+        float *p = host_f32(r, r->params[i], i);
+        st = p ? ts_dist_broadcast(r->dist, p, numel_of(r, i), TS_F32, 0)
+               : ts_ctx_status(r->ctx);
+    }
+    return st;
+}
+
+/* which rank owns which parameter (grad-opt): the largest first, each to
+ * the least loaded rank, so every rank holds about 1/world of the state */
+static ts_status plan_shards(run *r) {
+    int n = r->n_params, w = r->world;
+    r->owner = malloc(sizeof *r->owner * (size_t)n);
+    r->order = malloc(sizeof *r->order * (size_t)n);
+    r->counts = calloc((size_t)w, sizeof *r->counts);
+    if (!r->owner || !r->order || !r->counts)
+        return ts_set_error(r->ctx, TS_ERR_OOM, "out of memory");
+    for (int i = 0; i < n; i++)
+        r->order[i] = i;
+    for (int a = 1; a < n; a++) /* by size, largest first, stable */
+        for (int b = a;
+             b > 0 && numel_of(r, r->order[b]) > numel_of(r, r->order[b - 1]);
+             b--) {
+            int t = r->order[b];
+            r->order[b] = r->order[b - 1], r->order[b - 1] = t;
+        }
+    for (int a = 0; a < n; a++) {
+        int best = 0;
+        for (int k = 1; k < w; k++)
+            if (r->counts[k] < r->counts[best])
+                best = k;
+        r->owner[r->order[a]] = best;
+        r->counts[best] += numel_of(r, r->order[a]);
+    }
+    int at = 0; /* owner order: rank 0's parameters, then rank 1's, ... */
+    for (int k = 0; k < w; k++)
+        for (int i = 0; i < n; i++)
+            if (r->owner[i] == k)
+                r->order[at++] = i;
+    r->n_opt = 0;
+    for (int i = 0; i < n; i++)
+        if (r->owner[i] == r->rank)
+            r->opt_idx[r->n_opt++] = i;
+    r->mine = malloc(sizeof(float) * (size_t)(r->counts[r->rank] + 1));
+    return r->mine ? TS_OK : ts_set_error(r->ctx, TS_ERR_OOM, "out of memory");
+}
+
+#define BUCKET ((int64_t)1 << 22) /* elements per all-reduce */
+
+/* data parallel: every gradient averaged over the ranks, in buckets taken
+ * from the last parameter back (the order backward finishes them) */
+static ts_status all_reduce_grads(run *r) {
+    ts_status st = TS_OK;
+    for (int i = r->n_params - 1; i >= 0 && st == TS_OK;) {
+        int64_t k = 0;
+        int j = i;
+        for (; j >= 0 && (k == 0 || k + numel_of(r, j) <= BUCKET); j--) {
+            float *g = host_f32(r, ts_grad(r->params[j]), j);
+            if (!g)
+                return ts_ctx_status(r->ctx);
+            memcpy(r->flat + k, g, sizeof(float) * (size_t)numel_of(r, j));
+            k += numel_of(r, j);
+        }
+        st = ts_dist_all_reduce(r->dist, r->flat, k, TS_F32, TS_DIST_AVG);
+        for (k = 0; st == TS_OK && i > j; i--) {
+            memcpy(ts_tensor_data(ts_grad(r->params[i])), r->flat + k,
+                   sizeof(float) * (size_t)numel_of(r, i));
+            k += numel_of(r, i);
+        }
+    }
+    return st;
+}
+
+/* grad-opt: each gradient averaged onto the rank that owns it; the others
+ * drop theirs */
+static ts_status reduce_scatter_grads(run *r) {
+    int64_t k = 0;
+    for (int a = 0; a < r->n_params; a++) {
+        int i = r->order[a];
+        float *g = host_f32(r, ts_grad(r->params[i]), i);
+        if (!g)
+            return ts_ctx_status(r->ctx);
+        memcpy(r->flat + k, g, sizeof(float) * (size_t)numel_of(r, i));
+        k += numel_of(r, i);
+    }
+    ts_status st = ts_dist_reduce_scatter(r->dist, r->flat, r->mine, r->counts,
+                                          0, TS_F32, TS_DIST_AVG);
+    k = 0;
+    for (int i = 0; st == TS_OK && i < r->n_params; i++) {
+        if (r->owner[i] != r->rank) {
+            ts_zero_grad(r->params[i]);
+            continue;
+        }
+        memcpy(ts_tensor_data(ts_grad(r->params[i])), r->mine + k,
+               sizeof(float) * (size_t)numel_of(r, i));
+        k += numel_of(r, i);
+    }
+    return st;
+}
+
+/* grad-opt: the global gradient norm from each rank's share, and the
+ * owned gradients clipped as torch's clip_grad_norm_ does */
+static ts_status clip_sharded(run *r, double max_norm, double *norm) {
+    double local = 0;
+    for (int j = 0; j < r->n_opt; j++) {
+        int i = r->opt_idx[j];
+        const float *g = ts_tensor_data(ts_grad(r->params[i]));
+        for (int64_t e = 0; e < numel_of(r, i); e++)
+            local += (double)g[e] * g[e];
+    }
+    float tot = (float)local;
+    ts_status st = ts_dist_all_reduce(r->dist, &tot, 1, TS_F32, TS_DIST_SUM);
+    *norm = sqrt((double)tot);
+    float coef = (float)(max_norm / (*norm + 1e-6));
+    if (st != TS_OK || !(coef < 1))
+        return st;
+    for (int j = 0; j < r->n_opt; j++) {
+        int i = r->opt_idx[j];
+        float *g = ts_tensor_data(ts_grad(r->params[i]));
+        for (int64_t e = 0; e < numel_of(r, i); e++)
+            g[e] *= coef;
+    }
+    return TS_OK;
+}
+
+/* grad-opt: every rank's updated parameters to every rank */
+static ts_status all_gather_params(run *r) {
+    int64_t k = 0;
+    for (int j = 0; j < r->n_opt; j++) {
+        int i = r->opt_idx[j];
+        memcpy(r->mine + k, ts_tensor_data(r->params[i]),
+               sizeof(float) * (size_t)numel_of(r, i));
+        k += numel_of(r, i);
+    }
+    ts_status st =
+        ts_dist_all_gather(r->dist, r->mine, r->flat, r->counts, 0, TS_F32);
+    k = 0;
+    for (int a = 0; st == TS_OK && a < r->n_params; a++) {
+        int i = r->order[a];
+        memcpy(ts_tensor_data(r->params[i]), r->flat + k,
+               sizeof(float) * (size_t)numel_of(r, i));
+        k += numel_of(r, i);
+    }
+    return st;
+}
+
+/* AdamW's moment (sq: the second) of every parameter, for a checkpoint:
+ * borrowed from the optimizer, or (grad-opt) gathered from the owners
+ * into new tensors (*made set) */
+static ts_status full_moments(run *r, bool sq, ts_tensor **out, bool *made) {
+    *made = r->shard_opt;
+    if (!r->shard_opt) {
+        for (int i = 0; i < r->n_params; i++)
+            out[i] = sq ? ts_adamw_exp_avg_sq(r->opt, i)
+                        : ts_adamw_exp_avg(r->opt, i);
+        return TS_OK;
+    }
+    ts_status st = ts_sync(r->ctx);
+    int64_t k = 0;
+    for (int j = 0; st == TS_OK && j < r->n_opt; j++) {
+        ts_tensor *t =
+            sq ? ts_adamw_exp_avg_sq(r->opt, j) : ts_adamw_exp_avg(r->opt, j);
+        memcpy(r->mine + k, ts_tensor_data(t),
+               sizeof(float) * (size_t)ts_tensor_numel(t));
+        k += ts_tensor_numel(t);
+    }
+    if (st == TS_OK)
+        st =
+            ts_dist_all_gather(r->dist, r->mine, r->flat, r->counts, 0, TS_F32);
+    for (int i = 0; i < r->n_params; i++)
+        out[i] = NULL;
+    k = 0;
+    for (int a = 0; st == TS_OK && a < r->n_params; a++) {
+        int i = r->order[a];
+        ts_tensor *p = r->params[i];
+        out[i] = ts_from_data(r->ctx, TS_F32, ts_tensor_ndim(p),
+                              ts_tensor_shape(p), r->flat + k);
+        if (!out[i])
+            st = ts_ctx_status(r->ctx);
+        k += numel_of(r, i);
+    }
+    return st;
+}
+
+static ts_status write_checkpoint(run *r, ts_tensor *const *m1,
+                                  ts_tensor *const *m2) {
     ts_ctx *ctx = r->ctx;
     const ts_train_options *o = r->o;
     char name[64], tmp[4096], final[4096], p[4200];
@@ -153,8 +385,7 @@ static ts_status save_checkpoint(run *r) {
     }
     for (int i = 0; st == TS_OK && i < n; i++) {
         names[2 * i] = owned[2 * i], names[2 * i + 1] = owned[2 * i + 1];
-        ts[2 * i] = ts_adamw_exp_avg(r->opt, i);
-        ts[2 * i + 1] = ts_adamw_exp_avg_sq(r->opt, i);
+        ts[2 * i] = m1[i], ts[2 * i + 1] = m2[i];
     }
     snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
     if (st == TS_OK)
@@ -221,6 +452,30 @@ static ts_status save_checkpoint(run *r) {
     if (st != TS_OK)
         remove_tree(tmp);
     return st;
+}
+
+/* every rank takes part (a sharded optimizer's moments are gathered);
+ * rank 0 writes */
+static ts_status save_checkpoint(run *r) {
+    int n = r->n_params;
+    ts_tensor **m1 = calloc((size_t)n * 2, sizeof *m1), **m2 = m1 + n;
+    bool made1 = false, made2 = false;
+    ts_status st =
+        m1 ? TS_OK : ts_set_error(r->ctx, TS_ERR_OOM, "out of memory");
+    if (st == TS_OK)
+        st = full_moments(r, false, m1, &made1);
+    if (st == TS_OK)
+        st = full_moments(r, true, m2, &made2);
+    if (st == TS_OK && r->rank == 0)
+        st = write_checkpoint(r, m1, m2);
+    for (int i = 0; m1 && i < n; i++) {
+        if (made1)
+            ts_release(m1[i]);
+        if (made2)
+            ts_release(m2[i]);
+    }
+    free(m1);
+    return agree(r, st);
 }
 
 /* copies the named tensors of path into dst[] (same shapes) */
@@ -294,16 +549,17 @@ static ts_status resume(run *r) {
         if (asprintf(&owned[2 * i], "exp_avg.%s", names[i]) < 0 ||
             asprintf(&owned[2 * i + 1], "exp_avg_sq.%s", names[i]) < 0)
             st = ts_set_error(ctx, TS_ERR_OOM, "out of memory");
-    for (int i = 0; st == TS_OK && i < n; i++) {
-        names[2 * i] = owned[2 * i], names[2 * i + 1] = owned[2 * i + 1];
-        ts[2 * i] = ts_adamw_exp_avg(r->opt, i);
-        ts[2 * i + 1] = ts_adamw_exp_avg_sq(r->opt, i);
+    for (int j = 0; st == TS_OK && j < r->n_opt; j++) {
+        int i = r->opt_idx[j]; /* the optimizer's j-th is parameter i */
+        names[2 * j] = owned[2 * i], names[2 * j + 1] = owned[2 * i + 1];
+        ts[2 * j] = ts_adamw_exp_avg(r->opt, j);
+        ts[2 * j + 1] = ts_adamw_exp_avg_sq(r->opt, j);
     }
     snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
     if (st == TS_OK)
-        st = load_into(ctx, p, 2 * n, names, ts);
-    for (int i = 0; st == TS_OK && i < n; i++)
-        ts_adamw_set_step_count(r->opt, i, r->step);
+        st = load_into(ctx, p, 2 * r->n_opt, names, ts);
+    for (int j = 0; st == TS_OK && j < r->n_opt; j++)
+        ts_adamw_set_step_count(r->opt, j, r->step);
     for (int i = 0; owned && i < 2 * n; i++)
         free(owned[i]);
     free(owned), free(names), free(ts);
@@ -351,8 +607,9 @@ static ts_status eval_loss(run *r, double *out) {
     double sum = 0;
     ts_status st = TS_OK;
     for (int64_t k = 0; k < nb && st == TS_OK; k++) {
-        st = ts_loader_next(r->val, B, 0, 1, ids, tg);
-        ts_tensor *l = st == TS_OK ? batch_loss(r, ids, tg, B) : NULL;
+        st = ts_loader_next(r->val, B, r->rank, r->world, ids, tg);
+        ts_tensor *l =
+            st == TS_OK ? batch_loss(r, ids, tg, B / r->world) : NULL;
         double v = 0;
         if (st == TS_OK)
             st = l ? ts_item(l, &v) : ts_ctx_status(ctx);
@@ -361,7 +618,11 @@ static ts_status eval_loss(run *r, double *out) {
     }
     ts_set_grad_enabled(ctx, old);
     free(ids), free(tg);
-    *out = sum / (double)nb;
+    float mean = (float)(sum / (double)nb);
+    st = agree(r, st);
+    if (st == TS_OK)
+        st = ts_dist_all_reduce(r->dist, &mean, 1, TS_F32, TS_DIST_AVG);
+    *out = r->world > 1 ? mean : sum / (double)nb;
     return st;
 }
 
@@ -377,8 +638,9 @@ static ts_status train_step(run *r, int64_t *ids, int64_t *tg, double *loss,
     int64_t accum = o->grad_accum;
     ts_status st = TS_OK;
     for (int64_t a = 0; a < accum && st == TS_OK; a++) {
-        st = ts_loader_next(r->train, B, 0, 1, ids, tg);
-        ts_tensor *l = st == TS_OK ? batch_loss(r, ids, tg, B) : NULL;
+        st = ts_loader_next(r->train, B, r->rank, r->world, ids, tg);
+        ts_tensor *l =
+            st == TS_OK ? batch_loss(r, ids, tg, B / r->world) : NULL;
         ts_tensor *scaled =
             l ? (accum > 1 ? ts_mul_scalar(l, 1.0 / (double)accum) : l) : NULL;
         if (!scaled || ts_backward(scaled, NULL) != TS_OK)
@@ -388,15 +650,26 @@ static ts_status train_step(run *r, int64_t *ids, int64_t *tg, double *loss,
             ts_release(scaled);
         ts_release(l); /* the activations die with the graph */
     }
+    if (r->world > 1) { /* the gradients of the whole global batch */
+        if (st == TS_OK)
+            st = ts_sync(ctx);
+        st = agree(r, st);
+        if (st == TS_OK)
+            st = r->shard_opt ? reduce_scatter_grads(r) : all_reduce_grads(r);
+    }
+    double max_norm = o->clip > 0 ? o->clip : INFINITY;
     if (st == TS_OK)
-        st = ts_clip_grad_norm(r->params, r->n_params,
-                               o->clip > 0 ? o->clip : INFINITY, gnorm);
+        st = r->shard_opt
+                 ? clip_sharded(r, max_norm, gnorm)
+                 : ts_clip_grad_norm(r->params, r->n_params, max_norm, gnorm);
     if (st == TS_OK) {
         ts_adamw_set_lr(r->opt, lr_at(o, r->step));
         st = ts_adamw_step(r->opt);
     }
     if (st == TS_OK)
         st = ts_sync(ctx);
+    if (r->shard_opt && (st = agree(r, st)) == TS_OK)
+        st = all_gather_params(r);
     double sum = 0;
     for (int64_t a = 0; a < accum; a++) {
         double v = 0;
@@ -405,7 +678,11 @@ static ts_status train_step(run *r, int64_t *ids, int64_t *tg, double *loss,
         sum += v;
         ts_release(lv[a]);
     }
-    *loss = sum / (double)accum;
+    float mean = (float)(sum / (double)accum); /* over the global batch */
+    st = agree(r, st);
+    if (st == TS_OK)
+        st = ts_dist_all_reduce(r->dist, &mean, 1, TS_F32, TS_DIST_AVG);
+    *loss = r->world > 1 ? mean : sum / (double)accum;
     return st;
 }
 
@@ -421,6 +698,10 @@ static ts_status check_options(ts_ctx *ctx, const ts_train_options *o) {
         bad = "give one of --model-config FILE and --init-from DIR";
     else if (o->batch < 1 || o->seq < 1 || o->steps < 1)
         bad = "--batch, --seq and --steps must be >= 1";
+    else if (o->batch % ts_dist_world(o->dist))
+        bad = "--batch must be a multiple of the number of ranks";
+    else if (o->shard < 0 || o->shard > 1)
+        bad = "--shard must be none or grad-opt";
     else if (o->grad_accum < 1 || o->grad_accum > 64)
         bad = "--grad-accum must be in 1..64";
     else if (!(o->lr > 0) || o->min_lr < 0 || o->min_lr > o->lr)
@@ -452,7 +733,11 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     ts_status st = check_options(ctx, o);
     if (st != TS_OK)
         return st;
-    run r = {.ctx = ctx, .o = o};
+    run r = {.ctx = ctx,
+             .o = o,
+             .dist = o->dist,
+             .rank = ts_dist_rank(o->dist),
+             .world = ts_dist_world(o->dist)};
     ts_train_result out = {0};
     int64_t *ids = NULL, *tg = NULL;
     mkdir(o->out_dir, 0755);
@@ -489,15 +774,44 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     if (st == TS_OK) {
         r.n_params = ts_qwen3_num_params(r.m);
         r.params = ts_qwen3_params(r.m);
+        r.opt_idx = malloc(sizeof *r.opt_idx * (size_t)r.n_params);
+        int64_t total = 0;
+        for (int i = 0; i < r.n_params; i++)
+            total += ts_tensor_numel(r.params[i]);
+        r.flat = r.world > 1 ? malloc(sizeof(float) * (size_t)total) : NULL;
+        if (!r.opt_idx || (r.world > 1 && !r.flat))
+            st = ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+        r.n_opt = r.n_params;
+        for (int i = 0; st == TS_OK && i < r.n_params; i++)
+            r.opt_idx[i] = i;
+        r.shard_opt = o->shard == 1 && r.world > 1;
+        if (st == TS_OK && r.shard_opt && r.n_params < r.world)
+            st = ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                              "train: --shard grad-opt over %d ranks needs "
+                              "as many parameters (the model has %d)",
+                              r.world, r.n_params);
+        if (st == TS_OK && r.shard_opt)
+            st = plan_shards(&r);
+        if (st == TS_OK && r.world > 1)
+            st = broadcast_params(&r);
+    }
+    st = agree(&r, st);
+    if (st == TS_OK) {
+        ts_tensor **op = malloc(sizeof *op * (size_t)r.n_opt + 1);
+        for (int j = 0; op && j < r.n_opt; j++)
+            op[j] = r.params[r.opt_idx[j]];
         ts_adamw_options ao = {.lr = o->lr,
                                .beta1 = o->beta1,
                                .beta2 = o->beta2,
                                .eps = 1e-8,
                                .weight_decay = o->weight_decay};
-        st = ts_adamw_new(ctx, r.params, r.n_params, &ao, &r.opt);
+        st = op ? ts_adamw_new(ctx, op, r.n_opt, &ao, &r.opt)
+                : ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+        free(op);
     }
     if (st == TS_OK && o->resume)
         st = resume(&r);
+    st = agree(&r, st);
     ids = malloc(sizeof(int64_t) * (size_t)(o->batch * o->seq));
     tg = malloc(sizeof(int64_t) * (size_t)(o->batch * o->seq));
     if (st == TS_OK && (!ids || !tg))
@@ -513,31 +827,43 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     double fpt = mc ? ts_train_flops_per_token(n_all - n_embed, mc->layers,
                                                mc->heads, mc->head_dim, o->seq)
                     : 0;
-    bool peak_cached = false;
+    bool peak_cached = false; /* rank 0 measures one rank's peak */
     double peak = o->peak > 0 ? o->peak : 0;
-    if (st == TS_OK && !peak)
+    if (st == TS_OK && !peak && r.rank == 0)
         peak = ts_peak_flops(false, &peak_cached);
+    float peak_g = (float)(peak / 1e9);
+    if (st == TS_OK)
+        st = ts_dist_broadcast(r.dist, &peak_g, 1, TS_F32, 0);
+    peak = (double)peak_g * 1e9 * r.world; /* the run's */
     char logp[4200];
     snprintf(logp, sizeof logp, "%s/log.jsonl", o->out_dir);
-    if (st == TS_OK && !(r.log = fopen(logp, o->resume ? "a" : "w")))
+    if (st == TS_OK && r.rank == 0 &&
+        !(r.log = fopen(logp, o->resume ? "a" : "w")))
         st = ts_set_error(ctx, TS_ERR_IO, "cannot write %s: %s", logp,
                           strerror(errno));
-    bool tty = isatty(2) && !o->quiet;
-    if (st == TS_OK && !o->quiet)
+    st = agree(&r, st);
+    bool quiet = o->quiet || r.rank != 0; /* rank 0 speaks for the run */
+    bool tty = isatty(2) && !quiet;
+    char ranks[96] = "";
+    if (r.world > 1)
+        snprintf(ranks, sizeof ranks, ", %d ranks (%s)", r.world,
+                 r.shard_opt ? "grad-opt sharded" : "data parallel");
+    if (st == TS_OK && !quiet)
         fprintf(stderr,
                 "train: %lld parameters (%lld without embeddings), %lld "
                 "train tokens, batch %lld x %lld x %lld accum, %s, peak %.1f "
-                "GFLOP/s (%s f32 sgemm)%s\n",
+                "GFLOP/s (%s f32 sgemm)%s%s\n",
                 (long long)n_all, (long long)(n_all - n_embed),
                 (long long)ts_loader_tokens(r.train), (long long)o->batch,
                 (long long)o->seq, (long long)o->grad_accum,
                 o->eager ? "eager" : "compiled", peak / 1e9,
-                peak_cached ? "cached" : "measured",
+                peak_cached ? "cached" : "measured", ranks,
                 o->resume ? ", resumed" : "");
     if (st == TS_OK)
         ts_set_mode(ctx, o->eager ? TS_MODE_EAGER : TS_MODE_COMPILED);
     double t_start = now_s(), t_window = t_start;
     int64_t start_step = r.step, win_tokens = 0;
+    double comm_window = ts_dist_comm_seconds(r.dist);
     out.n_params = n_all;
     while (st == TS_OK && r.step < o->steps) {
         double loss = 0, gnorm = 0;
@@ -572,25 +898,36 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
             double mfu = peak > 0 ? tps * fpt / peak : 0;
             double eta = (double)(o->steps - r.step) * (t - t_start) /
                          (double)(r.step - start_step);
-            out.tokens_per_s = tps, out.mfu = mfu;
+            double comm = ts_dist_comm_seconds(r.dist);
+            double share = dt > 0 ? (comm - comm_window) / dt : 0;
+            comm_window = comm;
+            out.tokens_per_s = tps, out.mfu = mfu, out.comm_share = share;
             char etas[32];
             fmt_time(etas, sizeof etas, eta);
-            fprintf(r.log,
-                    "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, "
-                    "\"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"mfu\": "
-                    "%.4f, \"elapsed_s\": %.2f",
-                    (long long)r.step, loss, lr, gnorm, tps, mfu, t - t_start);
-            if (!isnan(val))
-                fprintf(r.log, ", \"val_loss\": %.6f", val);
-            fprintf(r.log, "}\n");
-            fflush(r.log);
-            if (!o->quiet) {
+            if (r.log) {
+                fprintf(r.log,
+                        "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, "
+                        "\"grad_norm\": %.6f, \"tokens_per_s\": %.1f, "
+                        "\"mfu\": %.4f, \"elapsed_s\": %.2f",
+                        (long long)r.step, loss, lr, gnorm, tps, mfu,
+                        t - t_start);
+                if (r.world > 1)
+                    fprintf(r.log, ", \"comm_share\": %.4f", share);
+                if (!isnan(val))
+                    fprintf(r.log, ", \"val_loss\": %.6f", val);
+                fprintf(r.log, "}\n");
+                fflush(r.log);
+            }
+            if (!quiet) {
                 char line[512];
                 int n = snprintf(line, sizeof line,
                                  "step %6lld/%lld  loss %.4f  lr %.3g  gnorm "
                                  "%.3f  %.0f tok/s  MFU %.1f%%  ETA %s",
                                  (long long)r.step, (long long)o->steps, loss,
                                  lr, gnorm, tps, 100 * mfu, etas);
+                if (r.world > 1)
+                    n += snprintf(line + n, sizeof line - (size_t)n,
+                                  "  comm %.0f%%", 100 * share);
                 if (!isnan(val))
                     snprintf(line + n, sizeof line - (size_t)n, "  val %.4f",
                              val);
@@ -627,5 +964,7 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     ts_loader_free(r.train), ts_loader_free(r.val);
     ts_adamw_free(r.opt);
     ts_qwen3_free(r.m);
+    free(r.opt_idx), free(r.owner), free(r.order), free(r.counts);
+    free(r.flat), free(r.mine);
     return st;
 }

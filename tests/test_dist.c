@@ -1,0 +1,150 @@
+/* test_dist.c — the collectives of tessera_dist.h against known answers.
+ * Run as one process (a world of 1) and under `mpirun -np 2` (and more):
+ * every rank checks what it receives; the exit status is nonzero on any
+ * rank's failure. */
+#include "tessera_dist.h"
+
+#include "test_util.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint16_t bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+static float unbf(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+int main(void) {
+    ts_ctx *ctx = NULL;
+    CHECK(ts_ctx_new(&ctx, NULL) == TS_OK);
+    ts_dist *d = NULL;
+    CHECK(ts_dist_init(ctx, &d) == TS_OK);
+    int rank = ts_dist_rank(d), w = ts_dist_world(d);
+    CHECK(rank >= 0 && rank < w);
+    CHECK(ts_dist_local_world(d) >= 1 && ts_dist_local_world(d) <= w);
+
+    /* all-reduce, f32: element i of rank r is i + 1000 r */
+    enum { N = 1001 };
+    float *f = malloc(sizeof *f * N);
+    for (int op = 0; op < 3; op++) {
+        for (int i = 0; i < N; i++)
+            f[i] = (float)(i + 1000 * rank);
+        CHECK(ts_dist_all_reduce(d, f, N, TS_F32, (ts_dist_op)op) == TS_OK);
+        int bad = 0;
+        for (int i = 0; i < N; i++) {
+            double sum = (double)i * w + 1000.0 * w * (w - 1) / 2;
+            double want = op == TS_DIST_SUM   ? sum
+                          : op == TS_DIST_AVG ? sum / w
+                                              : i + 1000.0 * (w - 1);
+            bad += fabs(f[i] - want) > 1e-6 * fabs(want) + 1e-6;
+        }
+        CHECK(bad == 0);
+    }
+
+    /* all-reduce, bf16: small integers add exactly */
+    uint16_t *h = malloc(sizeof *h * N);
+    for (int i = 0; i < N; i++)
+        h[i] = bf((float)((i % 17) + rank));
+    CHECK(ts_dist_all_reduce(d, h, N, TS_BF16, TS_DIST_SUM) == TS_OK);
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += unbf(h[i]) != (float)((i % 17) * w + w * (w - 1) / 2);
+    CHECK(bad == 0);
+    for (int i = 0; i < N; i++)
+        h[i] = bf((float)(rank == w - 1 ? 3 * i : i) / 8);
+    CHECK(ts_dist_all_reduce(d, h, N, TS_BF16, TS_DIST_MAX) == TS_OK);
+    bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += h[i] != bf((float)(3 * i) / 8) && w > 1;
+    CHECK(bad == 0);
+
+    /* reduce-scatter with uneven counts: rank r gets r + 2 elements */
+    int64_t *counts = malloc(sizeof *counts * (size_t)w), total = 0;
+    for (int r = 0; r < w; r++)
+        counts[r] = r + 2, total += r + 2;
+    float *send = malloc(sizeof *send * (size_t)total);
+    float *recv = malloc(sizeof *recv * (size_t)total);
+    for (int64_t i = 0; i < total; i++)
+        send[i] = (float)(i * (rank + 1));
+    CHECK(ts_dist_reduce_scatter(d, send, recv, counts, 0, TS_F32,
+                                 TS_DIST_SUM) == TS_OK);
+    int64_t at = 0;
+    for (int r = 0; r < rank; r++)
+        at += counts[r];
+    bad = 0;
+    for (int64_t k = 0; k < counts[rank]; k++)
+        bad += recv[k] != (float)((at + k) * w * (w + 1) / 2);
+    CHECK(bad == 0);
+    /* and equal counts, averaged */
+    for (int64_t i = 0; i < 3 * w; i++)
+        send[i] = (float)(i + rank);
+    CHECK(ts_dist_reduce_scatter(d, send, recv, NULL, 3, TS_F32, TS_DIST_AVG) ==
+          TS_OK);
+    bad = 0;
+    for (int k = 0; k < 3; k++)
+        bad += fabsf(recv[k] - (float)(3 * rank + k + (w - 1) / 2.0)) > 1e-6f;
+    CHECK(bad == 0);
+
+    /* all-gather with uneven counts: rank r sends r + 2 copies of r */
+    float mine[64];
+    for (int k = 0; k < rank + 2; k++)
+        mine[k] = (float)rank + 0.5f;
+    CHECK(ts_dist_all_gather(d, mine, recv, counts, 0, TS_F32) == TS_OK);
+    bad = 0, at = 0;
+    for (int r = 0; r < w; r++)
+        for (int64_t k = 0; k < counts[r]; k++)
+            bad += recv[at++] != (float)r + 0.5f;
+    CHECK(bad == 0);
+    uint16_t hm[2] = {bf((float)rank), bf((float)-rank)}, hall[128];
+    CHECK(ts_dist_all_gather(d, hm, hall, NULL, 2, TS_BF16) == TS_OK);
+    bad = 0;
+    for (int r = 0; r < w; r++)
+        bad += unbf(hall[2 * r]) != (float)r || unbf(hall[2 * r + 1]) != -r;
+    CHECK(bad == 0);
+
+    /* broadcast from the last rank */
+    for (int i = 0; i < N; i++)
+        f[i] = rank == w - 1 ? (float)i * 0.25f : -1;
+    CHECK(ts_dist_broadcast(d, f, N, TS_F32, w - 1) == TS_OK);
+    bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += f[i] != (float)i * 0.25f;
+    CHECK(bad == 0);
+    CHECK(ts_dist_barrier(d) == TS_OK);
+
+    /* bad arguments: clear errors, every rank alike, nothing sent */
+    CHECK(ts_dist_broadcast(d, f, 4, TS_F32, w) == TS_ERR_INVALID_ARG);
+    CHECK(strstr(ts_errmsg(ctx), "root") != NULL);
+    ts_clear_error(ctx);
+    int64_t i64[2] = {1, 2};
+    CHECK(ts_dist_all_reduce(d, i64, 2, TS_I64, TS_DIST_SUM) == TS_ERR_DTYPE);
+    CHECK(strstr(ts_errmsg(ctx), "f32 and bf16") != NULL);
+    ts_clear_error(ctx);
+    counts[0] = -1;
+    CHECK(ts_dist_all_gather(d, mine, recv, counts, 0, TS_F32) ==
+          TS_ERR_INVALID_ARG);
+    ts_clear_error(ctx);
+    CHECK(ts_dist_all_reduce(NULL, f, 1, TS_F32, TS_DIST_SUM) ==
+          TS_ERR_INVALID_ARG);
+
+    /* the accounting: time and a ring's volume of what went out */
+    if (w > 1)
+        CHECK(ts_dist_comm_bytes(d) > 0 && ts_dist_comm_seconds(d) > 0);
+    else
+        CHECK(ts_dist_comm_bytes(d) == 0);
+
+    free(f), free(h), free(counts), free(send), free(recv);
+    ts_dist_free(d);
+    ts_ctx_free(ctx);
+    return test_finish("test_dist");
+}
