@@ -259,6 +259,16 @@ void ts_zero_grad(ts_tensor *t); /* drops .grad, as set_to_none=True */
 ts_status ts_backward(ts_tensor *root, ts_tensor *grad);
 /* A new tensor sharing data with t, cut from the graph. */
 ts_tensor *ts_detach(ts_tensor *t);
+/* Activation checkpointing (torch.utils.checkpoint). fn computes a block
+ * from in[0] (the activation) and in[1..n-1] (other tensors it reads, e.g.
+ * rotary tables), borrowing them, and returns a new reference; arg must
+ * stay valid until backward. ts_checkpoint runs fn without recording a
+ * graph, so the block's intermediates are not kept, and returns its result
+ * tied to one node holding the inputs; backward recomputes fn with the
+ * graph on and backpropagates through it: parameters fn uses get their
+ * gradients then, in[0] its own. With grad mode off, just fn. */
+typedef ts_tensor *(*ts_block_fn)(void *arg, int n, ts_tensor **in);
+ts_tensor *ts_checkpoint(ts_block_fn fn, void *arg, int n, ts_tensor **in);
 /* Grad mode: while disabled, ops record no graph. Returns the old mode, to
  * pass back to ts_set_grad_enabled at the end of a no-grad scope. */
 bool ts_set_grad_enabled(ts_ctx *ctx, bool enabled);

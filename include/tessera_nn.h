@@ -108,6 +108,11 @@ ts_tensor *ts_qwen3_forward(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0);
 ts_tensor *ts_qwen3_loss(ts_qwen3_model *m, ts_tensor *ids, ts_tensor *targets,
                          ts_tensor **logits);
 
+/* Activation checkpointing per decoder layer (ts_checkpoint): forward
+ * with a graph keeps each layer's input only, backward recomputes the
+ * layer. Same values and gradients; less memory, one more forward. */
+ts_status ts_qwen3_set_checkpointing(ts_qwen3_model *m, bool on);
+
 /* ---- KV cache and generation --------------------------------------------- */
 
 /* Keys and values of every layer for B sequences of up to max_T positions

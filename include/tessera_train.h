@@ -105,9 +105,10 @@ typedef struct {
     double weight_decay, clip, beta1, beta2;
     int64_t eval_every, eval_batches, save_every, log_every;
     uint64_t seed;
-    bool eager;  /* else compiled */
-    bool resume; /* from out_dir's latest checkpoint */
-    bool quiet;  /* no progress bar or lines on stderr */
+    bool eager;                  /* else compiled */
+    bool checkpoint_activations; /* recompute each layer in backward */
+    bool resume;                 /* from out_dir's latest checkpoint */
+    bool quiet;                  /* no progress bar or lines on stderr */
     double peak; /* FLOP/s of one rank for MFU; 0: ts_peak_flops */
     /* distributed: the run's ranks (NULL: this process alone). Each rank
      * takes batch / world rows of every micro-batch. shard: 0 data

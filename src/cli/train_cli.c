@@ -141,7 +141,8 @@ static const char *TRAIN_USAGE =
     "0.1] [--clip 1.0]\n"
     "         [--eval-every N] [--eval-batches 8] [--save-every N] "
     "[--log-every 1] [--seed 1]\n"
-    "         [--eager | --compile] [--resume] [--quiet] [--peak-gflops G]\n"
+    "         [--eager | --compile] [--checkpoint-activations] [--resume] "
+    "[--quiet] [--peak-gflops G]\n"
     "         [--shard none|grad-opt] (under mpirun -np N: data parallel, or "
     "ZeRO-2 sharded)\n"
     "       tessera train --config FILE.json (the same keys, with "
@@ -229,6 +230,8 @@ static bool train_opt(ts_train_options *o, const char *key, const char *v,
         return !(o->eager = false);
     if (!strcmp(k, "resume"))
         return o->resume = true;
+    if (!strcmp(k, "checkpoint-activations"))
+        return o->checkpoint_activations = true;
     if (!strcmp(k, "quiet"))
         return o->quiet = true;
     return false;

@@ -44,9 +44,16 @@ struct ts_qwen3_model {
     char (*names)[QWEN3_NAME_LEN];
     /* placement: embedding, each layer, head (final norm + LM head) */
     ts_device embed_dev, head_dev, *layer_dev;
-    ts_tensor *head_copy; /* tied LM head on another device than embed:
-                             a copy made at the first forward */
+    ts_tensor *head_copy;   /* tied LM head on another device than embed:
+                               a copy made at the first forward */
+    struct layer_ref *ckpt; /* activation checkpointing: one per layer */
 };
+
+/* a layer as ts_checkpoint's block argument */
+typedef struct layer_ref {
+    const ts_qwen3_model *m;
+    const qwen3_layer *L;
+} layer_ref;
 
 /* *x to device d when it is elsewhere (takes over the reference) */
 static bool move_to(ts_tensor **x, ts_device d) {
@@ -255,6 +262,7 @@ void ts_qwen3_free(ts_qwen3_model *m) {
     free(m->params);
     free(m->names);
     free(m->layer);
+    free(m->ckpt);
     free(m->layer_dev);
     ts_release(m->head_copy);
     free(m);
@@ -419,6 +427,33 @@ static ts_tensor *decoder_layer(const ts_qwen3_model *m, const qwen3_layer *L,
 static ts_status rope_at(const ts_qwen3_model *m, const int32_t *pos, int64_t n,
                          ts_tensor **cos, ts_tensor **sin);
 
+/* in: x, cos, sin (borrowed) */
+static ts_tensor *layer_block(void *arg, int n, ts_tensor **in) {
+    (void)n;
+    const layer_ref *r = arg;
+    return decoder_layer(r->m, r->L, ts_retain(in[0]), in[1], in[2], NULL,
+                         NULL);
+}
+
+ts_status ts_qwen3_set_checkpointing(ts_qwen3_model *m, bool on) {
+    if (!m)
+        return TS_ERR_INVALID_ARG;
+    if (!on) {
+        free(m->ckpt);
+        m->ckpt = NULL;
+        return TS_OK;
+    }
+    if (m->ckpt)
+        return TS_OK;
+    int64_t L = m->cfg.layers;
+    m->ckpt = malloc(sizeof *m->ckpt * (size_t)(L > 0 ? L : 1));
+    if (!m->ckpt)
+        return ts_set_error(m->ctx, TS_ERR_OOM, "checkpointing: out of memory");
+    for (int64_t i = 0; i < L; i++)
+        m->ckpt[i] = (layer_ref){m, &m->layer[i]};
+    return TS_OK;
+}
+
 /* cos, sin (T, D) for positions pos0.. */
 static ts_status rope_for(const ts_qwen3_model *m, int64_t T, int64_t pos0,
                           ts_tensor **cos, ts_tensor **sin) {
@@ -480,8 +515,14 @@ static ts_tensor *run_layers(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0,
             ts_release(x), x = NULL;
             break;
         }
-        x = decoder_layer(m, &m->layer[i], x, cos, sin,
-                          slots ? &slots[i] : NULL, NULL);
+        if (m->ckpt && !slots) { /* keeps only the layer's input */
+            ts_tensor *in[3] = {x, cos, sin};
+            ts_tensor *y = ts_checkpoint(layer_block, &m->ckpt[i], 3, in);
+            ts_release(x);
+            x = y;
+        } else
+            x = decoder_layer(m, &m->layer[i], x, cos, sin,
+                              slots ? &slots[i] : NULL, NULL);
     }
     ts_release(cos), ts_release(sin);
     ts_set_device(ctx, here);

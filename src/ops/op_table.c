@@ -63,4 +63,6 @@ const ts_op_def ts_op_table[TS_OP_COUNT] = {
         NULL),
     IN_PLACE(TS_OP_COPY_INTO, "copy_into", copy_into),
     IN_PLACE(TS_OP_ADAMW, "adamw", adamw),
+    [TS_OP_CHECKPOINT] = {"checkpoint", true, false, ts_infer_checkpoint,
+                          ts_grad_checkpoint},
 };

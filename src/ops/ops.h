@@ -69,6 +69,9 @@ typedef enum {
     TS_OP_COPY_INTO,
     /* fused AdamW: updates in[0] (param), in[2] (m), in[3] (v) in place */
     TS_OP_ADAMW,
+    /* activation checkpoint (src/graph/checkpoint.c): no kernel; its
+     * backward recomputes a block and backpropagates through it */
+    TS_OP_CHECKPOINT,
     TS_OP_COUNT
 } ts_op_id;
 

@@ -34,6 +34,7 @@ TS_INFER(cross_entropy);
 TS_INFER(ce_bwd);
 TS_INFER(copy_into);
 TS_INFER(adamw);
+TS_INFER(checkpoint);
 
 #define TS_GRAD(name)                                                          \
     ts_status ts_grad_##name(ts_ctx *ctx, const ts_node *n, ts_tensor *g,      \
@@ -47,6 +48,7 @@ TS_GRAD(sub);
 TS_GRAD(mul);
 TS_GRAD(div);
 TS_GRAD(add_scalar);
+TS_GRAD(checkpoint);
 TS_GRAD(mul_scalar);
 TS_GRAD(neg);
 TS_GRAD(unary);

@@ -144,8 +144,11 @@ static ts_status count_words(ts_ctx *ctx, pcre2_code *re, const char *text,
         return ts_set_error(ctx, TS_ERR_OOM, "tokenizer-train: out of memory");
     size_t at = 0;
     ts_status st = TS_OK;
+    uint32_t flags = 0; /* the first match checks the whole text's UTF-8;
+                           checking it again per match would be quadratic */
     while (at < len && st == TS_OK) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)text, len, at, 0, md, NULL);
+        int rc = pcre2_match(re, (PCRE2_SPTR)text, len, at, flags, md, NULL);
+        flags = PCRE2_NO_UTF_CHECK;
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
         if (rc < 0) {

@@ -763,6 +763,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
             st = ts_qwen3_new(ctx, &c, o->seed, &r.m);
         }
     }
+    if (st == TS_OK && o->checkpoint_activations)
+        st = ts_qwen3_set_checkpointing(r.m, true);
     const ts_qwen3_config *mc = r.m ? ts_qwen3_get_config(r.m) : NULL;
     if (st == TS_OK)
         st = ts_loader_open(ctx, o->data_dir, "train", o->seq, o->seed, true,
