@@ -269,6 +269,11 @@ ts_tensor *ts_detach(ts_tensor *t);
  * gradients then, in[0] its own. With grad mode off, just fn. */
 typedef ts_tensor *(*ts_block_fn)(void *arg, int n, ts_tensor **in);
 ts_tensor *ts_checkpoint(ts_block_fn fn, void *arg, int n, ts_tensor **in);
+/* ... and done(arg) once backward has gone through the recomputed block
+ * (its parameters' gradients complete), e.g. to reduce them at once. */
+typedef ts_status (*ts_block_done_fn)(void *arg);
+ts_tensor *ts_checkpoint_ex(ts_block_fn fn, ts_block_done_fn done, void *arg,
+                            int n, ts_tensor **in);
 /* Grad mode: while disabled, ops record no graph. Returns the old mode, to
  * pass back to ts_set_grad_enabled at the end of a no-grad scope. */
 bool ts_set_grad_enabled(ts_ctx *ctx, bool enabled);

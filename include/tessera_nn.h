@@ -113,6 +113,17 @@ ts_tensor *ts_qwen3_loss(ts_qwen3_model *m, ts_tensor *ids, ts_tensor *targets,
  * layer. Same values and gradients; less memory, one more forward. */
 ts_status ts_qwen3_set_checkpointing(ts_qwen3_model *m, bool on);
 
+/* fn(arg, layer, before, backward) around each decoder layer: before and
+ * after its forward (backward false), and, for a checkpointed layer, before
+ * its recompute and after its backward (backward true: its parameters'
+ * gradients are then complete). What fully sharded training uses to
+ * gather a layer's parameters just in time and release them after. NULL
+ * removes it. An error from fn fails the forward or backward. */
+typedef ts_status (*ts_layer_hook)(void *arg, int64_t layer, bool before,
+                                   bool backward);
+ts_status ts_qwen3_set_layer_hook(ts_qwen3_model *m, ts_layer_hook fn,
+                                  void *arg);
+
 /* ---- KV cache and generation --------------------------------------------- */
 
 /* Keys and values of every layer for B sequences of up to max_T positions

@@ -115,7 +115,11 @@ typedef struct {
      * parallel (gradients all-reduced in buckets), 1 grad-opt (ZeRO-2:
      * gradients reduce-scattered to the rank that owns each parameter,
      * which alone keeps its AdamW state and updates it; parameters are
-     * all-gathered after the update) */
+     * all-gathered after the update), 2 full (ZeRO-3 / FSDP: the layers'
+     * parameters sharded at rest too, gathered per layer before its
+     * forward and its recompute in backward and released after, gradients
+     * reduce-scattered as each layer's backward ends; layers checkpointed,
+     * eager steps, --grad-accum 1) */
     ts_dist *dist;
     int shard;
 } ts_train_options;

@@ -109,10 +109,11 @@ W = lambda n: os.path.join(WORK, n)
 train(W("one"), 20)
 train(W("dp"), 20, 2)
 train(W("zero2"), 20, 2, ("--shard", "grad-opt"))
+train(W("fsdp"), 20, 2, ("--shard", "full"))
 one = losses(W("one"))
 check(len(one) == 20 and one[-1] < one[0] - 0.5,
       f"one process learns: loss {one[0]:.3f} -> {one[-1]:.3f}")
-for run in ("dp", "zero2"):
+for run in ("dp", "zero2", "fsdp"):
     got = losses(W(run))
     check(len(got) == 20 and rel(one, got) <= 1e-5,
           f"{run}: 20 losses = one process's (worst {rel(one, got):.1e})")

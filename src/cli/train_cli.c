@@ -143,8 +143,8 @@ static const char *TRAIN_USAGE =
     "[--log-every 1] [--seed 1]\n"
     "         [--eager | --compile] [--checkpoint-activations] [--resume] "
     "[--quiet] [--peak-gflops G]\n"
-    "         [--shard none|grad-opt] (under mpirun -np N: data parallel, or "
-    "ZeRO-2 sharded)\n"
+    "         [--shard none|grad-opt|full] (under mpirun -np N: data "
+    "parallel, ZeRO-2, or fully sharded)\n"
     "       tessera train --config FILE.json (the same keys, with "
     "underscores)\n";
 
@@ -217,11 +217,14 @@ static bool train_opt(ts_train_options *o, const char *key, const char *v,
     }
     if (!strcmp(k, "dtype")) /* bf16 mixed precision: not in this build */
         return v && !strcmp(v, "f32");
-    if (!strcmp(k, "shard")) { /* full (ZeRO-3): not in this build */
-        if (!v || (strcmp(v, "none") && strcmp(v, "grad-opt")))
-            return false;
-        o->shard = !strcmp(v, "grad-opt");
-        return true;
+    if (!strcmp(k, "shard")) {
+        static const char *const modes[] = {"none", "grad-opt", "full"};
+        for (int m = 0; v && m < 3; m++)
+            if (!strcmp(v, modes[m])) {
+                o->shard = m;
+                return true;
+            }
+        return false;
     }
     *used_value = false;
     if (!strcmp(k, "eager"))

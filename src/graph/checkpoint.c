@@ -17,6 +17,10 @@ typedef union {
     ts_block_fn fn;
     int64_t bits;
 } fn_bits;
+typedef union {
+    ts_block_done_fn fn;
+    int64_t bits;
+} done_bits;
 
 ts_status ts_infer_checkpoint(ts_ctx *ctx, const ts_node *n, ts_desc *o,
                               ts_desc *s, int *ns) {
@@ -26,6 +30,11 @@ ts_status ts_infer_checkpoint(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 }
 
 ts_tensor *ts_checkpoint(ts_block_fn fn, void *arg, int n, ts_tensor **in) {
+    return ts_checkpoint_ex(fn, NULL, arg, n, in);
+}
+
+ts_tensor *ts_checkpoint_ex(ts_block_fn fn, ts_block_done_fn done, void *arg,
+                            int n, ts_tensor **in) {
     ts_ctx *ctx = ts_ctx_of(n, in);
     if (!ctx)
         return NULL;
@@ -68,7 +77,9 @@ ts_tensor *ts_checkpoint(ts_block_fn fn, void *arg, int n, ts_tensor **in) {
     fn_bits fb = {.fn = fn};
     node->attrs.i[0] = fb.bits;
     node->attrs.i[1] = (int64_t)(intptr_t)arg;
-    node->attrs.ni = 2;
+    done_bits db = {.fn = done};
+    node->attrs.i[2] = db.bits;
+    node->attrs.ni = 3;
     node->out = out;
     out->requires_grad = true;
     out->grad_fn = node; /* the node's reference moves to out */
@@ -94,6 +105,9 @@ ts_status ts_grad_checkpoint(ts_ctx *ctx, const ts_node *n, ts_tensor *g,
     ts_status st = y ? TS_OK : ctx->status;
     if (st == TS_OK && y->requires_grad)
         st = ts_backward(y, g); /* parameters: into their .grad */
+    done_bits db = {.bits = n->attrs.i[2]};
+    if (st == TS_OK && db.fn) /* the block's gradients are complete */
+        st = db.fn(arg);
     if (st == TS_OK && want[0] && x->grad)
         gin[0] = ts_retain(x->grad);
     ts_release(y);

@@ -47,12 +47,15 @@ struct ts_qwen3_model {
     ts_tensor *head_copy;   /* tied LM head on another device than embed:
                                a copy made at the first forward */
     struct layer_ref *ckpt; /* activation checkpointing: one per layer */
+    ts_layer_hook hook;     /* around each layer (parameter sharding) */
+    void *hook_arg;
 };
 
 /* a layer as ts_checkpoint's block argument */
 typedef struct layer_ref {
     const ts_qwen3_model *m;
     const qwen3_layer *L;
+    int64_t index;
 } layer_ref;
 
 /* *x to device d when it is elsewhere (takes over the reference) */
@@ -427,12 +430,30 @@ static ts_tensor *decoder_layer(const ts_qwen3_model *m, const qwen3_layer *L,
 static ts_status rope_at(const ts_qwen3_model *m, const int32_t *pos, int64_t n,
                          ts_tensor **cos, ts_tensor **sin);
 
-/* in: x, cos, sin (borrowed) */
+/* in: x, cos, sin (borrowed). With grad mode on this is the recompute in
+ * backward: the layer hook is told first. */
 static ts_tensor *layer_block(void *arg, int n, ts_tensor **in) {
     (void)n;
     const layer_ref *r = arg;
+    if (r->m->hook && ts_is_grad_enabled(r->m->ctx) &&
+        r->m->hook(r->m->hook_arg, r->index, true, true) != TS_OK)
+        return NULL;
     return decoder_layer(r->m, r->L, ts_retain(in[0]), in[1], in[2], NULL,
                          NULL);
+}
+
+static ts_status layer_done(void *arg) {
+    const layer_ref *r = arg;
+    return r->m->hook ? r->m->hook(r->m->hook_arg, r->index, false, true)
+                      : TS_OK;
+}
+
+ts_status ts_qwen3_set_layer_hook(ts_qwen3_model *m, ts_layer_hook fn,
+                                  void *arg) {
+    if (!m)
+        return TS_ERR_INVALID_ARG;
+    m->hook = fn, m->hook_arg = arg;
+    return TS_OK;
 }
 
 ts_status ts_qwen3_set_checkpointing(ts_qwen3_model *m, bool on) {
@@ -450,7 +471,7 @@ ts_status ts_qwen3_set_checkpointing(ts_qwen3_model *m, bool on) {
     if (!m->ckpt)
         return ts_set_error(m->ctx, TS_ERR_OOM, "checkpointing: out of memory");
     for (int64_t i = 0; i < L; i++)
-        m->ckpt[i] = (layer_ref){m, &m->layer[i]};
+        m->ckpt[i] = (layer_ref){m, &m->layer[i], i};
     return TS_OK;
 }
 
@@ -515,14 +536,21 @@ static ts_tensor *run_layers(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0,
             ts_release(x), x = NULL;
             break;
         }
+        if (m->hook && m->hook(m->hook_arg, i, true, false) != TS_OK) {
+            ts_release(x), x = NULL;
+            break;
+        }
         if (m->ckpt && !slots) { /* keeps only the layer's input */
             ts_tensor *in[3] = {x, cos, sin};
-            ts_tensor *y = ts_checkpoint(layer_block, &m->ckpt[i], 3, in);
+            ts_tensor *y =
+                ts_checkpoint_ex(layer_block, layer_done, &m->ckpt[i], 3, in);
             ts_release(x);
             x = y;
         } else
             x = decoder_layer(m, &m->layer[i], x, cos, sin,
                               slots ? &slots[i] : NULL, NULL);
+        if (m->hook && x && m->hook(m->hook_arg, i, false, false) != TS_OK)
+            ts_release(x), x = NULL;
     }
     ts_release(cos), ts_release(sin);
     ts_set_device(ctx, here);

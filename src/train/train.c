@@ -122,7 +122,10 @@ typedef struct {
     /* distributed */
     ts_dist *dist;
     int rank, world;
-    bool shard_opt;     /* --shard grad-opt over more than one rank */
+    bool shard_opt;     /* --shard grad-opt or full over more than one rank */
+    bool shard_full;    /* --shard full: layers' parameters sharded at rest */
+    int *layer_of;      /* the decoder layer of each parameter, -1 outside */
+    ts_tensor **stub;   /* full: a parameter released (no storage) */
     int n_opt;          /* parameters the optimizer updates here */
     int *opt_idx;       /* their indices (grad-opt: the owned ones) */
     int *owner;         /* grad-opt: the rank owning each parameter */
@@ -352,8 +355,8 @@ static ts_status full_moments(run *r, bool sq, ts_tensor **out, bool *made) {
     return st;
 }
 
-static ts_status write_checkpoint(run *r, ts_tensor *const *m1,
-                                  ts_tensor *const *m2) {
+static ts_status write_checkpoint(run *r, ts_tensor *const *pp,
+                                  ts_tensor *const *m1, ts_tensor *const *m2) {
     ts_ctx *ctx = r->ctx;
     const ts_train_options *o = r->o;
     char name[64], tmp[4096], final[4096], p[4200];
@@ -372,7 +375,7 @@ static ts_status write_checkpoint(run *r, ts_tensor *const *m1,
                        ? TS_OK
                        : ts_set_error(ctx, TS_ERR_OOM, "out of memory");
     for (int i = 0; st == TS_OK && i < n; i++)
-        names[i] = ts_qwen3_param_name(r->m, i), ts[i] = r->params[i];
+        names[i] = ts_qwen3_param_name(r->m, i), ts[i] = pp[i];
     snprintf(p, sizeof p, "%s/model.safetensors", tmp);
     const char *meta[2] = {"format", "pt"};
     if (st == TS_OK)
@@ -454,27 +457,201 @@ static ts_status write_checkpoint(run *r, ts_tensor *const *m1,
     return st;
 }
 
+/* ---- fully sharded (--shard full): a layer's parameters exist on every
+ * rank only while the layer runs; at rest each rank holds those it owns.
+ * The model's layer hook gathers a layer before its forward and before its
+ * recompute in backward (layers are checkpointed), releases it after, and
+ * once the layer's backward is done reduce-scatters its gradients to their
+ * owners. Outside the layers (embedding, final norm, head) parameters stay
+ * whole on every rank between steps, their gradients reduce-scattered and
+ * their updates broadcast by the owners, as in grad-opt. Eager steps. */
+
+static bool owned(const run *r, int i) {
+    return r->owner[i] == r->rank;
+}
+
+static ts_status gather_layer(run *r, int64_t layer) {
+    ts_status st = TS_OK;
+    for (int i = 0; st == TS_OK && i < r->n_params; i++) {
+        if (r->layer_of[i] != layer || owned(r, i))
+            continue;
+        ts_tensor *p = r->params[i];
+        ts_tensor *t =
+            ts_empty(r->ctx, TS_F32, ts_tensor_ndim(p), ts_tensor_shape(p));
+        st = t ? ts_qwen3_set_param(r->m, i, t) : ts_ctx_status(r->ctx);
+        ts_release(t);
+    }
+    for (int i = 0; st == TS_OK && i < r->n_params; i++)
+        if (r->layer_of[i] == layer)
+            st = ts_dist_broadcast(r->dist, ts_tensor_data(r->params[i]),
+                                   numel_of(r, i), TS_F32, r->owner[i]);
+    return st;
+}
+
+static ts_status release_layer(run *r, int64_t layer) {
+    ts_status st = TS_OK;
+    for (int i = 0; st == TS_OK && i < r->n_params; i++)
+        if (r->layer_of[i] == layer && !owned(r, i))
+            st = ts_qwen3_set_param(r->m, i, r->stub[i]);
+    return st;
+}
+
+/* the gradients of the parameters in `layer` (-1: outside the layers)
+ * averaged onto their owners; the others dropped */
+static ts_status reduce_part(run *r, int64_t layer) {
+    int64_t *counts = calloc((size_t)r->world, sizeof *counts), k = 0;
+    if (!counts)
+        return ts_set_error(r->ctx, TS_ERR_OOM, "out of memory");
+    ts_status st = TS_OK;
+    for (int a = 0; st == TS_OK && a < r->n_params; a++) {
+        int i = r->order[a];
+        if (r->layer_of[i] != layer)
+            continue;
+        float *g = host_f32(r, ts_grad(r->params[i]), i);
+        if (!g)
+            st = ts_ctx_status(r->ctx);
+        else
+            memcpy(r->flat + k, g, sizeof(float) * (size_t)numel_of(r, i));
+        k += numel_of(r, i);
+        counts[r->owner[i]] += numel_of(r, i);
+    }
+    st = agree(r, st);
+    if (st == TS_OK)
+        st = ts_dist_reduce_scatter(r->dist, r->flat, r->mine, counts, 0,
+                                    TS_F32, TS_DIST_AVG);
+    k = 0;
+    for (int i = 0; st == TS_OK && i < r->n_params; i++) {
+        if (r->layer_of[i] != layer)
+            continue;
+        if (!owned(r, i)) {
+            ts_zero_grad(r->params[i]);
+            continue;
+        }
+        memcpy(ts_tensor_data(ts_grad(r->params[i])), r->mine + k,
+               sizeof(float) * (size_t)numel_of(r, i));
+        k += numel_of(r, i);
+    }
+    free(counts);
+    return st;
+}
+
+static ts_status fsdp_hook(void *arg, int64_t layer, bool before,
+                           bool backward) {
+    run *r = arg;
+    if (before)
+        return gather_layer(r, layer);
+    ts_status st = backward ? reduce_part(r, layer) : TS_OK;
+    return st == TS_OK ? release_layer(r, layer) : st;
+}
+
+/* full: the owners' updated parameters outside the layers to every rank */
+static ts_status broadcast_outer(run *r) {
+    ts_status st = TS_OK;
+    for (int i = 0; st == TS_OK && i < r->n_params; i++)
+        if (r->layer_of[i] < 0)
+            st = ts_dist_broadcast(r->dist, ts_tensor_data(r->params[i]),
+                                   numel_of(r, i), TS_F32, r->owner[i]);
+    return st;
+}
+
+/* full: the layers go to rest (each rank keeps what it owns), checkpointed,
+ * and the hook takes over */
+static ts_status shard_at_rest(run *r) {
+    ts_status st = TS_OK;
+    r->layer_of = malloc(sizeof *r->layer_of * (size_t)r->n_params);
+    r->stub = calloc((size_t)r->n_params, sizeof *r->stub);
+    if (!r->layer_of || !r->stub)
+        return ts_set_error(r->ctx, TS_ERR_OOM, "out of memory");
+    int64_t ones[TS_MAX_DIMS];
+    for (int d = 0; d < TS_MAX_DIMS; d++)
+        ones[d] = 1;
+    ts_tensor *zero = ts_zeros(r->ctx, TS_F32, 1, ones);
+    for (int i = 0; st == TS_OK && i < r->n_params; i++) {
+        const char *nm = ts_qwen3_param_name(r->m, i);
+        r->layer_of[i] = !strncmp(nm, "model.layers.", 13)
+                             ? (int)strtol(nm + 13, NULL, 10)
+                             : -1;
+        if (r->layer_of[i] < 0 || owned(r, i))
+            continue;
+        ts_tensor *p = r->params[i]; /* one zero seen at every index */
+        ts_tensor *z = zero ? ts_reshape(zero, ts_tensor_ndim(p), ones) : NULL;
+        r->stub[i] =
+            z ? ts_expand(z, ts_tensor_ndim(p), ts_tensor_shape(p)) : NULL;
+        ts_release(z);
+        if (!r->stub[i])
+            st = ts_ctx_status(r->ctx) ? ts_ctx_status(r->ctx) : TS_ERR_OOM;
+    }
+    ts_release(zero);
+    for (int64_t l = 0; st == TS_OK && l < ts_qwen3_get_config(r->m)->layers;
+         l++)
+        st = release_layer(r, l);
+    if (st == TS_OK)
+        st = ts_qwen3_set_checkpointing(r->m, true);
+    if (st == TS_OK)
+        st = ts_qwen3_set_layer_hook(r->m, fsdp_hook, r);
+    return st;
+}
+
+/* every parameter whole, for a checkpoint: the model's own, or (full)
+ * gathered from their owners into new tensors (*made set) */
+static ts_status full_params(run *r, ts_tensor **out, bool *made) {
+    *made = r->shard_full;
+    if (!r->shard_full) {
+        for (int i = 0; i < r->n_params; i++)
+            out[i] = r->params[i];
+        return TS_OK;
+    }
+    int64_t k = 0;
+    for (int j = 0; j < r->n_opt; j++) {
+        int i = r->opt_idx[j];
+        memcpy(r->mine + k, ts_tensor_data(r->params[i]),
+               sizeof(float) * (size_t)numel_of(r, i));
+        k += numel_of(r, i);
+    }
+    ts_status st =
+        ts_dist_all_gather(r->dist, r->mine, r->flat, r->counts, 0, TS_F32);
+    for (int i = 0; i < r->n_params; i++)
+        out[i] = NULL;
+    k = 0;
+    for (int a = 0; st == TS_OK && a < r->n_params; a++) {
+        int i = r->order[a];
+        ts_tensor *p = r->params[i];
+        out[i] = ts_from_data(r->ctx, TS_F32, ts_tensor_ndim(p),
+                              ts_tensor_shape(p), r->flat + k);
+        if (!out[i])
+            st = ts_ctx_status(r->ctx);
+        k += numel_of(r, i);
+    }
+    return st;
+}
+
 /* every rank takes part (a sharded optimizer's moments are gathered);
  * rank 0 writes */
 static ts_status save_checkpoint(run *r) {
     int n = r->n_params;
-    ts_tensor **m1 = calloc((size_t)n * 2, sizeof *m1), **m2 = m1 + n;
-    bool made1 = false, made2 = false;
-    ts_status st =
-        m1 ? TS_OK : ts_set_error(r->ctx, TS_ERR_OOM, "out of memory");
+    ts_tensor **all = calloc((size_t)n * 3, sizeof *all);
+    if (!all)
+        return agree(r, ts_set_error(r->ctx, TS_ERR_OOM, "out of memory"));
+    ts_tensor **pp = all, **m1 = all + n, **m2 = all + 2 * n;
+    bool made0 = false, made1 = false, made2 = false;
+    ts_status st = ts_sync(r->ctx);
+    if (st == TS_OK)
+        st = full_params(r, pp, &made0);
     if (st == TS_OK)
         st = full_moments(r, false, m1, &made1);
     if (st == TS_OK)
         st = full_moments(r, true, m2, &made2);
     if (st == TS_OK && r->rank == 0)
-        st = write_checkpoint(r, m1, m2);
-    for (int i = 0; m1 && i < n; i++) {
+        st = write_checkpoint(r, pp, m1, m2);
+    for (int i = 0; i < n; i++) {
+        if (made0)
+            ts_release(pp[i]);
         if (made1)
             ts_release(m1[i]);
         if (made2)
             ts_release(m2[i]);
     }
-    free(m1);
+    free(all);
     return agree(r, st);
 }
 
@@ -654,8 +831,10 @@ static ts_status train_step(run *r, int64_t *ids, int64_t *tg, double *loss,
         if (st == TS_OK)
             st = ts_sync(ctx);
         st = agree(r, st);
-        if (st == TS_OK)
-            st = r->shard_opt ? reduce_scatter_grads(r) : all_reduce_grads(r);
+        if (st == TS_OK) /* (full: the layers' went in backward) */
+            st = r->shard_full  ? reduce_part(r, -1)
+                 : r->shard_opt ? reduce_scatter_grads(r)
+                                : all_reduce_grads(r);
     }
     double max_norm = o->clip > 0 ? o->clip : INFINITY;
     if (st == TS_OK)
@@ -669,7 +848,7 @@ static ts_status train_step(run *r, int64_t *ids, int64_t *tg, double *loss,
     if (st == TS_OK)
         st = ts_sync(ctx);
     if (r->shard_opt && (st = agree(r, st)) == TS_OK)
-        st = all_gather_params(r);
+        st = r->shard_full ? broadcast_outer(r) : all_gather_params(r);
     double sum = 0;
     for (int64_t a = 0; a < accum; a++) {
         double v = 0;
@@ -700,8 +879,10 @@ static ts_status check_options(ts_ctx *ctx, const ts_train_options *o) {
         bad = "--batch, --seq and --steps must be >= 1";
     else if (o->batch % ts_dist_world(o->dist))
         bad = "--batch must be a multiple of the number of ranks";
-    else if (o->shard < 0 || o->shard > 1)
-        bad = "--shard must be none or grad-opt";
+    else if (o->shard < 0 || o->shard > 2)
+        bad = "--shard must be none, grad-opt or full";
+    else if (o->shard == 2 && o->grad_accum != 1)
+        bad = "--shard full takes --grad-accum 1";
     else if (o->grad_accum < 1 || o->grad_accum > 64)
         bad = "--grad-accum must be in 1..64";
     else if (!(o->lr > 0) || o->min_lr < 0 || o->min_lr > o->lr)
@@ -786,7 +967,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
         r.n_opt = r.n_params;
         for (int i = 0; st == TS_OK && i < r.n_params; i++)
             r.opt_idx[i] = i;
-        r.shard_opt = o->shard == 1 && r.world > 1;
+        r.shard_opt = o->shard >= 1 && r.world > 1;
+        r.shard_full = o->shard == 2 && r.world > 1;
         if (st == TS_OK && r.shard_opt && r.n_params < r.world)
             st = ts_set_error(ctx, TS_ERR_INVALID_ARG,
                               "train: --shard grad-opt over %d ranks needs "
@@ -813,6 +995,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     }
     if (st == TS_OK && o->resume)
         st = resume(&r);
+    if (st == TS_OK && r.shard_full) /* after a resume filled every layer */
+        st = shard_at_rest(&r);
     st = agree(&r, st);
     ids = malloc(sizeof(int64_t) * (size_t)(o->batch * o->seq));
     tg = malloc(sizeof(int64_t) * (size_t)(o->batch * o->seq));
@@ -849,7 +1033,9 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     char ranks[96] = "";
     if (r.world > 1)
         snprintf(ranks, sizeof ranks, ", %d ranks (%s)", r.world,
-                 r.shard_opt ? "grad-opt sharded" : "data parallel");
+                 r.shard_full  ? "fully sharded, eager, layers checkpointed"
+                 : r.shard_opt ? "grad-opt sharded"
+                               : "data parallel");
     if (st == TS_OK && !quiet)
         fprintf(stderr,
                 "train: %lld parameters (%lld without embeddings), %lld "
@@ -862,7 +1048,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                 peak_cached ? "cached" : "measured", ranks,
                 o->resume ? ", resumed" : "");
     if (st == TS_OK)
-        ts_set_mode(ctx, o->eager ? TS_MODE_EAGER : TS_MODE_COMPILED);
+        ts_set_mode(ctx, o->eager || r.shard_full ? TS_MODE_EAGER
+                                                  : TS_MODE_COMPILED);
     double t_start = now_s(), t_window = t_start;
     int64_t start_step = r.step, win_tokens = 0;
     double comm_window = ts_dist_comm_seconds(r.dist);
@@ -890,7 +1077,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
             (r.step % o->eval_every == 0 || r.step == o->steps)) {
             ts_set_mode(ctx, TS_MODE_EAGER);
             st = eval_loss(&r, &val);
-            ts_set_mode(ctx, o->eager ? TS_MODE_EAGER : TS_MODE_COMPILED);
+            ts_set_mode(ctx, o->eager || r.shard_full ? TS_MODE_EAGER
+                                                      : TS_MODE_COMPILED);
             out.last_val_loss = val;
         }
         double t = now_s();
@@ -948,7 +1136,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                             r.step == o->steps)) {
             ts_set_mode(ctx, TS_MODE_EAGER);
             st = save_checkpoint(&r);
-            ts_set_mode(ctx, o->eager ? TS_MODE_EAGER : TS_MODE_COMPILED);
+            ts_set_mode(ctx, o->eager || r.shard_full ? TS_MODE_EAGER
+                                                      : TS_MODE_COMPILED);
         }
     }
     ts_set_mode(ctx, TS_MODE_EAGER);
@@ -967,6 +1156,9 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     ts_adamw_free(r.opt);
     ts_qwen3_free(r.m);
     free(r.opt_idx), free(r.owner), free(r.order), free(r.counts);
+    for (int i = 0; r.stub && i < r.n_params; i++)
+        ts_release(r.stub[i]);
+    free(r.stub), free(r.layer_of);
     free(r.flat), free(r.mine);
     return st;
 }
