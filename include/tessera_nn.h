@@ -113,6 +113,13 @@ ts_tensor *ts_qwen3_loss(ts_qwen3_model *m, ts_tensor *ids, ts_tensor *targets,
  * layer. Same values and gradients; less memory, one more forward. */
 ts_status ts_qwen3_set_checkpointing(ts_qwen3_model *m, bool on);
 
+/* Mixed precision: with TS_BF16, every forward (and backward) multiplies
+ * by bf16 copies of the f32 projection and LM-head matrices, cast where
+ * used, so their gradients arrive, bf16-rounded, in the f32 masters'
+ * .grad; activations, norms and the optimizer stay f32. TS_F32 (the
+ * default) uses the masters. */
+ts_status ts_qwen3_set_compute_dtype(ts_qwen3_model *m, ts_dtype dt);
+
 /* fn(arg, layer, before, backward) around each decoder layer: before and
  * after its forward (backward false), and, for a checkpointed layer, before
  * its recompute and after its backward (backward true: its parameters'

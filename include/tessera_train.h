@@ -107,8 +107,10 @@ typedef struct {
     uint64_t seed;
     bool eager;                  /* else compiled */
     bool checkpoint_activations; /* recompute each layer in backward */
-    bool resume;                 /* from out_dir's latest checkpoint */
-    bool quiet;                  /* no progress bar or lines on stderr */
+    bool bf16;   /* --dtype bf16: bf16 compute copies of the matrices, f32
+                    master weights and optimizer (ts_qwen3_set_compute_dtype) */
+    bool resume; /* from out_dir's latest checkpoint */
+    bool quiet;  /* no progress bar or lines on stderr */
     double peak; /* FLOP/s of one rank for MFU; 0: ts_peak_flops */
     /* distributed: the run's ranks (NULL: this process alone). Each rank
      * takes batch / world rows of every micro-batch. shard: 0 data

@@ -141,7 +141,8 @@ static const char *TRAIN_USAGE =
     "0.1] [--clip 1.0]\n"
     "         [--eval-every N] [--eval-batches 8] [--save-every N] "
     "[--log-every 1] [--seed 1]\n"
-    "         [--eager | --compile] [--checkpoint-activations] [--resume] "
+    "         [--dtype f32|bf16] [--eager | --compile] "
+    "[--checkpoint-activations] [--resume] "
     "[--quiet] [--peak-gflops G]\n"
     "         [--shard none|grad-opt|full] (under mpirun -np N: data "
     "parallel, ZeRO-2, or fully sharded)\n"
@@ -215,8 +216,12 @@ static bool train_opt(ts_train_options *o, const char *key, const char *v,
         o->constant_lr = !strcmp(v, "constant");
         return true;
     }
-    if (!strcmp(k, "dtype")) /* bf16 mixed precision: not in this build */
-        return v && !strcmp(v, "f32");
+    if (!strcmp(k, "dtype")) {
+        if (!v || (strcmp(v, "f32") && strcmp(v, "bf16")))
+            return false;
+        o->bf16 = !strcmp(v, "bf16");
+        return true;
+    }
     if (!strcmp(k, "shard")) {
         static const char *const modes[] = {"none", "grad-opt", "full"};
         for (int m = 0; v && m < 3; m++)

@@ -49,6 +49,7 @@ struct ts_qwen3_model {
     struct layer_ref *ckpt; /* activation checkpointing: one per layer */
     ts_layer_hook hook;     /* around each layer (parameter sharding) */
     void *hook_arg;
+    bool compute_bf16; /* matrices cast to bf16 where used (mixed) */
 };
 
 /* a layer as ts_checkpoint's block argument */
@@ -411,11 +412,43 @@ static ts_tensor *attention_block(const ts_qwen3_model *m, const qwen3_layer *L,
     return o;
 }
 
+/* a f32 matrix cast to bf16 (recorded, so its gradient reaches the f32
+ * master), else w itself; a new reference */
+static ts_tensor *compute_copy(const ts_qwen3_model *m, ts_tensor *w) {
+    if (!w || !m->compute_bf16 || ts_tensor_dtype(w) != TS_F32)
+        return w ? ts_retain(w) : NULL;
+    return ts_cast(w, TS_BF16);
+}
+
+static ts_tensor *layer_body(const ts_qwen3_model *m, const qwen3_layer *L,
+                             ts_tensor *x, ts_tensor *cos, ts_tensor *sin,
+                             const kv_slot *kv, const paged_ref *pg);
+
 /* x (B, T, C) -> x + attn(norm(x)) -> that + mlp(norm(that)); takes over
- * the reference to x. */
+ * the reference to x. With bf16 compute, the layer's matrices are bf16
+ * copies of the f32 masters for this call. */
 static ts_tensor *decoder_layer(const ts_qwen3_model *m, const qwen3_layer *L,
                                 ts_tensor *x, ts_tensor *cos, ts_tensor *sin,
                                 const kv_slot *kv, const paged_ref *pg) {
+    if (!m->compute_bf16)
+        return layer_body(m, L, x, cos, sin, kv, pg);
+    qwen3_layer c = *L;
+    ts_tensor **mats[] = {&c.q_proj,    &c.k_proj,  &c.v_proj,   &c.o_proj,
+                          &c.gate_proj, &c.up_proj, &c.down_proj};
+    bool ok = true;
+    for (size_t k = 0; k < sizeof mats / sizeof *mats; k++)
+        ok &= (*mats[k] = compute_copy(m, *mats[k])) != NULL;
+    ts_tensor *y = ok ? layer_body(m, &c, x, cos, sin, kv, pg) : NULL;
+    if (!ok)
+        ts_release(x);
+    for (size_t k = 0; k < sizeof mats / sizeof *mats; k++)
+        ts_release(*mats[k]);
+    return y;
+}
+
+static ts_tensor *layer_body(const ts_qwen3_model *m, const qwen3_layer *L,
+                             ts_tensor *x, ts_tensor *cos, ts_tensor *sin,
+                             const kv_slot *kv, const paged_ref *pg) {
     ts_tensor *a = attention_block(m, L, x, cos, sin, kv, pg);
     ts_tensor *x1 = ts_add(x, a);
     ts_release(x), ts_release(a);
@@ -446,6 +479,17 @@ static ts_status layer_done(void *arg) {
     const layer_ref *r = arg;
     return r->m->hook ? r->m->hook(r->m->hook_arg, r->index, false, true)
                       : TS_OK;
+}
+
+ts_status ts_qwen3_set_compute_dtype(ts_qwen3_model *m, ts_dtype dt) {
+    if (!m)
+        return TS_ERR_INVALID_ARG;
+    if (dt != TS_F32 && dt != TS_BF16)
+        return ts_set_error(m->ctx, TS_ERR_DTYPE,
+                            "qwen3: compute dtype must be f32 or bf16, not %s",
+                            ts_dtype_name(dt));
+    m->compute_bf16 = dt == TS_BF16;
+    return TS_OK;
 }
 
 ts_status ts_qwen3_set_layer_hook(ts_qwen3_model *m, ts_layer_hook fn,
@@ -563,9 +607,9 @@ static ts_tensor *run_layers(ts_qwen3_model *m, ts_tensor *ids, int64_t pos0,
         return NULL;
     ts_tensor *h = ts_rmsnorm(x, m->norm, c->rms_eps);
     ts_release(x);
-    ts_tensor *w = h ? head_weight(m) : NULL;
+    ts_tensor *w = h ? compute_copy(m, head_weight(m)) : NULL;
     ts_tensor *logits = w ? ts_linear(h, w, NULL) : NULL; /* (B, T, V) */
-    ts_release(h);
+    ts_release(h), ts_release(w);
     return logits;
 }
 

@@ -946,6 +946,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     }
     if (st == TS_OK && o->checkpoint_activations)
         st = ts_qwen3_set_checkpointing(r.m, true);
+    if (st == TS_OK && o->bf16)
+        st = ts_qwen3_set_compute_dtype(r.m, TS_BF16);
     const ts_qwen3_config *mc = r.m ? ts_qwen3_get_config(r.m) : NULL;
     if (st == TS_OK)
         st = ts_loader_open(ctx, o->data_dir, "train", o->seq, o->seed, true,
@@ -1039,12 +1041,13 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     if (st == TS_OK && !quiet)
         fprintf(stderr,
                 "train: %lld parameters (%lld without embeddings), %lld "
-                "train tokens, batch %lld x %lld x %lld accum, %s, peak %.1f "
-                "GFLOP/s (%s f32 sgemm)%s%s\n",
+                "train tokens, batch %lld x %lld x %lld accum, %s, %s, peak "
+                "%.1f GFLOP/s (%s f32 sgemm)%s%s\n",
                 (long long)n_all, (long long)(n_all - n_embed),
                 (long long)ts_loader_tokens(r.train), (long long)o->batch,
                 (long long)o->seq, (long long)o->grad_accum,
-                o->eager ? "eager" : "compiled", peak / 1e9,
+                o->eager || r.shard_full ? "eager" : "compiled",
+                o->bf16 ? "bf16 matrices, f32 masters" : "f32", peak / 1e9,
                 peak_cached ? "cached" : "measured", ranks,
                 o->resume ? ", resumed" : "");
     if (st == TS_OK)
