@@ -32,6 +32,9 @@ int ts_dist_local_world(const ts_dist *d); /* ranks on this machine */
 
 typedef enum { TS_DIST_SUM, TS_DIST_AVG, TS_DIST_MAX } ts_dist_op;
 
+/* A NULL ts_dist is a world of one: every collective is then a copy or
+ * nothing. */
+
 /* buf[n] reduced over the ranks, the result on every rank */
 ts_status ts_dist_all_reduce(ts_dist *d, void *buf, int64_t n, ts_dtype dt,
                              ts_dist_op op);

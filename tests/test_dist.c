@@ -134,8 +134,20 @@ int main(void) {
     CHECK(ts_dist_all_gather(d, mine, recv, counts, 0, TS_F32) ==
           TS_ERR_INVALID_ARG);
     ts_clear_error(ctx);
-    CHECK(ts_dist_all_reduce(NULL, f, 1, TS_F32, TS_DIST_SUM) ==
-          TS_ERR_INVALID_ARG);
+    /* no run at all (NULL): a world of one */
+    float one[2] = {1.5f, 2.5f}, got[2] = {0, 0};
+    CHECK(ts_dist_all_reduce(NULL, one, 2, TS_F32, TS_DIST_SUM) == TS_OK);
+    CHECK(one[0] == 1.5f && one[1] == 2.5f);
+    CHECK(ts_dist_reduce_scatter(NULL, one, got, NULL, 2, TS_F32,
+                                 TS_DIST_AVG) == TS_OK);
+    CHECK(got[0] == 1.5f && got[1] == 2.5f);
+    got[0] = got[1] = 0;
+    CHECK(ts_dist_all_gather(NULL, one, got, NULL, 2, TS_F32) == TS_OK);
+    CHECK(got[0] == 1.5f && got[1] == 2.5f);
+    CHECK(ts_dist_broadcast(NULL, one, 2, TS_F32, 0) == TS_OK);
+    CHECK(ts_dist_broadcast(NULL, one, 2, TS_F32, 1) == TS_ERR_INVALID_ARG);
+    CHECK(ts_dist_barrier(NULL) == TS_OK);
+    CHECK(ts_dist_rank(NULL) == 0 && ts_dist_world(NULL) == 1);
 
     /* the accounting: time and a ring's volume of what went out */
     if (w > 1)

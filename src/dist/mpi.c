@@ -176,8 +176,12 @@ static void scale(void *buf, int64_t n, ts_dtype dt, double s) {
 
 ts_status ts_dist_all_reduce(ts_dist *d, void *buf, int64_t n, ts_dtype dt,
                              ts_dist_op op) {
-    if (!d || n < 0 || (n && !buf))
-        return TS_ERR_INVALID_ARG;
+    if (!d) /* no run: a world of one */
+        return n >= 0 ? TS_OK : TS_ERR_INVALID_ARG;
+    if (n < 0 || (n && !buf))
+        return ts_set_error(d->ctx, TS_ERR_INVALID_ARG,
+                            "all_reduce: %lld elements at %p", (long long)n,
+                            buf);
     ts_status st = check_dt(d, dt, "all_reduce");
     if (st != TS_OK || d->world == 1 || n == 0)
         return st;
@@ -215,8 +219,17 @@ static bool int_counts(const ts_dist *d, const int64_t *counts, int64_t n_each,
 ts_status ts_dist_reduce_scatter(ts_dist *d, const void *send, void *recv,
                                  const int64_t *counts, int64_t n_each,
                                  ts_dtype dt, ts_dist_op op) {
-    if (!d || !send || !recv)
-        return TS_ERR_INVALID_ARG;
+    if (!d) { /* no run: a world of one, rank 0 keeps its part */
+        int64_t k = counts ? counts[0] : n_each;
+        if (k < 0 || (k && (!send || !recv)) || ts_dtype_size(dt) == 0)
+            return TS_ERR_INVALID_ARG;
+        if (k)
+            memmove(recv, send, (size_t)k * ts_dtype_size(dt));
+        return TS_OK;
+    }
+    if (!send || !recv)
+        return ts_set_error(d->ctx, TS_ERR_INVALID_ARG,
+                            "reduce_scatter: a NULL buffer");
     ts_status st = check_dt(d, dt, "reduce_scatter");
     if (st != TS_OK)
         return st;
@@ -256,8 +269,17 @@ ts_status ts_dist_reduce_scatter(ts_dist *d, const void *send, void *recv,
 ts_status ts_dist_all_gather(ts_dist *d, const void *send, void *recv,
                              const int64_t *counts, int64_t n_each,
                              ts_dtype dt) {
-    if (!d || !send || !recv)
-        return TS_ERR_INVALID_ARG;
+    if (!d) { /* no run: a world of one */
+        int64_t k = counts ? counts[0] : n_each;
+        if (k < 0 || (k && (!send || !recv)) || ts_dtype_size(dt) == 0)
+            return TS_ERR_INVALID_ARG;
+        if (k)
+            memmove(recv, send, (size_t)k * ts_dtype_size(dt));
+        return TS_OK;
+    }
+    if (!send || !recv)
+        return ts_set_error(d->ctx, TS_ERR_INVALID_ARG,
+                            "all_gather: a NULL buffer");
     ts_status st = check_dt(d, dt, "all_gather");
     if (st != TS_OK)
         return st;
@@ -293,8 +315,12 @@ ts_status ts_dist_all_gather(ts_dist *d, const void *send, void *recv,
 
 ts_status ts_dist_broadcast(ts_dist *d, void *buf, int64_t n, ts_dtype dt,
                             int root) {
-    if (!d || n < 0 || (n && !buf))
-        return TS_ERR_INVALID_ARG;
+    if (!d) /* no run: a world of one */
+        return n >= 0 && root == 0 ? TS_OK : TS_ERR_INVALID_ARG;
+    if (n < 0 || (n && !buf))
+        return ts_set_error(d->ctx, TS_ERR_INVALID_ARG,
+                            "broadcast: %lld elements at %p", (long long)n,
+                            buf);
     ts_status st = check_dt(d, dt, "broadcast");
     if (st != TS_OK)
         return st;
@@ -319,9 +345,7 @@ ts_status ts_dist_broadcast(ts_dist *d, void *buf, int64_t n, ts_dtype dt,
 }
 
 ts_status ts_dist_barrier(ts_dist *d) {
-    if (!d)
-        return TS_ERR_INVALID_ARG;
-    if (d->world == 1)
+    if (!d || d->world == 1)
         return TS_OK;
     double t0 = now_s();
     int rc = MPI_Barrier(MPI_COMM_WORLD);

@@ -944,6 +944,19 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
             st = ts_qwen3_new(ctx, &c, o->seed, &r.m);
         }
     }
+    if (st == TS_OK) { /* data of a larger vocabulary: say so now */
+        char mp[4200];
+        snprintf(mp, sizeof mp, "%s/meta.json", o->data_dir);
+        json_t *meta = json_load_file(mp, 0, NULL);
+        json_int_t dv = json_integer_value(json_object_get(meta, "vocab_size"));
+        json_decref(meta);
+        int64_t mv = ts_qwen3_get_config(r.m)->vocab;
+        if (dv > mv)
+            st = ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                              "train: %s was tokenized with a vocabulary of "
+                              "%lld tokens, the model has %lld",
+                              o->data_dir, (long long)dv, (long long)mv);
+    }
     if (st == TS_OK && o->checkpoint_activations)
         st = ts_qwen3_set_checkpointing(r.m, true);
     if (st == TS_OK && o->bf16)
@@ -1048,8 +1061,10 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                 (long long)o->seq, (long long)o->grad_accum,
                 o->eager || r.shard_full ? "eager" : "compiled",
                 o->bf16 ? "bf16 matrices, f32 masters" : "f32", peak / 1e9,
-                peak_cached ? "cached" : "measured", ranks,
-                o->resume ? ", resumed" : "");
+                o->peak > 0   ? "given"
+                : peak_cached ? "cached"
+                              : "measured",
+                ranks, o->resume ? ", resumed" : "");
     if (st == TS_OK)
         ts_set_mode(ctx, o->eager || r.shard_full ? TS_MODE_EAGER
                                                   : TS_MODE_COMPILED);
