@@ -72,8 +72,9 @@ int main(void) {
     int64_t *counts = malloc(sizeof *counts * (size_t)w), total = 0;
     for (int r = 0; r < w; r++)
         counts[r] = r + 2, total += r + 2;
-    float *send = malloc(sizeof *send * (size_t)total);
-    float *recv = malloc(sizeof *recv * (size_t)total);
+    size_t room = (size_t)(total + 3 * w); /* also for 3 each, below */
+    float *send = malloc(sizeof *send * room);
+    float *recv = malloc(sizeof *recv * room);
     for (int64_t i = 0; i < total; i++)
         send[i] = (float)(i * (rank + 1));
     CHECK(ts_dist_reduce_scatter(d, send, recv, counts, 0, TS_F32,
