@@ -1,4 +1,5 @@
-# make run  — install what is missing, build, run the main job.
+# make run  — install what is missing, build, generate text from the default
+#             model (models/kjv-qwen3).
 # make test — install what is missing, build twice (Release and
 #             ASan+UBSan), run the whole CTest suite in both.
 BUILD      ?= build
@@ -10,7 +11,7 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-openmp-dev libgomp1 \
               libopenmpi-dev openmpi-bin bible-kjv bible-kjv-text \
               python3 python3-torch python3-numpy python3-jinja2
 
-.PHONY: run test deps build build-san bench bench-compile bench-tokenizer bench-decode bench-engine clean format
+.PHONY: run test deps build build-san bench bench-compile bench-tokenizer bench-decode bench-engine bench-train clean format
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -30,8 +31,11 @@ build-san: deps
 	cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=Debug -DTS_SANITIZE=ON >/dev/null
 	cmake --build $(BUILD_SAN) -j $(JOBS)
 
+# the default model (models/kjv-qwen3, trained by Tessera on the King James
+# Bible: bench/train_default_model.sh) continues a verse
 run: build
-	./$(BUILD)/tessera demo
+	./$(BUILD)/tessera run -m models/kjv-qwen3 -p "And God said" -n 96 \
+	    --temperature 0.8 --top-p 0.95 --seed 7
 
 test: build build-san
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -51,6 +55,10 @@ bench-decode: build
 bench-engine: build
 	./$(BUILD)/bench_engine --small
 	./$(BUILD)/bench_engine
+
+# training step (GPT-2 124M B4 T64, Qwen3-style 512x8 B8 T256) against PyTorch
+bench-train: build
+	./$(BUILD)/bench_train
 
 # needs the JavaScript peer installed by the test suite (make test)
 bench-tokenizer: build

@@ -37,13 +37,43 @@ ts_status ts_decoder_load_opts(ts_ctx *ctx, const char *dir,
                                const ts_load_options *opt,
                                ts_qwen3_model **out);
 
-/* GPT-2 (inference): learned positions, LayerNorm, fused q/k/v, Conv1D
- * weights (in, out), tanh GELU, tied LM head. */
+/* GPT-2: learned positions, LayerNorm, fused q/k/v, Conv1D weights (in,
+ * out), tanh GELU, tied LM head. */
 typedef struct ts_gpt2_model ts_gpt2_model;
+/* Loaded from a Hugging Face folder (inference: the parameters do not
+ * require grad; set it on ts_gpt2_params to fine-tune). */
 ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out);
+/* A new model for training: cfg a gpt2 config (ts_config_load's, or filled
+ * by hand: arch TS_ARCH_GPT2, vocab, hidden, layers, heads, head_dim =
+ * hidden / heads, intermediate, max_positions, norm_eps); the LM head is
+ * always tied. Parameters are f32 with requires_grad, initialized as
+ * Hugging Face's GPT2PreTrainedModel does: Normal(0, 0.02), the residual
+ * projections (attn.c_proj, mlp.c_proj weights) Normal(0, 0.02 /
+ * sqrt(2 layers)), biases zeros, LayerNorm weights ones; each from a seed
+ * derived from seed and its index. */
+ts_status ts_gpt2_new(ts_ctx *ctx, const ts_model_config *cfg, uint64_t seed,
+                      ts_gpt2_model **out);
 void ts_gpt2_free(ts_gpt2_model *m);
+const ts_model_config *ts_gpt2_get_config(const ts_gpt2_model *m);
+/* Parameters as (name, tensor) pairs in GPT2LMHeadModel's state_dict order
+ * and names: transformer.wte.weight, transformer.wpe.weight; per layer i
+ * transformer.h.{i}.ln_1.{weight,bias}, .attn.c_attn.{weight,bias},
+ * .attn.c_proj.{weight,bias}, .ln_2.{weight,bias}, .mlp.c_fc.{weight,bias},
+ * .mlp.c_proj.{weight,bias}; transformer.ln_f.{weight,bias} (lm_head.weight
+ * is wte, not listed). Borrowed: they live as long as the model. */
+int ts_gpt2_num_params(const ts_gpt2_model *m);
+const char *ts_gpt2_param_name(const ts_gpt2_model *m, int i);
+ts_tensor *ts_gpt2_param(const ts_gpt2_model *m, int i);
+ts_tensor *const *ts_gpt2_params(const ts_gpt2_model *m);
+/* The parameter called name, or NULL (with no error recorded). */
+ts_tensor *ts_gpt2_find_param(const ts_gpt2_model *m, const char *name);
 /* ids (B, T) i32/i64 at positions pos0.. -> logits (B, T, V) */
 ts_tensor *ts_gpt2_forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0);
+/* Mean cross-entropy of forward(ids, 0) against targets (B, T) i32/i64,
+ * the next tokens already aligned with ids; targets of -100 are ignored.
+ * The scalar loss; logits (may be NULL) receives the logits (B, T, V). */
+ts_tensor *ts_gpt2_loss(ts_gpt2_model *m, ts_tensor *ids, ts_tensor *targets,
+                        ts_tensor **logits);
 /* KV cache (batch 1): forward_cached runs ids (1, T) after the cached
  * positions and returns logits (1, T, V), or (1, 1, V) with last_only */
 typedef struct ts_gpt2_cache ts_gpt2_cache;

@@ -1,20 +1,32 @@
-/* gpt2.c — GPT-2 from a Hugging Face folder, for inference: learned
- * position embeddings, pre-LayerNorm blocks with a fused q/k/v projection,
- * Conv1D weights stored (in, out) as Hugging Face keeps them (used as they
- * are: x @ W + b), the tanh GELU, the LM head tied to the token embedding;
- * a KV cache for greedy generation. Parameters are read by name with or
- * without the "transformer." prefix; the causal-mask buffers some
- * checkpoints carry (attn.bias, attn.masked_bias) are ignored. */
+/* gpt2.c — GPT-2: learned position embeddings, pre-LayerNorm blocks with a
+ * fused q/k/v projection, Conv1D weights stored (in, out) as Hugging Face
+ * keeps them (used as they are: x @ W + b), the tanh GELU, the LM head tied
+ * to the token embedding. Loaded from a Hugging Face folder for inference
+ * (a KV cache for greedy generation), or built with GPT-2's random init for
+ * training (parameters with requires_grad, the next-token loss). Parameters
+ * are read by name with or without the "transformer." prefix and listed
+ * with it (GPT2LMHeadModel's state_dict names); the causal-mask buffers
+ * some checkpoints carry (attn.bias, attn.masked_bias) are ignored. */
 #include "tessera_models.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#define GPT2_MAX_LAYERS       4096
+#define GPT2_PARAMS_PER_LAYER 12
+#define GPT2_NAME_LEN         64
+
+/* One block's parameters, borrowed from the model's list. */
 typedef struct {
-    ts_tensor *ln1_w, *ln1_b, *attn_w, *attn_b, *proj_w, *proj_b;
-    ts_tensor *ln2_w, *ln2_b, *fc_w, *fc_b, *fc_proj_w, *fc_proj_b;
+    ts_tensor *ln1_w, *ln1_b;         /* (C) */
+    ts_tensor *attn_w, *attn_b;       /* (C, 3C), (3C) */
+    ts_tensor *proj_w, *proj_b;       /* (C, C), (C) */
+    ts_tensor *ln2_w, *ln2_b;         /* (C) */
+    ts_tensor *fc_w, *fc_b;           /* (C, F), (F) */
+    ts_tensor *fc_proj_w, *fc_proj_b; /* (F, C), (C) */
 } gpt2_layer;
 
 struct ts_gpt2_cache {
@@ -26,34 +38,60 @@ struct ts_gpt2_cache {
 struct ts_gpt2_model {
     ts_ctx *ctx;
     ts_model_config cfg;
-    ts_tensor *wte, *wpe, *lnf_w, *lnf_b;
+    ts_tensor *wte, *wpe, *lnf_w, *lnf_b; /* (V, C), (P, C), (C), (C) */
     gpt2_layer *layer;
+    int n_params, cap_params;
+    ts_tensor **params; /* owned references, state_dict order */
+    char (*names)[GPT2_NAME_LEN];
 };
 
-static ts_tensor *get(ts_ctx *ctx, ts_safetensors *st, const char *dir,
-                      const char *name, int ndim, int64_t d0, int64_t d1,
-                      ts_status *s) {
-    if (*s)
-        return NULL;
-    char full[256];
+/* How a new parameter starts (GPT-2's _init_weights): Normal(0, 0.02);
+ * the residual projections (attn.c_proj, mlp.c_proj) Normal(0, 0.02 /
+ * sqrt(2 L)); LayerNorm weights ones; biases zeros. */
+typedef enum { INIT_NORMAL, INIT_RESIDUAL, INIT_ONES, INIT_ZEROS } gpt2_init;
+
+/* Where parameters come from: a checkpoint (st) or the random init. */
+typedef struct {
+    ts_gpt2_model *m;
+    ts_safetensors *st; /* NULL: initialize */
+    const char *dir;
+    uint64_t seed;
+    ts_status s;
+} gpt2_builder;
+
+/* splitmix64: a distinct, well-mixed seed per parameter index. */
+static uint64_t param_seed(uint64_t seed, int i) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* name (without "transformer.") from the checkpoint, checked against the
+ * shape the config gives, as f32 */
+static ts_tensor *load_tensor(gpt2_builder *b, const char *name, int ndim,
+                              const int64_t *want) {
+    ts_ctx *ctx = b->m->ctx;
+    char full[GPT2_NAME_LEN + 16];
     snprintf(full, sizeof full, "transformer.%s", name);
     ts_tensor *t = NULL;
-    for (int k = 0; k < ts_safetensors_count(st) && !t; k++) {
-        const char *n = ts_safetensors_name(st, k);
+    for (int k = 0; k < ts_safetensors_count(b->st) && !t; k++) {
+        const char *n = ts_safetensors_name(b->st, k);
         if (!strcmp(n, full) || !strcmp(n, name))
-            t = ts_safetensors_get(st, n);
+            t = ts_safetensors_get(b->st, n);
     }
     if (!t) {
-        *s = ts_set_error(ctx, TS_ERR_IO,
-                          "%s: the checkpoint has no tensor \"%s\"", dir, name);
+        b->s = ts_set_error(ctx, TS_ERR_IO,
+                            "%s: the checkpoint has no tensor \"%s\"", b->dir,
+                            name);
         return NULL;
     }
-    int64_t want[2] = {d0, d1};
     if (ts_tensor_ndim(t) != ndim ||
         memcmp(ts_tensor_shape(t), want, sizeof(int64_t) * (size_t)ndim)) {
-        *s = ts_set_error(
-            ctx, TS_ERR_SHAPE,
-            "%s: tensor \"%s\" has the wrong shape for the config", dir, name);
+        b->s =
+            ts_set_error(ctx, TS_ERR_SHAPE,
+                         "%s: tensor \"%s\" has the wrong shape for the config",
+                         b->dir, name);
         ts_release(t);
         return NULL;
     }
@@ -65,18 +103,120 @@ static ts_tensor *get(ts_ctx *ctx, ts_safetensors *st, const char *dir,
     return t;
 }
 
+/* The next parameter of the list: loaded or initialized, named
+ * "transformer." + name. */
+static ts_tensor *add_param(gpt2_builder *b, const char *name, gpt2_init init,
+                            int ndim, int64_t d0, int64_t d1) {
+    ts_gpt2_model *m = b->m;
+    if (b->s || m->n_params == m->cap_params)
+        return NULL;
+    int64_t shape[2] = {d0, d1};
+    int i = m->n_params;
+    ts_tensor *t = NULL;
+    if (b->st)
+        t = load_tensor(b, name, ndim, shape);
+    else {
+        double std = 0.02;
+        if (init == INIT_RESIDUAL)
+            std /= sqrt(2.0 * (double)m->cfg.layers);
+        t = init == INIT_NORMAL || init == INIT_RESIDUAL
+                ? ts_randn(m->ctx, TS_F32, ndim, shape, std,
+                           param_seed(b->seed, i))
+                : ts_full(m->ctx, TS_F32, ndim, shape,
+                          init == INIT_ONES ? 1.0 : 0.0);
+        if (t)
+            ts_set_requires_grad(t, true);
+    }
+    if (!t) {
+        if (!b->s)
+            b->s = ts_ctx_status(m->ctx) ? ts_ctx_status(m->ctx) : TS_ERR_OOM;
+        return NULL;
+    }
+    m->params[i] = t;
+    snprintf(m->names[i], GPT2_NAME_LEN, "transformer.%s", name);
+    m->n_params++;
+    return t;
+}
+
+/* Every parameter in state_dict order. */
+static ts_status build_params(gpt2_builder *b) {
+    ts_gpt2_model *m = b->m;
+    const ts_model_config *c = &m->cfg;
+    int64_t C = c->hidden, F = c->intermediate;
+    m->wte = add_param(b, "wte.weight", INIT_NORMAL, 2, c->vocab, C);
+    m->wpe = add_param(b, "wpe.weight", INIT_NORMAL, 2, c->max_positions, C);
+    for (int64_t i = 0; i < c->layers && !b->s; i++) {
+        gpt2_layer *L = &m->layer[i];
+        char n[GPT2_NAME_LEN];
+#define P(field, suffix, init, nd, a, bb)                                      \
+    snprintf(n, sizeof n, "h.%" PRId64 ".%s", i, suffix);                      \
+    L->field = add_param(b, n, init, nd, a, bb)
+        P(ln1_w, "ln_1.weight", INIT_ONES, 1, C, 0);
+        P(ln1_b, "ln_1.bias", INIT_ZEROS, 1, C, 0);
+        P(attn_w, "attn.c_attn.weight", INIT_NORMAL, 2, C, 3 * C);
+        P(attn_b, "attn.c_attn.bias", INIT_ZEROS, 1, 3 * C, 0);
+        P(proj_w, "attn.c_proj.weight", INIT_RESIDUAL, 2, C, C);
+        P(proj_b, "attn.c_proj.bias", INIT_ZEROS, 1, C, 0);
+        P(ln2_w, "ln_2.weight", INIT_ONES, 1, C, 0);
+        P(ln2_b, "ln_2.bias", INIT_ZEROS, 1, C, 0);
+        P(fc_w, "mlp.c_fc.weight", INIT_NORMAL, 2, C, F);
+        P(fc_b, "mlp.c_fc.bias", INIT_ZEROS, 1, F, 0);
+        P(fc_proj_w, "mlp.c_proj.weight", INIT_RESIDUAL, 2, F, C);
+        P(fc_proj_b, "mlp.c_proj.bias", INIT_ZEROS, 1, C, 0);
+#undef P
+    }
+    m->lnf_w = add_param(b, "ln_f.weight", INIT_ONES, 1, C, 0);
+    m->lnf_b = add_param(b, "ln_f.bias", INIT_ZEROS, 1, C, 0);
+    return b->s;
+}
+
 void ts_gpt2_free(ts_gpt2_model *m) {
     if (!m)
         return;
-    for (int64_t i = 0; m->layer && i < m->cfg.layers; i++) {
-        ts_tensor **p = &m->layer[i].ln1_w; /* the struct is all tensors */
-        for (size_t k = 0; k < sizeof(gpt2_layer) / sizeof(ts_tensor *); k++)
-            ts_release(p[k]);
-    }
-    ts_release(m->wte), ts_release(m->wpe), ts_release(m->lnf_w),
-        ts_release(m->lnf_b);
-    free(m->layer);
+    for (int i = 0; i < m->n_params; i++)
+        ts_release(m->params[i]);
+    free(m->params), free(m->names), free(m->layer);
     free(m);
+}
+
+static ts_status check_config(ts_ctx *ctx, const ts_model_config *c) {
+    const char *bad = NULL;
+    if (c->arch != TS_ARCH_GPT2)
+        bad = "not a gpt2 config";
+    else if (c->vocab < 1 || c->hidden < 1 || c->heads < 1 ||
+             c->intermediate < 1 || c->max_positions < 1 || c->layers < 1)
+        bad = "vocab, n_embd, n_head, n_inner, n_positions and n_layer must "
+              "be >= 1";
+    else if (c->layers > GPT2_MAX_LAYERS)
+        bad = "n_layer is above 4096";
+    else if (c->hidden % c->heads || c->head_dim != c->hidden / c->heads)
+        bad = "n_embd must be n_head x the head size";
+    else if (!(c->norm_eps > 0))
+        bad = "layer_norm_epsilon must be > 0";
+    return bad ? ts_set_error(ctx, TS_ERR_INVALID_ARG, "gpt2 config: %s", bad)
+               : TS_OK;
+}
+
+/* the model's shell: config copied, lists sized, no parameters yet */
+static ts_status model_alloc(ts_ctx *ctx, const ts_model_config *c,
+                             ts_gpt2_model **out) {
+    ts_status s = check_config(ctx, c);
+    if (s)
+        return s;
+    ts_gpt2_model *m = calloc(1, sizeof *m);
+    int cap = 4 + GPT2_PARAMS_PER_LAYER * (int)c->layers;
+    if (m) {
+        m->ctx = ctx, m->cfg = *c, m->cap_params = cap;
+        m->layer = calloc((size_t)c->layers, sizeof *m->layer);
+        m->params = calloc((size_t)cap, sizeof *m->params);
+        m->names = calloc((size_t)cap, sizeof *m->names);
+    }
+    if (!m || !m->layer || !m->params || !m->names) {
+        ts_gpt2_free(m);
+        return ts_set_error(ctx, TS_ERR_OOM, "gpt2: out of memory");
+    }
+    *out = m;
+    return TS_OK;
 }
 
 ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out) {
@@ -94,52 +234,77 @@ ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out) {
         return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
                             "%s: a %s model; ts_gpt2_load reads gpt2 ones", dir,
                             c.model_type);
-    ts_safetensors *st;
-    if ((s = ts_safetensors_open(ctx, dir, &st)))
+    ts_gpt2_model *m;
+    if ((s = model_alloc(ctx, &c, &m)))
         return s;
-    ts_gpt2_model *m = calloc(1, sizeof *m);
-    if (m)
-        m->layer = calloc((size_t)c.layers, sizeof *m->layer);
-    if (!m || !m->layer) {
-        ts_safetensors_close(st);
-        free(m);
-        return ts_set_error(ctx, TS_ERR_OOM, "gpt2_load: out of memory");
+    gpt2_builder b = {.m = m, .dir = dir};
+    if ((s = ts_safetensors_open(ctx, dir, &b.st))) {
+        ts_gpt2_free(m);
+        return s;
     }
-    m->ctx = ctx, m->cfg = c;
-    int64_t C = c.hidden, F = c.intermediate;
     bool old = ts_set_grad_enabled(ctx, false);
-    m->wte = get(ctx, st, dir, "wte.weight", 2, c.vocab, C, &s);
-    m->wpe = get(ctx, st, dir, "wpe.weight", 2, c.max_positions, C, &s);
-    for (int64_t i = 0; i < c.layers && !s; i++) {
-        gpt2_layer *L = &m->layer[i];
-        char n[128];
-#define P(field, suffix, nd, a, b)                                             \
-    snprintf(n, sizeof n, "h.%lld.%s", (long long)i, suffix);                  \
-    L->field = get(ctx, st, dir, n, nd, a, b, &s)
-        P(ln1_w, "ln_1.weight", 1, C, 0);
-        P(ln1_b, "ln_1.bias", 1, C, 0);
-        P(attn_w, "attn.c_attn.weight", 2, C, 3 * C);
-        P(attn_b, "attn.c_attn.bias", 1, 3 * C, 0);
-        P(proj_w, "attn.c_proj.weight", 2, C, C);
-        P(proj_b, "attn.c_proj.bias", 1, C, 0);
-        P(ln2_w, "ln_2.weight", 1, C, 0);
-        P(ln2_b, "ln_2.bias", 1, C, 0);
-        P(fc_w, "mlp.c_fc.weight", 2, C, F);
-        P(fc_b, "mlp.c_fc.bias", 1, F, 0);
-        P(fc_proj_w, "mlp.c_proj.weight", 2, F, C);
-        P(fc_proj_b, "mlp.c_proj.bias", 1, C, 0);
-#undef P
-    }
-    m->lnf_w = get(ctx, st, dir, "ln_f.weight", 1, C, 0, &s);
-    m->lnf_b = get(ctx, st, dir, "ln_f.bias", 1, C, 0, &s);
+    s = build_params(&b);
     ts_set_grad_enabled(ctx, old);
-    ts_safetensors_close(st);
+    ts_safetensors_close(b.st);
     if (s) {
         ts_gpt2_free(m);
         return s;
     }
     *out = m;
     return TS_OK;
+}
+
+ts_status ts_gpt2_new(ts_ctx *ctx, const ts_model_config *cfg, uint64_t seed,
+                      ts_gpt2_model **out) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!cfg || !out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "gpt2_new: NULL argument");
+    *out = NULL;
+    ts_gpt2_model *m;
+    ts_status s = model_alloc(ctx, cfg, &m);
+    if (s)
+        return s;
+    m->cfg.tie_word_embeddings = true; /* the head is wte */
+    gpt2_builder b = {.m = m, .seed = seed};
+    bool old = ts_set_grad_enabled(ctx, false);
+    s = build_params(&b);
+    ts_set_grad_enabled(ctx, old);
+    if (s) {
+        ts_gpt2_free(m);
+        return s;
+    }
+    *out = m;
+    return TS_OK;
+}
+
+const ts_model_config *ts_gpt2_get_config(const ts_gpt2_model *m) {
+    return m ? &m->cfg : NULL;
+}
+
+int ts_gpt2_num_params(const ts_gpt2_model *m) {
+    return m ? m->n_params : 0;
+}
+
+const char *ts_gpt2_param_name(const ts_gpt2_model *m, int i) {
+    return m && i >= 0 && i < m->n_params ? m->names[i] : NULL;
+}
+
+ts_tensor *ts_gpt2_param(const ts_gpt2_model *m, int i) {
+    return m && i >= 0 && i < m->n_params ? m->params[i] : NULL;
+}
+
+ts_tensor *const *ts_gpt2_params(const ts_gpt2_model *m) {
+    return m ? m->params : NULL;
+}
+
+ts_tensor *ts_gpt2_find_param(const ts_gpt2_model *m, const char *name) {
+    if (!m || !name)
+        return NULL;
+    for (int i = 0; i < m->n_params; i++)
+        if (!strcmp(m->names[i], name))
+            return m->params[i];
+    return NULL;
 }
 
 /* x @ W + b with W (in, out) */
@@ -238,6 +403,42 @@ ts_tensor *ts_gpt2_forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0) {
         return NULL;
     }
     return forward(m, ids, pos0, NULL, false);
+}
+
+ts_tensor *ts_gpt2_loss(ts_gpt2_model *m, ts_tensor *ids, ts_tensor *targets,
+                        ts_tensor **logits_out) {
+    if (logits_out)
+        *logits_out = NULL;
+    if (!m)
+        return NULL;
+    ts_ctx *ctx = m->ctx;
+    if (!ids || !targets) {
+        if (ts_ctx_status(ctx) == TS_OK)
+            ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                         "gpt2_loss: ids or targets is NULL");
+        return NULL;
+    }
+    int64_t B = ts_tensor_dim(ids, 0), T = ts_tensor_dim(ids, 1);
+    ts_dtype dt = ts_tensor_dtype(targets);
+    if (ts_tensor_ndim(targets) != 2 || ts_tensor_dim(targets, 0) != B ||
+        ts_tensor_dim(targets, 1) != T || (dt != TS_I64 && dt != TS_I32)) {
+        ts_set_error(ctx, TS_ERR_SHAPE,
+                     "gpt2_loss: targets must be i32/i64 of the shape of ids "
+                     "[%" PRId64 ", %" PRId64 "]",
+                     B, T);
+        return NULL;
+    }
+    ts_tensor *logits = ts_gpt2_forward(m, ids, 0); /* (B, T, V) */
+    int64_t lshape[2] = {B * T, m->cfg.vocab}, tshape[1] = {B * T};
+    ts_tensor *flat = ts_reshape(logits, 2, lshape);
+    ts_tensor *tflat = ts_reshape(targets, 1, tshape);
+    ts_tensor *loss = ts_cross_entropy(flat, tflat, -100, TS_REDUCE_MEAN);
+    ts_release(flat), ts_release(tflat);
+    if (logits_out && loss)
+        *logits_out = logits;
+    else
+        ts_release(logits);
+    return loss;
 }
 
 ts_status ts_gpt2_cache_new(ts_gpt2_model *m, int64_t max_T,
