@@ -349,9 +349,14 @@ int tessera_bench(int argc, char **argv) {
         return 2;
     }
     bool fresh = argc > 2 && !strcmp(argv[2], "--fresh"), cached = false;
+    ts_ctx *ctx = NULL; /* sets the thread count (TS_NUM_THREADS) */
+    if (ts_ctx_new(&ctx, NULL) != TS_OK)
+        return 1;
     double p = ts_peak_flops(fresh, &cached);
-    printf("peak f32 matmul: %.1f GFLOP/s (%s)\n", p / 1e9,
+    printf("peak f32 matmul, %d thread(s): %.1f GFLOP/s (%s)\n",
+           ts_get_num_threads(ctx), p / 1e9,
            cached ? "cached" : "measured now, cached");
+    ts_ctx_free(ctx);
     return 0;
 }
 
