@@ -56,3 +56,22 @@ bool ts_atomic_commit(ts_atomic_file *f, bool keep) {
         fsync(dfd), close(dfd);
     return true;
 }
+
+ts_status ts_copy_file(ts_ctx *ctx, const char *from, const char *to) {
+    FILE *f = fopen(from, "rb");
+    if (!f)
+        return ts_set_error(ctx, TS_ERR_IO, "cannot read %s: %s", from,
+                            strerror(errno));
+    ts_atomic_file af;
+    bool ok = ts_atomic_open(&af, to);
+    char buf[1 << 16];
+    size_t k;
+    while (ok && (k = fread(buf, 1, sizeof buf, f)) > 0)
+        ok = ts_atomic_write(&af, buf, k);
+    ok = ok && !ferror(f);
+    fclose(f);
+    if (!ts_atomic_commit(&af, ok))
+        return ts_set_error(ctx, TS_ERR_IO, "cannot write %s: %s", to,
+                            strerror(af.err ? af.err : EIO));
+    return TS_OK;
+}

@@ -211,6 +211,8 @@ typedef struct {
 bool ts_atomic_open(ts_atomic_file *f, const char *path);
 bool ts_atomic_write(ts_atomic_file *f, const void *p, size_t n);
 bool ts_atomic_commit(ts_atomic_file *f, bool keep);
+/* from's bytes to `to`, atomically (ts_atomic_*); an error names the file */
+ts_status ts_copy_file(ts_ctx *ctx, const char *from, const char *to);
 
 /* Threading (OpenMP). */
 void ts_threads_apply(int n);

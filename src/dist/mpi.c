@@ -216,17 +216,22 @@ static bool int_counts(const ts_dist *d, const int64_t *counts, int64_t n_each,
     return at <= INT_MAX;
 }
 
+/* reduce-scatter and all-gather in a world of one: rank 0's part copied */
+static ts_status solo_copy(const void *send, void *recv, const int64_t *counts,
+                           int64_t n_each, ts_dtype dt) {
+    int64_t k = counts ? counts[0] : n_each;
+    if (k < 0 || (k && (!send || !recv)) || ts_dtype_size(dt) == 0)
+        return TS_ERR_INVALID_ARG;
+    if (k)
+        memmove(recv, send, (size_t)k * ts_dtype_size(dt));
+    return TS_OK;
+}
+
 ts_status ts_dist_reduce_scatter(ts_dist *d, const void *send, void *recv,
                                  const int64_t *counts, int64_t n_each,
                                  ts_dtype dt, ts_dist_op op) {
-    if (!d) { /* no run: a world of one, rank 0 keeps its part */
-        int64_t k = counts ? counts[0] : n_each;
-        if (k < 0 || (k && (!send || !recv)) || ts_dtype_size(dt) == 0)
-            return TS_ERR_INVALID_ARG;
-        if (k)
-            memmove(recv, send, (size_t)k * ts_dtype_size(dt));
-        return TS_OK;
-    }
+    if (!d) /* no run: a world of one, rank 0 keeps its part */
+        return solo_copy(send, recv, counts, n_each, dt);
     if (!send || !recv)
         return ts_set_error(d->ctx, TS_ERR_INVALID_ARG,
                             "reduce_scatter: a NULL buffer");
@@ -269,14 +274,8 @@ ts_status ts_dist_reduce_scatter(ts_dist *d, const void *send, void *recv,
 ts_status ts_dist_all_gather(ts_dist *d, const void *send, void *recv,
                              const int64_t *counts, int64_t n_each,
                              ts_dtype dt) {
-    if (!d) { /* no run: a world of one */
-        int64_t k = counts ? counts[0] : n_each;
-        if (k < 0 || (k && (!send || !recv)) || ts_dtype_size(dt) == 0)
-            return TS_ERR_INVALID_ARG;
-        if (k)
-            memmove(recv, send, (size_t)k * ts_dtype_size(dt));
-        return TS_OK;
-    }
+    if (!d) /* no run: a world of one */
+        return solo_copy(send, recv, counts, n_each, dt);
     if (!send || !recv)
         return ts_set_error(d->ctx, TS_ERR_INVALID_ARG,
                             "all_gather: a NULL buffer");

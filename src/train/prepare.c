@@ -67,25 +67,6 @@ static bool cut_here(const ts_sbuf *chunk, char next) {
            chunk->p[chunk->n - 2] < 0x7f;
 }
 
-static ts_status copy_text(ts_ctx *ctx, const char *from, const char *to) {
-    FILE *f = fopen(from, "rb");
-    if (!f)
-        return TS_OK; /* optional files */
-    ts_sbuf b = {0};
-    char buf[1 << 16];
-    size_t k;
-    while ((k = fread(buf, 1, sizeof buf, f)) > 0)
-        ts_sb_add(&b, buf, k);
-    fclose(f);
-    ts_atomic_file af;
-    bool ok =
-        ts_atomic_open(&af, to) && ts_atomic_write(&af, b.p ? b.p : "", b.n);
-    free(b.p);
-    if (!ts_atomic_commit(&af, ok))
-        return ts_set_error(ctx, TS_ERR_IO, "cannot write %s", to);
-    return TS_OK;
-}
-
 ts_status ts_prepare_data(ts_ctx *ctx, const char *const *files, int n_files,
                           const ts_prepare_options *o, ts_prepare_result *res) {
     if (!ctx)
@@ -194,8 +175,9 @@ ts_status ts_prepare_data(ts_ctx *ctx, const char *const *files, int n_files,
         snprintf(to, sizeof to, "%s/%s", o->out_dir, tf[i]);
         struct stat a, b;
         if (!stat(from, &a) && !stat(to, &b) && a.st_ino == b.st_ino)
-            continue; /* the same file */
-        st = copy_text(ctx, from, to);
+            continue;                /* the same file */
+        if (access(from, R_OK) == 0) /* tokenizer_config.json may lack */
+            st = ts_copy_file(ctx, from, to);
     }
     r.train_tokens = (int64_t)train.n, r.val_tokens = (int64_t)val.n;
     if (st == TS_OK) {

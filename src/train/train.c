@@ -59,27 +59,6 @@ ts_train_options ts_train_default_options(void) {
 
 /* ---- files ---- */
 
-static ts_status copy_file(ts_ctx *ctx, const char *from, const char *to) {
-    FILE *f = fopen(from, "rb");
-    if (!f)
-        return ts_set_error(ctx, TS_ERR_IO, "cannot read %s: %s", from,
-                            strerror(errno));
-    ts_sbuf b = {0};
-    char buf[1 << 16];
-    size_t k;
-    while ((k = fread(buf, 1, sizeof buf, f)) > 0)
-        ts_sb_add(&b, buf, k);
-    fclose(f);
-    ts_atomic_file af;
-    bool ok =
-        ts_atomic_open(&af, to) && ts_atomic_write(&af, b.p ? b.p : "", b.n);
-    free(b.p);
-    if (!ts_atomic_commit(&af, ok))
-        return ts_set_error(ctx, TS_ERR_IO, "cannot write %s: %s", to,
-                            strerror(af.err ? af.err : EIO));
-    return TS_OK;
-}
-
 static ts_status write_json(ts_ctx *ctx, const char *path, json_t *j) {
     char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     ts_atomic_file af;
@@ -122,16 +101,17 @@ typedef struct {
     /* distributed */
     ts_dist *dist;
     int rank, world;
-    bool shard_opt;     /* --shard grad-opt or full over more than one rank */
-    bool shard_full;    /* --shard full: layers' parameters sharded at rest */
-    int *layer_of;      /* the decoder layer of each parameter, -1 outside */
-    ts_tensor **stub;   /* full: a parameter released (no storage) */
-    int n_opt;          /* parameters the optimizer updates here */
-    int *opt_idx;       /* their indices (grad-opt: the owned ones) */
-    int *owner;         /* grad-opt: the rank owning each parameter */
-    int *order;         /* grad-opt: parameters in owner order */
-    int64_t *counts;    /* grad-opt: elements owned by each rank */
-    float *flat, *mine; /* scratch: every parameter's elements; own */
+    bool shard_opt;       /* --shard grad-opt or full over more than one rank */
+    bool shard_full;      /* --shard full: layers' parameters sharded at rest */
+    int *layer_of;        /* the decoder layer of each parameter, -1 outside */
+    ts_tensor **released; /* full: what a released parameter is (a zero
+                            expanded to its shape, no storage) */
+    int n_opt;            /* parameters the optimizer updates here */
+    int *opt_idx;         /* their indices (grad-opt: the owned ones) */
+    int *owner;           /* grad-opt: the rank owning each parameter */
+    int *order;           /* grad-opt: parameters in owner order */
+    int64_t *counts;      /* grad-opt: elements owned by each rank */
+    float *flat, *mine;   /* scratch: every parameter's elements; own */
 } run;
 
 /* ---- distributed: host views, broadcast, gradient sync, sharding ---- */
@@ -317,25 +297,17 @@ static ts_status all_gather_params(run *r) {
     return st;
 }
 
-/* AdamW's moment (sq: the second) of every parameter, for a checkpoint:
- * borrowed from the optimizer, or (grad-opt) gathered from the owners
- * into new tensors (*made set) */
-static ts_status full_moments(run *r, bool sq, ts_tensor **out, bool *made) {
-    *made = r->shard_opt;
-    if (!r->shard_opt) {
-        for (int i = 0; i < r->n_params; i++)
-            out[i] = sq ? ts_adamw_exp_avg_sq(r->opt, i)
-                        : ts_adamw_exp_avg(r->opt, i);
-        return TS_OK;
-    }
+/* out[i] = a new tensor shaped like parameter i holding what its owner
+ * has in own[j] (the owner's j-th optimized parameter): the sharded
+ * pieces gathered whole on every rank */
+static ts_status gather_from_owners(run *r, ts_tensor *const *own,
+                                    ts_tensor **out) {
     ts_status st = ts_sync(r->ctx);
     int64_t k = 0;
     for (int j = 0; st == TS_OK && j < r->n_opt; j++) {
-        ts_tensor *t =
-            sq ? ts_adamw_exp_avg_sq(r->opt, j) : ts_adamw_exp_avg(r->opt, j);
-        memcpy(r->mine + k, ts_tensor_data(t),
-               sizeof(float) * (size_t)ts_tensor_numel(t));
-        k += ts_tensor_numel(t);
+        memcpy(r->mine + k, ts_tensor_data(own[j]),
+               sizeof(float) * (size_t)ts_tensor_numel(own[j]));
+        k += ts_tensor_numel(own[j]);
     }
     if (st == TS_OK)
         st =
@@ -353,6 +325,18 @@ static ts_status full_moments(run *r, bool sq, ts_tensor **out, bool *made) {
         k += numel_of(r, i);
     }
     return st;
+}
+
+/* AdamW's moment (sq: the second) of every parameter, for a checkpoint:
+ * borrowed from the optimizer, or (grad-opt) gathered from the owners
+ * into new tensors (*made set) */
+static ts_status full_moments(run *r, bool sq, ts_tensor **out, bool *made) {
+    *made = r->shard_opt;
+    ts_tensor **own = r->shard_opt ? out + r->n_params : out;
+    for (int j = 0; j < r->n_opt; j++)
+        own[j] =
+            sq ? ts_adamw_exp_avg_sq(r->opt, j) : ts_adamw_exp_avg(r->opt, j);
+    return r->shard_opt ? gather_from_owners(r, own, out) : TS_OK;
 }
 
 static ts_status write_checkpoint(run *r, ts_tensor *const *pp,
@@ -401,13 +385,13 @@ static ts_status write_checkpoint(run *r, ts_tensor *const *pp,
                                             "tokenizer_config.json"};
     snprintf(p, sizeof p, "%s/config.json", tmp);
     if (st == TS_OK)
-        st = copy_file(ctx, r->config_src, p);
+        st = ts_copy_file(ctx, r->config_src, p);
     for (int i = 0; st == TS_OK && i < 2; i++) {
         char from[4200];
         snprintf(from, sizeof from, "%s/%s", o->data_dir, tok_files[i]);
         snprintf(p, sizeof p, "%s/%s", tmp, tok_files[i]);
         if (access(from, R_OK) == 0)
-            st = copy_file(ctx, from, p);
+            st = ts_copy_file(ctx, from, p);
     }
     if (st == TS_OK) {
         ts_model_config mc;
@@ -492,7 +476,7 @@ static ts_status release_layer(run *r, int64_t layer) {
     ts_status st = TS_OK;
     for (int i = 0; st == TS_OK && i < r->n_params; i++)
         if (r->layer_of[i] == layer && !owned(r, i))
-            st = ts_qwen3_set_param(r->m, i, r->stub[i]);
+            st = ts_qwen3_set_param(r->m, i, r->released[i]);
     return st;
 }
 
@@ -559,8 +543,8 @@ static ts_status broadcast_outer(run *r) {
 static ts_status shard_at_rest(run *r) {
     ts_status st = TS_OK;
     r->layer_of = malloc(sizeof *r->layer_of * (size_t)r->n_params);
-    r->stub = calloc((size_t)r->n_params, sizeof *r->stub);
-    if (!r->layer_of || !r->stub)
+    r->released = calloc((size_t)r->n_params, sizeof *r->released);
+    if (!r->layer_of || !r->released)
         return ts_set_error(r->ctx, TS_ERR_OOM, "out of memory");
     int64_t ones[TS_MAX_DIMS];
     for (int d = 0; d < TS_MAX_DIMS; d++)
@@ -575,10 +559,10 @@ static ts_status shard_at_rest(run *r) {
             continue;
         ts_tensor *p = r->params[i]; /* one zero seen at every index */
         ts_tensor *z = zero ? ts_reshape(zero, ts_tensor_ndim(p), ones) : NULL;
-        r->stub[i] =
+        r->released[i] =
             z ? ts_expand(z, ts_tensor_ndim(p), ts_tensor_shape(p)) : NULL;
         ts_release(z);
-        if (!r->stub[i])
+        if (!r->released[i])
             st = ts_ctx_status(r->ctx) ? ts_ctx_status(r->ctx) : TS_ERR_OOM;
     }
     ts_release(zero);
@@ -601,38 +585,21 @@ static ts_status full_params(run *r, ts_tensor **out, bool *made) {
             out[i] = r->params[i];
         return TS_OK;
     }
-    int64_t k = 0;
-    for (int j = 0; j < r->n_opt; j++) {
-        int i = r->opt_idx[j];
-        memcpy(r->mine + k, ts_tensor_data(r->params[i]),
-               sizeof(float) * (size_t)numel_of(r, i));
-        k += numel_of(r, i);
-    }
-    ts_status st =
-        ts_dist_all_gather(r->dist, r->mine, r->flat, r->counts, 0, TS_F32);
-    for (int i = 0; i < r->n_params; i++)
-        out[i] = NULL;
-    k = 0;
-    for (int a = 0; st == TS_OK && a < r->n_params; a++) {
-        int i = r->order[a];
-        ts_tensor *p = r->params[i];
-        out[i] = ts_from_data(r->ctx, TS_F32, ts_tensor_ndim(p),
-                              ts_tensor_shape(p), r->flat + k);
-        if (!out[i])
-            st = ts_ctx_status(r->ctx);
-        k += numel_of(r, i);
-    }
-    return st;
+    ts_tensor **own = out + r->n_params;
+    for (int j = 0; j < r->n_opt; j++)
+        own[j] = r->params[r->opt_idx[j]];
+    return gather_from_owners(r, own, out);
 }
 
 /* every rank takes part (a sharded optimizer's moments are gathered);
  * rank 0 writes */
 static ts_status save_checkpoint(run *r) {
     int n = r->n_params;
-    ts_tensor **all = calloc((size_t)n * 3, sizeof *all);
+    /* each list: n results, then room for this rank's own n_opt */
+    ts_tensor **all = calloc((size_t)n * 6, sizeof *all);
     if (!all)
         return agree(r, ts_set_error(r->ctx, TS_ERR_OOM, "out of memory"));
-    ts_tensor **pp = all, **m1 = all + n, **m2 = all + 2 * n;
+    ts_tensor **pp = all, **m1 = all + 2 * n, **m2 = all + 4 * n;
     bool made0 = false, made1 = false, made2 = false;
     ts_status st = ts_sync(r->ctx);
     if (st == TS_OK)
@@ -1174,9 +1141,9 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     ts_adamw_free(r.opt);
     ts_qwen3_free(r.m);
     free(r.opt_idx), free(r.owner), free(r.order), free(r.counts);
-    for (int i = 0; r.stub && i < r.n_params; i++)
-        ts_release(r.stub[i]);
-    free(r.stub), free(r.layer_of);
+    for (int i = 0; r.released && i < r.n_params; i++)
+        ts_release(r.released[i]);
+    free(r.released), free(r.layer_of);
     free(r.flat), free(r.mine);
     return st;
 }
