@@ -6,8 +6,9 @@
  * PyTorch (bench/train_torch.py, a co-process driven over pipes).
  *
  * A step is src/train/train.c's train_step: zero the grads, loss on a
- * random batch, backward, clip_grad_norm (1.0, the norm read back), AdamW
- * (lr 3e-4, betas 0.9/0.95, wd 0.1), sync, the loss read back. Tessera
+ * random batch, backward, clipping (1.0) folded into AdamW (lr 3e-4,
+ * betas 0.9/0.95, wd 0.1; ts_adamw_step_clipped, the norm read back),
+ * sync, the loss read back. Tessera
  * compiled (what `tessera train` runs), Tessera eager and PyTorch take
  * their steps in turn, so all three see the same machine load; each
  * figure is the median of the timed steps after the warm-up steps. MFU =
@@ -236,13 +237,12 @@ static double trainer_step(trainer *t, int slot) {
     ts_tensor *lv = ts_detach(l);
     ts_release(l); /* the activations die with the graph */
     double t2 = now();
-    if (ts_clip_grad_norm(t->params, t->n_params, CLIP, &t->gnorm) != TS_OK)
-        die(ctx, "clip");
-    double t3 = now();
     ts_adamw_set_lr(t->opt, LR);
-    if (ts_adamw_step(t->opt) != TS_OK || ts_sync(ctx) != TS_OK ||
-        ts_item(lv, &t->loss) != TS_OK)
-        die(ctx, "adamw");
+    if (ts_adamw_step_clipped(t->opt, CLIP, &t->gnorm) != TS_OK)
+        die(ctx, "clip and AdamW");
+    double t3 = now();
+    if (ts_sync(ctx) != TS_OK || ts_item(lv, &t->loss) != TS_OK)
+        die(ctx, "sync");
     ts_release(lv);
     double t4 = now();
     if (slot >= 0) {
@@ -502,10 +502,11 @@ static bool run_model(const bench_model *b, const options *o, double peak) {
         for (int k = 0; k < 4; k++)
             sum += ph[k] = median(t->phase[k], o->steps);
         printf("  %s step by phase (medians): forward+loss %.0f ms, "
-               "backward %.0f ms, clip %.0f ms, AdamW %.0f ms (sum %.0f)%s\n",
+               "backward %.0f ms, clip+AdamW %.0f ms, sync %.0f ms (sum "
+               "%.0f)%s\n",
                e ? "eager" : "compiled", 1e3 * ph[0], 1e3 * ph[1], 1e3 * ph[2],
                1e3 * ph[3], 1e3 * sum,
-               e ? "" : "; recorded, then run at clip's read and at the sync");
+               e ? "" : "; recorded, then run at the norm's read");
     }
     free(tt), free(sgemm);
     torch_stop(&tp);
@@ -581,8 +582,8 @@ static void check_mode(const char *dir, ts_mode mode, const char *mname) {
         free(h);
         printf("%s grad %s %.9g\n", mname, ts_gpt2_param_name(m, i), sqrt(ss));
     }
-    if (ts_clip_grad_norm(params, n, CLIP, &gnorm) != TS_OK ||
-        ts_adamw_step(opt) != TS_OK || ts_sync(ctx) != TS_OK)
+    if (ts_adamw_step_clipped(opt, CLIP, &gnorm) != TS_OK ||
+        ts_sync(ctx) != TS_OK)
         die(ctx, "clip/adamw");
     printf("%s gnorm %.9g\n", mname, gnorm);
     bool old = ts_set_grad_enabled(ctx, false);

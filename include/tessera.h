@@ -288,7 +288,9 @@ ts_status ts_fill_(ts_tensor *dst, double value);
  *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
  *   p -= lr/bc1 * m / (sqrt(v / bc2) + eps)
  * m, v f32 of p's shape; hyper f32 [7] = {lr, b1, b2, eps, wd, bc1, bc2}
- * (a tensor, so a compiled step's plan does not change with the step). */
+ * (a tensor, so a compiled step's plan does not change with the step), or
+ * [8] with a gradient scale s last: g is read as s * g (a clipping
+ * coefficient applied in the same pass). */
 ts_status ts_adamw_update_(ts_tensor *p, ts_tensor *g, ts_tensor *m,
                            ts_tensor *v, ts_tensor *hyper);
 

@@ -221,6 +221,16 @@ double ts_adamw_get_lr(const ts_adamw *opt);
  *   p *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
  *   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps) */
 ts_status ts_adamw_step(ts_adamw *opt);
+/* The same with every gradient read as grad_scale * g (one f32 value, e.g.
+ * ts_clip_coef's): clipping folded into the update, no pass of its own.
+ * NULL is ts_adamw_step. */
+ts_status ts_adamw_step_scaled(ts_adamw *opt, ts_tensor *grad_scale);
+/* ts_clip_grad_norm over the optimizer's parameters then ts_adamw_step, in
+ * one pass over the gradients (they are left unscaled); the norm before
+ * clipping goes to *total_norm (may be NULL), read once the update is
+ * recorded, so a compiled step stays one graph. */
+ts_status ts_adamw_step_clipped(ts_adamw *opt, double max_norm,
+                                double *total_norm);
 /* The moments of parameter i (borrowed), for checkpoints; NULL if out of
  * range. */
 ts_tensor *ts_adamw_exp_avg(const ts_adamw *opt, int i);
@@ -238,6 +248,11 @@ void ts_zero_grads(ts_tensor *const *params, int n);
  * before clipping goes to *total_norm (may be NULL). */
 ts_status ts_clip_grad_norm(ts_tensor *const *params, int n, double max_norm,
                             double *total_norm);
+/* The pieces: the global 2-norm of the gradients as a () f32 tensor (NULL
+ * when no parameter has a gradient, or on error), and min(max_norm /
+ * (norm + 1e-6), 1) from it. New references; nothing is read back. */
+ts_tensor *ts_grad_norm(ts_tensor *const *params, int n);
+ts_tensor *ts_clip_coef(ts_tensor *norm, double max_norm);
 
 /* ---- LR schedule -------------------------------------------------------- */
 

@@ -583,9 +583,61 @@ static void test_adamw_first_step(ts_ctx *ctx) {
     CHECK(ts_grad(p) == NULL && ts_grad(h) == NULL);
     CHECK_OK(ctx, ts_clip_grad_norm(params, 3, 1.0, &total));
     CHECK(total == 0);
+    CHECK_OK(ctx, ts_adamw_step_clipped(opt, 1.0, &total));
+    CHECK(total == 0 && ts_adamw_step_count(opt, 0) == 1);
     ts_adamw_free(opt);
     ts_release(p), ts_release(c), ts_release(idle), ts_release(h);
     ts_release(pc), ts_release(l1), ts_release(l2);
+}
+
+/* ts_adamw_step_clipped (the clip folded into the update, the gradients
+ * left as they are) gives what ts_clip_grad_norm + ts_adamw_step give, with
+ * the clip active (max_norm 0.5) and idle (100), over three steps. */
+static void test_adamw_step_clipped(ts_ctx *ctx) {
+    int64_t sh[2] = {4, 5};
+    for (int pass = 0; pass < 2; pass++) {
+        double max_norm = pass ? 100.0 : 0.5;
+        ts_tensor *a = ts_randn(ctx, TS_F32, 2, sh, 1.0, 11);
+        ts_tensor *b = ts_randn(ctx, TS_F32, 2, sh, 1.0, 12);
+        ts_tensor *x = ts_randn(ctx, TS_F32, 2, sh, 1.0, 13);
+        ts_tensor *pa = ts_contiguous(a), *pb = ts_contiguous(b);
+        ts_tensor *qa = ts_mul_scalar(a, 1.0), *qb = ts_mul_scalar(b, 1.0);
+        ts_tensor *ps[2] = {pa, pb}, *qs[2] = {qa, qb};
+        ts_adamw *oa = NULL, *ob = NULL;
+        for (int k = 0; k < 2; k++) {
+            ts_set_requires_grad(ps[k], true);
+            ts_set_requires_grad(qs[k], true);
+        }
+        CHECK_OK(ctx, ts_adamw_new(ctx, ps, 2, NULL, &oa));
+        CHECK_OK(ctx, ts_adamw_new(ctx, qs, 2, NULL, &ob));
+        for (int step = 0; step < 3; step++) {
+            double na = 0, nb = 0;
+            for (int side = 0; side < 2; side++) {
+                ts_tensor **w = side ? qs : ps;
+                ts_zero_grads(w, 2);
+                ts_tensor *u = ts_mul(w[0], x), *v = ts_mul(u, w[1]);
+                ts_tensor *l = ts_sum(v, 0, NULL, false);
+                CHECK_OK(ctx, ts_backward(l, NULL));
+                ts_release(u), ts_release(v), ts_release(l);
+            }
+            CHECK_OK(ctx, ts_clip_grad_norm(ps, 2, max_norm, &na));
+            CHECK_OK(ctx, ts_adamw_step(oa));
+            CHECK_OK(ctx, ts_adamw_step_clipped(ob, max_norm, &nb));
+            CHECK(pass || na > max_norm); /* the clip is active */
+            CHECK_NEAR(nb, na, 1e-5 * na);
+            for (int k = 0; k < 2; k++)
+                for (int64_t e = 0; e < 20; e++) {
+                    int64_t ix[2] = {e / 5, e % 5};
+                    double u = NAN, v = NAN;
+                    CHECK_OK(ctx, ts_get(ps[k], ix, &u));
+                    CHECK_OK(ctx, ts_get(qs[k], ix, &v));
+                    CHECK_NEAR(v, u, 1e-6);
+                }
+        }
+        ts_adamw_free(oa), ts_adamw_free(ob);
+        ts_release(a), ts_release(b), ts_release(x);
+        ts_release(pa), ts_release(pb), ts_release(qa), ts_release(qb);
+    }
 }
 
 /* Ten AdamW steps (lr 1e-2, clipped at 1.0) on one fixed batch lower the
@@ -643,6 +695,7 @@ int main(int argc, char **argv) {
     test_bad_config(ctx);
     test_lr_schedule();
     test_adamw_first_step(ctx);
+    test_adamw_step_clipped(ctx);
     test_against_torch(ctx, argv[1]);
     test_training_lowers_loss(ctx);
     CHECK_OK(ctx, ts_sync(ctx));

@@ -158,7 +158,7 @@ void ts_adamw_set_step_count(ts_adamw *a, int i, int64_t steps) {
  * compiled training step keeps one plan while lr and t change. */
 static ts_status adamw_update(ts_ctx *ctx, const ts_adamw_options *o,
                               ts_tensor *p, ts_tensor *g, ts_tensor *m,
-                              ts_tensor *v, int64_t t) {
+                              ts_tensor *v, int64_t t, ts_tensor *gscale) {
     float h[7] = {(float)o->lr,
                   (float)o->beta1,
                   (float)o->beta2,
@@ -168,6 +168,14 @@ static ts_status adamw_update(ts_ctx *ctx, const ts_adamw_options *o,
                   (float)(1.0 - pow(o->beta2, (double)t))};
     int64_t seven = 7;
     ts_tensor *hyper = ts_from_data(ctx, TS_F32, 1, &seven, h);
+    if (hyper && gscale) { /* [8]: the scale stays a device value */
+        int64_t one = 1;
+        ts_tensor *s1 = ts_reshape(gscale, 1, &one);
+        ts_tensor *parts[2] = {hyper, s1};
+        ts_tensor *h8 = s1 ? ts_concat(2, parts, 0) : NULL;
+        ts_release(s1), ts_release(hyper);
+        hyper = h8;
+    }
     if (!hyper)
         return ts_ctx_status(ctx);
     ts_status s = ts_adamw_update_(p, g, m, v, hyper);
@@ -176,9 +184,18 @@ static ts_status adamw_update(ts_ctx *ctx, const ts_adamw_options *o,
 }
 
 ts_status ts_adamw_step(ts_adamw *a) {
+    return ts_adamw_step_scaled(a, NULL);
+}
+
+ts_status ts_adamw_step_scaled(ts_adamw *a, ts_tensor *grad_scale) {
     if (!a)
         return TS_ERR_INVALID_ARG;
     ts_ctx *ctx = a->ctx;
+    if (grad_scale && (ts_tensor_numel(grad_scale) != 1 ||
+                       ts_tensor_dtype(grad_scale) != TS_F32))
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "adamw_step: the gradient scale must be one f32 "
+                            "value");
     bool old = ts_set_grad_enabled(ctx, false);
     ts_status s = TS_OK;
     for (int i = 0; i < a->n && s == TS_OK; i++) {
@@ -187,7 +204,7 @@ ts_status ts_adamw_step(ts_adamw *a) {
             continue;
         a->steps[i]++;
         s = adamw_update(ctx, &a->o, a->params[i], g, a->m[i], a->v[i],
-                         a->steps[i]);
+                         a->steps[i], grad_scale);
     }
     ts_set_grad_enabled(ctx, old);
     if (s != TS_OK && ts_ctx_status(ctx) == TS_OK)
@@ -216,9 +233,64 @@ static ts_tensor *min_one(ts_tensor *c) {
     return r;
 }
 
-/* The norm and the scaling stay on the device as scalar tensors (no branch
- * on the norm, as torch does), so only asking for *total_norm reads a value
- * back. */
+/* Sum of squares of one gradient as a (1, n) @ (n, 1) product: the BLAS
+ * dot's speed, no n-element temporary. */
+static ts_tensor *sum_squares(ts_tensor *g) {
+    ts_tensor *g32 = as_f32(g);
+    ts_tensor *c = g32 ? ts_contiguous(g32) : NULL;
+    int64_t row[2] = {1, -1}, col[2] = {-1, 1};
+    ts_tensor *a = c ? ts_reshape(c, 2, row) : NULL;
+    ts_tensor *b = c ? ts_reshape(c, 2, col) : NULL;
+    ts_tensor *ss = a && b ? ts_matmul(a, b) : NULL;
+    ts_tensor *r = ss ? ts_reshape(ss, 0, NULL) : NULL;
+    ts_release(g32), ts_release(c), ts_release(a), ts_release(b);
+    ts_release(ss);
+    return r;
+}
+
+/* The norm and the coefficient stay on the device as scalar tensors (no
+ * branch on the norm, as torch does), so only reading them syncs. */
+ts_tensor *ts_grad_norm(ts_tensor *const *params, int n) {
+    ts_ctx *ctx = NULL;
+    for (int i = 0; i < n && params && !ctx; i++)
+        if (params[i] && ts_grad(params[i]))
+            ctx = ts_tensor_ctx(params[i]);
+    if (!ctx)
+        return NULL;
+    bool old = ts_set_grad_enabled(ctx, false);
+    ts_tensor *acc = NULL; /* sum of squares over every grad, () f32 */
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        ts_tensor *g = params[i] ? ts_grad(params[i]) : NULL;
+        if (!g)
+            continue;
+        ts_tensor *ss = sum_squares(g);
+        ts_tensor *next = !ss ? NULL : acc ? ts_add(acc, ss) : ts_retain(ss);
+        ts_release(ss), ts_release(acc);
+        acc = next;
+        ok = acc != NULL;
+    }
+    ts_tensor *total = acc ? ts_sqrt(acc) : NULL;
+    ts_release(acc);
+    ts_set_grad_enabled(ctx, old);
+    return total;
+}
+
+ts_tensor *ts_clip_coef(ts_tensor *norm, double max_norm) {
+    if (!norm)
+        return NULL;
+    ts_ctx *ctx = ts_tensor_ctx(norm);
+    bool old = ts_set_grad_enabled(ctx, false);
+    /* coef = min(max_norm / (total + 1e-6), 1) */
+    ts_tensor *den = ts_add_scalar(norm, 1e-6);
+    ts_tensor *inv = den ? ts_pow_scalar(den, -1.0) : NULL;
+    ts_tensor *c = inv ? ts_mul_scalar(inv, max_norm) : NULL;
+    ts_tensor *coef = c ? min_one(c) : NULL;
+    ts_release(den), ts_release(inv), ts_release(c);
+    ts_set_grad_enabled(ctx, old);
+    return coef;
+}
+
 ts_status ts_clip_grad_norm(ts_tensor *const *params, int n, double max_norm,
                             double *total_norm) {
     if (total_norm)
@@ -232,26 +304,8 @@ ts_status ts_clip_grad_norm(ts_tensor *const *params, int n, double max_norm,
     if (!ctx)
         return TS_OK; /* no gradients: norm 0, nothing to scale */
     bool old = ts_set_grad_enabled(ctx, false);
-    ts_tensor *acc = NULL; /* sum of squares over every grad, () f32 */
-    for (int i = 0; i < n; i++) {
-        ts_tensor *g = params[i] ? ts_grad(params[i]) : NULL;
-        if (!g)
-            continue;
-        ts_tensor *g32 = as_f32(g);
-        ts_tensor *gg = ts_mul(g32, g32);
-        ts_tensor *ss = ts_sum(gg, 0, NULL, false);
-        ts_tensor *next = acc ? ts_add(acc, ss) : ts_retain(ss);
-        ts_release(g32), ts_release(gg), ts_release(ss), ts_release(acc);
-        acc = next;
-    }
-    ts_tensor *total = ts_sqrt(acc);
-    ts_release(acc);
-    /* coef = min(max_norm / (total + 1e-6), 1) */
-    ts_tensor *den = ts_add_scalar(total, 1e-6);
-    ts_tensor *inv = ts_pow_scalar(den, -1.0);
-    ts_tensor *c = ts_mul_scalar(inv, max_norm);
-    ts_tensor *coef = min_one(c);
-    ts_release(den), ts_release(inv), ts_release(c);
+    ts_tensor *total = ts_grad_norm(params, n);
+    ts_tensor *coef = ts_clip_coef(total, max_norm);
     ts_status s = coef ? TS_OK : ts_ctx_status(ctx);
     for (int i = 0; s == TS_OK && i < n; i++) {
         ts_tensor *g = params[i] ? ts_grad(params[i]) : NULL;
@@ -282,4 +336,21 @@ double ts_lr_cosine_warmup(int64_t step, int64_t warmup, int64_t total_steps,
         return min_lr;
     double progress = (double)(step - warmup) / (double)(total_steps - warmup);
     return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + cos(pi * progress));
+}
+
+ts_status ts_adamw_step_clipped(ts_adamw *a, double max_norm,
+                                double *total_norm) {
+    if (total_norm)
+        *total_norm = 0.0;
+    if (!a)
+        return TS_ERR_INVALID_ARG;
+    ts_tensor *norm = ts_grad_norm(a->params, a->n);
+    if (!norm) /* no gradient at all, or an error */
+        return ts_ctx_status(a->ctx);
+    ts_tensor *coef = ts_clip_coef(norm, max_norm);
+    ts_status s = coef ? ts_adamw_step_scaled(a, coef) : ts_ctx_status(a->ctx);
+    if (s == TS_OK && total_norm) /* read after the update is recorded */
+        s = ts_item(norm, total_norm);
+    ts_release(norm), ts_release(coef);
+    return s;
 }

@@ -633,7 +633,7 @@ ts_status ts_infer_copy_into(ts_ctx *ctx, const ts_node *n, ts_desc *o,
     return TS_OK;
 }
 
-/* param, grad, m, v of one shape; m, v f32; hyper f32 [7] */
+/* param, grad, m, v of one shape; m, v f32; hyper f32 [7] or [8] */
 ts_status ts_infer_adamw(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
                          int *ns) {
     (void)s, (void)ns;
@@ -653,12 +653,13 @@ ts_status ts_infer_adamw(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
         !ts_tensor_is_contiguous(n->in[3]))
         return ts_set_error(ctx, TS_ERR_INVALID_ARG,
                             "adamw: parameter and moments must be contiguous");
-    if (h->dtype != TS_F32 || ts_tensor_numel(h) != 7)
+    if (h->dtype != TS_F32 || h->ndim != 1 ||
+        (h->shape[0] != 7 && h->shape[0] != 8))
         return ts_set_error(
             ctx, TS_ERR_SHAPE,
             "adamw: hyperparameters must be f32 [7] (lr, beta1, "
             "beta2, eps, weight_decay, bias_correction1, "
-            "bias_correction2)");
+            "bias_correction2) or [8] (and a gradient scale)");
     desc_like(o, p->dtype, p->ndim, p->shape);
     return TS_OK;
 }

@@ -804,13 +804,13 @@ static ts_status train_step(run *r, int64_t *ids, int64_t *tg, double *loss,
                                 : all_reduce_grads(r);
     }
     double max_norm = o->clip > 0 ? o->clip : INFINITY;
-    if (st == TS_OK)
-        st = r->shard_opt
-                 ? clip_sharded(r, max_norm, gnorm)
-                 : ts_clip_grad_norm(r->params, r->n_params, max_norm, gnorm);
-    if (st == TS_OK) {
-        ts_adamw_set_lr(r->opt, lr_at(o, r->step));
-        st = ts_adamw_step(r->opt);
+    ts_adamw_set_lr(r->opt, lr_at(o, r->step));
+    if (st == TS_OK && r->shard_opt) {
+        st = clip_sharded(r, max_norm, gnorm);
+        if (st == TS_OK)
+            st = ts_adamw_step(r->opt);
+    } else if (st == TS_OK) { /* the clip folded into the update */
+        st = ts_adamw_step_clipped(r->opt, max_norm, gnorm);
     }
     if (st == TS_OK)
         st = ts_sync(ctx);

@@ -284,6 +284,8 @@ def unary_cases():
             lambda x: F.gelu(x, approximate='tanh'))
         case('gelu_%s_1000' % nm, 'gelu', [randn(1000, scale=2.0)], f,
              attrs={'approx': approx})
+        case('gelu_%s_wide' % nm, 'gelu', [randn(999, scale=6.0)], f,
+             attrs={'approx': approx})
         case('gelu_%s_T' % nm, 'gelu', [randn(3, 17, scale=2.0)], f,
              attrs={'approx': approx}, views={0: 'T0,1'})
         case('gelu_%s_bf16' % nm, 'gelu', [randn(4, 17, dt=BF16, scale=2.0)],

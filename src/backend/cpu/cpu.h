@@ -40,15 +40,64 @@ static inline __m256 cpu_silu8(__m256 x) {
     __m256 e = cpu_exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
-static inline void cpu_silu(float *y, const float *x, int64_t n) {
+/* y = f(x) over n floats, 8 lanes at a time; the tail goes through a
+ * padded vector, so every element is computed alike */
+static inline void cpu_map8(float *y, const float *x, int64_t n,
+                            __m256 (*f)(__m256)) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, cpu_silu8(_mm256_loadu_ps(x + i)));
+        _mm256_storeu_ps(y + i, f(_mm256_loadu_ps(x + i)));
     if (i < n) {
         float buf[8] = {0};
         memcpy(buf, x + i, sizeof(float) * (size_t)(n - i));
-        _mm256_storeu_ps(buf, cpu_silu8(_mm256_loadu_ps(buf)));
+        _mm256_storeu_ps(buf, f(_mm256_loadu_ps(buf)));
         memcpy(y + i, buf, sizeof(float) * (size_t)(n - i));
+    }
+}
+static inline void cpu_silu(float *y, const float *x, int64_t n) {
+    cpu_map8(y, x, n, cpu_silu8);
+}
+
+/* GELU with the tanh approximation, 0.5 x (1 + tanh(u)) = x sigmoid(2u)
+ * with u = sqrt(2/pi) (x + 0.044715 x^3), and its derivative
+ * s + 2 x s (1 - s) u' (s = sigmoid(2u)), through cpu_exp8; tails padded
+ * as cpu_silu's. */
+static inline __m256 cpu_gelu_sig8(__m256 x, __m256 *du) {
+    const __m256 k2 = _mm256_set1_ps(2.0f * 0.7978845608028654f),
+                 c = _mm256_set1_ps(0.044715f), one = _mm256_set1_ps(1.0f);
+    __m256 x2 = _mm256_mul_ps(x, x);
+    __m256 kx = _mm256_mul_ps(k2, x); /* 2u = 2k x (1 + c x^2) */
+    __m256 e = cpu_exp8(_mm256_sub_ps(
+        _mm256_setzero_ps(), _mm256_mul_ps(kx, _mm256_fmadd_ps(c, x2, one))));
+    if (du) /* 2u' = 2k (1 + 3c x^2) */
+        *du = _mm256_mul_ps(
+            k2, _mm256_fmadd_ps(_mm256_set1_ps(3.0f * 0.044715f), x2, one));
+    return _mm256_div_ps(one, _mm256_add_ps(one, e));
+}
+static inline __m256 cpu_gelu_tanh8(__m256 x) {
+    return _mm256_mul_ps(x, cpu_gelu_sig8(x, NULL));
+}
+static inline __m256 cpu_gelu_tanh_bwd8(__m256 g, __m256 x) {
+    __m256 du, s = cpu_gelu_sig8(x, &du);
+    __m256 s1 = _mm256_mul_ps(s, _mm256_sub_ps(_mm256_set1_ps(1.0f), s));
+    return _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(x, s1), du, s));
+}
+static inline void cpu_gelu_tanh(float *y, const float *x, int64_t n) {
+    cpu_map8(y, x, n, cpu_gelu_tanh8);
+}
+static inline void cpu_gelu_tanh_bwd(float *y, const float *g, const float *x,
+                                     int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, cpu_gelu_tanh_bwd8(_mm256_loadu_ps(g + i),
+                                                   _mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float gb[8] = {0}, xb[8] = {0};
+        memcpy(gb, g + i, sizeof(float) * (size_t)(n - i));
+        memcpy(xb, x + i, sizeof(float) * (size_t)(n - i));
+        _mm256_storeu_ps(
+            gb, cpu_gelu_tanh_bwd8(_mm256_loadu_ps(gb), _mm256_loadu_ps(xb)));
+        memcpy(y + i, gb, sizeof(float) * (size_t)(n - i));
     }
 }
 

@@ -103,10 +103,6 @@ CPU_KERNEL(binary) {
 static inline float gelu_erf(float x) {
     return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2));
 }
-static inline float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
 
 static void unary_chunk(const ts_node *n, float *y, const float **xs,
                         int64_t len) {
@@ -166,8 +162,7 @@ static void unary_chunk(const ts_node *n, float *y, const float **xs,
         break;
     case TS_OP_GELU:
         if (n->attrs.i[0] == TS_GELU_TANH)
-            for (int64_t i = 0; i < len; i++)
-                y[i] = gelu_tanh(x[i]);
+            cpu_gelu_tanh(y, x, len);
         else
             for (int64_t i = 0; i < len; i++)
                 y[i] = gelu_erf(x[i]);
@@ -233,14 +228,7 @@ static void unary_bwd_chunk(const ts_node *n, float *y, const float **xs,
         break;
     case TS_OP_GELU:
         if (n->attrs.i[0] == TS_GELU_TANH) {
-            const float k = 0.7978845608028654f;
-            for (int64_t i = 0; i < len; i++) {
-                float v = x[i], u = k * (v + 0.044715f * v * v * v);
-                float t = tanhf(u);
-                float du = k * (1.0f + 3.0f * 0.044715f * v * v);
-                y[i] =
-                    g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-            }
+            cpu_gelu_tanh_bwd(y, g, x, len);
         } else {
             const float inv_sqrt_2pi = 0.3989422804014327f;
             for (int64_t i = 0; i < len; i++) {
@@ -490,7 +478,7 @@ CPU_KERNEL(copy_into) {
 }
 
 /* fused AdamW over contiguous p (any float dtype), m, v (f32); g any
- * layout; h = {lr, b1, b2, eps, wd, bc1, bc2} */
+ * layout; h = {lr, b1, b2, eps, wd, bc1, bc2[, gradient scale]} */
 CPU_KERNEL(adamw) {
     ts_tensor *p = n->in[0], *g = n->in[1];
     float *m = (float *)ts_tensor_ptr(n->in[2]),
@@ -498,6 +486,7 @@ CPU_KERNEL(adamw) {
     const float *h = (const float *)ts_tensor_ptr(n->in[4]);
     float lr = h[0], b1 = h[1], b2 = h[2], eps = h[3], wd = h[4];
     float step = lr / h[5], inv_bc2 = 1.0f / h[6], decay = 1.0f - lr * wd;
+    float gs = n->in[4]->shape[0] > 7 ? h[7] : 1.0f;
     int64_t N = ts_tensor_numel(p);
     float *gt = NULL;
     const float *gf = cpu_as_f32(g, &gt);
@@ -514,7 +503,7 @@ CPU_KERNEL(adamw) {
             cpu_gather_f32(buf, pp + i0 * (int64_t)ts_dtype_size(dt), dt, 1,
                            len);
         for (int64_t i = 0; i < len; i++) {
-            float gi = gf[i0 + i];
+            float gi = gf[i0 + i] * gs;
             float mi = m[i0 + i] = b1 * m[i0 + i] + (1.0f - b1) * gi;
             float vi = v[i0 + i] = b2 * v[i0 + i] + (1.0f - b2) * gi * gi;
             pf[i] = pf[i] * decay - step * mi / (sqrtf(vi * inv_bc2) + eps);
