@@ -274,6 +274,16 @@ ts_tensor *ts_checkpoint(ts_block_fn fn, void *arg, int n, ts_tensor **in);
 typedef ts_status (*ts_block_done_fn)(void *arg);
 ts_tensor *ts_checkpoint_ex(ts_block_fn fn, ts_block_done_fn done, void *arg,
                             int n, ts_tensor **in);
+/* fn(arg, leaf) once a backward pass has added its last contribution to
+ * a leaf's .grad (torch's post-accumulate-grad hook, for all leaves of
+ * ctx): after the last node that uses the leaf, also inside a
+ * checkpointed block's recompute. The order is the backward's, the same
+ * on every run of the same graph, so data-parallel training can reduce
+ * gradients as they become final. An error from fn stops the backward.
+ * fn NULL removes the hook. In compiled mode the gradient may still be
+ * pending: reading it runs what was recorded. */
+typedef ts_status (*ts_grad_ready_fn)(void *arg, ts_tensor *leaf);
+void ts_set_grad_ready_hook(ts_ctx *ctx, ts_grad_ready_fn fn, void *arg);
 /* Grad mode: while disabled, ops record no graph. Returns the old mode, to
  * pass back to ts_set_grad_enabled at the end of a no-grad scope. */
 bool ts_set_grad_enabled(ts_ctx *ctx, bool enabled);

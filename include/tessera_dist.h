@@ -38,6 +38,20 @@ typedef enum { TS_DIST_SUM, TS_DIST_AVG, TS_DIST_MAX } ts_dist_op;
 /* buf[n] reduced over the ranks, the result on every rank */
 ts_status ts_dist_all_reduce(ts_dist *d, void *buf, int64_t n, ts_dtype dt,
                              ts_dist_op op);
+/* The same without waiting (MPI_Iallreduce), to overlap with computation:
+ * buf must stay untouched until ts_dist_wait(*req) has returned, and every
+ * rank starts the same requests in the same order. MPI moves the data
+ * when it is called, so call ts_dist_test now and then (e.g. as gradients
+ * become ready) to let it progress. *req is set even in a world of one (a
+ * request that is done at once). */
+typedef struct ts_dist_req ts_dist_req;
+ts_status ts_dist_all_reduce_start(ts_dist *d, void *buf, int64_t n,
+                                   ts_dtype dt, ts_dist_op op,
+                                   ts_dist_req **req);
+/* *done: whether req has completed; progresses every pending request */
+ts_status ts_dist_test(ts_dist_req *req, bool *done);
+/* Waits for req, scales an average, frees req. NULL is fine. */
+ts_status ts_dist_wait(ts_dist_req *req);
 /* send[sum counts] reduced over the ranks; rank r receives its counts[r]
  * elements (the part of send after those of ranks < r) into recv. counts
  * NULL means n_each elements for every rank. */

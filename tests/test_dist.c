@@ -68,6 +68,43 @@ int main(void) {
         bad += h[i] != bf((float)(3 * i) / 8) && w > 1;
     CHECK(bad == 0);
 
+    /* three all-reduces in flight at once (f32 average, bf16 sum, an empty
+     * one), tested while they run, waited for in another order */
+    float *fa = malloc(sizeof *fa * N);
+    uint16_t *hb = malloc(sizeof *hb * N);
+    for (int i = 0; i < N; i++) {
+        fa[i] = (float)(i + 1000 * rank);
+        hb[i] = bf((float)((i % 5) + rank));
+    }
+    ts_dist_req *ra = NULL, *rb = NULL, *rc = NULL;
+    CHECK(ts_dist_all_reduce_start(d, fa, N, TS_F32, TS_DIST_AVG, &ra) ==
+          TS_OK);
+    CHECK(ts_dist_all_reduce_start(d, hb, N, TS_BF16, TS_DIST_SUM, &rb) ==
+          TS_OK);
+    CHECK(ts_dist_all_reduce_start(d, NULL, 0, TS_F32, TS_DIST_SUM, &rc) ==
+          TS_OK);
+    CHECK(ra && rb && rc);
+    bool done = false;
+    CHECK(ts_dist_test(rc, &done) == TS_OK && done);
+    for (int k = 0; k < 1000 && !done; k++)
+        CHECK(ts_dist_test(rb, &done) == TS_OK);
+    CHECK(ts_dist_wait(rb) == TS_OK);
+    CHECK(ts_dist_wait(ra) == TS_OK);
+    CHECK(ts_dist_wait(rc) == TS_OK);
+    CHECK(ts_dist_wait(NULL) == TS_OK);
+    bad = 0;
+    for (int i = 0; i < N; i++) {
+        double want = i + 1000.0 * (w - 1) / 2;
+        bad += fabs(fa[i] - want) > 1e-6 * fabs(want) + 1e-6;
+        bad += unbf(hb[i]) != (float)((i % 5) * w + w * (w - 1) / 2);
+    }
+    CHECK(bad == 0);
+    CHECK(ts_dist_all_reduce_start(d, fa, 2, TS_I64, TS_DIST_SUM, &ra) ==
+          TS_ERR_DTYPE);
+    CHECK(ra == NULL);
+    ts_clear_error(ctx);
+    free(fa), free(hb);
+
     /* reduce-scatter with uneven counts: rank r gets r + 2 elements */
     int64_t *counts = malloc(sizeof *counts * (size_t)w), total = 0;
     for (int r = 0; r < w; r++)
@@ -148,6 +185,11 @@ int main(void) {
     CHECK(ts_dist_broadcast(NULL, one, 2, TS_F32, 0) == TS_OK);
     CHECK(ts_dist_broadcast(NULL, one, 2, TS_F32, 1) == TS_ERR_INVALID_ARG);
     CHECK(ts_dist_barrier(NULL) == TS_OK);
+    ts_dist_req *rn = NULL;
+    CHECK(ts_dist_all_reduce_start(NULL, one, 2, TS_F32, TS_DIST_AVG, &rn) ==
+          TS_OK);
+    CHECK(ts_dist_wait(rn) == TS_OK);
+    CHECK(one[0] == 1.5f && one[1] == 2.5f);
     CHECK(ts_dist_rank(NULL) == 0 && ts_dist_world(NULL) == 1);
 
     /* the accounting: time and a ring's volume of what went out */

@@ -59,6 +59,9 @@ struct ts_ctx {
     bool syncing;
     struct ts_trace *trace;
     ts_compile_stats cstats;
+    /* ts_set_grad_ready_hook's */
+    ts_grad_ready_fn grad_ready;
+    void *grad_ready_arg;
     /* TS_PROFILE=1: time and calls per op kernel, printed at ctx free */
     bool profile;
 #define TS_PROFILE_SLOTS 64 /* >= the number of ops (checked in node.c) */
@@ -106,6 +109,8 @@ struct ts_tensor {
     struct ts_node *grad_fn; /* the node that made this tensor, when it
                                 needs a gradient; strong reference */
     int scratch;             /* used by the compiler while it plans */
+    int grad_pending; /* backward: edges yet to add to .grad (a leaf) */
+    bool inner_leaf;  /* made by autograd (a checkpoint's input): no hook */
 };
 
 /* Errors: record status + formatted message on the context; return NULL /

@@ -201,6 +201,97 @@ ts_status ts_dist_all_reduce(ts_dist *d, void *buf, int64_t n, ts_dtype dt,
     return TS_OK;
 }
 
+struct ts_dist_req {
+    ts_dist *d;
+    void *buf;
+    int64_t n;
+    ts_dtype dt;
+    ts_dist_op op;
+    int n_mpi; /* pieces in flight (0: nothing to wait for) */
+    MPI_Request mpi[];
+};
+
+ts_status ts_dist_all_reduce_start(ts_dist *d, void *buf, int64_t n,
+                                   ts_dtype dt, ts_dist_op op,
+                                   ts_dist_req **req) {
+    if (!req)
+        return d ? ts_set_error(d->ctx, TS_ERR_INVALID_ARG,
+                                "all_reduce_start: NULL request")
+                 : TS_ERR_INVALID_ARG;
+    *req = NULL;
+    if (n < 0 || (n && !buf))
+        return d ? ts_set_error(d->ctx, TS_ERR_INVALID_ARG,
+                                "all_reduce_start: %lld elements at %p",
+                                (long long)n, buf)
+                 : TS_ERR_INVALID_ARG;
+    ts_status st = d ? check_dt(d, dt, "all_reduce_start") : TS_OK;
+    if (st != TS_OK)
+        return st;
+    bool comm = d && d->world > 1 && n > 0;
+    int pieces = comm ? (int)((n + PIECE - 1) / PIECE) : 0;
+    ts_dist_req *r =
+        calloc(1, sizeof *r + sizeof(MPI_Request) * (size_t)pieces);
+    if (!r)
+        return d ? ts_set_error(d->ctx, TS_ERR_OOM,
+                                "all_reduce_start: out of memory")
+                 : TS_ERR_OOM;
+    *r = (ts_dist_req){.d = d, .buf = buf, .n = n, .dt = dt, .op = op};
+    *req = r;
+    if (!comm)
+        return TS_OK;
+    double t0 = now_s();
+    size_t es = ts_dtype_size(dt);
+    for (int p = 0; p < pieces; p++) {
+        int64_t at = (int64_t)p * PIECE;
+        int k = (int)(n - at < PIECE ? n - at : PIECE);
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + (size_t)at * es, k,
+                                mpi_type(dt), mpi_op(d, dt, op), MPI_COMM_WORLD,
+                                &r->mpi[p]);
+        if (rc != MPI_SUCCESS) {
+            r->n_mpi = p; /* wait for those started, report this one */
+            st = mpi_fail(d, rc, "all_reduce_start");
+            break;
+        }
+        r->n_mpi = p + 1;
+    }
+    d->seconds += now_s() - t0;
+    d->bytes += 2.0 * (d->world - 1) / d->world * (double)n * (double)es;
+    return st;
+}
+
+ts_status ts_dist_test(ts_dist_req *r, bool *done) {
+    if (!r || !done)
+        return TS_ERR_INVALID_ARG;
+    *done = true;
+    if (r->n_mpi == 0)
+        return TS_OK;
+    double t0 = now_s();
+    int flag = 0;
+    int rc = MPI_Testall(r->n_mpi, r->mpi, &flag, MPI_STATUSES_IGNORE);
+    r->d->seconds += now_s() - t0;
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(r->d, rc, "all_reduce (test)");
+    *done = flag != 0;
+    return TS_OK;
+}
+
+ts_status ts_dist_wait(ts_dist_req *r) {
+    if (!r)
+        return TS_OK;
+    ts_status st = TS_OK;
+    if (r->n_mpi > 0) {
+        double t0 = now_s();
+        int rc = MPI_Waitall(r->n_mpi, r->mpi, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS)
+            st = mpi_fail(r->d, rc, "all_reduce (wait)");
+        else if (r->op == TS_DIST_AVG)
+            scale(r->buf, r->n, r->dt, 1.0 / r->d->world);
+        r->d->seconds += now_s() - t0;
+    }
+    free(r);
+    return st;
+}
+
 /* counts (or n_each) as MPI ints and displacements; false when too big */
 static bool int_counts(const ts_dist *d, const int64_t *counts, int64_t n_each,
                        int *c, int *disp, int64_t *total) {

@@ -69,6 +69,27 @@ static ts_status accumulate(ts_ctx *ctx, ts_tensor **acc, ts_tensor *g,
     return *acc ? TS_OK : ctx->status;
 }
 
+void ts_set_grad_ready_hook(ts_ctx *ctx, ts_grad_ready_fn fn, void *arg) {
+    if (ctx) {
+        ctx->grad_ready = fn;
+        ctx->grad_ready_arg = fn ? arg : NULL;
+    }
+}
+
+static bool grad_leaf(const ts_tensor *x) {
+    return x->requires_grad && !x->grad_fn && !x->inner_leaf;
+}
+
+/* One edge of n into a leaf is done; the hook when it was the last. */
+static ts_status edge_done(ts_ctx *ctx, ts_tensor *x) {
+    if (--x->grad_pending > 0 || !ctx->grad_ready || !x->grad)
+        return TS_OK;
+    ts_status st = ctx->grad_ready(ctx->grad_ready_arg, x);
+    if (st != TS_OK && ts_ctx_status(ctx) == TS_OK)
+        ts_set_error(ctx, st, "ts_backward: the grad-ready hook failed");
+    return st;
+}
+
 ts_status ts_backward(ts_tensor *root, ts_tensor *grad) {
     if (!root)
         return TS_ERR_INVALID_ARG;
@@ -101,6 +122,9 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad) {
     if (st == TS_OK && !root->grad_fn) { /* a leaf */
         st = accumulate(ctx, &root->grad, seed, root->dtype);
         ts_release(seed);
+        root->grad_pending++;
+        if (st == TS_OK)
+            st = edge_done(ctx, root);
         ts_set_grad_enabled(ctx, old_mode);
         return st;
     }
@@ -110,12 +134,22 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad) {
     if (st == TS_OK)
         st = accumulate(ctx, &root->grad_fn->grad_acc, seed, root->dtype);
     ts_release(seed);
+    /* each leaf's edges from this graph (added to those of an enclosing
+     * backward, when this one recomputes a checkpointed block) */
+    for (size_t k = 0; k < order.n; k++)
+        for (int i = 0; i < order.v[k]->n_in; i++)
+            if (grad_leaf(order.v[k]->in[i]))
+                order.v[k]->in[i]->grad_pending++;
     for (size_t k = order.n; k-- > 0 && st == TS_OK;) {
         ts_node *n = order.v[k];
         ts_tensor *g = n->grad_acc;
         n->grad_acc = NULL;
-        if (!g)
+        if (!g) {
+            for (int i = 0; i < n->n_in && st == TS_OK; i++)
+                if (grad_leaf(n->in[i]))
+                    st = edge_done(ctx, n->in[i]);
             continue;
+        }
         bool want[TS_MAX_INPUTS] = {0};
         ts_tensor *gin[TS_MAX_INPUTS] = {0};
         for (int i = 0; i < n->n_in; i++)
@@ -142,7 +176,15 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad) {
             }
             ts_release(gin[i]);
         }
+        for (int i = 0; i < n->n_in && st == TS_OK; i++)
+            if (grad_leaf(n->in[i]))
+                st = edge_done(ctx, n->in[i]);
     }
+    /* an error stops this backward and any enclosing one: no count is
+     * left for a later pass */
+    for (size_t k = 0; k < order.n && st != TS_OK; k++)
+        for (int i = 0; i < order.v[k]->n_in; i++)
+            order.v[k]->in[i]->grad_pending = 0;
     for (size_t k = 0; k < order.n; k++) {
         order.v[k]->visit = 0;
         ts_release(order.v[k]->grad_acc);

@@ -98,6 +98,7 @@ ts_status ts_grad_checkpoint(ts_ctx *ctx, const ts_node *n, ts_tensor *g,
         return ctx->status;
     if (want[0])
         ts_set_requires_grad(x, true);
+    x->inner_leaf = true; /* not the caller's: no grad-ready hook */
     in[0] = x;
     bool old = ts_set_grad_enabled(ctx, true);
     ts_tensor *y = fb.fn(arg, n->n_in, in);
