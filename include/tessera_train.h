@@ -114,7 +114,8 @@ typedef struct {
     double peak; /* FLOP/s of one rank for MFU; 0: ts_peak_flops */
     /* distributed: the run's ranks (NULL: this process alone). Each rank
      * takes batch / world rows of every micro-batch. shard: 0 data
-     * parallel (gradients all-reduced in buckets), 1 grad-opt (ZeRO-2:
+     * parallel (gradients all-reduced in buckets, each started as soon
+     * as the backward has finished its gradients), 1 grad-opt (ZeRO-2:
      * gradients reduce-scattered to the rank that owns each parameter,
      * which alone keeps its AdamW state and updates it; parameters are
      * all-gathered after the update), 2 full (ZeRO-3 / FSDP: the layers'
@@ -124,6 +125,11 @@ typedef struct {
      * eager steps, --grad-accum 1) */
     ts_dist *dist;
     int shard;
+    /* data parallel: reduce each bucket of gradients while the backward
+     * of the last micro-batch goes on (else all of them after it) */
+    bool no_overlap;
+    double bucket_mb; /* data parallel: MiB of f32 gradients per all-reduce
+                         (torch DDP's bucket_cap_mb; 16) */
 } ts_train_options;
 
 ts_train_options ts_train_default_options(void);

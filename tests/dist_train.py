@@ -4,8 +4,10 @@
     dist_train.py TESSERA_BINARY WORKDIR
 
 A tiny Qwen3 model on seeded random token shards, 20 steps of the same
-global batch: one process; `mpirun -np 2` data parallel; `mpirun -np 2
---shard grad-opt`. The losses agree step for step (relative difference
+global batch: one process; `mpirun -np 2` data parallel (gradients
+all-reduced in many small buckets during the backward, compiled; the
+same after the backward; and eager with recomputed layers and two
+micro-batches); `--shard grad-opt`; `--shard full`. The losses agree step for step (relative difference
 <= 1e-5) and so do the final weights and AdamW moments (<= 1e-4 of each
 tensor's largest value: the two halves of a batch are summed in another
 order, and 20 Adam steps carry that rounding). Then checkpoints cross over:
@@ -74,6 +76,11 @@ def train(out, steps, ranks=1, extra=()):
           f"train {out} to step {steps} ({ranks} rank(s) {' '.join(extra)})")
 
 
+def last_log(out):
+    with open(os.path.join(out, "log.jsonl")) as f:
+        return [json.loads(l) for l in f if l.strip()][-1]
+
+
 def rel(a, b):
     return max(abs(x - y) / abs(x) for x, y in zip(a, b))
 
@@ -107,18 +114,35 @@ json.dump({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
 
 W = lambda n: os.path.join(WORK, n)
 train(W("one"), 20)
-train(W("dp"), 20, 2)
+# data parallel: the all-reduce overlapped with the backward in buckets of
+# 10 KiB (a few parameters each: many buckets in flight), and after it
+train(W("dp"), 20, 2, ("--bucket-mb", "0.01"))
+train(W("dp_after"), 20, 2, ("--no-overlap", "--bucket-mb", "0.01"))
 train(W("zero2"), 20, 2, ("--shard", "grad-opt"))
 train(W("fsdp"), 20, 2, ("--shard", "full"))
+# overlapped, eager, layers recomputed in backward, 2 micro-batches
+ACC = ("--grad-accum", "2", "--checkpoint-activations", "--eager")
+train(W("one_acc"), 20, 1, ACC)
+train(W("dp_acc"), 20, 2, ACC + ("--bucket-mb", "0.004"))
+for run in ("dp", "dp_acc"):  # every bucket started while backward ran
+    last = last_log(W(run))
+    check(last.get("buckets", 0) > 4 and
+          last.get("buckets_in_backward") == last.get("buckets"),
+          f"{run}: {last.get('buckets_in_backward')} of {last.get('buckets')} "
+          "all-reduces started during the backward")
+last = last_log(W("dp_after"))
+check("buckets" not in last, "dp_after: no all-reduce during the backward")
 one = losses(W("one"))
 check(len(one) == 20 and one[-1] < one[0] - 0.5,
       f"one process learns: loss {one[0]:.3f} -> {one[-1]:.3f}")
-for run in ("dp", "zero2", "fsdp"):
-    got = losses(W(run))
-    check(len(got) == 20 and rel(one, got) <= 1e-5,
-          f"{run}: 20 losses = one process's (worst {rel(one, got):.1e})")
+for run, ref in (("dp", "one"), ("dp_after", "one"), ("zero2", "one"),
+                 ("fsdp", "one"), ("dp_acc", "one_acc")):
+    want, got = losses(W(ref)), losses(W(run))
+    check(len(got) == 20 and rel(want, got) <= 1e-5,
+          f"{run}: 20 losses = one process's (worst {rel(want, got):.1e})")
     for f in ("model.safetensors", "optimizer.safetensors"):
-        same_tensors(W("one/step_000020"), W(run + "/step_000020"), f, 1e-4)
+        same_tensors(W(ref + "/step_000020"), W(run + "/step_000020"), f,
+                     1e-4)
 
 # checkpoints cross between sharded and single runs
 train(W("x1"), 10, 2, ("--shard", "grad-opt"))

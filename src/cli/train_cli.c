@@ -146,6 +146,8 @@ static const char *TRAIN_USAGE =
     "[--quiet] [--peak-gflops G]\n"
     "         [--shard none|grad-opt|full] (under mpirun -np N: data "
     "parallel, ZeRO-2, or fully sharded)\n"
+    "         [--bucket-mb 16] [--no-overlap] (data parallel: MiB per "
+    "all-reduce; all-reduce after the backward, not during it)\n"
     "       tessera train --config FILE.json (the same keys, with "
     "underscores)\n";
 
@@ -187,7 +189,8 @@ static bool train_opt(ts_train_options *o, const char *key, const char *v,
                 {"weight-decay", 0, 10, NULL, &o->weight_decay},
                 {"clip", 0, 1e9, NULL, &o->clip},
                 {"beta1", 0, 0.999999, NULL, &o->beta1},
-                {"beta2", 0, 0.999999, NULL, &o->beta2}};
+                {"beta2", 0, 0.999999, NULL, &o->beta2},
+                {"bucket-mb", 1e-6, 1e6, NULL, &o->bucket_mb}};
     for (size_t i = 0; i < sizeof nums / sizeof *nums; i++)
         if (!strcmp(k, nums[i].name)) {
             if (!v || !num(v, nums[i].lo, nums[i].hi, &x))
@@ -242,6 +245,8 @@ static bool train_opt(ts_train_options *o, const char *key, const char *v,
         return o->checkpoint_activations = true;
     if (!strcmp(k, "quiet"))
         return o->quiet = true;
+    if (!strcmp(k, "no-overlap"))
+        return o->no_overlap = true;
     return false;
 }
 

@@ -54,7 +54,8 @@ ts_train_options ts_train_default_options(void) {
                               .eval_batches = 8,
                               .save_every = 0,
                               .log_every = 1,
-                              .seed = 1};
+                              .seed = 1,
+                              .bucket_mb = 16};
 }
 
 /* ---- files ---- */
@@ -112,6 +113,7 @@ typedef struct {
     int *order;           /* grad-opt: parameters in owner order */
     int64_t *counts;      /* grad-opt: elements owned by each rank */
     float *flat, *mine;   /* scratch: every parameter's elements; own */
+    struct reducer *red;  /* data parallel: the overlapped all-reduce */
 } run;
 
 /* ---- distributed: host views, broadcast, gradient sync, sharding ---- */
@@ -198,7 +200,12 @@ static ts_status plan_shards(run *r) {
     return r->mine ? TS_OK : ts_set_error(r->ctx, TS_ERR_OOM, "out of memory");
 }
 
-#define BUCKET ((int64_t)1 << 22) /* elements per all-reduce */
+/* f32 elements per all-reduce (--bucket-mb; a parameter larger than that
+ * is a bucket of its own) */
+static int64_t bucket_elems(const run *r) {
+    double e = r->o->bucket_mb * 1048576.0 / sizeof(float);
+    return e >= 1 ? (int64_t)e : 1;
+}
 
 /* data parallel: every gradient averaged over the ranks, in buckets taken
  * from the last parameter back (the order backward finishes them) */
@@ -207,7 +214,8 @@ static ts_status all_reduce_grads(run *r) {
     for (int i = r->n_params - 1; i >= 0 && st == TS_OK;) {
         int64_t k = 0;
         int j = i;
-        for (; j >= 0 && (k == 0 || k + numel_of(r, j) <= BUCKET); j--) {
+        for (; j >= 0 && (k == 0 || k + numel_of(r, j) <= bucket_elems(r));
+             j--) {
             float *g = host_f32(r, ts_grad(r->params[j]), j);
             if (!g)
                 return ts_ctx_status(r->ctx);
@@ -218,6 +226,166 @@ static ts_status all_reduce_grads(run *r) {
         for (k = 0; st == TS_OK && i > j; i--) {
             memcpy(ts_tensor_data(ts_grad(r->params[i])), r->flat + k,
                    sizeof(float) * (size_t)numel_of(r, i));
+            k += numel_of(r, i);
+        }
+    }
+    return st;
+}
+
+/* Data parallel, overlapped (torch DDP's reducer): the parameters, from
+ * the last back, in buckets of up to --bucket-mb, each with its own
+ * part of r->flat. During the last micro-batch's backward the grad-ready
+ * hook marks each parameter whose gradient is final; once every
+ * parameter of the next bucket in order is, its gradients are copied out
+ * (in compiled mode this runs what was recorded so far) and their
+ * all-reduce starts, while backward goes on; each hook also lets MPI
+ * progress the buckets in flight. After the backward the buckets not yet
+ * started are, all are waited for and the averages copied back. Every
+ * rank runs the same graph, so all start the same buckets in the same
+ * order. */
+typedef struct reducer {
+    run *r;
+    int n_buckets;
+    int *bucket_of;    /* of each parameter */
+    int *hi, *lo;      /* bucket b: parameters hi down to lo */
+    int64_t *off;      /* bucket b's first element in r->flat */
+    int *missing;      /* parameters of bucket b not ready this pass */
+    bool *ready;       /* each parameter, this pass */
+    ts_dist_req **req; /* bucket b's all-reduce, NULL before it starts */
+    int next;          /* the next bucket to start */
+    int in_backward;   /* buckets started by hooks, the last pass */
+    ts_status st;      /* the first failure in a hook */
+} reducer;
+
+static void reducer_free(reducer *red) {
+    if (!red)
+        return;
+    for (int b = 0; b < red->n_buckets; b++)
+        ts_dist_wait(red->req[b]);
+    free(red->bucket_of), free(red->hi), free(red->lo), free(red->off);
+    free(red->missing), free(red->ready), free(red->req);
+    free(red);
+}
+
+static ts_status reducer_new(run *r) {
+    int n = r->n_params;
+    reducer *red = calloc(1, sizeof *red);
+    size_t cnt = (size_t)n + 1;
+    if (red) {
+        red->r = r;
+        red->bucket_of = malloc(sizeof(int) * cnt);
+        red->hi = malloc(sizeof(int) * cnt);
+        red->lo = malloc(sizeof(int) * cnt);
+        red->off = malloc(sizeof(int64_t) * cnt);
+        red->missing = malloc(sizeof(int) * cnt);
+        red->ready = malloc(sizeof(bool) * cnt);
+        red->req = calloc(cnt, sizeof *red->req);
+    }
+    if (!red || !red->bucket_of || !red->hi || !red->lo || !red->off ||
+        !red->missing || !red->ready || !red->req) {
+        reducer_free(red);
+        return ts_set_error(r->ctx, TS_ERR_OOM, "out of memory");
+    }
+    int64_t at = 0;
+    for (int i = n - 1; i >= 0;) { /* as all_reduce_grads groups them */
+        int b = red->n_buckets++;
+        int64_t k = 0;
+        red->hi[b] = i, red->off[b] = at;
+        for (; i >= 0 && (k == 0 || k + numel_of(r, i) <= bucket_elems(r));
+             i--) {
+            red->bucket_of[i] = b;
+            k += numel_of(r, i);
+        }
+        red->lo[b] = i + 1;
+        at += k;
+    }
+    r->red = red;
+    return TS_OK;
+}
+
+/* Starts bucket b's all-reduce, also when its gradients cannot be read
+ * (then the error is returned all the same): the other ranks' calls must
+ * be matched. */
+static ts_status bucket_start(reducer *red, int b) {
+    run *r = red->r;
+    int64_t k = red->off[b];
+    ts_status st = TS_OK;
+    for (int i = red->hi[b]; i >= red->lo[b]; i--) {
+        float *g = st == TS_OK ? host_f32(r, ts_grad(r->params[i]), i) : NULL;
+        if (g)
+            memcpy(r->flat + k, g, sizeof(float) * (size_t)numel_of(r, i));
+        else if (st == TS_OK)
+            st = ts_ctx_status(r->ctx) ? ts_ctx_status(r->ctx) : TS_ERR_STATE;
+        k += numel_of(r, i);
+    }
+    ts_status ss = ts_dist_all_reduce_start(r->dist, r->flat + red->off[b],
+                                            k - red->off[b], TS_F32,
+                                            TS_DIST_AVG, &red->req[b]);
+    return st != TS_OK ? st : ss;
+}
+
+static ts_status on_grad_ready(void *arg, ts_tensor *leaf) {
+    reducer *red = arg;
+    run *r = red->r;
+    int i = 0;
+    while (i < r->n_params && r->params[i] != leaf)
+        i++;
+    if (i == r->n_params || red->st != TS_OK)
+        return red->st;
+    if (red->ready[i])
+        return red->st = ts_set_error(
+                   r->ctx, TS_ERR_STATE,
+                   "train: the gradient of %s was final twice in one "
+                   "backward (used inside and outside a checkpointed "
+                   "block?); run with --no-overlap",
+                   ts_qwen3_param_name(r->m, i));
+    red->ready[i] = true;
+    red->missing[red->bucket_of[i]]--;
+    while (red->st == TS_OK && red->next < red->n_buckets &&
+           red->missing[red->next] == 0) {
+        red->st = bucket_start(red, red->next++);
+        red->in_backward++;
+    }
+    for (int b = 0; b < red->next && red->st == TS_OK; b++) {
+        bool done; /* MPI progresses the buckets in flight */
+        red->st = ts_dist_test(red->req[b], &done);
+    }
+    return red->st;
+}
+
+/* before the last micro-batch's backward */
+static void reducer_arm(reducer *red) {
+    run *r = red->r;
+    for (int b = 0; b < red->n_buckets; b++)
+        red->missing[b] = red->hi[b] - red->lo[b] + 1;
+    memset(red->ready, 0, sizeof(bool) * (size_t)r->n_params);
+    red->next = red->in_backward = 0;
+    red->st = TS_OK;
+    ts_set_grad_ready_hook(r->ctx, on_grad_ready, red);
+}
+
+/* after it (st: how the backward went): the rest started, all waited for,
+ * the averages back in the gradients */
+static ts_status reducer_finish(reducer *red, ts_status st) {
+    run *r = red->r;
+    ts_set_grad_ready_hook(r->ctx, NULL, NULL);
+    if (st == TS_OK)
+        st = red->st;
+    while (red->next < red->n_buckets) { /* even after a failure here */
+        ts_status bs = bucket_start(red, red->next++);
+        st = st == TS_OK ? bs : st;
+    }
+    for (int b = 0; b < red->n_buckets; b++) {
+        ts_status ws = ts_dist_wait(red->req[b]);
+        red->req[b] = NULL;
+        st = st == TS_OK ? ws : st;
+        int64_t k = red->off[b];
+        for (int i = red->hi[b]; st == TS_OK && i >= red->lo[b]; i--) {
+            float *g = host_f32(r, ts_grad(r->params[i]), i);
+            if (!g)
+                st = ts_ctx_status(r->ctx);
+            else
+                memcpy(g, r->flat + k, sizeof(float) * (size_t)numel_of(r, i));
             k += numel_of(r, i);
         }
     }
@@ -781,12 +949,17 @@ static ts_status train_step(run *r, int64_t *ids, int64_t *tg, double *loss,
     ts_tensor *lv[64];
     int64_t accum = o->grad_accum;
     ts_status st = TS_OK;
+    bool overlap = false; /* the reducer armed for this backward */
     for (int64_t a = 0; a < accum && st == TS_OK; a++) {
         st = ts_loader_next(r->train, B, r->rank, r->world, ids, tg);
         ts_tensor *l =
             st == TS_OK ? batch_loss(r, ids, tg, B / r->world) : NULL;
         ts_tensor *scaled =
             l ? (accum > 1 ? ts_mul_scalar(l, 1.0 / (double)accum) : l) : NULL;
+        if (r->red && a == accum - 1) {
+            reducer_arm(r->red);
+            overlap = true;
+        }
         if (!scaled || ts_backward(scaled, NULL) != TS_OK)
             st = ts_ctx_status(ctx) ? ts_ctx_status(ctx) : TS_ERR_STATE;
         lv[a] = l ? ts_detach(l) : NULL;
@@ -794,11 +967,16 @@ static ts_status train_step(run *r, int64_t *ids, int64_t *tg, double *loss,
             ts_release(scaled);
         ts_release(l); /* the activations die with the graph */
     }
+    if (r->red && (overlap || st != TS_OK)) { /* (a failed micro-batch */
+        if (!overlap)                         /* before the last: the */
+            reducer_arm(r->red);              /* buckets still matched) */
+        st = reducer_finish(r->red, st);
+    }
     if (r->world > 1) { /* the gradients of the whole global batch */
         if (st == TS_OK)
             st = ts_sync(ctx);
         st = agree(r, st);
-        if (st == TS_OK) /* (full: the layers' went in backward) */
+        if (st == TS_OK && !r->red) /* (full: the layers' went in backward) */
             st = r->shard_full  ? reduce_part(r, -1)
                  : r->shard_opt ? reduce_scatter_grads(r)
                                 : all_reduce_grads(r);
@@ -850,6 +1028,8 @@ static ts_status check_options(ts_ctx *ctx, const ts_train_options *o) {
         bad = "--shard must be none, grad-opt or full";
     else if (o->shard == 2 && o->grad_accum != 1)
         bad = "--shard full takes --grad-accum 1";
+    else if (!(o->bucket_mb > 0))
+        bad = "--bucket-mb must be > 0";
     else if (o->grad_accum < 1 || o->grad_accum > 64)
         bad = "--grad-accum must be in 1..64";
     else if (!(o->lr > 0) || o->min_lr < 0 || o->min_lr > o->lr)
@@ -958,6 +1138,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                               r.world, r.n_params);
         if (st == TS_OK && r.shard_opt)
             st = plan_shards(&r);
+        if (st == TS_OK && r.world > 1 && !r.shard_opt && !o->no_overlap)
+            st = reducer_new(&r);
         if (st == TS_OK && r.world > 1)
             st = broadcast_params(&r);
     }
@@ -1088,6 +1270,10 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                         t - t_start);
                 if (r.world > 1)
                     fprintf(r.log, ", \"comm_share\": %.4f", share);
+                if (r.red) /* how many all-reduces overlapped backward */
+                    fprintf(r.log,
+                            ", \"buckets\": %d, \"buckets_in_backward\": %d",
+                            r.red->n_buckets, r.red->in_backward);
                 if (!isnan(val))
                     fprintf(r.log, ", \"val_loss\": %.6f", val);
                 fprintf(r.log, "}\n");
@@ -1144,6 +1330,7 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     for (int i = 0; r.released && i < r.n_params; i++)
         ts_release(r.released[i]);
     free(r.released), free(r.layer_of);
+    reducer_free(r.red);
     free(r.flat), free(r.mine);
     return st;
 }
