@@ -4,13 +4,15 @@
 The Qwen3-style model of the compiled-mode issue (hidden 512, 8 layers,
 8 heads / 4 KV, head dim 64, MLP 1536, vocab 32000), f32, global batch 8 x
 256, random tokens: `tessera train` as 1 rank with 2 threads against
-`mpirun -np 2` ranks of 1 thread each, data parallel, --shard grad-opt and
---shard full. Prints tokens/s (mean over the timed steps, the first steps
+`mpirun -np 2` ranks of 1 thread each, data parallel (the all-reduce
+overlapped with the backward, and after it: --no-overlap), --shard
+grad-opt and --shard full. Prints tokens/s (mean over the timed steps, the first steps
 — compilation — left out), MFU and the share of step time spent in
 collectives, from each run's log.jsonl.
 
     /usr/bin/python3 bench/dist_bench.py [--exe build/tessera] [--steps 8]
-        [--skip 2] [--modes one,dp,grad-opt,full] [--work /tmp/dist_bench]
+        [--skip 2] [--modes one,dp,dp-after,grad-opt,full]
+        [--work /tmp/dist_bench]
 """
 import argparse
 import json
@@ -25,7 +27,7 @@ ap.add_argument("--exe", default=os.path.join(os.path.dirname(__file__), "..",
                                               "build", "tessera"))
 ap.add_argument("--steps", type=int, default=8)
 ap.add_argument("--skip", type=int, default=2)
-ap.add_argument("--modes", default="one,dp,grad-opt,full")
+ap.add_argument("--modes", default="one,dp,dp-after,grad-opt,full")
 ap.add_argument("--work", default="/tmp/dist_bench")
 a = ap.parse_args()
 if a.steps <= a.skip:
@@ -51,7 +53,8 @@ json.dump({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
            "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
            "rope_theta": 1e6, "tie_word_embeddings": True}, open(config, "w"))
 
-runs = {"one": (1, []), "dp": (2, []), "grad-opt": (2, ["--shard", "grad-opt"]),
+runs = {"one": (1, []), "dp": (2, []), "dp-after": (2, ["--no-overlap"]),
+        "grad-opt": (2, ["--shard", "grad-opt"]),
         "full": (2, ["--shard", "full"])}
 rows = []
 for mode in a.modes.split(","):

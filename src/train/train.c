@@ -91,7 +91,8 @@ static void remove_tree(const char *dir) {
 typedef struct {
     ts_ctx *ctx;
     const ts_train_options *o;
-    ts_qwen3_model *m;
+    ts_qwen3_model *m; /* the model: a Qwen3-family decoder, */
+    ts_gpt2_model *g;  /* or GPT-2 (no layer hooks, checkpointing, bf16) */
     ts_adamw *opt;
     ts_loader *train, *val;
     int n_params;
@@ -118,6 +119,10 @@ typedef struct {
 
 /* ---- distributed: host views, broadcast, gradient sync, sharding ---- */
 
+static const char *pname(const run *r, int i) {
+    return r->g ? ts_gpt2_param_name(r->g, i) : ts_qwen3_param_name(r->m, i);
+}
+
 static int64_t numel_of(run *r, int i) {
     return ts_tensor_numel(r->params[i]);
 }
@@ -130,8 +135,7 @@ static float *host_f32(run *r, ts_tensor *t, int i) {
     if (!p)
         ts_set_error(r->ctx, TS_ERR_UNSUPPORTED,
                      "train: %s %s is not a contiguous f32 host tensor",
-                     ts_qwen3_param_name(r->m, i),
-                     t ? "(or its gradient)" : "has no gradient");
+                     pname(r, i), t ? "(or its gradient)" : "has no gradient");
     return p;
 }
 
@@ -338,7 +342,7 @@ static ts_status on_grad_ready(void *arg, ts_tensor *leaf) {
                    "train: the gradient of %s was final twice in one "
                    "backward (used inside and outside a checkpointed "
                    "block?); run with --no-overlap",
-                   ts_qwen3_param_name(r->m, i));
+                   pname(r, i));
     red->ready[i] = true;
     red->missing[red->bucket_of[i]]--;
     while (red->st == TS_OK && red->next < red->n_buckets &&
@@ -527,7 +531,7 @@ static ts_status write_checkpoint(run *r, ts_tensor *const *pp,
                        ? TS_OK
                        : ts_set_error(ctx, TS_ERR_OOM, "out of memory");
     for (int i = 0; st == TS_OK && i < n; i++)
-        names[i] = ts_qwen3_param_name(r->m, i), ts[i] = pp[i];
+        names[i] = pname(r, i), ts[i] = pp[i];
     snprintf(p, sizeof p, "%s/model.safetensors", tmp);
     const char *meta[2] = {"format", "pt"};
     if (st == TS_OK)
@@ -719,7 +723,7 @@ static ts_status shard_at_rest(run *r) {
         ones[d] = 1;
     ts_tensor *zero = ts_zeros(r->ctx, TS_F32, 1, ones);
     for (int i = 0; st == TS_OK && i < r->n_params; i++) {
-        const char *nm = ts_qwen3_param_name(r->m, i);
+        const char *nm = pname(r, i);
         r->layer_of[i] = !strncmp(nm, "model.layers.", 13)
                              ? (int)strtol(nm + 13, NULL, 10)
                              : -1;
@@ -853,7 +857,7 @@ static ts_status resume(run *r) {
                        ? TS_OK
                        : ts_set_error(ctx, TS_ERR_OOM, "out of memory");
     for (int i = 0; st == TS_OK && i < n; i++)
-        names[i] = ts_qwen3_param_name(r->m, i), ts[i] = r->params[i];
+        names[i] = pname(r, i), ts[i] = r->params[i];
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     if (st == TS_OK)
         st = load_into(ctx, p, n, names, ts);
@@ -895,7 +899,9 @@ static ts_tensor *batch_loss(run *r, int64_t *ids, int64_t *tg, int64_t B) {
     int64_t shape[2] = {B, r->o->seq};
     ts_tensor *i = ts_from_data(r->ctx, TS_I64, 2, shape, ids);
     ts_tensor *t = ts_from_data(r->ctx, TS_I64, 2, shape, tg);
-    ts_tensor *l = i && t ? ts_qwen3_loss(r->m, i, t, NULL) : NULL;
+    ts_tensor *l = !i || !t ? NULL
+                   : r->g   ? ts_gpt2_loss(r->g, i, t, NULL)
+                            : ts_qwen3_loss(r->m, i, t, NULL);
     ts_release(i), ts_release(t);
     return l;
 }
@@ -1069,27 +1075,40 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     ts_train_result out = {0};
     int64_t *ids = NULL, *tg = NULL;
     mkdir(o->out_dir, 0755);
-    /* the model */
-    if (o->init_from) {
+    /* the model: a config's architecture, new or loaded */
+    if (o->init_from)
         snprintf(r.config_src, sizeof r.config_src, "%s/config.json",
                  o->init_from);
-        st = ts_decoder_load(ctx, o->init_from, &r.m);
-        if (st == TS_OK) /* loaded weights are leaves that learn */
+    else
+        snprintf(r.config_src, sizeof r.config_src, "%s", o->model_config);
+    ts_model_config arch;
+    st = ts_config_load(ctx, r.config_src, &arch);
+    bool gpt2 = st == TS_OK && arch.arch == TS_ARCH_GPT2;
+    const char *gpt2_lacks = !gpt2 ? NULL
+                             : o->checkpoint_activations
+                                 ? "--checkpoint-activations"
+                             : o->bf16                      ? "--dtype bf16"
+                             : o->shard == 2 && r.world > 1 ? "--shard full"
+                                                            : NULL;
+    if (gpt2_lacks)
+        st = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                          "train: %s is for qwen3, qwen2 and llama models; "
+                          "%s is gpt2",
+                          gpt2_lacks, r.config_src);
+    if (st == TS_OK && o->init_from) {
+        st = gpt2 ? ts_gpt2_load(ctx, o->init_from, &r.g)
+                  : ts_decoder_load(ctx, o->init_from, &r.m);
+        if (st == TS_OK && r.m) /* loaded weights are leaves that learn */
             for (int i = 0; i < ts_qwen3_num_params(r.m); i++)
                 ts_set_requires_grad(ts_qwen3_param(r.m, i), true);
-    } else {
-        snprintf(r.config_src, sizeof r.config_src, "%s", o->model_config);
-        ts_model_config mc;
-        st = ts_config_load(ctx, o->model_config, &mc);
-        if (st == TS_OK && mc.arch == TS_ARCH_GPT2)
-            st = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                              "%s: train builds qwen3, qwen2 and llama "
-                              "models",
-                              o->model_config);
-        if (st == TS_OK) {
-            ts_qwen3_config c = ts_decoder_config(&mc);
-            st = ts_qwen3_new(ctx, &c, o->seed, &r.m);
-        }
+        if (st == TS_OK && r.g)
+            for (int i = 0; i < ts_gpt2_num_params(r.g); i++)
+                ts_set_requires_grad(ts_gpt2_param(r.g, i), true);
+    } else if (st == TS_OK && gpt2) {
+        st = ts_gpt2_new(ctx, &arch, o->seed, &r.g);
+    } else if (st == TS_OK) {
+        ts_qwen3_config c = ts_decoder_config(&arch);
+        st = ts_qwen3_new(ctx, &c, o->seed, &r.m);
     }
     if (st == TS_OK) { /* data of a larger vocabulary: say so now */
         char mp[4200];
@@ -1097,7 +1116,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
         json_t *meta = json_load_file(mp, 0, NULL);
         json_int_t dv = json_integer_value(json_object_get(meta, "vocab_size"));
         json_decref(meta);
-        int64_t mv = ts_qwen3_get_config(r.m)->vocab;
+        int64_t mv = r.g ? ts_gpt2_get_config(r.g)->vocab
+                         : ts_qwen3_get_config(r.m)->vocab;
         if (dv > mv)
             st = ts_set_error(ctx, TS_ERR_INVALID_ARG,
                               "train: %s was tokenized with a vocabulary of "
@@ -1108,7 +1128,20 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
         st = ts_qwen3_set_checkpointing(r.m, true);
     if (st == TS_OK && o->bf16)
         st = ts_qwen3_set_compute_dtype(r.m, TS_BF16);
-    const ts_qwen3_config *mc = r.m ? ts_qwen3_get_config(r.m) : NULL;
+    int64_t layers = 0, heads = 0, head_dim = 0, max_pos = 0;
+    if (st == TS_OK && r.g) {
+        const ts_model_config *gc = ts_gpt2_get_config(r.g);
+        layers = gc->layers, heads = gc->heads;
+        head_dim = gc->hidden / gc->heads, max_pos = gc->max_positions;
+    } else if (st == TS_OK) {
+        const ts_qwen3_config *qc = ts_qwen3_get_config(r.m);
+        layers = qc->layers, heads = qc->heads, head_dim = qc->head_dim;
+    }
+    if (st == TS_OK && max_pos && o->seq > max_pos)
+        st = ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                          "train: --seq %lld is longer than the model's %lld "
+                          "positions",
+                          (long long)o->seq, (long long)max_pos);
     if (st == TS_OK)
         st = ts_loader_open(ctx, o->data_dir, "train", o->seq, o->seed, true,
                             &r.train);
@@ -1117,8 +1150,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                        &r.val) != TS_OK)
         st = ts_ctx_status(ctx);
     if (st == TS_OK) {
-        r.n_params = ts_qwen3_num_params(r.m);
-        r.params = ts_qwen3_params(r.m);
+        r.n_params = r.g ? ts_gpt2_num_params(r.g) : ts_qwen3_num_params(r.m);
+        r.params = r.g ? ts_gpt2_params(r.g) : ts_qwen3_params(r.m);
         r.opt_idx = malloc(sizeof *r.opt_idx * (size_t)r.n_params);
         int64_t total = 0;
         for (int i = 0; i < r.n_params; i++)
@@ -1171,12 +1204,15 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     for (int i = 0; st == TS_OK && i < r.n_params; i++) {
         int64_t k = ts_tensor_numel(r.params[i]);
         n_all += k;
-        if (!strcmp(ts_qwen3_param_name(r.m, i), "model.embed_tokens.weight"))
+        /* the input embedding (GPT-2: the positions; its tied wte is
+         * the LM head, counted) */
+        if (!strcmp(pname(&r, i), "model.embed_tokens.weight") ||
+            !strcmp(pname(&r, i), "transformer.wpe.weight"))
             n_embed = k;
     }
-    double fpt = mc ? ts_train_flops_per_token(n_all - n_embed, mc->layers,
-                                               mc->heads, mc->head_dim, o->seq)
-                    : 0;
+    double fpt = layers ? ts_train_flops_per_token(n_all - n_embed, layers,
+                                                   heads, head_dim, o->seq)
+                        : 0;
     bool peak_cached = false; /* rank 0 measures one rank's peak */
     double peak = o->peak > 0 ? o->peak : 0;
     if (st == TS_OK && !peak && r.rank == 0)
@@ -1201,19 +1237,20 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                  : r.shard_opt ? "grad-opt sharded"
                                : "data parallel");
     if (st == TS_OK && !quiet)
-        fprintf(stderr,
-                "train: %lld parameters (%lld without embeddings), %lld "
-                "train tokens, batch %lld x %lld x %lld accum, %s, %s, peak "
-                "%.1f GFLOP/s (%s f32 sgemm)%s%s\n",
-                (long long)n_all, (long long)(n_all - n_embed),
-                (long long)ts_loader_tokens(r.train), (long long)o->batch,
-                (long long)o->seq, (long long)o->grad_accum,
-                o->eager || r.shard_full ? "eager" : "compiled",
-                o->bf16 ? "bf16 matrices, f32 masters" : "f32", peak / 1e9,
-                o->peak > 0   ? "given"
-                : peak_cached ? "cached"
-                              : "measured",
-                ranks, o->resume ? ", resumed" : "");
+        fprintf(
+            stderr,
+            "train: %lld parameters (%lld without the input embedding), %lld "
+            "train tokens, batch %lld x %lld x %lld accum, %s, %s, peak "
+            "%.1f GFLOP/s (%s f32 sgemm)%s%s\n",
+            (long long)n_all, (long long)(n_all - n_embed),
+            (long long)ts_loader_tokens(r.train), (long long)o->batch,
+            (long long)o->seq, (long long)o->grad_accum,
+            o->eager || r.shard_full ? "eager" : "compiled",
+            o->bf16 ? "bf16 matrices, f32 masters" : "f32", peak / 1e9,
+            o->peak > 0   ? "given"
+            : peak_cached ? "cached"
+                          : "measured",
+            ranks, o->resume ? ", resumed" : "");
     if (st == TS_OK)
         ts_set_mode(ctx, o->eager || r.shard_full ? TS_MODE_EAGER
                                                   : TS_MODE_COMPILED);
@@ -1326,6 +1363,7 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     ts_loader_free(r.train), ts_loader_free(r.val);
     ts_adamw_free(r.opt);
     ts_qwen3_free(r.m);
+    ts_gpt2_free(r.g);
     free(r.opt_idx), free(r.owner), free(r.order), free(r.counts);
     for (int i = 0; r.released && i < r.n_params; i++)
         ts_release(r.released[i]);
