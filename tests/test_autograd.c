@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static ts_tensor *vec(ts_ctx *ctx, int64_t n, const float *v) {
     ts_tensor *t = ts_from_data(ctx, TS_F32, 1, &n, v);
@@ -276,6 +277,97 @@ static void test_grad_ready_hook(ts_ctx *ctx) {
     ts_set_mode(ctx, TS_MODE_EAGER);
 }
 
+/* A tied table (GPT-2's wte): the head's dense gradient first, then the
+ * embedding's rows added into that same .grad in place (no dense (V, C)
+ * temporary): the gradient is d/dw sum(x @ w^T * c) + the rows of
+ * sum(emb(w, ids) * e), ids repeated; and the .grad object stays the one
+ * the head made. Eager and compiled. */
+static void test_embedding_accumulates(ts_ctx *ctx) {
+    for (int mode = 0; mode < 2; mode++) {
+        ts_set_mode(ctx, mode ? TS_MODE_COMPILED : TS_MODE_EAGER);
+        int64_t V = 5, C = 3, wsh[2] = {5, 3}, xsh[2] = {2, 3}, ish[1] = {4};
+        float wv[15], xv[6] = {1, 2, 3, -1, 0.5f, 2};
+        for (int i = 0; i < 15; i++)
+            wv[i] = 0.1f * (float)i - 0.7f;
+        int64_t idv[4] = {3, 0, 3, 4};
+        ts_tensor *w = ts_from_data(ctx, TS_F32, 2, wsh, wv);
+        ts_tensor *x = ts_from_data(ctx, TS_F32, 2, xsh, xv);
+        ts_tensor *ids = ts_from_data(ctx, TS_I64, 1, ish, idv);
+        ts_set_requires_grad(w, true);
+        /* head: logits = x @ w^T (2, 5); loss = sum(logits) -> dW[v][c] =
+         * sum_r x[r][c] */
+        ts_tensor *wt = ts_transpose(w, 0, 1);
+        ts_tensor *lg = ts_matmul(x, wt);
+        ts_tensor *l1 = ts_sum(lg, 0, NULL, false);
+        CHECK_OK(ctx, ts_backward(l1, NULL));
+        ts_tensor *before = ts_grad(w);
+        /* embedding: loss = sum(emb * k), k[j] = j + 1 -> row ids[i] gets
+         * (1, 2, 3) per use */
+        ts_tensor *em = ts_embedding(w, ids);
+        float kv[3] = {1, 2, 3};
+        int64_t k3 = 3;
+        ts_tensor *k = ts_from_data(ctx, TS_F32, 1, &k3, kv);
+        ts_tensor *ek = ts_mul(em, k);
+        ts_tensor *l2 = ts_sum(ek, 0, NULL, false);
+        CHECK_OK(ctx, ts_backward(l2, NULL));
+        CHECK(ts_grad(w) == before); /* added in place */
+        float got[15] = {0};
+        CHECK_OK(ctx, ts_tensor_read(ts_grad(w), got, TS_F32));
+        for (int64_t v = 0; v < V; v++)
+            for (int64_t c = 0; c < C; c++) {
+                int uses = (v == 3) * 2 + (v == 0) + (v == 4);
+                double want = xv[c] + xv[3 + c] + uses * (double)kv[c];
+                CHECK_NEAR(got[v * C + c], want, 1e-6);
+            }
+        /* with no .grad yet, the embedding's dense gradient as before */
+        ts_zero_grad(w);
+        CHECK_OK(ctx, ts_backward(l2, NULL));
+        CHECK_OK(ctx, ts_tensor_read(ts_grad(w), got, TS_F32));
+        CHECK_NEAR(got[3 * C + 2], 2 * 3.0, 1e-6);
+        CHECK_NEAR(got[1 * C + 0], 0.0, 0);
+        ts_release(w), ts_release(x), ts_release(ids), ts_release(wt);
+        ts_release(lg), ts_release(l1), ts_release(em), ts_release(k);
+        ts_release(ek), ts_release(l2);
+    }
+    ts_set_mode(ctx, TS_MODE_EAGER);
+}
+
+static ts_status read_grad(void *arg, ts_tensor *leaf) {
+    (void)arg;
+    return isnan(g_at(leaf, 0)) ? TS_ERR_STATE : TS_OK;
+}
+
+/* Compiled mode, a hook that reads each gradient as it is final (a sync
+ * in the middle of the backward): the gradients equal eager's. (The
+ * compiler's liveness walk once shared autograd's visit mark and lost
+ * activations at such a sync; dist_train's overlapped compiled run is what
+ * caught it.) */
+static void test_sync_in_backward(ts_ctx *ctx) {
+    float want[2][12], got[12];
+    for (int mode = 0; mode < 2; mode++) {
+        ts_set_mode(ctx, mode ? TS_MODE_COMPILED : TS_MODE_EAGER);
+        int64_t s1[2] = {3, 4}, s2[2] = {4, 2}, sx[2] = {2, 3};
+        ts_tensor *w1 = ts_randn(ctx, TS_F32, 2, s1, 1.0, 21);
+        ts_tensor *w2 = ts_randn(ctx, TS_F32, 2, s2, 1.0, 22);
+        ts_tensor *x = ts_randn(ctx, TS_F32, 2, sx, 1.0, 23);
+        ts_set_requires_grad(w1, true);
+        ts_set_requires_grad(w2, true);
+        ts_tensor *a = ts_matmul(x, w1), *h = ts_tanh(a);
+        ts_tensor *y = ts_matmul(h, w2), *yy = ts_mul(y, y);
+        ts_tensor *l = ts_sum(yy, 0, NULL, false);
+        ts_release(a), ts_release(h), ts_release(y), ts_release(yy);
+        ts_set_grad_ready_hook(ctx, mode ? read_grad : NULL, NULL);
+        CHECK_OK(ctx, ts_backward(l, NULL));
+        ts_set_grad_ready_hook(ctx, NULL, NULL);
+        CHECK_OK(ctx, ts_tensor_read(ts_grad(w1), want[mode], TS_F32));
+        ts_release(w1), ts_release(w2), ts_release(x), ts_release(l);
+    }
+    memcpy(got, want[1], sizeof got);
+    for (int i = 0; i < 12; i++)
+        CHECK_NEAR(got[i], want[0][i], 1e-5);
+    ts_set_mode(ctx, TS_MODE_EAGER);
+}
+
 int main(void) {
     ts_ctx *ctx = test_ctx();
     test_accumulate_and_zero(ctx);
@@ -286,6 +378,8 @@ int main(void) {
     test_errors(ctx);
     test_bf16_leaf_grad_dtype(ctx);
     test_grad_ready_hook(ctx);
+    test_embedding_accumulates(ctx);
+    test_sync_in_backward(ctx);
     ts_ctx_free(ctx);
     return test_finish("test_autograd");
 }

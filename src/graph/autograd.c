@@ -27,7 +27,12 @@ static bool vec_push(node_vec *a, ts_node *n) {
 }
 
 /* Post-order DFS without recursion: a node is emitted after all the nodes
- * that produced its inputs. visit: 0 new, 1 on stack, 2 done. */
+ * that produced its inputs. visit: 0 new, 1 on stack, 2 done. Inputs are
+ * explored first to last, so backward (the reverse order) takes a node's
+ * later inputs before its first: a weight's view (x @ w^T) right after the
+ * product, not after the whole chain of activations behind x; weights'
+ * gradients are then final early (for the grad-ready hook) and a tied
+ * table's head gradient exists before its embedding adds rows to it. */
 static bool topo_sort(ts_node *root, node_vec *order) {
     node_vec stack = {0};
     bool ok = vec_push(&stack, root);
@@ -35,7 +40,7 @@ static bool topo_sort(ts_node *root, node_vec *order) {
         ts_node *n = stack.v[stack.n - 1];
         if (n->visit == 0) {
             n->visit = 1;
-            for (int i = 0; i < n->n_in && ok; i++) {
+            for (int i = n->n_in - 1; i >= 0 && ok; i--) {
                 ts_node *p = n->in[i]->grad_fn;
                 if (p && p->visit == 0)
                     ok = vec_push(&stack, p);
@@ -154,7 +159,19 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad) {
         ts_tensor *gin[TS_MAX_INPUTS] = {0};
         for (int i = 0; i < n->n_in; i++)
             want[i] = n->in[i]->requires_grad || n->in[i]->grad_fn;
-        st = ts_op_table[n->op].backward(ctx, n, g, want, gin);
+        /* a leaf's .grad that the op can add into in place, no new one */
+        ts_accumulate_fn acc_fn = ts_op_table[n->op].accumulate;
+        for (int i = 0; acc_fn && i < n->n_in && st == TS_OK; i++) {
+            ts_tensor *x = n->in[i], *xg = x->grad;
+            if (want[i] && grad_leaf(x) && xg && xg->refcount == 1 &&
+                xg->dtype == TS_F32 && x->dtype == TS_F32 &&
+                ts_tensor_is_contiguous(xg)) {
+                st = acc_fn(ctx, n, g, i, xg);
+                want[i] = false;
+            }
+        }
+        if (st == TS_OK)
+            st = ts_op_table[n->op].backward(ctx, n, g, want, gin);
         ts_release(g);
         for (int i = 0; i < n->n_in; i++) {
             if (st == TS_OK && gin[i] && want[i]) {

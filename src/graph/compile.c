@@ -227,7 +227,7 @@ static bool mark_live(ts_trace *t) {
         ts_tensor *x = stack[--top];
         x->storage->scratch2 |= LIVE_AFTER;
         ts_node *g = x->grad_fn;
-        if (g && g->visit == 0) {
+        if (g && g->live_visit == 0) {
             if (n_visited == vcap) { /* more autograd nodes than trace: grow */
                 ts_node **p =
                     realloc(visited, sizeof *visited * (size_t)(2 * vcap));
@@ -236,7 +236,7 @@ static bool mark_live(ts_trace *t) {
                 visited = p;
                 vcap *= 2;
             }
-            g->visit = 1;
+            g->live_visit = 1;
             visited[n_visited++] = g;
             for (int k = 0; k < g->n_in; k++)
                 PUSH(g->in[k]);
@@ -245,12 +245,12 @@ static bool mark_live(ts_trace *t) {
         }
     }
     for (int i = 0; i < n_visited; i++)
-        visited[i]->visit = 0;
+        visited[i]->live_visit = 0;
     free(stack), free(visited);
     return true;
 oom:
     for (int i = 0; i < n_visited; i++)
-        visited[i]->visit = 0;
+        visited[i]->live_visit = 0;
     free(stack), free(visited);
     return false;
 #undef PUSH

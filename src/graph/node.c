@@ -188,8 +188,7 @@ static ts_tensor *op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
             out = ts_retain(in[0]);
             n->out_st = in[0]->storage;
             for (int i = 0; i < n_in; i++) /* reads must see these writes */
-                if (op == TS_OP_COPY_INTO ? i == 0
-                                          : (i == 0 || i == 2 || i == 3))
+                if (i == 0 || (op == TS_OP_ADAMW && (i == 2 || i == 3)))
                     in[i]->storage->pending_writes++,
                         in[i]->storage->uniform = false;
         } else {

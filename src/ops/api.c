@@ -604,6 +604,20 @@ ts_status ts_adamw_update_(ts_tensor *p, ts_tensor *g, ts_tensor *m,
     return TS_OK;
 }
 
+ts_status ts_index_add_(ts_tensor *dst, ts_tensor *ids, ts_tensor *src) {
+    ts_tensor *in[3] = {dst, ids, src};
+    ts_ctx *ctx = ts_ctx_of(3, in);
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    bool old = ts_set_grad_enabled(ctx, false);
+    ts_tensor *r = ts_op_call(ctx, TS_OP_INDEX_ADD, 3, in, NULL);
+    ts_set_grad_enabled(ctx, old);
+    if (!r)
+        return ctx->status;
+    ts_release(r);
+    return TS_OK;
+}
+
 ts_status ts_copy_(ts_tensor *dst, ts_tensor *src) {
     if (!dst || !src)
         return TS_ERR_INVALID_ARG;

@@ -283,6 +283,15 @@ TS_GRAD(embedding) {
                ts_embedding_backward(g, n->in[1], n->in[0]->shape[0]));
 }
 
+/* the table's gradient added into acc row by row, no dense temporary */
+ts_status ts_accum_embedding(ts_ctx *ctx, const ts_node *n, ts_tensor *g, int i,
+                             ts_tensor *acc) {
+    if (i != 0)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "embedding: no gradient for the ids");
+    return ts_index_add_(acc, n->in[1], g);
+}
+
 TS_GRAD(concat) {
     int dim = (int)n->attrs.i[0];
     int64_t off = 0;

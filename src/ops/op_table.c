@@ -43,7 +43,8 @@ const ts_op_def ts_op_table[TS_OP_COUNT] = {
     ROW(TS_OP_SOFTMAX, "softmax", false, unary, ts_grad_softmax),
     ROW(TS_OP_LOG_SOFTMAX, "log_softmax", false, unary, ts_grad_log_softmax),
     ROW(TS_OP_MATMUL, "matmul", false, matmul, ts_grad_matmul),
-    ROW(TS_OP_EMBEDDING, "embedding", false, embedding, ts_grad_embedding),
+    [TS_OP_EMBEDDING] = {"embedding", false, false, ts_infer_embedding,
+                         ts_grad_embedding, ts_accum_embedding},
     ROW(TS_OP_EMBEDDING_BACKWARD, "embedding_backward", false, embedding_bwd,
         NULL),
     ROW(TS_OP_CONCAT, "concat", false, concat, ts_grad_concat),
@@ -63,6 +64,7 @@ const ts_op_def ts_op_table[TS_OP_COUNT] = {
         NULL),
     IN_PLACE(TS_OP_COPY_INTO, "copy_into", copy_into),
     IN_PLACE(TS_OP_ADAMW, "adamw", adamw),
+    IN_PLACE(TS_OP_INDEX_ADD, "index_add", index_add),
     [TS_OP_CHECKPOINT] = {"checkpoint", true, false, ts_infer_checkpoint,
                           ts_grad_checkpoint},
 };

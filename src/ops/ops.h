@@ -69,6 +69,10 @@ typedef enum {
     TS_OP_COPY_INTO,
     /* fused AdamW: updates in[0] (param), in[2] (m), in[3] (v) in place */
     TS_OP_ADAMW,
+    /* in[0] (V, C) f32 rows at ids in[1] += in[2] (numel(ids), C), in place
+     * (torch's index_add_ on dim 0): an embedding's gradient accumulated
+     * into an existing one */
+    TS_OP_INDEX_ADD,
     /* activation checkpoint (src/graph/checkpoint.c): no kernel; its
      * backward recomputes a block and backpropagates through it */
     TS_OP_CHECKPOINT,
@@ -103,7 +107,9 @@ typedef struct ts_node {
     ts_attrs attrs;
     ts_tensor *out;      /* weak: cleared when out dies */
     ts_tensor *grad_acc; /* during backward only */
-    int visit;           /* traversal mark */
+    int visit;           /* traversal mark (autograd's topological sort) */
+    int live_visit;      /* the compiler's liveness walk: its own mark, as
+                            it may run in the middle of a backward */
     /* compiled mode: the node is recorded, its output computed later */
     ts_storage *out_st; /* strong: where the result goes */
     ts_desc out_desc;
@@ -121,12 +127,21 @@ typedef ts_status (*ts_backward_fn)(ts_ctx *ctx, const ts_node *n,
                                     ts_tensor *gout, const bool *want,
                                     ts_tensor **gin);
 
+/* Accumulation rule: adds the gradient of input i for d(out) = gout into
+ * acc in place (a leaf's f32 contiguous .grad that nothing else holds),
+ * where that is cheaper than making the gradient and adding it (an
+ * embedding: a few rows of a large table). Built from the ops, as
+ * backward rules are. */
+typedef ts_status (*ts_accumulate_fn)(ts_ctx *ctx, const ts_node *n,
+                                      ts_tensor *gout, int i, ts_tensor *acc);
+
 typedef struct {
     const char *name;
     bool is_view;
     bool in_place; /* writes into its inputs' memory; no new output */
     ts_infer_fn infer;
-    ts_backward_fn backward; /* NULL: no gradient flows through */
+    ts_backward_fn backward;     /* NULL: no gradient flows through */
+    ts_accumulate_fn accumulate; /* NULL: backward's gradient is added */
 } ts_op_def;
 
 extern const ts_op_def ts_op_table[TS_OP_COUNT];

@@ -21,6 +21,7 @@ TS_INFER(reduce);
 TS_INFER(matmul);
 TS_INFER(embedding);
 TS_INFER(embedding_bwd);
+TS_INFER(index_add);
 TS_INFER(concat);
 TS_INFER(slice_scatter);
 TS_INFER(rmsnorm);
@@ -63,6 +64,8 @@ TS_GRAD(softmax);
 TS_GRAD(log_softmax);
 TS_GRAD(matmul);
 TS_GRAD(embedding);
+ts_status ts_accum_embedding(ts_ctx *ctx, const ts_node *n, ts_tensor *g, int i,
+                             ts_tensor *acc);
 TS_GRAD(concat);
 TS_GRAD(rmsnorm);
 TS_GRAD(layernorm);
@@ -80,6 +83,8 @@ ts_tensor *ts_eq(ts_tensor *a, ts_tensor *b);
 ts_tensor *ts_unary_backward(ts_tensor *g, ts_tensor *x, ts_tensor *out,
                              ts_op_id fwd, const ts_attrs *fwd_attrs);
 ts_tensor *ts_embedding_backward(ts_tensor *g, ts_tensor *ids, int64_t V);
+/* dst rows at ids += src rows, in place (TS_OP_INDEX_ADD) */
+ts_status ts_index_add_(ts_tensor *dst, ts_tensor *ids, ts_tensor *src);
 ts_tensor *ts_slice_scatter(ts_tensor *g, const ts_attrs *slice_attrs, int ndim,
                             const int64_t *shape);
 ts_tensor *ts_rope_dir(ts_tensor *x, ts_tensor *cos, ts_tensor *sin,

@@ -633,6 +633,33 @@ ts_status ts_infer_copy_into(ts_ctx *ctx, const ts_node *n, ts_desc *o,
     return TS_OK;
 }
 
+/* dst (V, C) f32 contiguous; ids integers; src (numel(ids), C) as any
+ * (..., C) of that many rows, a float dtype */
+ts_status ts_infer_index_add(ts_ctx *ctx, const ts_node *n, ts_desc *o,
+                             ts_desc *s, int *ns) {
+    (void)s, (void)ns;
+    const ts_tensor *d = n->in[0], *ids = n->in[1], *src = n->in[2];
+    char sa[128], sb[128];
+    if (d->dtype != TS_F32 || d->ndim != 2 || !ts_tensor_is_contiguous(d))
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "index_add: the destination must be a contiguous "
+                            "f32 matrix (it is %s %s)",
+                            ts_dtype_name(d->dtype), SHP(d, sa));
+    if (ids->dtype != TS_I32 && ids->dtype != TS_I64)
+        return ts_set_error(ctx, TS_ERR_DTYPE,
+                            "index_add: ids must be i32 or i64, not %s",
+                            ts_dtype_name(ids->dtype));
+    if (need_float(ctx, "index_add", 2, src))
+        return ctx->status;
+    if (src->ndim < 1 || src->shape[src->ndim - 1] != d->shape[1] ||
+        ts_tensor_numel(src) != ts_tensor_numel(ids) * d->shape[1])
+        return ts_set_error(
+            ctx, TS_ERR_SHAPE, "index_add: rows %s for %lld ids into %s",
+            SHP(src, sa), (long long)ts_tensor_numel(ids), SHP(d, sb));
+    desc_like(o, d->dtype, d->ndim, d->shape);
+    return TS_OK;
+}
+
 /* param, grad, m, v of one shape; m, v f32; hyper f32 [7] or [8] */
 ts_status ts_infer_adamw(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
                          int *ns) {

@@ -211,6 +211,7 @@ extern const ts_cpu_kernel ts_cpu_kernels[TS_OP_COUNT];
 
 #define CPU_KERNEL(name) ts_status cpu_##name(ts_ctx *ctx, ts_node *n)
 CPU_KERNEL(binary);
+CPU_KERNEL(index_add);
 CPU_KERNEL(unary);
 CPU_KERNEL(unary_backward);
 CPU_KERNEL(where);

@@ -56,6 +56,7 @@ const ts_cpu_kernel ts_cpu_kernels[TS_OP_COUNT] = {
     [TS_OP_CROSS_ENTROPY_BACKWARD] = cpu_cross_entropy_backward,
     [TS_OP_COPY_INTO] = cpu_copy_into,
     [TS_OP_ADAMW] = cpu_adamw,
+    [TS_OP_INDEX_ADD] = cpu_index_add,
 };
 
 static ts_status cpu_run_node(ts_ctx *ctx, ts_node *n) {

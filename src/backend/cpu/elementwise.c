@@ -423,47 +423,63 @@ CPU_KERNEL(embedding) {
     return st;
 }
 
-/* dweight (V, C) = scatter-add of g (N, C) rows at ids; f32 accumulation */
-CPU_KERNEL(embedding_backward) {
-    ts_tensor *g = n->in[0], *ids = n->in[1], *y = n->out;
-    int64_t N = ts_tensor_numel(ids), V = y->shape[0], C = y->shape[1];
+/* acc (V, C) rows at ids += g rows (f32), columns split across threads:
+ * no two threads touch one element */
+static ts_status scatter_add_rows(ts_ctx *ctx, float *acc, int64_t V, int64_t C,
+                                  const ts_tensor *ids, const ts_tensor *g) {
+    int64_t N = ts_tensor_numel(ids);
     int64_t *offs = id_offsets(ctx, ids);
     if (!offs)
         return ctx->status;
     ts_status st = check_ids(ctx, ids, offs, V);
-    float *gtmp = NULL, *acc = NULL;
+    float *gtmp = NULL;
     const float *gf = st == TS_OK ? cpu_as_f32(g, &gtmp) : NULL;
+    if (st == TS_OK && !gf)
+        st = ts_set_error(ctx, TS_ERR_OOM, "embedding: out of memory");
     if (st == TS_OK) {
-        acc = y->dtype == TS_F32 ? (float *)ts_tensor_ptr(y)
-                                 : malloc(sizeof(float) * (size_t)(V * C + 1));
-        if (!gf || !acc)
-            st = ts_set_error(ctx, TS_ERR_OOM,
-                              "embedding_backward: out of memory");
-    }
-    if (st == TS_OK) {
-        memset(acc, 0, sizeof(float) * (size_t)(V * C));
-        /* columns split across threads: no two threads touch one element */
         int nt = ts_get_num_threads(ctx);
         int64_t cols = (C + nt - 1) / nt;
 #pragma omp parallel for schedule(static) if (N * C > 65536)
         for (int t = 0; t < nt; t++) {
             int64_t c0 = t * cols, c1 = c0 + cols < C ? c0 + cols : C;
             for (int64_t i = 0; i < N; i++) {
-                int64_t id = load_id(ids, &offs[i]);
-                float *dst = acc + id * C;
+                float *dst = acc + load_id(ids, &offs[i]) * C;
                 const float *src = gf + i * C;
                 for (int64_t c = c0; c < c1; c++)
                     dst[c] += src[c];
             }
         }
-        if (acc != (float *)ts_tensor_ptr(y))
-            cpu_store_out(y, acc);
     }
-    if (acc && acc != (float *)ts_tensor_ptr(y))
-        free(acc);
     cpu_tmp_free(gtmp);
     free(offs);
     return st;
+}
+
+/* dweight (V, C) = scatter-add of g (N, C) rows at ids; f32 accumulation */
+CPU_KERNEL(embedding_backward) {
+    ts_tensor *y = n->out;
+    int64_t V = y->shape[0], C = y->shape[1];
+    float *acc = y->dtype == TS_F32
+                     ? (float *)ts_tensor_ptr(y)
+                     : malloc(sizeof(float) * (size_t)(V * C + 1));
+    if (!acc)
+        return ts_set_error(ctx, TS_ERR_OOM,
+                            "embedding_backward: out of memory");
+    memset(acc, 0, sizeof(float) * (size_t)(V * C));
+    ts_status st = scatter_add_rows(ctx, acc, V, C, n->in[1], n->in[0]);
+    if (acc != (float *)ts_tensor_ptr(y)) {
+        if (st == TS_OK)
+            cpu_store_out(y, acc);
+        free(acc);
+    }
+    return st;
+}
+
+/* in[0] (V, C) f32 contiguous rows at in[1] += in[2], in place */
+CPU_KERNEL(index_add) {
+    ts_tensor *d = n->in[0];
+    return scatter_add_rows(ctx, (float *)ts_tensor_ptr(d), d->shape[0],
+                            d->shape[1], n->in[1], n->in[2]);
 }
 
 /* in[0] (any strides) = in[1] broadcast and converted */
