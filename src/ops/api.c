@@ -589,14 +589,13 @@ ts_tensor *ts_cross_entropy(ts_tensor *logits, ts_tensor *targets,
 
 /* ---- in-place updates ---- */
 
-ts_status ts_adamw_update_(ts_tensor *p, ts_tensor *g, ts_tensor *m,
-                           ts_tensor *v, ts_tensor *hyper) {
-    ts_tensor *in[5] = {p, g, m, v, hyper};
-    ts_ctx *ctx = ts_ctx_of(5, in);
+/* an in-place op over in[0..n-1], never recorded by autograd */
+static ts_status call_in_place(ts_op_id op, int n, ts_tensor **in) {
+    ts_ctx *ctx = ts_ctx_of(n, in);
     if (!ctx)
         return TS_ERR_INVALID_ARG;
     bool old = ts_set_grad_enabled(ctx, false);
-    ts_tensor *r = ts_op_call(ctx, TS_OP_ADAMW, 5, in, NULL);
+    ts_tensor *r = ts_op_call(ctx, op, n, in, NULL);
     ts_set_grad_enabled(ctx, old);
     if (!r)
         return ctx->status;
@@ -604,18 +603,15 @@ ts_status ts_adamw_update_(ts_tensor *p, ts_tensor *g, ts_tensor *m,
     return TS_OK;
 }
 
+ts_status ts_adamw_update_(ts_tensor *p, ts_tensor *g, ts_tensor *m,
+                           ts_tensor *v, ts_tensor *hyper) {
+    ts_tensor *in[5] = {p, g, m, v, hyper};
+    return call_in_place(TS_OP_ADAMW, 5, in);
+}
+
 ts_status ts_index_add_(ts_tensor *dst, ts_tensor *ids, ts_tensor *src) {
     ts_tensor *in[3] = {dst, ids, src};
-    ts_ctx *ctx = ts_ctx_of(3, in);
-    if (!ctx)
-        return TS_ERR_INVALID_ARG;
-    bool old = ts_set_grad_enabled(ctx, false);
-    ts_tensor *r = ts_op_call(ctx, TS_OP_INDEX_ADD, 3, in, NULL);
-    ts_set_grad_enabled(ctx, old);
-    if (!r)
-        return ctx->status;
-    ts_release(r);
-    return TS_OK;
+    return call_in_place(TS_OP_INDEX_ADD, 3, in);
 }
 
 ts_status ts_copy_(ts_tensor *dst, ts_tensor *src) {
