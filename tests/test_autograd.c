@@ -271,6 +271,14 @@ static void test_grad_ready_hook(ts_ctx *ctx) {
             ts_release(a), ts_release(b), ts_release(s), ts_release(z);
             ts_release(zc), ts_release(l);
         }
+        /* a leaf as the root: reported once, every time */
+        for (int k = 0; k < 2; k++) {
+            ready_log rl = {.fail_at = -1};
+            ts_set_grad_ready_hook(ctx, on_ready, &rl);
+            CHECK_OK(ctx, ts_backward(idle, ts_grad(x) ? ts_grad(x) : x));
+            ts_set_grad_ready_hook(ctx, NULL, NULL);
+            CHECK(rl.n == 1 && rl.leaf[0] == idle);
+        }
         ts_release(x), ts_release(y), ts_release(w), ts_release(idle);
         ts_release(c);
     }

@@ -248,6 +248,9 @@ ts_status ts_dist_all_reduce_start(ts_dist *d, void *buf, int64_t n,
                                 mpi_type(dt), mpi_op(d, dt, op), MPI_COMM_WORLD,
                                 &r->mpi[p]);
         if (rc != MPI_SUCCESS) {
+            /* the other ranks may have started every piece: a failure to
+             * start one is an MPI fault the run does not outlive (the
+             * trainer's agree() then fails every rank that gets there) */
             r->n_mpi = p; /* wait for those started, report this one */
             st = mpi_fail(d, rc, "all_reduce_start");
             break;

@@ -127,9 +127,10 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad) {
     if (st == TS_OK && !root->grad_fn) { /* a leaf */
         st = accumulate(ctx, &root->grad, seed, root->dtype);
         ts_release(seed);
-        root->grad_pending++;
-        if (st == TS_OK)
+        if (st == TS_OK && grad_leaf(root)) {
+            root->grad_pending++;
             st = edge_done(ctx, root);
+        }
         ts_set_grad_enabled(ctx, old_mode);
         return st;
     }
@@ -170,7 +171,10 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad) {
                 want[i] = false;
             }
         }
-        if (st == TS_OK)
+        bool any = false; /* (all taken in place: no rule to run) */
+        for (int i = 0; i < n->n_in; i++)
+            any |= want[i];
+        if (st == TS_OK && any)
             st = ts_op_table[n->op].backward(ctx, n, g, want, gin);
         ts_release(g);
         for (int i = 0; i < n->n_in; i++) {

@@ -236,6 +236,12 @@ static ts_tensor *min_one(ts_tensor *c) {
 /* Sum of squares of one gradient as a (1, n) @ (n, 1) product: the BLAS
  * dot's speed, no n-element temporary. */
 static ts_tensor *sum_squares(ts_tensor *g) {
+    if (ts_tensor_numel(g) > INT32_MAX) { /* past BLAS's int counts */
+        ts_tensor *g32 = as_f32(g), *gg = g32 ? ts_mul(g32, g32) : NULL;
+        ts_tensor *s = gg ? ts_sum(gg, 0, NULL, false) : NULL;
+        ts_release(g32), ts_release(gg);
+        return s;
+    }
     ts_tensor *g32 = as_f32(g);
     ts_tensor *c = g32 ? ts_contiguous(g32) : NULL;
     int64_t row[2] = {1, -1}, col[2] = {-1, 1};

@@ -278,7 +278,8 @@ TS_GRAD(matmul) {
 }
 
 TS_GRAD(embedding) {
-    (void)want;
+    if (!want[0]) /* (the ids have no gradient) */
+        return TS_OK;
     return put(ctx, gin, 0,
                ts_embedding_backward(g, n->in[1], n->in[0]->shape[0]));
 }

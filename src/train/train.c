@@ -307,13 +307,13 @@ static ts_status reducer_new(run *r) {
     return TS_OK;
 }
 
-/* Starts bucket b's all-reduce, also when its gradients cannot be read
- * (then the error is returned all the same): the other ranks' calls must
- * be matched. */
-static ts_status bucket_start(reducer *red, int b) {
+/* Starts bucket b's all-reduce, also after a failure (the step's status
+ * st: the gradients are then not read, the first error stays the one
+ * reported) and when its gradients cannot be read: the other ranks' calls
+ * must be matched. */
+static ts_status bucket_start(reducer *red, int b, ts_status st) {
     run *r = red->r;
     int64_t k = red->off[b];
-    ts_status st = TS_OK;
     for (int i = red->hi[b]; i >= red->lo[b]; i--) {
         float *g = st == TS_OK ? host_f32(r, ts_grad(r->params[i]), i) : NULL;
         if (g)
@@ -347,7 +347,7 @@ static ts_status on_grad_ready(void *arg, ts_tensor *leaf) {
     red->missing[red->bucket_of[i]]--;
     while (red->st == TS_OK && red->next < red->n_buckets &&
            red->missing[red->next] == 0) {
-        red->st = bucket_start(red, red->next++);
+        red->st = bucket_start(red, red->next++, TS_OK);
         red->in_backward++;
     }
     for (int b = 0; b < red->next && red->st == TS_OK; b++) {
@@ -375,10 +375,8 @@ static ts_status reducer_finish(reducer *red, ts_status st) {
     ts_set_grad_ready_hook(r->ctx, NULL, NULL);
     if (st == TS_OK)
         st = red->st;
-    while (red->next < red->n_buckets) { /* even after a failure here */
-        ts_status bs = bucket_start(red, red->next++);
-        st = st == TS_OK ? bs : st;
-    }
+    while (red->next < red->n_buckets) /* even after a failure here */
+        st = bucket_start(red, red->next++, st);
     for (int b = 0; b < red->n_buckets; b++) {
         ts_status ws = ts_dist_wait(red->req[b]);
         red->req[b] = NULL;

@@ -455,10 +455,11 @@ ts_status cpu_matmul_epilogue(ts_ctx *ctx, const ts_fused *f) {
         free(scratch_st.data);
         return st;
     }
-    /* panels of ~1 MB of output, but at least 256 rows: each panel's sgemm
-     * packs all of b again, which costs more than the cache it saves when
-     * panels are thinner (GPT-2's 256-row steps, N = 3072: 85-row panels
-     * made its compiled step slower than eager) */
+    /* panels of ~1 MB of output, but at least 256 rows (the scratch is then
+     * 256 N floats): each panel's sgemm packs all of b again, which costs
+     * more than the cache it saves when panels are thinner (GPT-2's
+     * 256-row steps, N = 3072: 85-row panels made its compiled step slower
+     * than eager) */
     int64_t P = (int64_t)(262144 / (N > 0 ? N : 1));
     P = P < 256 ? 256 : P;
     P = P > R ? R : P;
