@@ -69,6 +69,10 @@ ts_tensor *const *ts_gpt2_params(const ts_gpt2_model *m);
 ts_tensor *ts_gpt2_find_param(const ts_gpt2_model *m, const char *name);
 /* ids (B, T) i32/i64 at positions pos0.. -> logits (B, T, V) */
 ts_tensor *ts_gpt2_forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0);
+/* Activation checkpointing (ts_checkpoint per block): with a graph, each
+ * block keeps its input only and is recomputed in backward; the same
+ * values. Off by default. */
+ts_status ts_gpt2_set_checkpointing(ts_gpt2_model *m, bool on);
 /* Mean cross-entropy of forward(ids, 0) against targets (B, T) i32/i64,
  * the next tokens already aligned with ids; targets of -100 are ignored.
  * The scalar loss; logits (may be NULL) receives the logits (B, T, V). */

@@ -35,11 +35,18 @@ struct ts_gpt2_cache {
     ts_tensor **k, **v; /* per layer (1, H, max_T, D) */
 };
 
+/* a block as ts_checkpoint's argument */
+typedef struct {
+    struct ts_gpt2_model *m;
+    int64_t i;
+} gpt2_block_ref;
+
 struct ts_gpt2_model {
     ts_ctx *ctx;
     ts_model_config cfg;
     ts_tensor *wte, *wpe, *lnf_w, *lnf_b; /* (V, C), (P, C), (C), (C) */
     gpt2_layer *layer;
+    gpt2_block_ref *ckpt; /* activation checkpointing: one per block */
     int n_params, cap_params;
     ts_tensor **params; /* owned references, state_dict order */
     char (*names)[GPT2_NAME_LEN];
@@ -175,8 +182,27 @@ void ts_gpt2_free(ts_gpt2_model *m) {
         return;
     for (int i = 0; i < m->n_params; i++)
         ts_release(m->params[i]);
-    free(m->params), free(m->names), free(m->layer);
+    free(m->params), free(m->names), free(m->layer), free(m->ckpt);
     free(m);
+}
+
+ts_status ts_gpt2_set_checkpointing(ts_gpt2_model *m, bool on) {
+    if (!m)
+        return TS_ERR_INVALID_ARG;
+    if (!on) {
+        free(m->ckpt);
+        m->ckpt = NULL;
+        return TS_OK;
+    }
+    if (m->ckpt)
+        return TS_OK;
+    m->ckpt = calloc((size_t)m->cfg.layers, sizeof *m->ckpt);
+    if (!m->ckpt)
+        return ts_set_error(m->ctx, TS_ERR_OOM,
+                            "gpt2 checkpointing: out of memory");
+    for (int64_t i = 0; i < m->cfg.layers; i++)
+        m->ckpt[i] = (gpt2_block_ref){m, i};
+    return TS_OK;
 }
 
 static ts_status check_config(ts_ctx *ctx, const ts_model_config *c) {
@@ -334,13 +360,53 @@ static ts_tensor *append(ts_tensor *cache, ts_tensor *x, int64_t len) {
     return s == TS_OK ? ts_slice(cache, 2, 0, len + T, 1) : NULL;
 }
 
+/* block i over x (B, T, C) at positions pos0..; with a cache, attends to
+ * and appends block i's (B == 1). A new reference; x is borrowed. */
+static ts_tensor *block(ts_gpt2_model *m, int64_t i, ts_tensor *x,
+                        ts_gpt2_cache *kc, int64_t pos0) {
+    const ts_model_config *c = &m->cfg;
+    int64_t B = ts_tensor_dim(x, 0), T = ts_tensor_dim(x, 1), C = c->hidden;
+    gpt2_layer *L = &m->layer[i];
+    ts_tensor *h = ts_layernorm(x, L->ln1_w, L->ln1_b, c->norm_eps);
+    ts_tensor *qkv = conv1d(h, L->attn_w, L->attn_b);
+    ts_tensor *q = heads(qkv, 0, c), *k = heads(qkv, C, c),
+              *v = heads(qkv, 2 * C, c);
+    if (kc) {
+        ts_tensor *ka = append(kc->k[i], k, pos0),
+                  *va = append(kc->v[i], v, pos0);
+        ts_release(k), ts_release(v);
+        k = ka, v = va;
+    }
+    ts_tensor *a = ts_attention(q, k, v, NULL, true, 0);
+    ts_tensor *at = ts_transpose(a, 1, 2);
+    int64_t shape[3] = {B, T, C};
+    ts_tensor *ar = ts_reshape(at, 3, shape);
+    ts_tensor *o = conv1d(ar, L->proj_w, L->proj_b);
+    ts_tensor *x1 = ts_add(x, o);
+    ts_tensor *h2 = ts_layernorm(x1, L->ln2_w, L->ln2_b, c->norm_eps);
+    ts_tensor *f = conv1d(h2, L->fc_w, L->fc_b);
+    ts_tensor *g = ts_gelu(f, TS_GELU_TANH);
+    ts_tensor *mo = conv1d(g, L->fc_proj_w, L->fc_proj_b);
+    ts_tensor *x2 = ts_add(x1, mo);
+    ts_tensor *tmp[] = {h, qkv, q, k, v, a, at, ar, o, x1, h2, f, g, mo};
+    for (size_t j = 0; j < sizeof tmp / sizeof *tmp; j++)
+        ts_release(tmp[j]);
+    return x2;
+}
+
+static ts_tensor *block_fn(void *arg, int n, ts_tensor **in) {
+    (void)n;
+    gpt2_block_ref *r = arg;
+    return block(r->m, r->i, in[0], NULL, 0);
+}
+
 /* ids (B, T) at positions pos0.. -> logits (B, T or 1, V); with a cache:
  * attends to and appends the layers' caches (B == 1) */
 static ts_tensor *forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0,
                           ts_gpt2_cache *kc, bool last_only) {
     ts_ctx *ctx = m->ctx;
     const ts_model_config *c = &m->cfg;
-    int64_t B = ts_tensor_dim(ids, 0), T = ts_tensor_dim(ids, 1), C = c->hidden;
+    int64_t T = ts_tensor_dim(ids, 1);
     if (pos0 + T > c->max_positions) {
         ts_set_error(ctx, TS_ERR_RANGE,
                      "gpt2: positions up to %lld past n_positions %lld",
@@ -353,32 +419,13 @@ static ts_tensor *forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0,
     ts_tensor *te = ts_embedding(m->wte, ids);
     ts_tensor *x = ts_add(te, pe);
     ts_release(pos), ts_release(pe), ts_release(te);
+    /* blocks recomputed in backward when checkpointing a graph (not with
+     * a cache: decoding keeps no graph) */
+    bool ckpt = m->ckpt && !kc && ts_is_grad_enabled(ctx);
     for (int64_t i = 0; i < c->layers && x; i++) {
-        gpt2_layer *L = &m->layer[i];
-        ts_tensor *h = ts_layernorm(x, L->ln1_w, L->ln1_b, c->norm_eps);
-        ts_tensor *qkv = conv1d(h, L->attn_w, L->attn_b);
-        ts_tensor *q = heads(qkv, 0, c), *k = heads(qkv, C, c),
-                  *v = heads(qkv, 2 * C, c);
-        if (kc) {
-            ts_tensor *ka = append(kc->k[i], k, pos0),
-                      *va = append(kc->v[i], v, pos0);
-            ts_release(k), ts_release(v);
-            k = ka, v = va;
-        }
-        ts_tensor *a = ts_attention(q, k, v, NULL, true, 0);
-        ts_tensor *at = ts_transpose(a, 1, 2);
-        int64_t shape[3] = {B, T, C};
-        ts_tensor *ar = ts_reshape(at, 3, shape);
-        ts_tensor *o = conv1d(ar, L->proj_w, L->proj_b);
-        ts_tensor *x1 = ts_add(x, o);
-        ts_tensor *h2 = ts_layernorm(x1, L->ln2_w, L->ln2_b, c->norm_eps);
-        ts_tensor *f = conv1d(h2, L->fc_w, L->fc_b);
-        ts_tensor *g = ts_gelu(f, TS_GELU_TANH);
-        ts_tensor *mo = conv1d(g, L->fc_proj_w, L->fc_proj_b);
-        ts_tensor *x2 = ts_add(x1, mo);
-        ts_tensor *tmp[] = {x, h, qkv, q, k, v, a, at, ar, o, x1, h2, f, g, mo};
-        for (size_t j = 0; j < sizeof tmp / sizeof *tmp; j++)
-            ts_release(tmp[j]);
+        ts_tensor *x2 = ckpt ? ts_checkpoint(block_fn, &m->ckpt[i], 1, &x)
+                             : block(m, i, x, kc, pos0);
+        ts_release(x);
         x = x2;
     }
     if (last_only && x) { /* the next token needs the last position only */

@@ -1082,9 +1082,7 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     ts_model_config arch;
     st = ts_config_load(ctx, r.config_src, &arch);
     bool gpt2 = st == TS_OK && arch.arch == TS_ARCH_GPT2;
-    const char *gpt2_lacks = !gpt2 ? NULL
-                             : o->checkpoint_activations
-                                 ? "--checkpoint-activations"
+    const char *gpt2_lacks = !gpt2                          ? NULL
                              : o->bf16                      ? "--dtype bf16"
                              : o->shard == 2 && r.world > 1 ? "--shard full"
                                                             : NULL;
@@ -1123,7 +1121,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                               o->data_dir, (long long)dv, (long long)mv);
     }
     if (st == TS_OK && o->checkpoint_activations)
-        st = ts_qwen3_set_checkpointing(r.m, true);
+        st = r.g ? ts_gpt2_set_checkpointing(r.g, true)
+                 : ts_qwen3_set_checkpointing(r.m, true);
     if (st == TS_OK && o->bf16)
         st = ts_qwen3_set_compute_dtype(r.m, TS_BF16);
     int64_t layers = 0, heads = 0, head_dim = 0, max_pos = 0;
