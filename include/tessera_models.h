@@ -73,6 +73,10 @@ ts_tensor *ts_gpt2_forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0);
  * block keeps its input only and is recomputed in backward; the same
  * values. Off by default. */
 ts_status ts_gpt2_set_checkpointing(ts_gpt2_model *m, bool on);
+/* Mixed precision: with TS_BF16 the blocks' and the head's matrices are
+ * cast to bf16 where they are used (the gradients reach the f32 masters);
+ * TS_F32 (the default) turns it off. */
+ts_status ts_gpt2_set_compute_dtype(ts_gpt2_model *m, ts_dtype dt);
 /* Mean cross-entropy of forward(ids, 0) against targets (B, T) i32/i64,
  * the next tokens already aligned with ids; targets of -100 are ignored.
  * The scalar loss; logits (may be NULL) receives the logits (B, T, V). */

@@ -47,6 +47,7 @@ struct ts_gpt2_model {
     ts_tensor *wte, *wpe, *lnf_w, *lnf_b; /* (V, C), (P, C), (C), (C) */
     gpt2_layer *layer;
     gpt2_block_ref *ckpt; /* activation checkpointing: one per block */
+    bool compute_bf16;    /* matrices cast to bf16 where used (mixed) */
     int n_params, cap_params;
     ts_tensor **params; /* owned references, state_dict order */
     char (*names)[GPT2_NAME_LEN];
@@ -334,11 +335,32 @@ ts_tensor *ts_gpt2_find_param(const ts_gpt2_model *m, const char *name) {
 }
 
 /* x @ W + b with W (in, out) */
-static ts_tensor *conv1d(ts_tensor *x, ts_tensor *w, ts_tensor *b) {
-    ts_tensor *y = ts_matmul(x, w);
+/* w itself, or (bf16 compute) a bf16 copy made here: the cast is recorded,
+ * so the gradient reaches the f32 master */
+static ts_tensor *compute_copy(const ts_gpt2_model *m, ts_tensor *w) {
+    if (!w || !m->compute_bf16 || ts_tensor_dtype(w) != TS_F32)
+        return w ? ts_retain(w) : NULL;
+    return ts_cast(w, TS_BF16);
+}
+
+static ts_tensor *conv1d(const ts_gpt2_model *m, ts_tensor *x, ts_tensor *w,
+                         ts_tensor *b) {
+    ts_tensor *wc = compute_copy(m, w);
+    ts_tensor *y = wc ? ts_matmul(x, wc) : NULL;
     ts_tensor *r = ts_add(y, b);
-    ts_release(y);
+    ts_release(wc), ts_release(y);
     return r;
+}
+
+ts_status ts_gpt2_set_compute_dtype(ts_gpt2_model *m, ts_dtype dt) {
+    if (!m)
+        return TS_ERR_INVALID_ARG;
+    if (dt != TS_F32 && dt != TS_BF16)
+        return ts_set_error(m->ctx, TS_ERR_DTYPE,
+                            "gpt2: compute dtype must be f32 or bf16, not %s",
+                            ts_dtype_name(dt));
+    m->compute_bf16 = dt == TS_BF16;
+    return TS_OK;
 }
 
 /* (B, T, C) slice [off, off+C) of the fused qkv -> heads (B, H, T, D) */
@@ -368,7 +390,7 @@ static ts_tensor *block(ts_gpt2_model *m, int64_t i, ts_tensor *x,
     int64_t B = ts_tensor_dim(x, 0), T = ts_tensor_dim(x, 1), C = c->hidden;
     gpt2_layer *L = &m->layer[i];
     ts_tensor *h = ts_layernorm(x, L->ln1_w, L->ln1_b, c->norm_eps);
-    ts_tensor *qkv = conv1d(h, L->attn_w, L->attn_b);
+    ts_tensor *qkv = conv1d(m, h, L->attn_w, L->attn_b);
     ts_tensor *q = heads(qkv, 0, c), *k = heads(qkv, C, c),
               *v = heads(qkv, 2 * C, c);
     if (kc) {
@@ -381,12 +403,12 @@ static ts_tensor *block(ts_gpt2_model *m, int64_t i, ts_tensor *x,
     ts_tensor *at = ts_transpose(a, 1, 2);
     int64_t shape[3] = {B, T, C};
     ts_tensor *ar = ts_reshape(at, 3, shape);
-    ts_tensor *o = conv1d(ar, L->proj_w, L->proj_b);
+    ts_tensor *o = conv1d(m, ar, L->proj_w, L->proj_b);
     ts_tensor *x1 = ts_add(x, o);
     ts_tensor *h2 = ts_layernorm(x1, L->ln2_w, L->ln2_b, c->norm_eps);
-    ts_tensor *f = conv1d(h2, L->fc_w, L->fc_b);
+    ts_tensor *f = conv1d(m, h2, L->fc_w, L->fc_b);
     ts_tensor *g = ts_gelu(f, TS_GELU_TANH);
-    ts_tensor *mo = conv1d(g, L->fc_proj_w, L->fc_proj_b);
+    ts_tensor *mo = conv1d(m, g, L->fc_proj_w, L->fc_proj_b);
     ts_tensor *x2 = ts_add(x1, mo);
     ts_tensor *tmp[] = {h, qkv, q, k, v, a, at, ar, o, x1, h2, f, g, mo};
     for (size_t j = 0; j < sizeof tmp / sizeof *tmp; j++)
@@ -434,9 +456,10 @@ static ts_tensor *forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0,
         x = l;
     }
     ts_tensor *hf = ts_layernorm(x, m->lnf_w, m->lnf_b, c->norm_eps);
-    ts_tensor *wt = ts_transpose(m->wte, 0, 1);
-    ts_tensor *logits = ts_matmul(hf, wt);
-    ts_release(x), ts_release(hf), ts_release(wt);
+    ts_tensor *wc = compute_copy(m, m->wte);
+    ts_tensor *wt = wc ? ts_transpose(wc, 0, 1) : NULL;
+    ts_tensor *logits = wt ? ts_matmul(hf, wt) : NULL;
+    ts_release(x), ts_release(hf), ts_release(wc), ts_release(wt);
     return logits;
 }
 

@@ -1082,10 +1082,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     ts_model_config arch;
     st = ts_config_load(ctx, r.config_src, &arch);
     bool gpt2 = st == TS_OK && arch.arch == TS_ARCH_GPT2;
-    const char *gpt2_lacks = !gpt2                          ? NULL
-                             : o->bf16                      ? "--dtype bf16"
-                             : o->shard == 2 && r.world > 1 ? "--shard full"
-                                                            : NULL;
+    const char *gpt2_lacks =
+        gpt2 && o->shard == 2 && r.world > 1 ? "--shard full" : NULL;
     if (gpt2_lacks)
         st = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
                           "train: %s is for qwen3, qwen2 and llama models; "
@@ -1124,7 +1122,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
         st = r.g ? ts_gpt2_set_checkpointing(r.g, true)
                  : ts_qwen3_set_checkpointing(r.m, true);
     if (st == TS_OK && o->bf16)
-        st = ts_qwen3_set_compute_dtype(r.m, TS_BF16);
+        st = r.g ? ts_gpt2_set_compute_dtype(r.g, TS_BF16)
+                 : ts_qwen3_set_compute_dtype(r.m, TS_BF16);
     int64_t layers = 0, heads = 0, head_dim = 0, max_pos = 0;
     if (st == TS_OK && r.g) {
         const ts_model_config *gc = ts_gpt2_get_config(r.g);
