@@ -109,8 +109,8 @@ struct ts_tensor {
     struct ts_node *grad_fn; /* the node that made this tensor, when it
                                 needs a gradient; strong reference */
     int scratch;             /* used by the compiler while it plans */
-    int grad_pending; /* backward: edges yet to add to .grad (a leaf) */
-    bool inner_leaf;  /* made by autograd (a checkpoint's input): no hook */
+    int grad_pending;        /* backward: edges yet to add to .grad (a leaf) */
+    bool inner_leaf; /* made by autograd (a checkpoint's input): no hook */
 };
 
 /* Errors: record status + formatted message on the context; return NULL /

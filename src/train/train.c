@@ -92,7 +92,7 @@ typedef struct {
     ts_ctx *ctx;
     const ts_train_options *o;
     ts_qwen3_model *m; /* the model: a Qwen3-family decoder, */
-    ts_gpt2_model *g;  /* or GPT-2 (no layer hooks, checkpointing, bf16) */
+    ts_gpt2_model *g;  /* or GPT-2 (no layer hooks: no --shard full) */
     ts_adamw *opt;
     ts_loader *train, *val;
     int n_params;
@@ -211,34 +211,11 @@ static int64_t bucket_elems(const run *r) {
     return e >= 1 ? (int64_t)e : 1;
 }
 
-/* data parallel: every gradient averaged over the ranks, in buckets taken
- * from the last parameter back (the order backward finishes them) */
-static ts_status all_reduce_grads(run *r) {
-    ts_status st = TS_OK;
-    for (int i = r->n_params - 1; i >= 0 && st == TS_OK;) {
-        int64_t k = 0;
-        int j = i;
-        for (; j >= 0 && (k == 0 || k + numel_of(r, j) <= bucket_elems(r));
-             j--) {
-            float *g = host_f32(r, ts_grad(r->params[j]), j);
-            if (!g)
-                return ts_ctx_status(r->ctx);
-            memcpy(r->flat + k, g, sizeof(float) * (size_t)numel_of(r, j));
-            k += numel_of(r, j);
-        }
-        st = ts_dist_all_reduce(r->dist, r->flat, k, TS_F32, TS_DIST_AVG);
-        for (k = 0; st == TS_OK && i > j; i--) {
-            memcpy(ts_tensor_data(ts_grad(r->params[i])), r->flat + k,
-                   sizeof(float) * (size_t)numel_of(r, i));
-            k += numel_of(r, i);
-        }
-    }
-    return st;
-}
-
-/* Data parallel, overlapped (torch DDP's reducer): the parameters, from
- * the last back, in buckets of up to --bucket-mb, each with its own
- * part of r->flat. During the last micro-batch's backward the grad-ready
+/* Data parallel (torch DDP's reducer): the parameters, from the last back
+ * (the order backward finishes them), in buckets of up to --bucket-mb,
+ * each with its own part of r->flat. With --no-overlap each bucket is
+ * all-reduced in turn after the backward. Else, during the last
+ * micro-batch's backward the grad-ready
  * hook marks each parameter whose gradient is final; once every
  * parameter of the next bucket in order is, its gradients are copied out
  * (in compiled mode this runs what was recorded so far) and their
@@ -252,7 +229,7 @@ typedef struct reducer {
     int n_buckets;
     int *bucket_of;    /* of each parameter */
     int *hi, *lo;      /* bucket b: parameters hi down to lo */
-    int64_t *off;      /* bucket b's first element in r->flat */
+    int64_t *off;      /* bucket b's elements in r->flat: off[b]..off[b+1] */
     int *missing;      /* parameters of bucket b not ready this pass */
     bool *ready;       /* each parameter, this pass */
     ts_dist_req **req; /* bucket b's all-reduce, NULL before it starts */
@@ -303,8 +280,43 @@ static ts_status reducer_new(run *r) {
         red->lo[b] = i + 1;
         at += k;
     }
+    red->off[red->n_buckets] = at;
     r->red = red;
     return TS_OK;
+}
+
+/* bucket b's gradients into r->flat (to_flat) or back from it */
+static ts_status bucket_copy(reducer *red, int b, bool to_flat) {
+    run *r = red->r;
+    int64_t k = red->off[b];
+    for (int i = red->hi[b]; i >= red->lo[b]; i--) {
+        float *g = host_f32(r, ts_grad(r->params[i]), i);
+        if (!g)
+            return ts_ctx_status(r->ctx) ? ts_ctx_status(r->ctx) : TS_ERR_STATE;
+        size_t bytes = sizeof(float) * (size_t)numel_of(r, i);
+        if (to_flat)
+            memcpy(r->flat + k, g, bytes);
+        else
+            memcpy(g, r->flat + k, bytes);
+        k += numel_of(r, i);
+    }
+    return TS_OK;
+}
+
+/* --no-overlap: every bucket averaged in turn, after the backward */
+static ts_status all_reduce_grads(run *r) {
+    reducer *red = r->red;
+    ts_status st = TS_OK;
+    for (int b = 0; b < red->n_buckets && st == TS_OK; b++) {
+        st = bucket_copy(red, b, true);
+        if (st == TS_OK)
+            st = ts_dist_all_reduce(r->dist, r->flat + red->off[b],
+                                    red->off[b + 1] - red->off[b], TS_F32,
+                                    TS_DIST_AVG);
+        if (st == TS_OK)
+            st = bucket_copy(red, b, false);
+    }
+    return st;
 }
 
 /* Starts bucket b's all-reduce, also after a failure (the step's status
@@ -312,19 +324,11 @@ static ts_status reducer_new(run *r) {
  * reported) and when its gradients cannot be read: the other ranks' calls
  * must be matched. */
 static ts_status bucket_start(reducer *red, int b, ts_status st) {
-    run *r = red->r;
-    int64_t k = red->off[b];
-    for (int i = red->hi[b]; i >= red->lo[b]; i--) {
-        float *g = st == TS_OK ? host_f32(r, ts_grad(r->params[i]), i) : NULL;
-        if (g)
-            memcpy(r->flat + k, g, sizeof(float) * (size_t)numel_of(r, i));
-        else if (st == TS_OK)
-            st = ts_ctx_status(r->ctx) ? ts_ctx_status(r->ctx) : TS_ERR_STATE;
-        k += numel_of(r, i);
-    }
-    ts_status ss = ts_dist_all_reduce_start(r->dist, r->flat + red->off[b],
-                                            k - red->off[b], TS_F32,
-                                            TS_DIST_AVG, &red->req[b]);
+    if (st == TS_OK)
+        st = bucket_copy(red, b, true);
+    ts_status ss = ts_dist_all_reduce_start(
+        red->r->dist, red->r->flat + red->off[b], red->off[b + 1] - red->off[b],
+        TS_F32, TS_DIST_AVG, &red->req[b]);
     return st != TS_OK ? st : ss;
 }
 
@@ -381,15 +385,8 @@ static ts_status reducer_finish(reducer *red, ts_status st) {
         ts_status ws = ts_dist_wait(red->req[b]);
         red->req[b] = NULL;
         st = st == TS_OK ? ws : st;
-        int64_t k = red->off[b];
-        for (int i = red->hi[b]; st == TS_OK && i >= red->lo[b]; i--) {
-            float *g = host_f32(r, ts_grad(r->params[i]), i);
-            if (!g)
-                st = ts_ctx_status(r->ctx);
-            else
-                memcpy(g, r->flat + k, sizeof(float) * (size_t)numel_of(r, i));
-            k += numel_of(r, i);
-        }
+        if (st == TS_OK)
+            st = bucket_copy(red, b, false);
     }
     return st;
 }
@@ -960,7 +957,7 @@ static ts_status train_step(run *r, int64_t *ids, int64_t *tg, double *loss,
             st == TS_OK ? batch_loss(r, ids, tg, B / r->world) : NULL;
         ts_tensor *scaled =
             l ? (accum > 1 ? ts_mul_scalar(l, 1.0 / (double)accum) : l) : NULL;
-        if (r->red && a == accum - 1) {
+        if (r->red && !o->no_overlap && a == accum - 1) {
             reducer_arm(r->red);
             overlap = true;
         }
@@ -971,16 +968,19 @@ static ts_status train_step(run *r, int64_t *ids, int64_t *tg, double *loss,
             ts_release(scaled);
         ts_release(l); /* the activations die with the graph */
     }
-    if (r->red && (overlap || st != TS_OK)) { /* (a failed micro-batch */
-        if (!overlap)                         /* before the last: the */
-            reducer_arm(r->red);              /* buckets still matched) */
+    /* a micro-batch before the last failed here: the other ranks' buckets
+     * must still be matched */
+    bool failed_early = r->red && !o->no_overlap && !overlap && st != TS_OK;
+    if (overlap || failed_early) {
+        if (failed_early)
+            reducer_arm(r->red);
         st = reducer_finish(r->red, st);
     }
     if (r->world > 1) { /* the gradients of the whole global batch */
         if (st == TS_OK)
             st = ts_sync(ctx);
         st = agree(r, st);
-        if (st == TS_OK && !r->red) /* (full: the layers' went in backward) */
+        if (st == TS_OK && !overlap) /* (full: the layers' in backward) */
             st = r->shard_full  ? reduce_part(r, -1)
                  : r->shard_opt ? reduce_scatter_grads(r)
                                 : all_reduce_grads(r);
@@ -1082,13 +1082,11 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     ts_model_config arch;
     st = ts_config_load(ctx, r.config_src, &arch);
     bool gpt2 = st == TS_OK && arch.arch == TS_ARCH_GPT2;
-    const char *gpt2_lacks =
-        gpt2 && o->shard == 2 && r.world > 1 ? "--shard full" : NULL;
-    if (gpt2_lacks)
+    if (gpt2 && o->shard == 2 && r.world > 1)
         st = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                          "train: %s is for qwen3, qwen2 and llama models; "
-                          "%s is gpt2",
-                          gpt2_lacks, r.config_src);
+                          "train: --shard full is for qwen3, qwen2 and llama "
+                          "models (it needs their layer hooks); %s is gpt2",
+                          r.config_src);
     if (st == TS_OK && o->init_from) {
         st = gpt2 ? ts_gpt2_load(ctx, o->init_from, &r.g)
                   : ts_decoder_load(ctx, o->init_from, &r.m);
@@ -1167,7 +1165,7 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                               r.world, r.n_params);
         if (st == TS_OK && r.shard_opt)
             st = plan_shards(&r);
-        if (st == TS_OK && r.world > 1 && !r.shard_opt && !o->no_overlap)
+        if (st == TS_OK && r.world > 1 && !r.shard_opt)
             st = reducer_new(&r);
         if (st == TS_OK && r.world > 1)
             st = broadcast_params(&r);
@@ -1303,7 +1301,7 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                         t - t_start);
                 if (r.world > 1)
                     fprintf(r.log, ", \"comm_share\": %.4f", share);
-                if (r.red) /* how many all-reduces overlapped backward */
+                if (r.red && !o->no_overlap) /* how many overlapped */
                     fprintf(r.log,
                             ", \"buckets\": %d, \"buckets_in_backward\": %d",
                             r.red->n_buckets, r.red->in_backward);
