@@ -8,6 +8,7 @@
  *   bench_decode [--f32] [--prefill N] [--decode N] [--small] */
 #include "tessera.h"
 #include "tessera_nn.h"
+#include "core/core.h"
 
 #include "qwen3_06b.h"
 #include <immintrin.h>
@@ -26,24 +27,37 @@ static double now(void) {
 
 /* the sum of n floats read by every thread in parallel: a read-only
  * stream, the bound a decode step that only reads its weights can reach */
-static float read_all(const float *p, size_t n) {
-    float total = 0;
-#pragma omp parallel reduction(+ : total)
-    {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-#pragma omp for schedule(static)
-        for (size_t i = 0; i < n; i += 32) {
-            a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-            a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-            a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-            a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
-        }
-        float lanes[8];
-        _mm256_storeu_ps(
-            lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-        for (int k = 0; k < 8; k++)
-            total += lanes[k];
+typedef struct {
+    const float *p;
+    size_t n;
+    float part[64];
+} read_job;
+
+static void read_chunk(void *arg, int64_t c) {
+    read_job *j = arg;
+    size_t per = (j->n / 64 + 31) / 32 * 32;
+    size_t i0 = (size_t)c * per, i1 = i0 + per < j->n ? i0 + per : j->n;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = i0; i + 32 <= i1; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(j->p + i));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(j->p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(j->p + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(j->p + i + 24));
     }
+    float lanes[8], total = 0;
+    _mm256_storeu_ps(lanes,
+                     _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (int k = 0; k < 8; k++)
+        total += lanes[k];
+    j->part[c] = total;
+}
+
+static float read_all(const float *p, size_t n) {
+    read_job j = {.p = p, .n = n};
+    ts_parallel_chunks(64, read_chunk, &j);
+    float total = 0;
+    for (int c = 0; c < 64; c++)
+        total += j.part[c];
     return total;
 }
 

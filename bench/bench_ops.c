@@ -2,8 +2,8 @@
  * reference measured side by side in the same run (machines are noisy).
  *
  *   matmul     f32 N x N @ N x N, N = 512, 1024, 2048, in GFLOP/s:
- *              ts_matmul and cblas_sgemm (the same OpenBLAS, called
- *              directly) timed alternately rep by rep; torch.matmul at the
+ *              ts_matmul and ts_sgemm (the same OpenBLAS on the same
+ *              thread pool, called directly) timed alternately rep by rep; torch.matmul at the
  *              same thread count from bench/torch_ops.py.
  *              Target: ts_matmul >= 95% of the BLAS called directly.
  *   attention  forward, B=1 H=16 KV=8 T=S=1024 D=128, causal and not:
@@ -25,6 +25,7 @@
  * Exit status: 0 when every op ran and its spot check passed (targets missed
  * are reported, not failed); 1 when an op failed or gave a wrong answer. */
 #include "tessera.h"
+#include "core/core.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -212,7 +213,7 @@ static void bench_matmul(ts_ctx *ctx, const opts *o, const int *sizes,
     run_torch(o, args, &tr);
 
     printf("\n== matmul f32: (N,N) @ (N,N), GFLOP/s = 2*N^3 / time ==\n");
-    printf("ts_matmul and cblas_sgemm (OpenBLAS, called directly) alternate "
+    printf("ts_matmul and ts_sgemm (OpenBLAS on the pool, called directly) alternate "
            "rep by rep; torch.matmul at %d threads%s\n",
            o->threads, tr.ok ? "" : " (not run)");
     printf("%6s %12s %12s %9s %12s %10s  %-22s %s\n", "N", "tessera", "BLAS",
@@ -237,7 +238,7 @@ static void bench_matmul(ts_ctx *ctx, const opts *o, const int *sizes,
         const float *pa = ts_tensor_data(a), *pb = ts_tensor_data(b);
 
         /* Spot check: ts_matmul against the BLAS, once. */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f,
+        ts_sgemm(false, false, n, n, n, 1.0f,
                     pa, n, pb, n, 0.0f, c, n);
         ts_tensor *ct = ts_matmul(a, b), *hold = NULL;
         if (!op_ok(ctx, ct, "ts_matmul")) {
@@ -275,7 +276,7 @@ static void bench_matmul(ts_ctx *ctx, const opts *o, const int *sizes,
                     if (!y)
                         g_failed = 1;
                 } else {
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n,
+                    ts_sgemm(false, false, n, n,
                                 n, 1.0f, pa, n, pb, n, 0.0f, c, n);
                 }
                 double dt = now_s() - t0;
@@ -670,15 +671,12 @@ int main(int argc, char **argv) {
     if (st != TS_OK)
         fprintf(stderr, "bench_ops: ts_set_num_threads(%d): %s: %s\n",
                 o.threads, ts_status_name(st), ts_errmsg(ctx));
-    /* The direct BLAS calls get the same thread count (after the context,
-     * in case creating it set OpenBLAS's). */
-    openblas_set_num_threads(o.threads);
 
     double t_start = now_s();
-    printf("Tessera op benchmarks%s: threads %d (tessera %d, OpenBLAS %d); "
+    printf("Tessera op benchmarks%s: threads %d (tessera's pool %d, OpenBLAS serial on it); "
            "median of reps after a warm-up rep\n",
            o.quick ? " (--quick: small sizes, 1 rep)" : "", o.threads,
-           ts_get_num_threads(ctx), openblas_get_num_threads());
+           ts_get_num_threads(ctx));
     printf("OpenBLAS: %s (core %s)\n", openblas_get_config(),
            openblas_get_corename());
 

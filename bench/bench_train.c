@@ -26,8 +26,8 @@
 #include "tessera_models.h"
 #include "tessera_nn.h"
 #include "tessera_train.h"
+#include "core/core.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -366,7 +366,7 @@ static double sgemm_now(int reps) {
         a[i] = (float)(i % 13) * 0.01f, b[i] = (float)(i % 7) * 0.02f;
     for (int r = 0; a && b && c && r < reps; r++) {
         double t = now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a,
+        ts_sgemm(false, false, N, N, N, 1.0f, a,
                     N, b, N, 0.0f, c, N);
         t = now() - t;
         best = fmax(best, 2.0 * N * N * (double)N / t);
@@ -640,10 +640,9 @@ int main(int argc, char **argv) {
         o.warmup = 0;
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0); /* in order with the steps on stderr */
-    openblas_set_num_threads(g_threads);
     ts_ctx *ctx;
     ts_ctx_options co = {.num_threads = g_threads};
-    if (ts_ctx_new(&ctx, &co) != TS_OK) /* sets the OpenMP thread count */
+    if (ts_ctx_new(&ctx, &co) != TS_OK) /* sets the pool's thread count */
         die(NULL, "context");
     bool cached = false;
     double peak = ts_peak_flops(false, &cached), peak_now = sgemm_now(3);

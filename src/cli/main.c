@@ -2,6 +2,7 @@
 #include "tessera.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int tessera_demo(int argc, char **argv);
@@ -37,7 +38,52 @@ static void usage(FILE *f) {
            "  info     -m DIR: a Hugging Face model folder's architecture and "
            "size\n"
            "  logits   -m DIR --ids 1,2,3 --out F.npy: logits of every "
-           "position\n");
+           "position\n"
+           "every command takes -t/--threads N (prepare-data: --threads "
+           "only, its -t\n"
+           "is the tokenizer): threads for the kernels, default the cores "
+           "this process\n"
+           "may run on (its affinity mask); TS_NUM_THREADS sets the same\n");
+}
+
+/* Takes -t/--threads N out of argv (argc updated) into TS_NUM_THREADS,
+ * which every context reads. prepare-data's -t names its tokenizer. */
+static bool take_threads(int *argc, char **argv) {
+    bool short_ok = strcmp(argv[1], "prepare-data") != 0;
+    int out = 2;
+    for (int i = 2; i < *argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (!strcmp(a, "--"))
+            short_ok = false; /* the rest is not ours */
+        if (!strncmp(a, "--threads=", 10)) {
+            v = a + 10;
+        } else if (!strcmp(a, "--threads") || (short_ok && !strcmp(a, "-t"))) {
+            if (i + 1 >= *argc) {
+                fprintf(stderr,
+                        "tessera: %s needs a value: the number of threads "
+                        "(1 to 1024)\n",
+                        a);
+                return false;
+            }
+            v = argv[++i];
+        } else {
+            argv[out++] = argv[i];
+            continue;
+        }
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (!*v || *end || n < 1 || n > 1024) {
+            fprintf(stderr,
+                    "tessera: --threads \"%s\": want a whole number of "
+                    "threads from 1 to 1024\n",
+                    v);
+            return false;
+        }
+        setenv("TS_NUM_THREADS", v, 1);
+    }
+    argv[out] = NULL;
+    *argc = out;
+    return true;
 }
 
 int main(int argc, char **argv) {
@@ -45,6 +91,8 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (!take_threads(&argc, argv))
+        return 2;
     if (!strcmp(argv[1], "demo"))
         return tessera_demo(argc - 1, argv + 1);
     if (!strcmp(argv[1], "info"))

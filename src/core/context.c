@@ -2,14 +2,12 @@
  * allocator and backend selection. Owns ts_ctx; must not run ops. */
 #include "core/core.h"
 
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 extern const ts_backend ts_cpu_backend;
-extern void openblas_set_num_threads(int);
 
 static const char *const status_names[] = {
     "TS_OK",        "TS_ERR_INVALID_ARG", "TS_ERR_SHAPE",
@@ -48,11 +46,6 @@ void ts_clear_error(ts_ctx *ctx) {
     ctx->errmsg[0] = '\0';
 }
 
-void ts_threads_apply(int n) {
-    omp_set_num_threads(n);
-    openblas_set_num_threads(n);
-}
-
 static int default_threads(void) {
     const char *env = getenv("TS_NUM_THREADS");
     if (env && *env) {
@@ -64,8 +57,7 @@ static int default_threads(void) {
                 "tessera: ignoring TS_NUM_THREADS=\"%s\" (want 1..1024)\n",
                 env);
     }
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n >= 1 ? (int)n : 1;
+    return ts_default_threads();
 }
 
 ts_status ts_ctx_new(ts_ctx **out, const ts_ctx_options *opt) {

@@ -219,7 +219,27 @@ bool ts_atomic_commit(ts_atomic_file *f, bool keep);
 /* from's bytes to `to`, atomically (ts_atomic_*); an error names the file */
 ts_status ts_copy_file(ts_ctx *ctx, const char *from, const char *to);
 
-/* Threading (OpenMP). */
+/* Threading: Tessera's own pool (threadpool.c). ts_threads_apply sets the
+ * threads that take part in each loop (the caller included). */
 void ts_threads_apply(int n);
+int ts_threads_count(void);
+/* threads this process may run on (its affinity mask) */
+int ts_default_threads(void);
+/* true inside a chunk run by the pool: a nested loop runs serially */
+bool ts_in_parallel(void);
+/* fn(arg, c) for every c in [0, nchunks), chunks spread over the pool's
+ * threads; returns when all are done. The chunk-to-index map is fixed, so
+ * per-chunk partial results combine in the same order every time. */
+typedef void (*ts_chunk_fn)(void *arg, int64_t chunk);
+void ts_parallel_chunks(int64_t nchunks, ts_chunk_fn fn, void *arg);
+/* fn(arg, begin, end) over [0, n) cut into ranges of at least grain items
+ * (a few per thread); a loop with n < 2 * grain runs on the caller alone. */
+typedef void (*ts_range_fn)(void *arg, int64_t begin, int64_t end);
+void ts_parallel_for(int64_t n, int64_t grain, ts_range_fn fn, void *arg);
+/* row-major C = alpha op(A) op(B) + beta C, OpenBLAS's serial sgemm on
+ * slices of C run by the pool (blas.c) */
+void ts_sgemm(bool ta, bool tb, int M, int N, int K, float alpha,
+              const float *A, int lda, const float *B, int ldb, float beta,
+              float *C, int ldc);
 
 #endif

@@ -1,10 +1,9 @@
 /* peak.c — the machine's measured f32 matmul rate (the MFU denominator),
  * cached per CPU model and thread count, and the model-FLOPs count. */
 #include "tessera_train.h"
+#include "core/core.h"
 
-#include <cblas.h>
 #include <jansson.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,8 +46,7 @@ static double measure(void) {
             a[i] = (float)(i % 13) * 0.01f, b[i] = (float)(i % 7) * 0.02f;
         for (int r = 0; r < 5; r++) {
             double t = now_s();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N,
-                        1.0f, a, N, b, N, 0.0f, c, N);
+            ts_sgemm(false, false, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
             t = now_s() - t;
             double f = 2.0 * N * N * (double)N / t;
             best = f > best ? f : best;
@@ -61,7 +59,7 @@ static double measure(void) {
 double ts_peak_flops(bool fresh, bool *cached) {
     char cpu[256], key[320], dir[4096], path[4200];
     cpu_name(cpu, sizeof cpu);
-    int threads = omp_get_max_threads();
+    int threads = ts_threads_count();
     snprintf(key, sizeof key, "%s / %d threads", cpu, threads);
     const char *home = getenv("XDG_CACHE_HOME");
     if (home && *home)

@@ -74,16 +74,115 @@ static void transpose(const float *src, int64_t rows, int64_t cols, int64_t lds,
             dst[c * ldd + r] = src[r * lds + c];
 }
 
+typedef struct {
+    const cpu_attn_shape *p;
+    const float *k;
+    float *kt;
+} transpose_job;
+
+/* heads [i0, i1) of transpose_heads */
+static void transpose_range(void *arg, int64_t i0, int64_t i1) {
+    const transpose_job *j = arg;
+    const cpu_attn_shape *p = j->p;
+    int64_t per = p->S * p->D;
+    for (int64_t i = i0; i < i1; i++)
+        transpose(j->k + i * per, p->S, p->D, p->D, j->kt + i * per, p->S);
+}
+
 /* per (b, kv head): K (S x D) -> Kt (D x S) */
 static float *transpose_heads(const cpu_attn_shape *p, const float *k) {
     int64_t per = p->S * p->D;
     float *kt = cpu_tmp_alloc(sizeof(float) * (size_t)(p->B * p->KV * per + 1));
     if (!kt)
         return NULL;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < p->B * p->KV; i++)
-        transpose(k + i * per, p->S, p->D, p->D, kt + i * per, p->S);
+    transpose_job j = {p, k, kt};
+    ts_parallel_for(p->B * p->KV, 1, transpose_range, &j);
     return kt;
+}
+
+typedef struct {
+    const cpu_attn_shape *p;
+    const float *q;
+    const float *v;
+    float *out;
+    float *lse;
+    const float *kt;
+    bool ok;
+    int64_t H;
+    int64_t KV;
+    int64_t T;
+    int64_t S;
+    int64_t D;
+    int64_t G;
+    int64_t nqb;
+} attention_fwd_items_args;
+
+static void attention_fwd_items(void *p_, int64_t lo_, int64_t hi_) {
+    const attention_fwd_items_args *a_ = p_;
+    const cpu_attn_shape *p = a_->p;
+    const float *q = a_->q;
+    const float *v = a_->v;
+    float *out = a_->out;
+    float *lse = a_->lse;
+    const float *kt = a_->kt;
+    bool ok = a_->ok;
+    int64_t H = a_->H;
+    int64_t KV = a_->KV;
+    int64_t T = a_->T;
+    int64_t S = a_->S;
+    int64_t D = a_->D;
+    int64_t G = a_->G;
+    int64_t nqb = a_->nqb;
+    float *sb = malloc(sizeof(float) * BQ * BK);
+    float *o = malloc(sizeof(float) * (size_t)(BQ * D));
+    float m[BQ], l[BQ];
+    for (int64_t item = lo_; item < hi_; item++) {
+        if (!sb || !o || !ok)
+            continue;
+        int64_t b = item / (H * nqb), h = item / nqb % H, qb = item % nqb;
+        int64_t t0 = qb * BQ, bq = T - t0 < BQ ? T - t0 : BQ;
+        int64_t kvh = h / G;
+        const float *Q = q + ((b * H + h) * T + t0) * D;
+        const float *Kt = kt + (b * KV + kvh) * S * D;
+        const float *Vh = v + (b * KV + kvh) * S * D;
+        memset(o, 0, sizeof(float) * (size_t)(bq * D));
+        for (int64_t i = 0; i < bq; i++)
+            m[i] = -INFINITY, l[i] = 0;
+        int64_t s_end = key_end(p, t0, bq);
+        for (int64_t s0 = 0; s0 < s_end; s0 += BK) {
+            int64_t bk = s_end - s0 < BK ? s_end - s0 : BK;
+            cpu_gemm_f32(bq, bk, D, Q, D, Kt + s0, S, sb, BK, false);
+            finish_scores(p, sb, bq, bk, b, h, t0, s0);
+            for (int64_t i = 0; i < bq; i++) {
+                float *row = sb + i * BK, mx = m[i];
+                for (int64_t j = 0; j < bk; j++)
+                    mx = row[j] > mx ? row[j] : mx;
+                if (mx == -INFINITY) { /* nothing visible yet */
+                    memset(row, 0, sizeof(float) * (size_t)bk);
+                    continue;
+                }
+                float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+                float s = exp_sub_sum(row, bk, mx);
+                l[i] = l[i] * corr + s;
+                m[i] = mx;
+                if (corr != 1.0f)
+                    for (int64_t d = 0; d < D; d++)
+                        o[i * D + d] *= corr;
+            }
+            cpu_gemm_f32(bq, D, bk, sb, BK, Vh + s0 * D, D, o, D, true);
+        }
+        float *O = out + ((b * H + h) * T + t0) * D;
+        float *L = lse + (b * H + h) * T + t0;
+        for (int64_t i = 0; i < bq; i++) {
+            /* a row that sees no key gives 0 (PyTorch gives NaN) */
+            float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f;
+            for (int64_t d = 0; d < D; d++)
+                O[i * D + d] = o[i * D + d] * inv;
+            L[i] = l[i] > 0 ? m[i] + logf(l[i]) : -INFINITY;
+        }
+    }
+    free(sb);
+    free(o);
 }
 
 void cpu_attention_fwd(const cpu_attn_shape *p, const float *q, const float *k,
@@ -92,60 +191,11 @@ void cpu_attention_fwd(const cpu_attn_shape *p, const float *q, const float *k,
     int64_t G = H / KV, nqb = (T + BQ - 1) / BQ;
     float *kt = transpose_heads(p, k);
     bool ok = kt != NULL;
-#pragma omp parallel if (ok)
-    {
-        float *sb = malloc(sizeof(float) * BQ * BK);
-        float *o = malloc(sizeof(float) * (size_t)(BQ * D));
-        float m[BQ], l[BQ];
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < B * H * nqb; item++) {
-            if (!sb || !o || !ok)
-                continue;
-            int64_t b = item / (H * nqb), h = item / nqb % H, qb = item % nqb;
-            int64_t t0 = qb * BQ, bq = T - t0 < BQ ? T - t0 : BQ;
-            int64_t kvh = h / G;
-            const float *Q = q + ((b * H + h) * T + t0) * D;
-            const float *Kt = kt + (b * KV + kvh) * S * D;
-            const float *Vh = v + (b * KV + kvh) * S * D;
-            memset(o, 0, sizeof(float) * (size_t)(bq * D));
-            for (int64_t i = 0; i < bq; i++)
-                m[i] = -INFINITY, l[i] = 0;
-            int64_t s_end = key_end(p, t0, bq);
-            for (int64_t s0 = 0; s0 < s_end; s0 += BK) {
-                int64_t bk = s_end - s0 < BK ? s_end - s0 : BK;
-                cpu_gemm_f32(bq, bk, D, Q, D, Kt + s0, S, sb, BK, false);
-                finish_scores(p, sb, bq, bk, b, h, t0, s0);
-                for (int64_t i = 0; i < bq; i++) {
-                    float *row = sb + i * BK, mx = m[i];
-                    for (int64_t j = 0; j < bk; j++)
-                        mx = row[j] > mx ? row[j] : mx;
-                    if (mx == -INFINITY) { /* nothing visible yet */
-                        memset(row, 0, sizeof(float) * (size_t)bk);
-                        continue;
-                    }
-                    float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
-                    float s = exp_sub_sum(row, bk, mx);
-                    l[i] = l[i] * corr + s;
-                    m[i] = mx;
-                    if (corr != 1.0f)
-                        for (int64_t d = 0; d < D; d++)
-                            o[i * D + d] *= corr;
-                }
-                cpu_gemm_f32(bq, D, bk, sb, BK, Vh + s0 * D, D, o, D, true);
-            }
-            float *O = out + ((b * H + h) * T + t0) * D;
-            float *L = lse + (b * H + h) * T + t0;
-            for (int64_t i = 0; i < bq; i++) {
-                /* a row that sees no key gives 0 (PyTorch gives NaN) */
-                float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f;
-                for (int64_t d = 0; d < D; d++)
-                    O[i * D + d] = o[i * D + d] * inv;
-                L[i] = l[i] > 0 ? m[i] + logf(l[i]) : -INFINITY;
-            }
-        }
-        free(sb);
-        free(o);
-    }
+    attention_fwd_items_args attention_fwd_items_a = {
+        p, q, v, out, lse, kt, ok, H, KV, T, S, D, G, nqb};
+    if (ok)
+        ts_parallel_for(B * H * nqb, 1, attention_fwd_items,
+                        &attention_fwd_items_a);
     cpu_tmp_free(kt);
 }
 
@@ -189,59 +239,96 @@ static void dot8x4(const float *q, const float *const k[4], int64_t n,
     }
 }
 
+typedef struct {
+    const cpu_attn_shape *p;
+    const float *q;
+    const float *k;
+    int64_t kst_b;
+    int64_t kst_h;
+    const float *v;
+    int64_t vst_b;
+    int64_t vst_h;
+    float *out;
+    float *lse;
+    int64_t H;
+    int64_t T;
+    int64_t S;
+    int64_t D;
+    int64_t G;
+} attention_decode_items_args;
+
+static void attention_decode_items(void *p_, int64_t lo_, int64_t hi_) {
+    const attention_decode_items_args *a_ = p_;
+    const cpu_attn_shape *p = a_->p;
+    const float *q = a_->q;
+    const float *k = a_->k;
+    int64_t kst_b = a_->kst_b;
+    int64_t kst_h = a_->kst_h;
+    const float *v = a_->v;
+    int64_t vst_b = a_->vst_b;
+    int64_t vst_h = a_->vst_h;
+    float *out = a_->out;
+    float *lse = a_->lse;
+    int64_t H = a_->H;
+    int64_t T = a_->T;
+    int64_t S = a_->S;
+    int64_t D = a_->D;
+    int64_t G = a_->G;
+    float *sc = malloc(sizeof(float) * (size_t)(S + 8));
+    for (int64_t item = lo_; item < hi_; item++) {
+        int64_t b = item / (H * T), h = item / T % H, t = item % T;
+        const float *Q = q + ((b * H + h) * T + t) * D;
+        const float *K = k + b * kst_b + (h / G) * kst_h;
+        const float *V = v + b * vst_b + (h / G) * vst_h;
+        float *O = out + ((b * H + h) * T + t) * D;
+        /* keys this query sees: all, or up to its own position */
+        int64_t n = p->causal ? t + S - T + 1 : S;
+        if (n > S)
+            n = S;
+        float mx = -INFINITY;
+        int64_t s = 0;
+        for (; sc && s + 4 <= n; s += 4) {
+            const float *rows[4] = {K + s * D, K + (s + 1) * D, K + (s + 2) * D,
+                                    K + (s + 3) * D};
+            dot8x4(Q, rows, D, sc + s);
+        }
+        for (; sc && s < n; s++)
+            sc[s] = dot8(Q, K + s * D, D);
+        for (s = 0; sc && s < n; s++) {
+            sc[s] *= p->scale;
+            mx = sc[s] > mx ? sc[s] : mx;
+        }
+        memset(O, 0, sizeof(float) * (size_t)D);
+        if (!sc || n <= 0) {
+            lse[(b * H + h) * T + t] = -INFINITY;
+            continue;
+        }
+        float l = exp_sub_sum(sc, n, mx), inv = 1.0f / l;
+        for (int64_t s = 0; s < n; s++) {
+            __m256 w = _mm256_set1_ps(sc[s] * inv);
+            const float *Vr = V + s * D;
+            int64_t d = 0;
+            for (; d + 8 <= D; d += 8)
+                _mm256_storeu_ps(O + d,
+                                 _mm256_fmadd_ps(w, _mm256_loadu_ps(Vr + d),
+                                                 _mm256_loadu_ps(O + d)));
+            for (; d < D; d++)
+                O[d] += sc[s] * inv * Vr[d];
+        }
+        lse[(b * H + h) * T + t] = mx + logf(l);
+    }
+    free(sc);
+}
+
 void cpu_attention_decode(const cpu_attn_shape *p, const float *q,
                           const float *k, int64_t kst_b, int64_t kst_h,
                           const float *v, int64_t vst_b, int64_t vst_h,
                           float *out, float *lse) {
     int64_t B = p->B, H = p->H, T = p->T, S = p->S, D = p->D, G = p->H / p->KV;
-#pragma omp parallel
-    {
-        float *sc = malloc(sizeof(float) * (size_t)(S + 8));
-#pragma omp for schedule(static)
-        for (int64_t item = 0; item < B * H * T; item++) {
-            int64_t b = item / (H * T), h = item / T % H, t = item % T;
-            const float *Q = q + ((b * H + h) * T + t) * D;
-            const float *K = k + b * kst_b + (h / G) * kst_h;
-            const float *V = v + b * vst_b + (h / G) * vst_h;
-            float *O = out + ((b * H + h) * T + t) * D;
-            /* keys this query sees: all, or up to its own position */
-            int64_t n = p->causal ? t + S - T + 1 : S;
-            if (n > S)
-                n = S;
-            float mx = -INFINITY;
-            int64_t s = 0;
-            for (; sc && s + 4 <= n; s += 4) {
-                const float *rows[4] = {K + s * D, K + (s + 1) * D,
-                                        K + (s + 2) * D, K + (s + 3) * D};
-                dot8x4(Q, rows, D, sc + s);
-            }
-            for (; sc && s < n; s++)
-                sc[s] = dot8(Q, K + s * D, D);
-            for (s = 0; sc && s < n; s++) {
-                sc[s] *= p->scale;
-                mx = sc[s] > mx ? sc[s] : mx;
-            }
-            memset(O, 0, sizeof(float) * (size_t)D);
-            if (!sc || n <= 0) {
-                lse[(b * H + h) * T + t] = -INFINITY;
-                continue;
-            }
-            float l = exp_sub_sum(sc, n, mx), inv = 1.0f / l;
-            for (int64_t s = 0; s < n; s++) {
-                __m256 w = _mm256_set1_ps(sc[s] * inv);
-                const float *Vr = V + s * D;
-                int64_t d = 0;
-                for (; d + 8 <= D; d += 8)
-                    _mm256_storeu_ps(O + d,
-                                     _mm256_fmadd_ps(w, _mm256_loadu_ps(Vr + d),
-                                                     _mm256_loadu_ps(O + d)));
-                for (; d < D; d++)
-                    O[d] += sc[s] * inv * Vr[d];
-            }
-            lse[(b * H + h) * T + t] = mx + logf(l);
-        }
-        free(sc);
-    }
+    attention_decode_items_args attention_decode_items_a = {
+        p, q, k, kst_b, kst_h, v, vst_b, vst_h, out, lse, H, T, S, D, G};
+    ts_parallel_for(B * H * T, cpu_grain(S * D, 16384), attention_decode_items,
+                    &attention_decode_items_a);
 }
 
 void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
@@ -288,6 +375,107 @@ void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
     free(sc);
 }
 
+typedef struct {
+    const cpu_attn_shape *p;
+    const float *q;
+    const float *k;
+    const float *out;
+    const float *lse;
+    const float *dout;
+    float *dq;
+    float *dk;
+    float *dv;
+    const float *kt;
+    const float *vt;
+    bool ok;
+    int64_t H;
+    int64_t KV;
+    int64_t T;
+    int64_t S;
+    int64_t D;
+    int64_t G;
+    int64_t nqb;
+} attention_bwd_items_args;
+
+static void attention_bwd_items(void *p_, int64_t lo_, int64_t hi_) {
+    const attention_bwd_items_args *a_ = p_;
+    const cpu_attn_shape *p = a_->p;
+    const float *q = a_->q;
+    const float *k = a_->k;
+    const float *out = a_->out;
+    const float *lse = a_->lse;
+    const float *dout = a_->dout;
+    float *dq = a_->dq;
+    float *dk = a_->dk;
+    float *dv = a_->dv;
+    const float *kt = a_->kt;
+    const float *vt = a_->vt;
+    bool ok = a_->ok;
+    int64_t H = a_->H;
+    int64_t KV = a_->KV;
+    int64_t T = a_->T;
+    int64_t S = a_->S;
+    int64_t D = a_->D;
+    int64_t G = a_->G;
+    int64_t nqb = a_->nqb;
+    float *sb = malloc(sizeof(float) * BQ * BK);
+    float *dp = malloc(sizeof(float) * BQ * BK);
+    float *tr = malloc(sizeof(float) * BQ * BK);
+    float di[BQ];
+    for (int64_t item = lo_; item < hi_; item++) {
+        if (!sb || !dp || !tr || !ok)
+            continue;
+        int64_t b = item / KV, kvh = item % KV;
+        const float *Kh = k + item * S * D, *Kt = kt + item * S * D;
+        const float *Vt = vt + item * S * D;
+        float *dK = dk + item * S * D, *dV = dv + item * S * D;
+        for (int64_t h = kvh * G; h < (kvh + 1) * G; h++)
+            for (int64_t qb = 0; qb < nqb; qb++) {
+                int64_t t0 = qb * BQ, bq = T - t0 < BQ ? T - t0 : BQ;
+                int64_t row0 = (b * H + h) * T + t0;
+                const float *Q = q + row0 * D, *dO = dout + row0 * D;
+                const float *O = out + row0 * D, *L = lse + row0;
+                float *dQ = dq + row0 * D;
+                for (int64_t i = 0; i < bq; i++) {
+                    double s = 0;
+                    for (int64_t d = 0; d < D; d++)
+                        s += (double)dO[i * D + d] * O[i * D + d];
+                    di[i] = (float)s;
+                }
+                int64_t s_end = key_end(p, t0, bq);
+                for (int64_t s0 = 0; s0 < s_end; s0 += BK) {
+                    int64_t bk = s_end - s0 < BK ? s_end - s0 : BK;
+                    cpu_gemm_f32(bq, bk, D, Q, D, Kt + s0, S, sb, BK, false);
+                    finish_scores(p, sb, bq, bk, b, h, t0, s0);
+                    for (int64_t i = 0; i < bq; i++) { /* P = exp(s - lse) */
+                        float *row = sb + i * BK;
+                        if (L[i] == -INFINITY)
+                            memset(row, 0, sizeof(float) * (size_t)bk);
+                        else
+                            exp_sub_sum(row, bk, L[i]);
+                    }
+                    /* dV += P^T dO */
+                    transpose(sb, bq, bk, BK, tr, BQ);
+                    cpu_gemm_f32(bk, D, bq, tr, BQ, dO, D, dV + s0 * D, D,
+                                 true);
+                    /* dP = dO V^T;  dS = P (dP - Di) scale */
+                    cpu_gemm_f32(bq, bk, D, dO, D, Vt + s0, S, dp, BK, false);
+                    for (int64_t i = 0; i < bq; i++)
+                        for (int64_t j = 0; j < bk; j++)
+                            dp[i * BK + j] = sb[i * BK + j] *
+                                             (dp[i * BK + j] - di[i]) *
+                                             p->scale;
+                    /* dQ += dS K;  dK += dS^T Q */
+                    cpu_gemm_f32(bq, D, bk, dp, BK, Kh + s0 * D, D, dQ, D,
+                                 true);
+                    transpose(dp, bq, bk, BK, tr, BQ);
+                    cpu_gemm_f32(bk, D, bq, tr, BQ, Q, D, dK + s0 * D, D, true);
+                }
+            }
+    }
+    cpu_tmp_free(sb), cpu_tmp_free(dp), cpu_tmp_free(tr);
+}
+
 void cpu_attention_bwd(const cpu_attn_shape *p, const float *q, const float *k,
                        const float *v, const float *out, const float *lse,
                        const float *dout, float *dq, float *dk, float *dv) {
@@ -300,70 +488,11 @@ void cpu_attention_bwd(const cpu_attn_shape *p, const float *q, const float *k,
     bool ok = kt && vt;
     /* one work item per (b, kv head): it owns dK, dV of that head and dQ of
      * the query heads in its group, so no two threads write one element */
-#pragma omp parallel if (ok)
-    {
-        float *sb = malloc(sizeof(float) * BQ * BK);
-        float *dp = malloc(sizeof(float) * BQ * BK);
-        float *tr = malloc(sizeof(float) * BQ * BK);
-        float di[BQ];
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < B * KV; item++) {
-            if (!sb || !dp || !tr || !ok)
-                continue;
-            int64_t b = item / KV, kvh = item % KV;
-            const float *Kh = k + item * S * D, *Kt = kt + item * S * D;
-            const float *Vt = vt + item * S * D;
-            float *dK = dk + item * S * D, *dV = dv + item * S * D;
-            for (int64_t h = kvh * G; h < (kvh + 1) * G; h++)
-                for (int64_t qb = 0; qb < nqb; qb++) {
-                    int64_t t0 = qb * BQ, bq = T - t0 < BQ ? T - t0 : BQ;
-                    int64_t row0 = (b * H + h) * T + t0;
-                    const float *Q = q + row0 * D, *dO = dout + row0 * D;
-                    const float *O = out + row0 * D, *L = lse + row0;
-                    float *dQ = dq + row0 * D;
-                    for (int64_t i = 0; i < bq; i++) {
-                        double s = 0;
-                        for (int64_t d = 0; d < D; d++)
-                            s += (double)dO[i * D + d] * O[i * D + d];
-                        di[i] = (float)s;
-                    }
-                    int64_t s_end = key_end(p, t0, bq);
-                    for (int64_t s0 = 0; s0 < s_end; s0 += BK) {
-                        int64_t bk = s_end - s0 < BK ? s_end - s0 : BK;
-                        cpu_gemm_f32(bq, bk, D, Q, D, Kt + s0, S, sb, BK,
-                                     false);
-                        finish_scores(p, sb, bq, bk, b, h, t0, s0);
-                        for (int64_t i = 0; i < bq;
-                             i++) { /* P = exp(s - lse) */
-                            float *row = sb + i * BK;
-                            if (L[i] == -INFINITY)
-                                memset(row, 0, sizeof(float) * (size_t)bk);
-                            else
-                                exp_sub_sum(row, bk, L[i]);
-                        }
-                        /* dV += P^T dO */
-                        transpose(sb, bq, bk, BK, tr, BQ);
-                        cpu_gemm_f32(bk, D, bq, tr, BQ, dO, D, dV + s0 * D, D,
-                                     true);
-                        /* dP = dO V^T;  dS = P (dP - Di) scale */
-                        cpu_gemm_f32(bq, bk, D, dO, D, Vt + s0, S, dp, BK,
-                                     false);
-                        for (int64_t i = 0; i < bq; i++)
-                            for (int64_t j = 0; j < bk; j++)
-                                dp[i * BK + j] = sb[i * BK + j] *
-                                                 (dp[i * BK + j] - di[i]) *
-                                                 p->scale;
-                        /* dQ += dS K;  dK += dS^T Q */
-                        cpu_gemm_f32(bq, D, bk, dp, BK, Kh + s0 * D, D, dQ, D,
-                                     true);
-                        transpose(dp, bq, bk, BK, tr, BQ);
-                        cpu_gemm_f32(bk, D, bq, tr, BQ, Q, D, dK + s0 * D, D,
-                                     true);
-                    }
-                }
-        }
-        cpu_tmp_free(sb), cpu_tmp_free(dp), cpu_tmp_free(tr);
-    }
+    attention_bwd_items_args attention_bwd_items_a = {
+        p,  q,  k, out, lse, dout, dq, dk, dv, kt,
+        vt, ok, H,   KV,  T,    S,  D,  G,  nqb};
+    if (ok)
+        ts_parallel_for(B * KV, 1, attention_bwd_items, &attention_bwd_items_a);
     cpu_tmp_free(kt), cpu_tmp_free(vt);
 }
 
@@ -391,6 +520,92 @@ static void attn_shape(const ts_node *n, cpu_attn_shape *p, int mask_index) {
         mask_strides(n->in[mask_index], p->mask_st);
 }
 
+/* where row s of sequence i lives, for head kvh */
+#define ROW_AT(P, i, s, kvh)                                                   \
+    ((P) + ((table[(i)*MB + (s) / BS] * KV + (kvh)) * BS + (s) % BS) * D)
+typedef struct {
+    const float *q;
+    float *K;
+    float *V;
+    float *out;
+    const int32_t *seq_of;
+    const int32_t *start;
+    const int32_t *clen;
+    const int32_t *table;
+    float scale;
+    int64_t N;
+    int64_t H;
+    int64_t KV;
+    int64_t BS;
+    int64_t MB;
+    int64_t D;
+    int64_t G;
+} paged_items_args;
+
+static void paged_items(void *p_, int64_t lo_, int64_t hi_) {
+    const paged_items_args *a_ = p_;
+    const float *q = a_->q;
+    float *K = a_->K;
+    float *V = a_->V;
+    float *out = a_->out;
+    const int32_t *seq_of = a_->seq_of;
+    const int32_t *start = a_->start;
+    const int32_t *clen = a_->clen;
+    const int32_t *table = a_->table;
+    float scale = a_->scale;
+    int64_t N = a_->N;
+    int64_t H = a_->H;
+    int64_t KV = a_->KV;
+    int64_t BS = a_->BS;
+    int64_t MB = a_->MB;
+    int64_t D = a_->D;
+    int64_t G = a_->G;
+    int64_t cap = 0;
+    float *sc = NULL;
+    for (int64_t item = lo_; item < hi_; item++) {
+        int64_t j = item / H, h = item % H, i = seq_of[j], kvh = h / G;
+        int64_t nvis = clen[i] + (j - start[i]) + 1; /* causal */
+        if (nvis > cap) {
+            free(sc);
+            cap = nvis + 256;
+            sc = malloc(sizeof(float) * (size_t)cap);
+        }
+        const float *Q = q + (h * N + j) * D;
+        float *O = out + (h * N + j) * D;
+        memset(O, 0, sizeof(float) * (size_t)D);
+        if (!sc)
+            continue;
+        float mx = -INFINITY;
+        int64_t s = 0;
+        for (; s + 4 <= nvis; s += 4) {
+            const float *rows[4] = {
+                ROW_AT(K, i, s, kvh), ROW_AT(K, i, s + 1, kvh),
+                ROW_AT(K, i, s + 2, kvh), ROW_AT(K, i, s + 3, kvh)};
+            dot8x4(Q, rows, D, sc + s);
+        }
+        for (; s < nvis; s++)
+            sc[s] = dot8(Q, ROW_AT(K, i, s, kvh), D);
+        for (s = 0; s < nvis; s++) {
+            sc[s] *= scale;
+            mx = sc[s] > mx ? sc[s] : mx;
+        }
+        float inv = 1.0f / exp_sub_sum(sc, nvis, mx);
+        for (int64_t s = 0; s < nvis; s++) {
+            const float *Vr = ROW_AT(V, i, s, kvh);
+            float w = sc[s] * inv;
+            __m256 wv = _mm256_set1_ps(w);
+            int64_t d = 0;
+            for (; d + 8 <= D; d += 8)
+                _mm256_storeu_ps(O + d,
+                                 _mm256_fmadd_ps(wv, _mm256_loadu_ps(Vr + d),
+                                                 _mm256_loadu_ps(O + d)));
+            for (; d < D; d++)
+                O[d] += w * Vr[d];
+        }
+    }
+    free(sc);
+}
+
 /* Paged attention (see ts_paged_attention): the new tokens' keys and
  * values go into their sequences' blocks, then each new token attends to
  * every position of its sequence up to its own, reading K/V rows through
@@ -415,9 +630,6 @@ CPU_KERNEL(paged_attention) {
         cpu_tmp_free(seq_of);
         return ts_set_error(ctx, TS_ERR_OOM, "paged_attention: out of memory");
     }
-    /* where row s of sequence i lives, for head kvh */
-#define ROW_AT(P, i, s, kvh)                                                   \
-    ((P) + ((table[(i)*MB + (s) / BS] * KV + (kvh)) * BS + (s) % BS) * D)
     for (int64_t i = 0; i < S; i++)
         for (int64_t j = start[i]; j < start[i + 1]; j++) {
             seq_of[j] = (int32_t)i;
@@ -429,54 +641,9 @@ CPU_KERNEL(paged_attention) {
                        sizeof(float) * (size_t)D);
             }
         }
-#pragma omp parallel
-    {
-        int64_t cap = 0;
-        float *sc = NULL;
-#pragma omp for schedule(dynamic, 4)
-        for (int64_t item = 0; item < N * H; item++) {
-            int64_t j = item / H, h = item % H, i = seq_of[j], kvh = h / G;
-            int64_t nvis = clen[i] + (j - start[i]) + 1; /* causal */
-            if (nvis > cap) {
-                free(sc);
-                cap = nvis + 256;
-                sc = malloc(sizeof(float) * (size_t)cap);
-            }
-            const float *Q = q + (h * N + j) * D;
-            float *O = out + (h * N + j) * D;
-            memset(O, 0, sizeof(float) * (size_t)D);
-            if (!sc)
-                continue;
-            float mx = -INFINITY;
-            int64_t s = 0;
-            for (; s + 4 <= nvis; s += 4) {
-                const float *rows[4] = {
-                    ROW_AT(K, i, s, kvh), ROW_AT(K, i, s + 1, kvh),
-                    ROW_AT(K, i, s + 2, kvh), ROW_AT(K, i, s + 3, kvh)};
-                dot8x4(Q, rows, D, sc + s);
-            }
-            for (; s < nvis; s++)
-                sc[s] = dot8(Q, ROW_AT(K, i, s, kvh), D);
-            for (s = 0; s < nvis; s++) {
-                sc[s] *= scale;
-                mx = sc[s] > mx ? sc[s] : mx;
-            }
-            float inv = 1.0f / exp_sub_sum(sc, nvis, mx);
-            for (int64_t s = 0; s < nvis; s++) {
-                const float *Vr = ROW_AT(V, i, s, kvh);
-                float w = sc[s] * inv;
-                __m256 wv = _mm256_set1_ps(w);
-                int64_t d = 0;
-                for (; d + 8 <= D; d += 8)
-                    _mm256_storeu_ps(
-                        O + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(Vr + d),
-                                               _mm256_loadu_ps(O + d)));
-                for (; d < D; d++)
-                    O[d] += w * Vr[d];
-            }
-        }
-        free(sc);
-    }
+    paged_items_args paged_items_a = {
+        q, K, V, out, seq_of, start, clen, table, scale, N, H, KV, BS, MB, D, G};
+    ts_parallel_for(N * H, 4, paged_items, &paged_items_a);
 #undef ROW_AT
     cpu_tmp_free(tq), cpu_tmp_free(tk), cpu_tmp_free(tv);
     cpu_tmp_free(seq_of);

@@ -154,6 +154,12 @@ void cpu_copy_strided(char *dst, ts_dtype ddt, const int64_t *dst_strides,
 /* Temporaries of kernels: kept per thread and reused (see cpu_backend.c);
  * cpu_tmp_free takes any malloc'd block (or NULL). */
 void *cpu_tmp_alloc(size_t bytes);
+
+/* Rows per pool chunk so that each chunk holds at least `work` elements of
+ * `inner` each: a loop smaller than two chunks runs on the caller alone. */
+static inline int64_t cpu_grain(int64_t inner, int64_t work) {
+    return inner >= work ? 1 : (work + inner - 1) / (inner > 0 ? inner : 1);
+}
 void cpu_tmp_free(void *p);
 const float *cpu_as_f32(const ts_tensor *t, float **tmp);
 /* Writes f32 values (numel of t) into t (contiguous, any float dtype). */

@@ -196,22 +196,36 @@ void cpu_scatter_f32(char *dst, ts_dtype dt, int64_t stride, const float *src,
     }
 }
 
-void cpu_copy_strided(char *dst, ts_dtype ddt, const int64_t *dst_strides,
-                      const char *src, ts_dtype sdt, const int64_t *src_strides,
-                      int ndim, const int64_t *shape) {
-    int64_t st[2][TS_MAX_DIMS];
-    memcpy(st[0], dst_strides, sizeof(int64_t) * (size_t)ndim);
-    memcpy(st[1], src_strides, sizeof(int64_t) * (size_t)ndim);
-    cpu_iter it;
-    cpu_iter_init(&it, ndim, shape, 2, st);
-    int64_t rows = cpu_iter_rows(&it), inner = cpu_iter_inner(&it);
-    size_t des = ts_dtype_size(ddt), ses = ts_dtype_size(sdt);
-    int64_t ds = it.st[0][it.ndim - 1], ss = it.st[1][it.ndim - 1];
-    bool ints = !ts_dtype_is_float(ddt) || !ts_dtype_is_float(sdt);
-#pragma omp parallel for schedule(static) if (rows * inner > 65536)
-    for (int64_t r = 0; r < rows; r++) {
+typedef struct {
+    char *dst;
+    const char *src;
+    ts_dtype ddt;
+    ts_dtype sdt;
+    const cpu_iter *itp;
+    int64_t inner;
+    size_t des;
+    size_t ses;
+    int64_t ds;
+    int64_t ss;
+    bool ints;
+} copy_rows_args;
+
+static void copy_rows(void *p_, int64_t lo_, int64_t hi_) {
+    const copy_rows_args *a_ = p_;
+    char *dst = a_->dst;
+    const char *src = a_->src;
+    ts_dtype ddt = a_->ddt;
+    ts_dtype sdt = a_->sdt;
+    const cpu_iter *itp = a_->itp;
+    int64_t inner = a_->inner;
+    size_t des = a_->des;
+    size_t ses = a_->ses;
+    int64_t ds = a_->ds;
+    int64_t ss = a_->ss;
+    bool ints = a_->ints;
+    for (int64_t r = lo_; r < hi_; r++) {
         int64_t off[2];
-        cpu_iter_offsets(&it, r, off);
+        cpu_iter_offsets(itp, r, off);
         char *d = dst + off[0] * (int64_t)des;
         const char *s = src + off[1] * (int64_t)ses;
         if (ddt == sdt && ds == 1 && ss == 1) {
@@ -233,6 +247,23 @@ void cpu_copy_strided(char *dst, ts_dtype ddt, const int64_t *dst_strides,
             }
         }
     }
+}
+
+void cpu_copy_strided(char *dst, ts_dtype ddt, const int64_t *dst_strides,
+                      const char *src, ts_dtype sdt, const int64_t *src_strides,
+                      int ndim, const int64_t *shape) {
+    int64_t st[2][TS_MAX_DIMS];
+    memcpy(st[0], dst_strides, sizeof(int64_t) * (size_t)ndim);
+    memcpy(st[1], src_strides, sizeof(int64_t) * (size_t)ndim);
+    cpu_iter it;
+    cpu_iter_init(&it, ndim, shape, 2, st);
+    int64_t rows = cpu_iter_rows(&it), inner = cpu_iter_inner(&it);
+    size_t des = ts_dtype_size(ddt), ses = ts_dtype_size(sdt);
+    int64_t ds = it.st[0][it.ndim - 1], ss = it.st[1][it.ndim - 1];
+    bool ints = !ts_dtype_is_float(ddt) || !ts_dtype_is_float(sdt);
+    copy_rows_args copy_rows_a = {dst, src, ddt, sdt, &it, inner,
+                                  des, ses, ds,  ss,  ints};
+    ts_parallel_for(rows, cpu_grain(inner, 32768), copy_rows, &copy_rows_a);
 }
 
 /* Kernel temporaries: a few freed blocks per thread are kept and handed
@@ -314,15 +345,29 @@ const float *cpu_as_f32(const ts_tensor *t, float **tmp) {
     return *tmp;
 }
 
+typedef struct {
+    const ts_tensor *t;
+    char *d;
+    const float *src;
+    int64_t n;
+} store_job;
+
+/* 4096-element blocks [b0, b1) of cpu_store_out */
+static void store_blocks(void *p, int64_t b0, int64_t b1) {
+    const store_job *j = p;
+    size_t es = ts_dtype_size(j->t->dtype);
+    for (int64_t i0 = b0 * 4096; i0 < j->n && i0 < b1 * 4096; i0 += 4096) {
+        int64_t m = j->n - i0 < 4096 ? j->n - i0 : 4096;
+        cpu_scatter_f32(j->d + i0 * (int64_t)es, j->t->dtype, 1, j->src + i0,
+                        m);
+    }
+}
+
 void cpu_store_out(ts_tensor *t, const float *src) {
     int64_t n = ts_tensor_numel(t);
     char *d = ts_tensor_ptr(t);
     if (t->dtype == TS_F32 && (const float *)d == src)
         return;
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i0 = 0; i0 < n; i0 += 4096) {
-        int64_t m = n - i0 < 4096 ? n - i0 : 4096;
-        cpu_scatter_f32(d + i0 * (int64_t)ts_dtype_size(t->dtype), t->dtype, 1,
-                        src + i0, m);
-    }
+    store_job j = {t, d, src, n};
+    ts_parallel_for((n + 4095) / 4096, 8, store_blocks, &j);
 }

@@ -5,6 +5,7 @@
 #include "backend/cpu/cpu.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,9 +49,57 @@ static void apply_binary(ts_op_id op, float *y, const float *a, const float *b,
     }
 }
 
-/* Runs fn over (out, in...) in CHUNK pieces, in parallel. */
+/* fn over (out, in...) in CHUNK pieces (run_chunks, in parallel) */
 typedef void (*chunk_fn)(const ts_node *n, float *y, const float **x,
                          int64_t len);
+
+typedef struct {
+    const ts_node *n;
+    int nin;
+    ts_tensor **ins;
+    chunk_fn fn;
+    const cpu_iter *itp;
+    int64_t per_row;
+    int64_t inner;
+    int last;
+    ts_tensor *out;
+} run_chunk_items_args;
+
+static void run_chunk_items(void *p_, int64_t lo_, int64_t hi_) {
+    const run_chunk_items_args *a_ = p_;
+    const ts_node *n = a_->n;
+    int nin = a_->nin;
+    ts_tensor **ins = a_->ins;
+    chunk_fn fn = a_->fn;
+    const cpu_iter *itp = a_->itp;
+    int64_t per_row = a_->per_row;
+    int64_t inner = a_->inner;
+    int last = a_->last;
+    ts_tensor *out = a_->out;
+    for (int64_t w = lo_; w < hi_; w++) {
+        float bufs[4][CHUNK];
+        int64_t r = w / per_row, c0 = (w % per_row) * CHUNK;
+        int64_t len = inner - c0 < CHUNK ? inner - c0 : CHUNK;
+        int64_t off[CPU_ITER_MAX_OPS];
+        cpu_iter_offsets(itp, r, off);
+        const float *x[CPU_ITER_MAX_OPS - 1];
+        for (int k = 0; k < nin; k++) {
+            const ts_tensor *t = ins[k];
+            int64_t s = itp->st[k + 1][last];
+            const char *p =
+                ts_tensor_ptr(t) +
+                (off[k + 1] + c0 * s) * (int64_t)ts_dtype_size(t->dtype);
+            x[k] = view_f32(p, t->dtype, s, len, bufs[k + 1]);
+        }
+        char *yp = ts_tensor_ptr(out) +
+                   (off[0] + c0) * (int64_t)ts_dtype_size(out->dtype);
+        float *y = out->dtype == TS_F32 ? (float *)yp : bufs[0];
+        fn(n, y, x, len);
+        if (out->dtype != TS_F32)
+            cpu_scatter_f32(yp, out->dtype, 1, y, len);
+    }
+}
+
 
 static void run_chunks(ts_node *n, int nin, ts_tensor **ins, chunk_fn fn) {
     ts_tensor *out = n->out;
@@ -64,29 +113,10 @@ static void run_chunks(ts_node *n, int nin, ts_tensor **ins, chunk_fn fn) {
     int64_t per_row = (inner + CHUNK - 1) / CHUNK;
     int64_t items = rows * per_row;
     int last = it.ndim - 1;
-#pragma omp parallel for schedule(static) if (rows * inner > 32768)
-    for (int64_t w = 0; w < items; w++) {
-        float bufs[4][CHUNK];
-        int64_t r = w / per_row, c0 = (w % per_row) * CHUNK;
-        int64_t len = inner - c0 < CHUNK ? inner - c0 : CHUNK;
-        int64_t off[CPU_ITER_MAX_OPS];
-        cpu_iter_offsets(&it, r, off);
-        const float *x[CPU_ITER_MAX_OPS - 1];
-        for (int k = 0; k < nin; k++) {
-            const ts_tensor *t = ins[k];
-            int64_t s = it.st[k + 1][last];
-            const char *p =
-                ts_tensor_ptr(t) +
-                (off[k + 1] + c0 * s) * (int64_t)ts_dtype_size(t->dtype);
-            x[k] = view_f32(p, t->dtype, s, len, bufs[k + 1]);
-        }
-        char *yp = ts_tensor_ptr(out) +
-                   (off[0] + c0) * (int64_t)ts_dtype_size(out->dtype);
-        float *y = out->dtype == TS_F32 ? (float *)yp : bufs[0];
-        fn(n, y, x, len);
-        if (out->dtype != TS_F32)
-            cpu_scatter_f32(yp, out->dtype, 1, y, len);
-    }
+    run_chunk_items_args run_chunk_items_a = {n,       nin,   ins,  fn, &it,
+                                              per_row, inner, last, out};
+    ts_parallel_for(items, cpu_grain(CHUNK, 16384), run_chunk_items,
+                    &run_chunk_items_a);
 }
 
 static void binary_chunk(const ts_node *n, float *y, const float **x,
@@ -256,6 +286,54 @@ static bool nonzero(const char *p, ts_dtype dt) {
     return ts_load_f64(p, dt) != 0;
 }
 
+typedef struct {
+    ts_tensor **ins;
+    const char *fill_value;
+    const cpu_iter *itp;
+    int64_t inner;
+    int last;
+    size_t es;
+    ts_tensor *out;
+} select_rows_args;
+
+static void select_rows(void *p_, int64_t lo_, int64_t hi_) {
+    const select_rows_args *a_ = p_;
+    ts_tensor **ins = a_->ins;
+    const char *fill_value = a_->fill_value;
+    const cpu_iter *itp = a_->itp;
+    int64_t inner = a_->inner;
+    int last = a_->last;
+    size_t es = a_->es;
+    ts_tensor *out = a_->out;
+    for (int64_t r = lo_; r < hi_; r++) {
+        int64_t off[CPU_ITER_MAX_OPS];
+        cpu_iter_offsets(itp, r, off);
+        char *y = ts_tensor_ptr(out) + off[0] * (int64_t)es;
+        for (int64_t i = 0; i < inner; i++) {
+            const char *src;
+            if (fill_value) { /* masked_fill: ins = {x, mask} */
+                const ts_tensor *m = ins[1];
+                const char *mp =
+                    ts_tensor_ptr(m) + (off[2] + i * itp->st[2][last]) *
+                                           (int64_t)ts_dtype_size(m->dtype);
+                src = nonzero(mp, m->dtype)
+                          ? fill_value
+                          : ts_tensor_ptr(ins[0]) +
+                                (off[1] + i * itp->st[1][last]) * (int64_t)es;
+            } else { /* where: ins = {cond, a, b} */
+                const ts_tensor *c = ins[0];
+                const char *cp =
+                    ts_tensor_ptr(c) + (off[1] + i * itp->st[1][last]) *
+                                           (int64_t)ts_dtype_size(c->dtype);
+                int k = nonzero(cp, c->dtype) ? 2 : 3;
+                src = ts_tensor_ptr(ins[k - 1]) +
+                      (off[k] + i * itp->st[k][last]) * (int64_t)es;
+            }
+            memcpy(y + i * (int64_t)es, src, es);
+        }
+    }
+}
+
 static void select_elems(ts_node *n, int nin, ts_tensor **ins,
                          const char *fill_value) {
     ts_tensor *out = n->out;
@@ -268,34 +346,9 @@ static void select_elems(ts_node *n, int nin, ts_tensor **ins,
     int64_t rows = cpu_iter_rows(&it), inner = cpu_iter_inner(&it);
     int last = it.ndim - 1;
     size_t es = ts_dtype_size(out->dtype);
-#pragma omp parallel for schedule(static) if (rows * inner > 32768)
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t off[CPU_ITER_MAX_OPS];
-        cpu_iter_offsets(&it, r, off);
-        char *y = ts_tensor_ptr(out) + off[0] * (int64_t)es;
-        for (int64_t i = 0; i < inner; i++) {
-            const char *src;
-            if (fill_value) { /* masked_fill: ins = {x, mask} */
-                const ts_tensor *m = ins[1];
-                const char *mp =
-                    ts_tensor_ptr(m) + (off[2] + i * it.st[2][last]) *
-                                           (int64_t)ts_dtype_size(m->dtype);
-                src = nonzero(mp, m->dtype)
-                          ? fill_value
-                          : ts_tensor_ptr(ins[0]) +
-                                (off[1] + i * it.st[1][last]) * (int64_t)es;
-            } else { /* where: ins = {cond, a, b} */
-                const ts_tensor *c = ins[0];
-                const char *cp =
-                    ts_tensor_ptr(c) + (off[1] + i * it.st[1][last]) *
-                                           (int64_t)ts_dtype_size(c->dtype);
-                int k = nonzero(cp, c->dtype) ? 2 : 3;
-                src = ts_tensor_ptr(ins[k - 1]) +
-                      (off[k] + i * it.st[k][last]) * (int64_t)es;
-            }
-            memcpy(y + i * (int64_t)es, src, es);
-        }
-    }
+    select_rows_args select_rows_a = {ins,  fill_value, &it, inner,
+                                      last, es,         out};
+    ts_parallel_for(rows, cpu_grain(inner, 16384), select_rows, &select_rows_a);
 }
 
 CPU_KERNEL(where) {
@@ -395,6 +448,36 @@ static ts_status check_ids(ts_ctx *ctx, const ts_tensor *ids,
     return TS_OK;
 }
 
+typedef struct {
+    const ts_tensor *ids;
+    const int64_t *offs;
+    const ts_tensor *w;
+    ts_tensor *y;
+    int64_t C;
+    size_t es;
+} embedding_rows_args;
+
+static void embedding_rows(void *p_, int64_t lo_, int64_t hi_) {
+    const embedding_rows_args *a_ = p_;
+    const ts_tensor *ids = a_->ids;
+    const int64_t *offs = a_->offs;
+    const ts_tensor *w = a_->w;
+    ts_tensor *y = a_->y;
+    int64_t C = a_->C;
+    size_t es = a_->es;
+    for (int64_t i = lo_; i < hi_; i++) {
+        int64_t id = load_id(ids, &offs[i]);
+        const char *src = ts_tensor_ptr(w) + id * w->strides[0] * (int64_t)es;
+        char *dst = ts_tensor_ptr(y) + i * C * (int64_t)es;
+        if (w->strides[1] == 1)
+            memcpy(dst, src, (size_t)C * es);
+        else
+            for (int64_t c = 0; c < C; c++)
+                memcpy(dst + c * (int64_t)es,
+                       src + c * w->strides[1] * (int64_t)es, es);
+    }
+}
+
 /* out (N, C) = weight[ids] */
 CPU_KERNEL(embedding) {
     ts_tensor *w = n->in[0], *ids = n->in[1], *y = n->out;
@@ -405,22 +488,32 @@ CPU_KERNEL(embedding) {
     ts_status st = check_ids(ctx, ids, offs, w->shape[0]);
     size_t es = ts_dtype_size(w->dtype);
     if (st == TS_OK) {
-#pragma omp parallel for schedule(static) if (N * C > 65536)
-        for (int64_t i = 0; i < N; i++) {
-            int64_t id = load_id(ids, &offs[i]);
-            const char *src =
-                ts_tensor_ptr(w) + id * w->strides[0] * (int64_t)es;
-            char *dst = ts_tensor_ptr(y) + i * C * (int64_t)es;
-            if (w->strides[1] == 1)
-                memcpy(dst, src, (size_t)C * es);
-            else
-                for (int64_t c = 0; c < C; c++)
-                    memcpy(dst + c * (int64_t)es,
-                           src + c * w->strides[1] * (int64_t)es, es);
-        }
+        embedding_rows_args embedding_rows_a = {ids, offs, w, y, C, es};
+        ts_parallel_for(N, cpu_grain(C, 32768), embedding_rows,
+                        &embedding_rows_a);
     }
     free(offs);
     return st;
+}
+
+/* columns [c0, c1) of every id's row: each thread owns whole columns,
+ * and rows are added in id order, so the sums do not depend on threads */
+typedef struct {
+    const ts_tensor *ids;
+    const int64_t *offs;
+    const float *g;
+    float *acc;
+    int64_t N, C;
+} scatter_job;
+
+static void scatter_cols(void *p, int64_t c0, int64_t c1) {
+    const scatter_job *j = p;
+    for (int64_t i = 0; i < j->N; i++) {
+        float *dst = j->acc + load_id(j->ids, &j->offs[i]) * j->C;
+        const float *src = j->g + i * j->C;
+        for (int64_t c = c0; c < c1; c++)
+            dst[c] += src[c];
+    }
 }
 
 /* acc (V, C) rows at ids += g rows (f32), columns split across threads:
@@ -437,18 +530,9 @@ static ts_status scatter_add_rows(ts_ctx *ctx, float *acc, int64_t V, int64_t C,
     if (st == TS_OK && !gf)
         st = ts_set_error(ctx, TS_ERR_OOM, "embedding: out of memory");
     if (st == TS_OK) {
-        int nt = ts_get_num_threads(ctx);
-        int64_t cols = (C + nt - 1) / nt;
-#pragma omp parallel for schedule(static) if (N * C > 65536)
-        for (int t = 0; t < nt; t++) {
-            int64_t c0 = t * cols, c1 = c0 + cols < C ? c0 + cols : C;
-            for (int64_t i = 0; i < N; i++) {
-                float *dst = acc + load_id(ids, &offs[i]) * C;
-                const float *src = gf + i * C;
-                for (int64_t c = c0; c < c1; c++)
-                    dst[c] += src[c];
-            }
-        }
+        scatter_job j = {ids, offs, gf, acc, N, C};
+        int64_t grain = cpu_grain(N, 32768);
+        ts_parallel_for(C, grain < 16 ? 16 : grain, scatter_cols, &j);
     }
     cpu_tmp_free(gtmp);
     free(offs);
@@ -493,6 +577,41 @@ CPU_KERNEL(copy_into) {
     return TS_OK;
 }
 
+typedef struct {
+    char *pp;
+    ts_dtype dt;
+    const float *gf;
+    float *m, *v;
+    float gs, b1, b2, eps, step, inv_bc2, decay;
+    int64_t N;
+} adamw_job;
+
+/* CHUNK-element pieces [c0, c1) of the update */
+static void adamw_chunks(void *arg, int64_t c0, int64_t c1) {
+    const adamw_job *j = arg;
+    ts_dtype dt = j->dt;
+    const float *gf = j->gf;
+    float *m = j->m, *v = j->v;
+    float b1 = j->b1, b2 = j->b2, gs = j->gs;
+    for (int64_t i0 = c0 * CHUNK; i0 < j->N && i0 < c1 * CHUNK; i0 += CHUNK) {
+        int64_t len = j->N - i0 < CHUNK ? j->N - i0 : CHUNK;
+        float buf[CHUNK];
+        char *at = j->pp + i0 * (int64_t)ts_dtype_size(dt);
+        float *pf = dt == TS_F32 ? (float *)j->pp + i0 : buf;
+        if (dt != TS_F32)
+            cpu_gather_f32(buf, at, dt, 1, len);
+        for (int64_t i = 0; i < len; i++) {
+            float gi = gf[i0 + i] * gs;
+            float mi = m[i0 + i] = b1 * m[i0 + i] + (1.0f - b1) * gi;
+            float vi = v[i0 + i] = b2 * v[i0 + i] + (1.0f - b2) * gi * gi;
+            pf[i] = pf[i] * j->decay -
+                    j->step * mi / (sqrtf(vi * j->inv_bc2) + j->eps);
+        }
+        if (dt != TS_F32)
+            cpu_scatter_f32(at, dt, 1, buf, len);
+    }
+}
+
 /* fused AdamW over contiguous p (any float dtype), m, v (f32); g any
  * layout; h = {lr, b1, b2, eps, wd, bc1, bc2[, gradient scale]} */
 CPU_KERNEL(adamw) {
@@ -510,24 +629,9 @@ CPU_KERNEL(adamw) {
         return ts_set_error(ctx, TS_ERR_OOM, "adamw: out of memory");
     char *pp = ts_tensor_ptr(p);
     ts_dtype dt = p->dtype;
-#pragma omp parallel for schedule(static) if (N > 65536)
-    for (int64_t i0 = 0; i0 < N; i0 += CHUNK) {
-        int64_t len = N - i0 < CHUNK ? N - i0 : CHUNK;
-        float buf[CHUNK];
-        float *pf = dt == TS_F32 ? (float *)pp + i0 : buf;
-        if (dt != TS_F32)
-            cpu_gather_f32(buf, pp + i0 * (int64_t)ts_dtype_size(dt), dt, 1,
-                           len);
-        for (int64_t i = 0; i < len; i++) {
-            float gi = gf[i0 + i] * gs;
-            float mi = m[i0 + i] = b1 * m[i0 + i] + (1.0f - b1) * gi;
-            float vi = v[i0 + i] = b2 * v[i0 + i] + (1.0f - b2) * gi * gi;
-            pf[i] = pf[i] * decay - step * mi / (sqrtf(vi * inv_bc2) + eps);
-        }
-        if (dt != TS_F32)
-            cpu_scatter_f32(pp + i0 * (int64_t)ts_dtype_size(dt), dt, 1, buf,
-                            len);
-    }
+    adamw_job j = {pp, dt, gf, m, v, gs, b1, b2, eps, step, inv_bc2, decay, N};
+    ts_parallel_for((N + CHUNK - 1) / CHUNK, cpu_grain(CHUNK, 32768),
+                    adamw_chunks, &j);
     cpu_tmp_free(gt);
     return TS_OK;
 }
@@ -577,6 +681,63 @@ float cpu_eval_scalar(const ts_node *n, const float *args) {
     return y;
 }
 
+typedef struct {
+    const ts_fused *f;
+    const cpu_iter *it;
+    int64_t per_row, inner;
+    atomic_int fail;
+} fused_job;
+
+/* CHUNK pieces [w0, w1) of a fused elementwise group */
+static void fused_items(void *arg, int64_t w0, int64_t w1) {
+    fused_job *j = arg;
+    const ts_fused *f = j->f;
+    const cpu_iter *it = j->it;
+    ts_tensor *out = f->out;
+    int64_t per_row = j->per_row, inner = j->inner;
+    int last = it->ndim - 1;
+    /* registers: one chunk per outside input and per member */
+    float *regs =
+        malloc(sizeof(float) * CHUNK * (size_t)(f->n_ext + f->n_members));
+    if (!regs) {
+        atomic_store(&j->fail, 1);
+        return;
+    }
+    for (int64_t w = w0; w < w1; w++) {
+        int64_t r = w / per_row, c0 = (w % per_row) * CHUNK;
+        int64_t len = inner - c0 < CHUNK ? inner - c0 : CHUNK;
+        int64_t off[CPU_ITER_MAX_OPS];
+        cpu_iter_offsets(it, r, off);
+        const float *xv[TS_FUSE_MAX_EXT];
+        for (int k = 0; k < f->n_ext; k++) {
+            const ts_tensor *t = f->ext[k];
+            int64_t s = it->st[k + 1][last];
+            const char *p =
+                ts_tensor_ptr(t) +
+                (off[k + 1] + c0 * s) * (int64_t)ts_dtype_size(t->dtype);
+            xv[k] = view_f32(p, t->dtype, s, len, regs + (size_t)k * CHUNK);
+        }
+        char *yp = ts_tensor_ptr(out) +
+                   (off[0] + c0) * (int64_t)ts_dtype_size(out->dtype);
+        float *mreg = regs + (size_t)f->n_ext * CHUNK;
+        for (int m = 0; m < f->n_members; m++) {
+            const ts_node *n = f->members[m];
+            const float *x[3];
+            for (int k = 0; k < n->n_in; k++) {
+                int a = f->arg[m][k];
+                x[k] = a >= 0 ? xv[a] : mreg + (size_t)(-a - 1) * CHUNK;
+            }
+            bool root = m == f->n_members - 1;
+            float *y = root && out->dtype == TS_F32 ? (float *)yp
+                                                    : mreg + (size_t)m * CHUNK;
+            eval_chunk(n, y, x, len);
+            if (root && out->dtype != TS_F32)
+                cpu_scatter_f32(yp, out->dtype, 1, y, len);
+        }
+    }
+    free(regs);
+}
+
 ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f) {
     if (f->head)
         return cpu_matmul_epilogue(ctx, f);
@@ -589,52 +750,9 @@ ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f) {
     cpu_iter_init(&it, out->ndim, out->shape, f->n_ext + 1, st);
     int64_t rows = cpu_iter_rows(&it), inner = cpu_iter_inner(&it);
     int64_t per_row = (inner + CHUNK - 1) / CHUNK, items = rows * per_row;
-    int last = it.ndim - 1, fail = 0;
-#pragma omp parallel reduction(| : fail) if (rows * inner > 32768)
-    {
-        /* registers: one chunk per outside input and per member */
-        float *regs =
-            malloc(sizeof(float) * CHUNK * (size_t)(f->n_ext + f->n_members));
-        if (!regs)
-            fail = 1;
-#pragma omp for schedule(static)
-        for (int64_t w = 0; w < items; w++) {
-            if (!regs)
-                continue;
-            int64_t r = w / per_row, c0 = (w % per_row) * CHUNK;
-            int64_t len = inner - c0 < CHUNK ? inner - c0 : CHUNK;
-            int64_t off[CPU_ITER_MAX_OPS];
-            cpu_iter_offsets(&it, r, off);
-            const float *xv[TS_FUSE_MAX_EXT];
-            for (int k = 0; k < f->n_ext; k++) {
-                const ts_tensor *t = f->ext[k];
-                int64_t s = it.st[k + 1][last];
-                const char *p =
-                    ts_tensor_ptr(t) +
-                    (off[k + 1] + c0 * s) * (int64_t)ts_dtype_size(t->dtype);
-                xv[k] = view_f32(p, t->dtype, s, len, regs + (size_t)k * CHUNK);
-            }
-            char *yp = ts_tensor_ptr(out) +
-                       (off[0] + c0) * (int64_t)ts_dtype_size(out->dtype);
-            float *mreg = regs + (size_t)f->n_ext * CHUNK;
-            for (int m = 0; m < f->n_members; m++) {
-                const ts_node *n = f->members[m];
-                const float *x[3];
-                for (int k = 0; k < n->n_in; k++) {
-                    int a = f->arg[m][k];
-                    x[k] = a >= 0 ? xv[a] : mreg + (size_t)(-a - 1) * CHUNK;
-                }
-                bool root = m == f->n_members - 1;
-                float *y = root && out->dtype == TS_F32
-                               ? (float *)yp
-                               : mreg + (size_t)m * CHUNK;
-                eval_chunk(n, y, x, len);
-                if (root && out->dtype != TS_F32)
-                    cpu_scatter_f32(yp, out->dtype, 1, y, len);
-            }
-        }
-        free(regs);
-    }
+    fused_job j = {f, &it, per_row, inner, 0};
+    ts_parallel_for(items, cpu_grain(CHUNK, 16384), fused_items, &j);
+    int fail = atomic_load(&j.fail);
     if (fail)
         return ts_set_error(ctx, TS_ERR_OOM,
                             "fused elementwise: out of memory");

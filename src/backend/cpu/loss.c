@@ -27,6 +27,55 @@ static ts_status check_targets(ts_ctx *ctx, const ts_tensor *t, int64_t V,
     return TS_OK;
 }
 
+/* rows [r0, r1) of a cross-entropy: the loop bodies of both kernels */
+typedef struct {
+    const float *x;
+    const ts_tensor *t;
+    int64_t V, ignore;
+    float *lse, *out; /* forward: loss per row; backward: dlogits */
+    const float *g;
+    ts_reduction red;
+    int64_t count;
+} ce_rows;
+
+static void ce_forward_rows(void *p, int64_t r0, int64_t r1) {
+    const ce_rows *j = p;
+    int64_t V = j->V;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = j->x + r * V;
+        float m = -INFINITY;
+        for (int64_t k = 0; k < V; k++)
+            m = xr[k] > m ? xr[k] : m;
+        double s = 0;
+        for (int64_t k = 0; k < V; k++)
+            s += expf(xr[k] - m);
+        j->lse[r] = m + (float)log(s);
+        int64_t tg = target_at(j->t, r);
+        j->out[r] = tg == j->ignore ? 0.0f : j->lse[r] - xr[tg];
+    }
+}
+
+static void ce_backward_rows(void *p, int64_t r0, int64_t r1) {
+    const ce_rows *j = p;
+    int64_t V = j->V;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = j->x + r * V;
+        float *dr = j->out + r * V;
+        int64_t tg = target_at(j->t, r);
+        float scale = j->red == TS_REDUCE_NONE  ? j->g[r]
+                      : j->red == TS_REDUCE_SUM ? j->g[0]
+                                                : j->g[0] / (float)j->count;
+        if (tg == j->ignore) {
+            for (int64_t k = 0; k < V; k++)
+                dr[k] = 0.0f;
+            continue;
+        }
+        for (int64_t k = 0; k < V; k++)
+            dr[k] = expf(xr[k] - j->lse[r]) * scale;
+        dr[tg] -= scale;
+    }
+}
+
 /* logits (N, V), targets (N) -> loss (scalar or (N)), lse (N) */
 CPU_KERNEL(cross_entropy) {
     ts_tensor *x = n->in[0], *t = n->in[1], *y = n->out;
@@ -41,20 +90,9 @@ CPU_KERNEL(cross_entropy) {
         cpu_tmp_free(xt), cpu_tmp_free(loss);
         return ts_set_error(ctx, TS_ERR_OOM, "cross_entropy: out of memory");
     }
-    float *lse = (float *)ts_tensor_ptr(n->saved[0]);
-#pragma omp parallel for schedule(static) if (N * V > 32768)
-    for (int64_t r = 0; r < N; r++) {
-        const float *xr = xf + r * V;
-        float m = -INFINITY;
-        for (int64_t j = 0; j < V; j++)
-            m = xr[j] > m ? xr[j] : m;
-        double s = 0;
-        for (int64_t j = 0; j < V; j++)
-            s += expf(xr[j] - m);
-        lse[r] = m + (float)log(s);
-        int64_t tg = target_at(t, r);
-        loss[r] = tg == ignore ? 0.0f : lse[r] - xr[tg];
-    }
+    ce_rows job = {xf,   t,    V, ignore, (float *)ts_tensor_ptr(n->saved[0]),
+                   loss, NULL, 0, 0};
+    ts_parallel_for(N, cpu_grain(V, 16384), ce_forward_rows, &job);
     if (red == TS_REDUCE_NONE) {
         cpu_store_out(y, loss);
     } else {
@@ -91,23 +129,8 @@ CPU_KERNEL(cross_entropy_backward) {
     int64_t count = 0;
     for (int64_t r = 0; r < N; r++)
         count += target_at(t, r) != ignore;
-#pragma omp parallel for schedule(static) if (N * V > 32768)
-    for (int64_t r = 0; r < N; r++) {
-        const float *xr = xf + r * V;
-        float *dr = yf + r * V;
-        int64_t tg = target_at(t, r);
-        float scale = red == TS_REDUCE_NONE  ? gf[r]
-                      : red == TS_REDUCE_SUM ? gf[0]
-                                             : gf[0] / (float)count;
-        if (tg == ignore) {
-            for (int64_t j = 0; j < V; j++)
-                dr[j] = 0.0f;
-            continue;
-        }
-        for (int64_t j = 0; j < V; j++)
-            dr[j] = expf(xr[j] - lse[r]) * scale;
-        dr[tg] -= scale;
-    }
+    ce_rows job = {xf, t, V, ignore, (float *)lse, yf, gf, red, count};
+    ts_parallel_for(N, cpu_grain(V, 16384), ce_backward_rows, &job);
     if (yt)
         cpu_store_out(y, yt);
     cpu_tmp_free(xt), cpu_tmp_free(gt), cpu_tmp_free(yt);

@@ -6,9 +6,8 @@
  * reference. */
 #include "backend/cpu/cpu.h"
 
-#include <cblas.h>
 #include <immintrin.h>
-#include <omp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -137,8 +136,21 @@ dot2_rows_bf16(const float *A, int64_t asr, const int NA, const uint16_t *w0,
 
 /* Y (R, N) = A (R, K) @ W^T with W (N, K) bf16 rows bsc apart, R <= 8:
  * weight rows in pairs, activation rows in groups of up to 6 */
-static void gemv_rows(const float *A, int64_t asr, int64_t R, const uint16_t *W,
-                      int64_t bsc, int64_t N, int64_t K, float *Y) {
+typedef struct {
+    const float *A;
+    int64_t asr, R;
+    const uint16_t *W;
+    int64_t bsc, N, K;
+    float *Y;
+} gemv_job;
+
+/* weight rows [n0, n1) of gemv_rows */
+static void gemv_rows_range(void *p, int64_t n0, int64_t n1) {
+    const gemv_job *j = p;
+    const float *A = j->A;
+    const uint16_t *W = j->W;
+    float *Y = j->Y;
+    int64_t asr = j->asr, R = j->R, bsc = j->bsc, N = j->N, K = j->K;
 #define TS_PAIR_CASE(na)                                                       \
     case na:                                                                   \
         dot2_rows_bf16(A + r0 * asr, asr, na, W + nn * bsc,                    \
@@ -149,47 +161,61 @@ static void gemv_rows(const float *A, int64_t asr, int64_t R, const uint16_t *W,
     case r:                                                                    \
         dot_rows_bf16(A, asr, r, W + nn * bsc, K, Y + nn, N);                  \
         break
-#pragma omp parallel if (N * K > 65536)
-    {
-        int nt = omp_get_num_threads(), me = omp_get_thread_num();
-        int64_t n0 = N * me / nt, n1 = N * (me + 1) / nt;
-        int64_t nn = n0;
-        for (; nn + 1 < n1; nn += 2)
-            for (int64_t r0 = 0; r0 < R; r0 += 6)
-                switch (R - r0 < 6 ? R - r0 : 6) {
-                    TS_PAIR_CASE(1);
-                    TS_PAIR_CASE(2);
-                    TS_PAIR_CASE(3);
-                    TS_PAIR_CASE(4);
-                    TS_PAIR_CASE(5);
-                    TS_PAIR_CASE(6);
-                default:
-                    break;
-                }
-        if (nn < n1) /* an odd last row */
-            switch (R) {
-                TS_ROWS_CASE(1);
-                TS_ROWS_CASE(2);
-                TS_ROWS_CASE(3);
-                TS_ROWS_CASE(4);
-                TS_ROWS_CASE(5);
-                TS_ROWS_CASE(6);
-                TS_ROWS_CASE(7);
-                TS_ROWS_CASE(8);
+    int64_t nn = n0;
+    for (; nn + 1 < n1; nn += 2)
+        for (int64_t r0 = 0; r0 < R; r0 += 6)
+            switch (R - r0 < 6 ? R - r0 : 6) {
+                TS_PAIR_CASE(1);
+                TS_PAIR_CASE(2);
+                TS_PAIR_CASE(3);
+                TS_PAIR_CASE(4);
+                TS_PAIR_CASE(5);
+                TS_PAIR_CASE(6);
             default:
                 break;
             }
-    }
+    if (nn < n1) /* an odd last row */
+        switch (R) {
+            TS_ROWS_CASE(1);
+            TS_ROWS_CASE(2);
+            TS_ROWS_CASE(3);
+            TS_ROWS_CASE(4);
+            TS_ROWS_CASE(5);
+            TS_ROWS_CASE(6);
+            TS_ROWS_CASE(7);
+            TS_ROWS_CASE(8);
+        default:
+            break;
+        }
 #undef TS_PAIR_CASE
 #undef TS_ROWS_CASE
 }
 
-/* rows (nb, K) of 16-bit weights, row r at W + r * ld, widened to f32
- * rows of K in out: bf16 by a shift, f16 by the F16C instruction */
-static void widen_rows(const uint16_t *W, int64_t ld, int64_t nb, int64_t K,
-                       bool bf16, float *out) {
-#pragma omp parallel for schedule(static) if (nb * K > 65536)
-    for (int64_t r = 0; r < nb; r++) {
+static void gemv_rows(const float *A, int64_t asr, int64_t R, const uint16_t *W,
+                      int64_t bsc, int64_t N, int64_t K, float *Y) {
+    gemv_job j = {A, asr, R, W, bsc, N, K, Y};
+    /* pairs of weight rows; ~64K weights a chunk at least */
+    int64_t grain = cpu_grain(K, 32768);
+    ts_parallel_for(N, grain < 2 ? 2 : (grain + 1) / 2 * 2, gemv_rows_range,
+                    &j);
+}
+
+typedef struct {
+    const uint16_t *W;
+    int64_t ld;
+    int64_t K;
+    bool bf16;
+    float *out;
+} widen_rows_range_args;
+
+static void widen_rows_range(void *p_, int64_t lo_, int64_t hi_) {
+    const widen_rows_range_args *a_ = p_;
+    const uint16_t *W = a_->W;
+    int64_t ld = a_->ld;
+    int64_t K = a_->K;
+    bool bf16 = a_->bf16;
+    float *out = a_->out;
+    for (int64_t r = lo_; r < hi_; r++) {
         const uint16_t *src = W + r * ld;
         float *dst = out + r * K;
         int64_t k = 0;
@@ -203,6 +229,23 @@ static void widen_rows(const uint16_t *W, int64_t ld, int64_t nb, int64_t K,
         for (; k < K; k++)
             dst[k] = bf16 ? ts_bf16_to_f32(src[k]) : ts_f16_to_f32(src[k]);
     }
+}
+
+/* weight rows [n0, n1) of a single activation row (decoding one
+ * sequence): Y[n] = dot(A, W row n) */
+static void dot_rows_range(void *p, int64_t n0, int64_t n1) {
+    const gemv_job *j = p;
+    for (int64_t nn = n0; nn < n1; nn++)
+        j->Y[nn] = dot_f32_bf16(j->A, j->W + nn * j->bsc, j->K);
+}
+
+/* rows (nb, K) of 16-bit weights, row r at W + r * ld, widened to f32
+ * rows of K in out: bf16 by a shift, f16 by the F16C instruction */
+static void widen_rows(const uint16_t *W, int64_t ld, int64_t nb, int64_t K,
+                       bool bf16, float *out) {
+    widen_rows_range_args widen_rows_range_a = {W, ld, K, bf16, out};
+    ts_parallel_for(nb, cpu_grain(K, 32768), widen_rows_range,
+                    &widen_rows_range_a);
 }
 
 /* f32 activations x bf16/f16 weights. A weight shared by the batch and
@@ -236,9 +279,8 @@ static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
     float *Y = (float *)ts_tensor_ptr(y);
     if (R == 1 && b->dtype == TS_BF16) {
         const uint16_t *W = (const uint16_t *)ts_tensor_ptr(b);
-#pragma omp parallel for schedule(static) if (N * K > 65536)
-        for (int64_t nn = 0; nn < N; nn++)
-            Y[nn] = dot_f32_bf16(A, W + nn * bsc, K);
+        gemv_job j = {A, 0, 1, W, bsc, N, K, Y};
+        ts_parallel_for(N, cpu_grain(K, 32768), dot_rows_range, &j);
         return TS_OK;
     }
     /* a batch of decoding sequences: groups of 8 rows, each reading the
@@ -263,12 +305,83 @@ static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
     for (int64_t n0 = 0; n0 < N; n0 += NB) {
         int64_t nb = N - n0 < NB ? N - n0 : NB;
         widen_rows(W + n0 * bsc, bsc, nb, K, b->dtype == TS_BF16, wf);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)R, (int)nb,
-                    (int)K, 1.0f, A, (int)(M == 1 && batch == 1 ? K : asr), wf,
-                    (int)K, 0.0f, Y + n0, (int)N);
+        ts_sgemm(false, true, (int)R, (int)nb, (int)K, 1.0f, A,
+                 (int)(M == 1 && batch == 1 ? K : asr), wf, (int)K, 0.0f,
+                 Y + n0, (int)N);
     }
     free(wf);
     return TS_OK;
+}
+
+typedef struct {
+    const ts_tensor *a, *b;
+    ts_tensor *y;
+    int nb;
+    int64_t M, N, K;
+    bool ta, tb, a_ok, b_ok;
+    int64_t lda, ldb, asr, asc, bsr, bsc;
+    const int64_t *ast, *bst;
+    atomic_int oom;
+} batch_job;
+
+/* batch elements [b0, b1) of the general matmul, with their own packing
+ * buffers */
+static void batch_range(void *p, int64_t b0, int64_t b1) {
+    batch_job *j = p;
+    const ts_tensor *a = j->a, *b = j->b;
+    ts_tensor *y = j->y;
+    int64_t M = j->M, N = j->N, K = j->K;
+    float *apack = NULL, *bpack = NULL, *ypack = NULL;
+    if (!j->a_ok)
+        apack = malloc(sizeof(float) * (size_t)(M * K));
+    if (!j->b_ok)
+        bpack = malloc(sizeof(float) * (size_t)(K * N));
+    bool y32 = y->dtype == TS_F32;
+    if (!y32)
+        ypack = malloc(sizeof(float) * (size_t)(M * N));
+    if ((!j->a_ok && !apack) || (!j->b_ok && !bpack) || (!y32 && !ypack)) {
+        free(apack), free(bpack), free(ypack);
+        atomic_store(&j->oom, 1);
+        return;
+    }
+    int64_t pst_a[2] = {K, 1}, pst_b[2] = {N, 1};
+    float *yf = (float *)ts_tensor_ptr(y);
+    for (int64_t bi = b0; bi < b1; bi++) {
+        int64_t ao = 0, bo = 0, rem = bi;
+        for (int d = j->nb - 1; d >= 0; d--) {
+            int64_t i = rem % y->shape[d];
+            rem /= y->shape[d];
+            ao += i * j->ast[d];
+            bo += i * j->bst[d];
+        }
+        const char *ap =
+            ts_tensor_ptr(a) + ao * (int64_t)ts_dtype_size(a->dtype);
+        const char *bp =
+            ts_tensor_ptr(b) + bo * (int64_t)ts_dtype_size(b->dtype);
+        const float *A = (const float *)ap, *Bm = (const float *)bp;
+        bool tA = j->ta, tB = j->tb;
+        int64_t lA = j->lda, lB = j->ldb;
+        if (!j->a_ok) {
+            int64_t sh[2] = {M, K}, st[2] = {j->asr, j->asc};
+            cpu_copy_strided((char *)apack, TS_F32, pst_a, ap, a->dtype, st, 2,
+                             sh);
+            A = apack, tA = false, lA = K;
+        }
+        if (!j->b_ok) {
+            int64_t sh[2] = {K, N}, st[2] = {j->bsr, j->bsc};
+            cpu_copy_strided((char *)bpack, TS_F32, pst_b, bp, b->dtype, st, 2,
+                             sh);
+            Bm = bpack, tB = false, lB = N;
+        }
+        float *Y = y32 ? yf + bi * M * N : ypack;
+        ts_sgemm(tA, tB, (int)M, (int)N, (int)K, 1.0f, A, (int)lA, Bm, (int)lB,
+                 0.0f, Y, (int)N);
+        if (!y32)
+            cpu_scatter_f32(ts_tensor_ptr(y) +
+                                bi * M * N * (int64_t)ts_dtype_size(y->dtype),
+                            y->dtype, 1, ypack, M * N);
+    }
+    free(apack), free(bpack), free(ypack);
 }
 
 /* A (..., M, K) @ B (..., K, N) -> Y (batch..., M, N), Y contiguous. */
@@ -322,66 +435,24 @@ CPU_KERNEL(matmul) {
             expect *= y->shape[d];
         }
         if (stacked) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans,
-                        tb ? CblasTrans : CblasNoTrans, (int)(M * batch),
-                        (int)N, (int)K, 1.0f, (const float *)ts_tensor_ptr(a),
-                        (int)lda, (const float *)ts_tensor_ptr(b), (int)ldb,
-                        0.0f, yf, (int)N);
+            ts_sgemm(false, tb, (int)(M * batch), (int)N, (int)K, 1.0f,
+                     (const float *)ts_tensor_ptr(a), (int)lda,
+                     (const float *)ts_tensor_ptr(b), (int)ldb, 0.0f, yf,
+                     (int)N);
             return TS_OK;
         }
     }
     /* general: one product per batch element; operands that BLAS cannot
-     * take as they are (or that are not f32) are packed to f32 first */
-    float *apack = NULL, *bpack = NULL, *ypack = NULL;
-    if (!a_ok)
-        apack = malloc(sizeof(float) * (size_t)(M * K));
-    if (!b_ok)
-        bpack = malloc(sizeof(float) * (size_t)(K * N));
-    bool y32 = y->dtype == TS_F32;
-    if (!y32)
-        ypack = malloc(sizeof(float) * (size_t)(M * N));
-    if ((!a_ok && !apack) || (!b_ok && !bpack) || (!y32 && !ypack)) {
-        free(apack), free(bpack), free(ypack);
+     * take as they are (or that are not f32) are packed to f32 first.
+     * Small products (attention's per-head ones) run a batch element per
+     * thread; large ones are cut by ts_sgemm instead. */
+    batch_job j = {a,    b,   y,   nb,  M,   N,   K,   ta,  tb,  a_ok,
+                   b_ok, lda, ldb, asr, asc, bsr, bsc, ast, bst, 0};
+    double flops = 2.0 * (double)M * (double)N * (double)K;
+    int64_t grain = flops >= 4e6 ? batch : (int64_t)(4e6 / flops) + 1;
+    ts_parallel_for(batch, grain, batch_range, &j);
+    if (atomic_load(&j.oom))
         return ts_set_error(ctx, TS_ERR_OOM, "matmul: out of memory");
-    }
-    int64_t pst_a[2] = {K, 1}, pst_b[2] = {N, 1};
-    for (int64_t bi = 0; bi < batch; bi++) {
-        int64_t ao = 0, bo = 0, rem = bi;
-        for (int d = nb - 1; d >= 0; d--) {
-            int64_t i = rem % y->shape[d];
-            rem /= y->shape[d];
-            ao += i * ast[d];
-            bo += i * bst[d];
-        }
-        const char *ap =
-            ts_tensor_ptr(a) + ao * (int64_t)ts_dtype_size(a->dtype);
-        const char *bp =
-            ts_tensor_ptr(b) + bo * (int64_t)ts_dtype_size(b->dtype);
-        const float *A = (const float *)ap, *Bm = (const float *)bp;
-        bool tA = ta, tB = tb;
-        int64_t lA = lda, lB = ldb;
-        if (!a_ok) {
-            int64_t sh[2] = {M, K}, st[2] = {asr, asc};
-            cpu_copy_strided((char *)apack, TS_F32, pst_a, ap, a->dtype, st, 2,
-                             sh);
-            A = apack, tA = false, lA = K;
-        }
-        if (!b_ok) {
-            int64_t sh[2] = {K, N}, st[2] = {bsr, bsc};
-            cpu_copy_strided((char *)bpack, TS_F32, pst_b, bp, b->dtype, st, 2,
-                             sh);
-            Bm = bpack, tB = false, lB = N;
-        }
-        float *Y = y32 ? yf + bi * M * N : ypack;
-        cblas_sgemm(CblasRowMajor, tA ? CblasTrans : CblasNoTrans,
-                    tB ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-                    1.0f, A, (int)lA, Bm, (int)lB, 0.0f, Y, (int)N);
-        if (!y32)
-            cpu_scatter_f32(ts_tensor_ptr(y) +
-                                bi * M * N * (int64_t)ts_dtype_size(y->dtype),
-                            y->dtype, 1, ypack, M * N);
-    }
-    free(apack), free(bpack), free(ypack);
     return TS_OK;
 }
 
@@ -470,11 +541,10 @@ ts_status cpu_matmul_epilogue(ts_ctx *ctx, const ts_fused *f) {
     ts_status st = TS_OK;
     for (int64_t r0 = 0; r0 < R && st == TS_OK; r0 += P) {
         int64_t rows = R - r0 < P ? R - r0 : P;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    (int)rows, (int)N, (int)K, 1.0f,
-                    (const float *)ts_tensor_ptr(a) + r0 * lda, (int)lda,
-                    (const float *)ts_tensor_ptr(b), (int)ldb, 0.0f,
-                    (float *)scratch_st.data, (int)N);
+        ts_sgemm(false, tb, (int)rows, (int)N, (int)K, 1.0f,
+                 (const float *)ts_tensor_ptr(a) + r0 * lda, (int)lda,
+                 (const float *)ts_tensor_ptr(b), (int)ldb, 0.0f,
+                 (float *)scratch_st.data, (int)N);
         prod.ndim = 2, prod.shape[0] = rows, prod.shape[1] = N;
         prod.strides[0] = N, prod.strides[1] = 1;
         out_panel.ndim = 2, out_panel.shape[0] = rows, out_panel.shape[1] = N;

@@ -35,6 +35,38 @@ static float sum_squares(const float *x, int64_t n) {
     return s;
 }
 
+typedef struct {
+    const float *xf;
+    const float *w;
+    float *yf;
+    float *rstd;
+    float eps;
+    int64_t C;
+} rmsnorm_rows_args;
+
+static void rmsnorm_rows(void *p_, int64_t lo_, int64_t hi_) {
+    const rmsnorm_rows_args *a_ = p_;
+    const float *xf = a_->xf;
+    const float *w = a_->w;
+    float *yf = a_->yf;
+    float *rstd = a_->rstd;
+    float eps = a_->eps;
+    int64_t C = a_->C;
+    for (int64_t r = lo_; r < hi_; r++) {
+        const float *xr = xf + r * C;
+        float *yr = yf + r * C;
+        float ss = sum_squares(xr, C);
+        float rs = 1.0f / sqrtf(ss / (float)C + eps);
+        rstd[r] = rs;
+        if (w)
+            for (int64_t c = 0; c < C; c++)
+                yr[c] = xr[c] * rs * w[c];
+        else
+            for (int64_t c = 0; c < C; c++)
+                yr[c] = xr[c] * rs;
+    }
+}
+
 /* x (N, C) -> y (N, C), rstd (N):  y = x * rstd * w,
  * rstd = 1 / sqrt(mean(x^2) + eps) */
 CPU_KERNEL(rmsnorm) {
@@ -52,24 +84,41 @@ CPU_KERNEL(rmsnorm) {
         cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
         return OOM("rmsnorm");
     }
-#pragma omp parallel for schedule(static) if (N * C > 32768)
-    for (int64_t r = 0; r < N; r++) {
-        const float *xr = xf + r * C;
-        float *yr = yf + r * C;
-        float ss = sum_squares(xr, C);
-        float rs = 1.0f / sqrtf(ss / (float)C + eps);
-        rstd[r] = rs;
-        if (w)
-            for (int64_t c = 0; c < C; c++)
-                yr[c] = xr[c] * rs * w[c];
-        else
-            for (int64_t c = 0; c < C; c++)
-                yr[c] = xr[c] * rs;
-    }
+    rmsnorm_rows_args rmsnorm_rows_a = {xf, w, yf, rstd, eps, C};
+    ts_parallel_for(N, cpu_grain(C, 16384), rmsnorm_rows, &rmsnorm_rows_a);
     if (yt)
         cpu_store_out(y, yt);
     cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
     return TS_OK;
+}
+
+typedef struct {
+    const float *gf;
+    const float *xf;
+    const float *w;
+    const float *rstd;
+    float *yf;
+    int64_t C;
+} rmsnorm_backward_rows_args;
+
+static void rmsnorm_backward_rows(void *p_, int64_t lo_, int64_t hi_) {
+    const rmsnorm_backward_rows_args *a_ = p_;
+    const float *gf = a_->gf;
+    const float *xf = a_->xf;
+    const float *w = a_->w;
+    const float *rstd = a_->rstd;
+    float *yf = a_->yf;
+    int64_t C = a_->C;
+    for (int64_t r = lo_; r < hi_; r++) {
+        const float *gr = gf + r * C, *xr = xf + r * C;
+        float *dr = yf + r * C, rs = rstd[r];
+        double dot = 0;
+        for (int64_t c = 0; c < C; c++)
+            dot += (double)gr[c] * (w ? w[c] : 1.0f) * xr[c] * rs;
+        float m = (float)(dot / (double)C);
+        for (int64_t c = 0; c < C; c++)
+            dr[c] = rs * (gr[c] * (w ? w[c] : 1.0f) - xr[c] * rs * m);
+    }
 }
 
 /* dx = rstd * (g*w - xhat * mean(g*w*xhat)),  xhat = x * rstd
@@ -88,21 +137,55 @@ CPU_KERNEL(rmsnorm_backward) {
         cpu_tmp_free(gt), cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
         return OOM("rmsnorm_backward");
     }
-#pragma omp parallel for schedule(static) if (N * C > 32768)
-    for (int64_t r = 0; r < N; r++) {
-        const float *gr = gf + r * C, *xr = xf + r * C;
-        float *dr = yf + r * C, rs = rstd[r];
-        double dot = 0;
-        for (int64_t c = 0; c < C; c++)
-            dot += (double)gr[c] * (w ? w[c] : 1.0f) * xr[c] * rs;
-        float m = (float)(dot / (double)C);
-        for (int64_t c = 0; c < C; c++)
-            dr[c] = rs * (gr[c] * (w ? w[c] : 1.0f) - xr[c] * rs * m);
-    }
+    rmsnorm_backward_rows_args rmsnorm_backward_rows_a = {gf,   xf, w,
+                                                          rstd, yf, C};
+    ts_parallel_for(N, cpu_grain(C, 16384), rmsnorm_backward_rows,
+                    &rmsnorm_backward_rows_a);
     if (yt)
         cpu_store_out(y, yt);
     cpu_tmp_free(gt), cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
     return TS_OK;
+}
+
+typedef struct {
+    const float *xf;
+    const float *w;
+    const float *b;
+    float *yf;
+    float *mean;
+    float *rstd;
+    float eps;
+    int64_t C;
+} layernorm_rows_args;
+
+static void layernorm_rows(void *p_, int64_t lo_, int64_t hi_) {
+    const layernorm_rows_args *a_ = p_;
+    const float *xf = a_->xf;
+    const float *w = a_->w;
+    const float *b = a_->b;
+    float *yf = a_->yf;
+    float *mean = a_->mean;
+    float *rstd = a_->rstd;
+    float eps = a_->eps;
+    int64_t C = a_->C;
+    for (int64_t r = lo_; r < hi_; r++) {
+        const float *xr = xf + r * C;
+        float *yr = yf + r * C;
+        double s = 0;
+        for (int64_t c = 0; c < C; c++)
+            s += xr[c];
+        float mu = (float)(s / (double)C);
+        double v = 0;
+        for (int64_t c = 0; c < C; c++)
+            v += (double)(xr[c] - mu) * (xr[c] - mu);
+        float rs = 1.0f / sqrtf((float)(v / (double)C) + eps);
+        mean[r] = mu;
+        rstd[r] = rs;
+        for (int64_t c = 0; c < C; c++) {
+            float h = (xr[c] - mu) * rs;
+            yr[c] = h * (w ? w[c] : 1.0f) + (b ? b[c] : 0.0f);
+        }
+    }
 }
 
 /* y = (x - mean) * rstd * w + b; saved mean, rstd (N). inputs x, [w], [b] */
@@ -124,29 +207,48 @@ CPU_KERNEL(layernorm) {
         cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(bt), cpu_tmp_free(yt);
         return OOM("layernorm");
     }
-#pragma omp parallel for schedule(static) if (N * C > 32768)
-    for (int64_t r = 0; r < N; r++) {
-        const float *xr = xf + r * C;
-        float *yr = yf + r * C;
-        double s = 0;
-        for (int64_t c = 0; c < C; c++)
-            s += xr[c];
-        float mu = (float)(s / (double)C);
-        double v = 0;
-        for (int64_t c = 0; c < C; c++)
-            v += (double)(xr[c] - mu) * (xr[c] - mu);
-        float rs = 1.0f / sqrtf((float)(v / (double)C) + eps);
-        mean[r] = mu;
-        rstd[r] = rs;
-        for (int64_t c = 0; c < C; c++) {
-            float h = (xr[c] - mu) * rs;
-            yr[c] = h * (w ? w[c] : 1.0f) + (b ? b[c] : 0.0f);
-        }
-    }
+    layernorm_rows_args layernorm_rows_a = {xf, w, b, yf, mean, rstd, eps, C};
+    ts_parallel_for(N, cpu_grain(C, 16384), layernorm_rows, &layernorm_rows_a);
     if (yt)
         cpu_store_out(y, yt);
     cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(bt), cpu_tmp_free(yt);
     return TS_OK;
+}
+
+typedef struct {
+    const float *gf;
+    const float *xf;
+    const float *w;
+    const float *mean;
+    const float *rstd;
+    float *yf;
+    int64_t C;
+} layernorm_backward_rows_args;
+
+static void layernorm_backward_rows(void *p_, int64_t lo_, int64_t hi_) {
+    const layernorm_backward_rows_args *a_ = p_;
+    const float *gf = a_->gf;
+    const float *xf = a_->xf;
+    const float *w = a_->w;
+    const float *mean = a_->mean;
+    const float *rstd = a_->rstd;
+    float *yf = a_->yf;
+    int64_t C = a_->C;
+    for (int64_t r = lo_; r < hi_; r++) {
+        const float *gr = gf + r * C, *xr = xf + r * C;
+        float *dr = yf + r * C, mu = mean[r], rs = rstd[r];
+        double s1 = 0, s2 = 0;
+        for (int64_t c = 0; c < C; c++) {
+            float gw = gr[c] * (w ? w[c] : 1.0f);
+            s1 += gw;
+            s2 += (double)gw * (xr[c] - mu) * rs;
+        }
+        float m1 = (float)(s1 / (double)C), m2 = (float)(s2 / (double)C);
+        for (int64_t c = 0; c < C; c++) {
+            float gw = gr[c] * (w ? w[c] : 1.0f);
+            dr[c] = rs * (gw - m1 - (xr[c] - mu) * rs * m2);
+        }
+    }
 }
 
 /* dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w
@@ -166,62 +268,51 @@ CPU_KERNEL(layernorm_backward) {
         cpu_tmp_free(gt), cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
         return OOM("layernorm_backward");
     }
-#pragma omp parallel for schedule(static) if (N * C > 32768)
-    for (int64_t r = 0; r < N; r++) {
-        const float *gr = gf + r * C, *xr = xf + r * C;
-        float *dr = yf + r * C, mu = mean[r], rs = rstd[r];
-        double s1 = 0, s2 = 0;
-        for (int64_t c = 0; c < C; c++) {
-            float gw = gr[c] * (w ? w[c] : 1.0f);
-            s1 += gw;
-            s2 += (double)gw * (xr[c] - mu) * rs;
-        }
-        float m1 = (float)(s1 / (double)C), m2 = (float)(s2 / (double)C);
-        for (int64_t c = 0; c < C; c++) {
-            float gw = gr[c] * (w ? w[c] : 1.0f);
-            dr[c] = rs * (gw - m1 - (xr[c] - mu) * rs * m2);
-        }
-    }
+    layernorm_backward_rows_args layernorm_backward_rows_a = {gf,   xf, w, mean,
+                                                              rstd, yf, C};
+    ts_parallel_for(N, cpu_grain(C, 16384), layernorm_backward_rows,
+                    &layernorm_backward_rows_a);
     if (yt)
         cpu_store_out(y, yt);
     cpu_tmp_free(gt), cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
     return TS_OK;
 }
 
-/* x (..., T, D), cos/sin broadcast to x. direction +1:
- *   y[d]   = x[d] c[d]     - x[d+h] s[d]
- *   y[d+h] = x[d+h] c[d+h] + x[d] s[d+h]           (h = D/2)
- * direction -1 applies the transpose (the backward of the above). */
-CPU_KERNEL(rope) {
-    ts_tensor *x = n->in[0], *cs = n->in[1], *sn = n->in[2], *y = n->out;
-    int64_t D = x->shape[x->ndim - 1], h = D / 2;
-    int64_t rows = D ? ts_tensor_numel(x) / D : 0;
-    bool fwd = n->attrs.f[0] > 0;
-    int64_t st[CPU_ITER_MAX_OPS][TS_MAX_DIMS];
-    memcpy(st[0], y->strides, sizeof st[0]);
-    memcpy(st[1], x->strides, sizeof st[1]);
-    ts_broadcast_strides(cs, x->ndim, x->shape, st[2]);
-    ts_broadcast_strides(sn, x->ndim, x->shape, st[3]);
-    /* iterate rows over all dims but the last, which the loop below does */
-    cpu_iter it;
-    int64_t shape[TS_MAX_DIMS];
-    memcpy(shape, x->shape, sizeof shape);
-    shape[x->ndim - 1] = 1;
-    cpu_iter_init(&it, x->ndim, shape, 4, st);
-    int64_t xd = x->strides[x->ndim - 1], cd = st[2][x->ndim - 1],
-            sd = st[3][x->ndim - 1];
-    (void)ctx;
-#pragma omp parallel for schedule(static) if (rows * D > 32768)
-    for (int64_t r = 0; r < rows; r++) {
+typedef struct {
+    const ts_tensor *x;
+    const ts_tensor *cs;
+    const ts_tensor *sn;
+    ts_tensor *y;
+    const cpu_iter *itp;
+    int64_t h;
+    int64_t xd;
+    int64_t cd;
+    int64_t sd;
+    bool fwd;
+} rope_rows_args;
+
+static void rope_rows(void *p_, int64_t lo_, int64_t hi_) {
+    const rope_rows_args *a_ = p_;
+    const ts_tensor *x = a_->x;
+    const ts_tensor *cs = a_->cs;
+    const ts_tensor *sn = a_->sn;
+    ts_tensor *y = a_->y;
+    const cpu_iter *itp = a_->itp;
+    int64_t h = a_->h;
+    int64_t xd = a_->xd;
+    int64_t cd = a_->cd;
+    int64_t sd = a_->sd;
+    bool fwd = a_->fwd;
+    for (int64_t r = lo_; r < hi_; r++) {
         float xb[1024], cb[1024], sb[1024], yb[1024];
         int64_t off[4] = {0, 0, 0, 0};
         /* rows of the shape with last dim 1: all iterator dims are "rows" */
         int64_t rem = r;
-        for (int d = it.ndim - 1; d >= 0; d--) {
-            int64_t i = rem % it.shape[d];
-            rem /= it.shape[d];
+        for (int d = itp->ndim - 1; d >= 0; d--) {
+            int64_t i = rem % itp->shape[d];
+            rem /= itp->shape[d];
             for (int k = 0; k < 4; k++)
-                off[k] += i * it.st[k][d];
+                off[k] += i * itp->st[k][d];
         }
         for (int64_t d0 = 0; d0 < h; d0 += 512) {
             int64_t m = h - d0 < 512 ? h - d0 : 512;
@@ -261,5 +352,32 @@ CPU_KERNEL(rope) {
                             y->dtype, 1, yb + 512, m);
         }
     }
+}
+
+/* x (..., T, D), cos/sin broadcast to x. direction +1:
+ *   y[d]   = x[d] c[d]     - x[d+h] s[d]
+ *   y[d+h] = x[d+h] c[d+h] + x[d] s[d+h]           (h = D/2)
+ * direction -1 applies the transpose (the backward of the above). */
+CPU_KERNEL(rope) {
+    ts_tensor *x = n->in[0], *cs = n->in[1], *sn = n->in[2], *y = n->out;
+    int64_t D = x->shape[x->ndim - 1], h = D / 2;
+    int64_t rows = D ? ts_tensor_numel(x) / D : 0;
+    bool fwd = n->attrs.f[0] > 0;
+    int64_t st[CPU_ITER_MAX_OPS][TS_MAX_DIMS];
+    memcpy(st[0], y->strides, sizeof st[0]);
+    memcpy(st[1], x->strides, sizeof st[1]);
+    ts_broadcast_strides(cs, x->ndim, x->shape, st[2]);
+    ts_broadcast_strides(sn, x->ndim, x->shape, st[3]);
+    /* iterate rows over all dims but the last, which the loop below does */
+    cpu_iter it;
+    int64_t shape[TS_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = 1;
+    cpu_iter_init(&it, x->ndim, shape, 4, st);
+    int64_t xd = x->strides[x->ndim - 1], cd = st[2][x->ndim - 1],
+            sd = st[3][x->ndim - 1];
+    (void)ctx;
+    rope_rows_args rope_rows_a = {x, cs, sn, y, &it, h, xd, cd, sd, fwd};
+    ts_parallel_for(rows, cpu_grain(D, 16384), rope_rows, &rope_rows_a);
     return TS_OK;
 }

@@ -5,7 +5,7 @@
 
 #include <float.h>
 #include <math.h>
-#include <omp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,26 +67,94 @@ static int64_t offset_of(int64_t flat, int nd, const int64_t *shape,
     } while (0)
 
 /* Sum of the leading rows of a contiguous (R, C) block: a column sum that
- * streams memory in order instead of striding down each column. */
+ * streams memory in order instead of striding down each column. Each
+ * column is summed over the rows in order, whichever chunk holds it. */
+typedef struct {
+    const ts_tensor *x;
+    int64_t R, C;
+    double *acc;
+} colsum_job;
+
+static void column_sums_range(void *p, int64_t c0, int64_t c1) {
+    const colsum_job *j = p;
+    ts_dtype dt = j->x->dtype;
+    const char *base = ts_tensor_ptr(j->x);
+    int64_t es = (int64_t)ts_dtype_size(dt);
+    float buf[1024];
+    for (int64_t r = 0; r < j->R; r++)
+        for (int64_t cb = c0; cb < c1; cb += 1024) {
+            int64_t m = c1 - cb < 1024 ? c1 - cb : 1024;
+            cpu_gather_f32(buf, base + (r * j->C + cb) * es, dt, 1, m);
+            for (int64_t i = 0; i < m; i++)
+                j->acc[cb + i] += buf[i];
+        }
+}
+
 static void column_sums(const ts_tensor *x, int64_t R, int64_t C, double *acc) {
-    ts_dtype dt = x->dtype;
-    const char *base = ts_tensor_ptr(x);
-    size_t es = ts_dtype_size(dt);
-    int nt = omp_get_max_threads();
-    int64_t cols = (C + nt - 1) / nt;
     memset(acc, 0, sizeof(double) * (size_t)C);
-#pragma omp parallel for schedule(static) if (R * C > 65536)
-    for (int t = 0; t < nt; t++) {
-        int64_t c0 = t * cols, c1 = c0 + cols < C ? c0 + cols : C;
-        float buf[1024];
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t cb = c0; cb < c1; cb += 1024) {
-                int64_t m = c1 - cb < 1024 ? c1 - cb : 1024;
-                cpu_gather_f32(buf, base + (r * C + cb) * (int64_t)es, dt, 1,
-                               m);
-                for (int64_t i = 0; i < m; i++)
-                    acc[cb + i] += buf[i];
+    colsum_job j = {x, R, C, acc};
+    int64_t grain = cpu_grain(R, 32768);
+    ts_parallel_for(C, grain < 64 ? 64 : grain, column_sums_range, &j);
+}
+
+/* outputs [o0, o1) of a reduction or an argmax over the plan's dims */
+typedef struct {
+    const red_plan *p;
+    const char *base;
+    size_t es;
+    ts_dtype dt;
+    bool is_max;
+    double scale;
+    float *out;
+    int64_t *idx; /* argmax */
+} reduce_job;
+
+static void reduce_range(void *arg, int64_t o0, int64_t o1) {
+    const reduce_job *j = arg;
+    const red_plan *p = j->p;
+    size_t es = j->es;
+    ts_dtype dt = j->dt;
+    for (int64_t o = o0; o < o1; o++) {
+        const char *bp =
+            j->base + offset_of(o, p->nk, p->kshape, p->kst) * (int64_t)es;
+        if (j->is_max) {
+            float m = -INFINITY;
+            bool nan = false;
+            FOR_REDUCED(p, bp, es, {
+                if (v > m)
+                    m = v;
+                if (v != v)
+                    nan = true;
+            });
+            j->out[o] = nan ? NAN : m;
+        } else {
+            double s = 0;
+            FOR_REDUCED(p, bp, es, { s += v; });
+            j->out[o] = (float)(s * j->scale);
+        }
+    }
+}
+
+static void argmax_range(void *arg, int64_t o0, int64_t o1) {
+    const reduce_job *j = arg;
+    const red_plan *p = j->p;
+    size_t es = j->es;
+    ts_dtype dt = j->dt;
+    for (int64_t o = o0; o < o1; o++) {
+        const char *bp =
+            j->base + offset_of(o, p->nk, p->kshape, p->kst) * (int64_t)es;
+        float m = -INFINITY;
+        int64_t best = 0;
+        bool found_nan = false;
+        FOR_REDUCED(p, bp, es, {
+            if (!found_nan && (v > m || v != v)) {
+                m = v;
+                best = flat_r;
+                if (v != v)
+                    found_nan = true;
             }
+        });
+        j->idx[o] = best;
     }
 }
 
@@ -117,28 +185,8 @@ CPU_KERNEL(reduce) {
             out[i] = (float)(acc[i] * scale);
         free(acc);
     } else {
-        const char *base = ts_tensor_ptr(x);
-#pragma omp parallel for schedule(static) if (p.kcount * p.rcount > 32768 &&   \
-                                              p.kcount > 1)
-        for (int64_t o = 0; o < p.kcount; o++) {
-            const char *bp =
-                base + offset_of(o, p.nk, p.kshape, p.kst) * (int64_t)es;
-            if (is_max) {
-                float m = -INFINITY;
-                bool nan = false;
-                FOR_REDUCED(&p, bp, es, {
-                    if (v > m)
-                        m = v;
-                    if (v != v)
-                        nan = true;
-                });
-                out[o] = nan ? NAN : m;
-            } else {
-                double s = 0;
-                FOR_REDUCED(&p, bp, es, { s += v; });
-                out[o] = (float)(s * scale);
-            }
-        }
+        reduce_job j = {&p, ts_tensor_ptr(x), es, dt, is_max, scale, out, NULL};
+        ts_parallel_for(p.kcount, cpu_grain(p.rcount, 16384), reduce_range, &j);
     }
     cpu_store_out(y, out);
     free(out);
@@ -153,26 +201,57 @@ CPU_KERNEL(argmax) {
     red_plan p;
     plan_reduce(x, &n->attrs, &p);
     int64_t *out = (int64_t *)ts_tensor_ptr(y);
-    const char *base = ts_tensor_ptr(x);
-#pragma omp parallel for schedule(static) if (p.kcount * p.rcount > 32768 &&   \
-                                              p.kcount > 1)
-    for (int64_t o = 0; o < p.kcount; o++) {
-        const char *bp =
-            base + offset_of(o, p.nk, p.kshape, p.kst) * (int64_t)es;
-        float m = -INFINITY;
-        int64_t best = 0;
-        bool found_nan = false;
-        FOR_REDUCED(&p, bp, es, {
-            if (!found_nan && (v > m || v != v)) {
-                m = v;
-                best = flat_r;
-                if (v != v)
-                    found_nan = true;
-            }
-        });
-        out[o] = best;
-    }
+    reduce_job j = {&p, ts_tensor_ptr(x), es, dt, false, 1.0, NULL, out};
+    ts_parallel_for(p.kcount, cpu_grain(p.rcount, 16384), argmax_range, &j);
     return TS_OK;
+}
+
+typedef struct {
+    const ts_tensor *x;
+    ts_tensor *y;
+    int64_t L, xs, ys;
+    int nr;
+    const int64_t *rshape, *rxst, *ryst;
+    bool log_out;
+    size_t xes, yes;
+    atomic_int fail;
+} softmax_job;
+
+static void softmax_range(void *arg, int64_t r0, int64_t r1) {
+    softmax_job *j = arg;
+    int64_t L = j->L;
+    float *buf = malloc(sizeof(float) * (size_t)(L ? L : 1));
+    if (!buf) {
+        atomic_store(&j->fail, 1);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        const char *xp =
+            ts_tensor_ptr(j->x) +
+            offset_of(r, j->nr, j->rshape, j->rxst) * (int64_t)j->xes;
+        char *yp = ts_tensor_ptr(j->y) +
+                   offset_of(r, j->nr, j->rshape, j->ryst) * (int64_t)j->yes;
+        cpu_gather_f32(buf, xp, j->x->dtype, j->xs, L);
+        float m = -INFINITY;
+        for (int64_t i = 0; i < L; i++)
+            m = buf[i] > m ? buf[i] : m;
+        if (m == -INFINITY)
+            m = 0; /* all -inf: avoid inf - inf */
+        double s = 0;
+        for (int64_t i = 0; i < L; i++)
+            s += expf(buf[i] - m);
+        if (j->log_out) {
+            float lse = m + (float)log(s);
+            for (int64_t i = 0; i < L; i++)
+                buf[i] -= lse;
+        } else {
+            float inv = (float)(1.0 / s);
+            for (int64_t i = 0; i < L; i++)
+                buf[i] = expf(buf[i] - m) * inv;
+        }
+        cpu_scatter_f32(yp, j->y->dtype, j->ys, buf, L);
+    }
+    free(buf);
 }
 
 /* softmax / log_softmax along dim: rows are the other dims */
@@ -193,42 +272,10 @@ CPU_KERNEL(softmax) {
         }
     bool log_out = n->op == TS_OP_LOG_SOFTMAX;
     size_t xes = ts_dtype_size(x->dtype), yes = ts_dtype_size(y->dtype);
-    int fail = 0;
-#pragma omp parallel reduction(| : fail) if (rows * L > 32768)
-    {
-        float *buf = malloc(sizeof(float) * (size_t)(L ? L : 1));
-        if (!buf)
-            fail = 1;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            if (!buf)
-                continue;
-            const char *xp = ts_tensor_ptr(x) +
-                             offset_of(r, nr, rshape, rxst) * (int64_t)xes;
-            char *yp = ts_tensor_ptr(y) +
-                       offset_of(r, nr, rshape, ryst) * (int64_t)yes;
-            cpu_gather_f32(buf, xp, x->dtype, xs, L);
-            float m = -INFINITY;
-            for (int64_t i = 0; i < L; i++)
-                m = buf[i] > m ? buf[i] : m;
-            if (m == -INFINITY)
-                m = 0; /* all -inf: avoid inf - inf */
-            double s = 0;
-            for (int64_t i = 0; i < L; i++)
-                s += expf(buf[i] - m);
-            if (log_out) {
-                float lse = m + (float)log(s);
-                for (int64_t i = 0; i < L; i++)
-                    buf[i] -= lse;
-            } else {
-                float inv = (float)(1.0 / s);
-                for (int64_t i = 0; i < L; i++)
-                    buf[i] = expf(buf[i] - m) * inv;
-            }
-            cpu_scatter_f32(yp, y->dtype, ys, buf, L);
-        }
-        free(buf);
-    }
+    softmax_job j = {x,    y,    L,       xs,  ys,  nr, rshape,
+                     rxst, ryst, log_out, xes, yes, 0};
+    ts_parallel_for(rows, cpu_grain(L, 16384), softmax_range, &j);
+    int fail = atomic_load(&j.fail);
     if (fail)
         return ts_set_error(ctx, TS_ERR_OOM, "softmax: out of memory");
     return TS_OK;
