@@ -57,8 +57,15 @@ static void inner_chunk(void *p, int64_t c) {
 
 static void outer_chunk(void *p, int64_t c) {
     (void)c;
-    CHECK(ts_in_parallel());
     ts_parallel_chunks(10, inner_chunk, p); /* runs serially in here */
+}
+
+static atomic_int outside_pool;
+
+static void marked_chunk(void *p, int64_t c) {
+    if (!ts_in_parallel())
+        atomic_fetch_add(&outside_pool, 1);
+    outer_chunk(p, c);
 }
 
 typedef struct {
@@ -75,6 +82,12 @@ static void *submitter(void *p) {
 
 static void test_nested_and_concurrent(void) {
     ts_threads_apply(3);
+    /* one submitter: every chunk (the submitter's too) is inside the pool */
+    atomic_long sum = 0;
+    ts_parallel_chunks(8, marked_chunk, &sum);
+    CHECK(atomic_load(&sum) == 8 * 55);
+    CHECK(atomic_load(&outside_pool) == 0);
+    /* two submitters: one of them runs its loops serially when they meet */
     submit_job a = {0, 200}, b = {0, 200};
     pthread_t ta, tb;
     pthread_create(&ta, NULL, submitter, &a);
