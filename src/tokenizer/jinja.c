@@ -885,6 +885,11 @@ static node *parse_primary(parser *p) {
         x->lit = json_integer(t->i);
         break;
     case T_FLOAT:
+        if (!isfinite(t->f)) {
+            fail_at(p->d, t->line,
+                    "float literal out of range (it would be inf)");
+            return NULL;
+        }
         p->i++;
         x = mk(E_LIT, t->line);
         x->lit = json_real(t->f);
@@ -2477,6 +2482,15 @@ static bool float_arith(rt *r, const node *x, const char *op, val a, val b,
         }
     } else
         return err(r, x, "internal: unknown operator %s", op);
+    if (!isfinite(v)) { /* JSON values hold no inf or nan */
+        char ps[64], qs[64];
+        num_text(a, ps, sizeof ps);
+        num_text(b, qs, sizeof qs);
+        return err_range(r, x,
+                         "float overflow in %s %s %s: the result is %s, "
+                         "which values here cannot hold",
+                         ps, op, qs, isnan(v) ? "nan" : "inf");
+    }
     *out = jv(json_real(v));
     return true;
 }
@@ -3190,7 +3204,10 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             f = !strcmp(method, "floor")  ? floor(f)
                 : !strcmp(method, "ceil") ? ceil(f)
                                           : nearbyint(f);
-            *out = jv(json_real(f / scale));
+            f /= scale;
+            if (!isfinite(f)) /* Python: the number as it was */
+                f = num(v);
+            *out = jv(json_real(f));
             return true;
         }
         bool want_int = name[0] == 'i';
@@ -3253,6 +3270,11 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             free(fs.p);
             return e;
         }
+        if (!want_int && !isfinite(f)) /* 'inf'|float */
+            return err_range(r, x,
+                             "float('%s') is not finite, which values here "
+                             "cannot hold",
+                             isnan(f) ? "nan" : "inf");
         *out = want_int ? jv(json_integer((long long)f)) : jv(json_real(f));
         return true;
     }
