@@ -429,8 +429,8 @@ static void test_vars(ts_ctx *ctx) {
 /* src parsed and rendered with vars {} under the given limits (0: the
  * default); *out and *len as ts_template_render hands them back */
 static ts_status render_limited(ts_ctx *ctx, const char *src,
-                                unsigned long long max_steps,
-                                size_t max_bytes, char **out, size_t *len) {
+                                unsigned long long max_steps, size_t max_bytes,
+                                char **out, size_t *len) {
     ts_template *t = NULL;
     *out = NULL, *len = 0;
     ts_status s = ts_template_parse(ctx, src, strlen(src), &t);
@@ -452,8 +452,9 @@ static void check_stops(ts_ctx *ctx, const char *src,
     ts_status s = render_limited(ctx, src, max_steps, max_bytes, &out, &len);
     CHECK(s == TS_ERR_RANGE && !out);
     if (s != TS_ERR_RANGE)
-        fprintf(stderr, "\"%.120s\": %s (%zu bytes out), expected "
-                        "TS_ERR_RANGE with \"%s\"\n",
+        fprintf(stderr,
+                "\"%.120s\": %s (%zu bytes out), expected "
+                "TS_ERR_RANGE with \"%s\"\n",
                 src, ts_status_name(s), len, needle);
     CHECK_MSG(ctx, needle);
     CHECK_MSG(ctx, line);
@@ -472,8 +473,8 @@ static void test_step_budget(ts_ctx *ctx) {
                 "{% endfor %}{% endfor %}",
                 0, 0, limit, "line 2");
     /* insertion sort of 10^5 items in reverse: 5 * 10^9 comparisons */
-    check_stops(ctx, "{{ (range(100000)|sort(reverse=true))[0] }}", 0, 0,
-                limit, "line 1");
+    check_stops(ctx, "{{ (range(100000)|sort(reverse=true))[0] }}", 0, 0, limit,
+                "line 1");
     /* 2^40 macro calls */
     check_stops(ctx,
                 "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}"
@@ -500,8 +501,7 @@ static void test_step_budget(ts_ctx *ctx) {
     CHECK_OK(ctx, render_limited(ctx, src, need, 0, &out, &len));
     CHECK(out && !strcmp(out, "024"));
     free(out);
-    snprintf(limit, sizeof limit, "more than %llu evaluation steps",
-             need - 1);
+    snprintf(limit, sizeof limit, "more than %llu evaluation steps", need - 1);
     check_stops(ctx, src, need - 1, 0, limit, "line 1");
 }
 
@@ -537,8 +537,8 @@ static void test_byte_budget(ts_ctx *ctx) {
     /* "x" * N is N bytes, not at most 10^6 */
     char *out = NULL;
     size_t len = 0;
-    CHECK_OK(ctx, render_limited(ctx, "{{ 'xy' * 1500000 }}", 0, 0, &out,
-                                 &len));
+    CHECK_OK(ctx,
+             render_limited(ctx, "{{ 'xy' * 1500000 }}", 0, 0, &out, &len));
     CHECK(out && len == 3000000 && out[0] == 'x' && out[len - 1] == 'y' &&
           !out[len]);
     free(out);
@@ -604,8 +604,8 @@ static void test_chat_apply_errors(ts_ctx *ctx) {
     } hostile[] = {
         {"{{ messages[0].content }}\\n{{ ('x' * 1000000) * 1000000 }}",
          "bytes of strings and lists", TS_ERR_RANGE},
-        {"{{ messages|length }}\\n{{ 2 ** 100 }}", "integer overflow in 2 ** 100",
-         TS_ERR_RANGE},
+        {"{{ messages|length }}\\n{{ 2 ** 100 }}",
+         "integer overflow in 2 ** 100", TS_ERR_RANGE},
         {"{{ messages|length }}\\n{{ 1 // (messages|length - 1) }}",
          "integer division or modulo by zero", TS_ERR_INVALID_ARG},
     };

@@ -14,8 +14,8 @@
 #include "core/core.h"
 #include "core/strbuf.h"
 
-#include <jansson.h>
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -26,7 +26,8 @@
 #include <utf8proc.h>
 
 #define MAX_DEPTH 200 /* nesting of expressions, statements and macro calls */
-#define MAX_VALUE_DEPTH 512 /* nesting of the lists and dicts a template builds */
+/* nesting of the lists and dicts a template builds */
+#define MAX_VALUE_DEPTH 512
 #define LIST_ITEM_BYTES 16 /* what one list item is charged to the budget */
 /* A loop iteration (its `loop` object: ten values) costs as much as a few
  * expressions; an empty body still costs its iterations. */
@@ -140,8 +141,8 @@ static void sb_spaces(ts_sbuf *b, long long per, long long times) {
     if (!spend_bytes((size_t)n))
         return;
     for (; n > 0; n -= (long long)(sizeof sp - 1))
-        ts_sb_add(b, sp, n < (long long)(sizeof sp - 1) ? (size_t)n
-                                                         : sizeof sp - 1);
+        ts_sb_add(b, sp,
+                  n < (long long)(sizeof sp - 1) ? (size_t)n : sizeof sp - 1);
 }
 /* json_array_append(_new) charged to the budget (nothing added once spent;
  * _new still takes the reference) */
@@ -241,7 +242,7 @@ typedef struct {
 
 struct ts_template {
     struct node *root;
-    char *err; /* a parse error, kept for the message */
+    char *err;                    /* a parse error, kept for the message */
     unsigned long long max_steps; /* one render's budget */
     size_t max_bytes;
 };
@@ -261,8 +262,7 @@ static bool fail_at(diag *d, int line, const char *fmt, ...) {
     vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
     if (line > 0)
-        snprintf(d->msg, sizeof d->msg, "chat template line %d: %s", line,
-                 tmp);
+        snprintf(d->msg, sizeof d->msg, "chat template line %d: %s", line, tmp);
     else
         snprintf(d->msg, sizeof d->msg, "chat template: %s", tmp);
     d->failed = true;
@@ -450,7 +450,8 @@ static bool lex_tag(diag *d, const char *s, size_t n, size_t *i, int *line,
                 t.f = strtod(num, NULL);
             else { /* digits from the source: num may be cut short */
                 unsigned long long v = 0;
-                const unsigned long long lim = (unsigned long long)INT64_MAX + 1;
+                const unsigned long long lim =
+                    (unsigned long long)INT64_MAX + 1;
                 for (size_t q = *i; q < j; q++) {
                     if (s[q] == '_')
                         continue;
@@ -1650,8 +1651,8 @@ static bool verr(rt *r, const node *x, ts_status status, const char *fmt,
     return fail_at(&r->d, x ? x->line : 0, "%s", tmp);
 }
 /* a fault of the template (or its variables) */
-__attribute__((format(printf, 3, 4))) static bool
-err(rt *r, const node *x, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static bool err(rt *r, const node *x,
+                                                      const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     bool ok = verr(r, x, TS_ERR_INVALID_ARG, fmt, ap);
@@ -2276,8 +2277,8 @@ static long long slice_count(long long start, long long stop, long long step) {
     unsigned long long span =
         step > 0 ? (stop > start ? (unsigned long long)(stop - start) : 0)
                  : (start > stop ? (unsigned long long)(start - stop) : 0);
-    unsigned long long ast = step > 0 ? (unsigned long long)step
-                                      : 0ull - (unsigned long long)step;
+    unsigned long long ast =
+        step > 0 ? (unsigned long long)step : 0ull - (unsigned long long)step;
     return span ? (long long)((span - 1) / ast + 1) : 0;
 }
 
@@ -2289,8 +2290,11 @@ static bool do_slice(rt *r, const node *x, val obj, val *parts, val *out) {
             return false;
         json_t *a = json_array();
         long long count = slice_count(start, stop, step);
-        for (long long k = 0, i = start; k < count; k++, i += k < count ? step : 0)
+        for (long long k = 0, i = start; k < count; k++) {
             list_add(a, json_array_get(obj.j, i));
+            if (k + 1 < count) /* never a step past stop */
+                i += step;
+        }
         *out = jv(a);
         return true;
     }
@@ -2316,8 +2320,11 @@ static bool do_slice(rt *r, const node *x, val obj, val *parts, val *out) {
         ts_sbuf b = {0};
         sb_add(&b, "", 0);
         long long count = slice_count(start, stop, step);
-        for (long long c = 0, k = start; c < count; c++, k += c < count ? step : 0)
+        for (long long c = 0, k = start; c < count; c++) {
             sb_add(&b, s + offs[k], offs[k + 1] - offs[k]);
+            if (c + 1 < count)
+                k += step;
+        }
         *out = sb_str(&b);
         free(b.p);
         free(offs);
@@ -2345,8 +2352,7 @@ static void num_text(val v, char *buf, size_t size) {
         snprintf(buf, size, "%lld", inum(v));
 }
 
-static bool overflow_error(rt *r, const node *x, const char *op, val a,
-                           val b) {
+static bool overflow_error(rt *r, const node *x, const char *op, val a, val b) {
     char p[64], q[64];
     num_text(a, p, sizeof p);
     num_text(b, q, sizeof q);
@@ -2387,8 +2393,9 @@ static bool int_arith(rt *r, const node *x, const char *op, val a, val b,
     else if (!strcmp(op, "**")) {
         if (q < 0) { /* Python: a float */
             if (!p)
-                return err(r, x, "ZeroDivisionError: 0.0 cannot be raised "
-                                 "to a negative power");
+                return err(r, x,
+                           "ZeroDivisionError: 0.0 cannot be raised "
+                           "to a negative power");
             *out = jv(json_real(pow((double)p, (double)q)));
             return true;
         }
@@ -2459,8 +2466,9 @@ static bool float_arith(rt *r, const node *x, const char *op, val a, val b,
             v = mod;
     } else if (!strcmp(op, "**")) {
         if (p == 0 && q < 0)
-            return err(r, x, "ZeroDivisionError: 0.0 cannot be raised to a "
-                             "negative power");
+            return err(r, x,
+                       "ZeroDivisionError: 0.0 cannot be raised to a "
+                       "negative power");
         if (p < 0 && isfinite(q) && q != floor(q)) {
             char ps[64], qs[64];
             num_text(a, ps, sizeof ps);
@@ -3259,8 +3267,8 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             return true;
         }
         /* [-2^63, 2^63): what a cast may take */
-        if (want_int && !(f >= -9223372036854775808.0 &&
-                          f < 9223372036854775808.0)) {
+        if (want_int &&
+            !(f >= -9223372036854775808.0 && f < 9223372036854775808.0)) {
             ts_sbuf fs = {0};
             put_float(&fs, f);
             bool e = err_range(r, x,
@@ -3483,11 +3491,11 @@ static bool nesting_ok(rt *r, const node *x, json_t *j, json_t *self,
     const char *k;
     json_t *e;
     if (json_is_array(j)) {
-        json_array_foreach(j, i, e) if (!nesting_ok(r, x, e, self, depth + 1))
-            return false;
+        json_array_foreach(
+            j, i, e) if (!nesting_ok(r, x, e, self, depth + 1)) return false;
     } else {
-        json_object_foreach(j, k, e) if (!nesting_ok(r, x, e, self, depth + 1))
-            return false;
+        json_object_foreach(
+            j, k, e) if (!nesting_ok(r, x, e, self, depth + 1)) return false;
     }
     return true;
 }
@@ -3715,8 +3723,8 @@ static bool call_global(rt *r, const node *x, const char *name, args *a,
         unsigned long long span =
             st > 0 ? (hi > lo ? (unsigned long long)hi - lo : 0)
                    : (lo > hi ? (unsigned long long)lo - hi : 0);
-        unsigned long long step = st > 0 ? (unsigned long long)st
-                                         : 0ull - (unsigned long long)st;
+        unsigned long long step =
+            st > 0 ? (unsigned long long)st : 0ull - (unsigned long long)st;
         unsigned long long len = span ? (span - 1) / step + 1 : 0;
         if (len > 100000) /* jinja2's sandbox: MAX_RANGE */
             return err(r, x,
@@ -4267,8 +4275,8 @@ ts_status ts_template_render_json(ts_ctx *ctx, const ts_template *t,
     cur_budget = outer;
     if (!ok) {
         free(b.p);
-        return ts_set_error(ctx, r.status ? r.status : TS_ERR_INVALID_ARG,
-                            "%s", r.d.msg);
+        return ts_set_error(ctx, r.status ? r.status : TS_ERR_INVALID_ARG, "%s",
+                            r.d.msg);
     }
     *out = b.p;
     if (len)
