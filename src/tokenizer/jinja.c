@@ -3213,7 +3213,9 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
                 : !strcmp(method, "ceil") ? ceil(f)
                                           : nearbyint(f);
             f /= scale;
-            if (!isfinite(f)) /* Python: the number as it was */
+            if (scale == 0) /* 10 ** -400: Python rounds to a signed 0 */
+                f = copysign(0.0, num(v));
+            else if (!isfinite(f)) /* 10 ** 400: the number as it was */
                 f = num(v);
             *out = jv(json_real(f));
             return true;
