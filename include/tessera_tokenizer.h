@@ -107,10 +107,23 @@ ts_status ts_template_parse(ts_ctx *ctx, const char *src, size_t len,
  * (messages, add_generation_prompt, bos_token, tools, enable_thinking,
  * ...). Output is malloc'd and NUL-terminated; *len excludes the NUL.
  * raise_exception and undefined-variable errors come back as errors with
- * the template's message. */
+ * the template's message (TS_ERR_INVALID_ARG), naming the template's line.
+ * A template is untrusted input, so one render is bounded: integers are
+ * 64-bit and an overflow is an error naming the operation ("integer
+ * overflow in 2 ** 100"), as is division by zero; a render that takes more
+ * than max_steps evaluation steps (expressions, statements, loop
+ * iterations, work in proportion to what filters walk) or builds more than
+ * max_bytes of strings and list items (output included) stops with an
+ * error naming the limit (TS_ERR_RANGE). Nothing is handed back on error. */
 ts_status ts_template_render(ts_ctx *ctx, const ts_template *t,
                              const char *vars_json, char **out, size_t *len);
 void ts_template_free(ts_template *t);
+#define TS_TEMPLATE_MAX_STEPS 5000000ull
+#define TS_TEMPLATE_MAX_BYTES ((size_t)128 << 20)
+/* The limits of t's later renders (defaults TS_TEMPLATE_MAX_STEPS and
+ * TS_TEMPLATE_MAX_BYTES, generous for real chat templates; 0 keeps one). */
+void ts_template_set_limits(ts_template *t, unsigned long long max_steps,
+                            size_t max_bytes);
 
 /* A model folder's chat setup from tokenizer_config.json: chat_template
  * (a string, or a list of named templates of which "default" is used),

@@ -424,6 +424,214 @@ static void test_vars(ts_ctx *ctx) {
     ts_clear_error(ctx);
 }
 
+/* ---- budgets: a template is untrusted input ---- */
+
+/* src parsed and rendered with vars {} under the given limits (0: the
+ * default); *out and *len as ts_template_render hands them back */
+static ts_status render_limited(ts_ctx *ctx, const char *src,
+                                unsigned long long max_steps, size_t max_bytes,
+                                char **out, size_t *len) {
+    ts_template *t = NULL;
+    *out = NULL, *len = 0;
+    ts_status s = ts_template_parse(ctx, src, strlen(src), &t);
+    if (s != TS_OK)
+        return s;
+    ts_template_set_limits(t, max_steps, max_bytes);
+    s = ts_template_render(ctx, t, "{}", out, len);
+    ts_template_free(t);
+    return s;
+}
+
+/* A render that must stop with TS_ERR_RANGE, hand nothing back, and say
+ * why (needle) and where (line) */
+static void check_stops(ts_ctx *ctx, const char *src,
+                        unsigned long long max_steps, size_t max_bytes,
+                        const char *needle, const char *line) {
+    char *out = NULL;
+    size_t len = 0;
+    ts_status s = render_limited(ctx, src, max_steps, max_bytes, &out, &len);
+    CHECK(s == TS_ERR_RANGE && !out);
+    if (s != TS_ERR_RANGE)
+        fprintf(stderr,
+                "\"%.120s\": %s (%zu bytes out), expected "
+                "TS_ERR_RANGE with \"%s\"\n",
+                src, ts_status_name(s), len, needle);
+    CHECK_MSG(ctx, needle);
+    CHECK_MSG(ctx, line);
+    free(out);
+    ts_clear_error(ctx);
+}
+
+/* The step budget bounds what would run for hours (or forever) */
+static void test_step_budget(ts_ctx *ctx) {
+    char limit[64];
+    snprintf(limit, sizeof limit, "more than %llu evaluation steps",
+             TS_TEMPLATE_MAX_STEPS);
+    /* 10^10 iterations */
+    check_stops(ctx,
+                "x\n{% for i in range(100000) %}{% for j in range(100000) %}"
+                "{% endfor %}{% endfor %}",
+                0, 0, limit, "line 2");
+    /* insertion sort of 10^5 items in reverse: 5 * 10^9 comparisons */
+    check_stops(ctx, "{{ (range(100000)|sort(reverse=true))[0] }}", 0, 0, limit,
+                "line 1");
+    /* 2^40 macro calls */
+    check_stops(ctx,
+                "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}"
+                "{% endif %}{% endmacro %}\n\n{{ f(40) }}",
+                0, 0, limit, "line 1");
+    /* 10^5 searches of a 50 MB string (the string itself fits) */
+    check_stops(ctx,
+                "{% set s = 'x' * 50000000 %}{% for i in range(100000) %}"
+                "{% if 'y' in s %}{% endif %}{% endfor %}",
+                0, 0, limit, "line 1");
+    /* The limit is exact: a render taking S steps passes under a limit of
+     * S and fails under S - 1, naming that limit. */
+    const char *src = "{% for i in range(3) %}{{ i * 2 }}{% endfor %}";
+    unsigned long long need = 0;
+    char *out = NULL;
+    size_t len = 0;
+    for (unsigned long long k = 1; k <= 1000 && !need; k++) {
+        if (render_limited(ctx, src, k, 0, &out, &len) == TS_OK)
+            need = k;
+        free(out);
+        ts_clear_error(ctx);
+    }
+    CHECK(need > 3);
+    CHECK_OK(ctx, render_limited(ctx, src, need, 0, &out, &len));
+    CHECK(out && !strcmp(out, "024"));
+    free(out);
+    snprintf(limit, sizeof limit, "more than %llu evaluation steps", need - 1);
+    check_stops(ctx, src, need - 1, 0, limit, "line 1");
+}
+
+/* The byte budget bounds strings and lists built and the output: an error
+ * naming the limit, never a silent empty or cut-short prompt */
+static void test_byte_budget(ts_ctx *ctx) {
+    char limit[64];
+    snprintf(limit, sizeof limit, "more than %zu bytes", TS_TEMPLATE_MAX_BYTES);
+    /* 10^12 bytes in one value (it used to take 4.2 GB, then render "") */
+    check_stops(ctx, "\n{{ ('x' * 1000000) * 1000000 }}", 0, 0, limit,
+                "line 2");
+    /* the output: 10^11 bytes */
+    check_stops(ctx,
+                "{% set s = 'x' * 1000000 %}{% for i in range(100000) %}"
+                "{{ s }}{% endfor %}",
+                0, 0, limit, "line 1");
+    /* amplifiers: join, tojson, str(), replace, indent, split, list repeat
+     * (each past 10^10 bytes), stopped here at a limit of 1 MiB */
+    const char *amplify[] = {
+        "{% set s = 'x' * 1000000 %}{{ ([s] * 100000)|join }}",
+        "{{ (['x' * 1000000] * 1000)|tojson }}",
+        "{{ (['x' * 1000000] * 1000)|string }}",
+        "{{ ('x' * 100000)|replace('x', 'y' * 100000) }}",
+        "{{ 'a\nb'|indent(1000000000000) }}",
+        "{{ [1, [2]]|tojson(indent=1000000000000) }}",
+        "{{ (',' * 1000000).split(',')|length }}",
+        "{{ ([1] * 1000000) * 1000000 }}",
+        "{{ range(100000)|list * 100000 }}",
+    };
+    for (size_t k = 0; k < sizeof amplify / sizeof amplify[0]; k++)
+        check_stops(ctx, amplify[k], 0, (size_t)1 << 20,
+                    "more than 1048576 bytes", "line 1");
+    /* "x" * N is N bytes, not at most 10^6 */
+    char *out = NULL;
+    size_t len = 0;
+    CHECK_OK(ctx,
+             render_limited(ctx, "{{ 'xy' * 1500000 }}", 0, 0, &out, &len));
+    CHECK(out && len == 3000000 && out[0] == 'x' && out[len - 1] == 'y' &&
+          !out[len]);
+    free(out);
+    /* the limit as set: a 100-byte value, then 100 bytes of output, pass
+     * under 200 and not under 199 */
+    CHECK_OK(ctx, render_limited(ctx, "{{ 'ab' * 50 }}", 0, 200, &out, &len));
+    CHECK(out && len == 100);
+    free(out);
+    check_stops(ctx, "{{ 'ab' * 50 }}", 0, 199, "more than 199 bytes",
+                "line 1");
+    ts_clear_error(ctx);
+}
+
+/* Values a template builds nest at most 512 deep (printing, comparing and
+ * freeing recurse over them), and a namespace cannot hold itself */
+static void test_value_nesting(ts_ctx *ctx) {
+    /* 600,000 deep used to crash freeing it; one level past the limit */
+    const int deep[2][2] = {{6, 100000}, {1, 511}};
+    for (int k = 0; k < 2; k++) {
+        char src[200];
+        snprintf(src, sizeof src,
+                 "{%% set ns = namespace(l=[]) %%}{%% for k in range(%d) %%}"
+                 "{%% for i in range(%d) %%}\n{%% set ns.l = [ns.l] %%}"
+                 "{%% endfor %%}{%% endfor %%}{{ ns.l }}",
+                 deep[k][0], deep[k][1]);
+        check_stops(ctx, src, 0, 0, "nested more than 512 deep", "line 2");
+    }
+    char *out = NULL;
+    size_t len = 0;
+    CHECK_OK(ctx, render_limited(ctx,
+                                 "{% set ns = namespace(l=[]) %}"
+                                 "{% for i in range(510) %}"
+                                 "{% set ns.l = [ns.l] %}{% endfor %}"
+                                 "{{ ns.l|tojson|length }}",
+                                 0, 0, &out, &len));
+    CHECK(out && !strcmp(out, "1022"));
+    free(out);
+    const char *cycles[] = {
+        "{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}",
+        "{% set ns = namespace(x=1) %}{% set ns.x = [1, {'a': ns}] %}{{ ns }}",
+        "{% set a = namespace(x=1) %}{% set b = namespace(y=a) %}"
+        "{% set a.x = [b] %}{{ a }}",
+    };
+    for (size_t k = 0; k < sizeof cycles / sizeof cycles[0]; k++) {
+        CHECK(render_limited(ctx, cycles[k], 0, 0, &out, &len) ==
+                  TS_ERR_INVALID_ARG &&
+              !out);
+        CHECK_MSG(ctx, "a namespace cannot hold itself");
+        free(out);
+        ts_clear_error(ctx);
+    }
+}
+
+/* Through ts_chat_apply, as the server and `tessera run` call it: the
+ * error comes back (with the folder's template's line), not a prompt */
+static void test_chat_apply_errors(ts_ctx *ctx) {
+    const char *dir = "chat_template_work/hostile";
+    mkdir("chat_template_work", 0755);
+    mkdir(dir, 0755);
+    const struct {
+        const char *tpl, *needle;
+        ts_status status;
+    } hostile[] = {
+        {"{{ messages[0].content }}\\n{{ ('x' * 1000000) * 1000000 }}",
+         "bytes of strings and lists", TS_ERR_RANGE},
+        {"{{ messages|length }}\\n{{ 2 ** 100 }}",
+         "integer overflow in 2 ** 100", TS_ERR_RANGE},
+        {"{{ messages|length }}\\n{{ 1 // (messages|length - 1) }}",
+         "integer division or modulo by zero", TS_ERR_INVALID_ARG},
+    };
+    for (size_t k = 0; k < sizeof hostile / sizeof hostile[0]; k++) {
+        char cfg[512];
+        snprintf(cfg, sizeof cfg, "{\"chat_template\": \"%s\"}",
+                 hostile[k].tpl);
+        write_file("chat_template_work/hostile/tokenizer_config.json", cfg);
+        ts_chat *chat = NULL;
+        CHECK_OK(ctx, ts_chat_load(ctx, dir, &chat));
+        if (!chat)
+            continue;
+        char *out = NULL;
+        size_t len = 0;
+        ts_status s =
+            ts_chat_apply(chat, "[{\"role\": \"user\", \"content\": \"hi\"}]",
+                          true, NULL, &out, &len);
+        CHECK(s == hostile[k].status && !out);
+        CHECK_MSG(ctx, hostile[k].needle);
+        CHECK_MSG(ctx, "line 2");
+        free(out);
+        ts_clear_error(ctx);
+        ts_chat_free(chat);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s CASES_JSON NODE_MODULES_DIR\n", argv[0]);
@@ -435,6 +643,10 @@ int main(int argc, char **argv) {
     test_chat_folders(ctx);
     test_syntax_errors(ctx);
     test_vars(ctx);
+    test_step_budget(ctx);
+    test_byte_budget(ctx);
+    test_value_nesting(ctx);
+    test_chat_apply_errors(ctx);
     ts_ctx_free(ctx);
     return test_finish("test_chat_template");
 }

@@ -14,9 +14,11 @@
 #include "core/core.h"
 #include "core/strbuf.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +26,141 @@
 #include <utf8proc.h>
 
 #define MAX_DEPTH 200 /* nesting of expressions, statements and macro calls */
+/* nesting of the lists and dicts a template builds */
+#define MAX_VALUE_DEPTH 512
+#define LIST_ITEM_BYTES 16 /* what one list item is charged to the budget */
+/* A loop iteration (its `loop` object: ten values) costs as much as a few
+ * expressions; an empty body still costs its iterations. */
+#define LOOP_ITER_STEPS 4
+
+/* ---- the render's budget ----
+ * A chat template comes from a model folder: untrusted input. One render
+ * may take at most max_steps evaluation steps (expressions, statements,
+ * loop iterations, and work in proportion to the size of what filters,
+ * methods and operators walk) and build at most max_bytes of strings and
+ * list items (output included). The budget is thread-local so that the
+ * string builders and value printers deep below eval() can charge it
+ * without an rt in hand; once spent they stop building and set `over`,
+ * and eval()/render() turn that into an error naming the limit. */
+typedef enum { BUDGET_OK, BUDGET_STEPS, BUDGET_BYTES, BUDGET_OOM } budget_state;
+typedef struct {
+    uint64_t steps, max_steps;
+    size_t bytes, max_bytes;
+    budget_state over;
+} budget;
+
+static _Thread_local budget *cur_budget; /* NULL outside a render */
+
+static bool spend_steps(uint64_t n) {
+    budget *b = cur_budget;
+    if (!b)
+        return true;
+    if (b->over)
+        return false;
+    if (n > b->max_steps - b->steps) {
+        b->steps = b->max_steps;
+        b->over = BUDGET_STEPS;
+        return false;
+    }
+    b->steps += n;
+    return true;
+}
+static bool spend_bytes(size_t n) {
+    budget *b = cur_budget;
+    if (!b)
+        return true;
+    if (b->over)
+        return false;
+    if (n > b->max_bytes - b->bytes) {
+        b->over = BUDGET_BYTES;
+        return false;
+    }
+    b->bytes += n;
+    return true;
+}
+/* more bytes than any budget holds (a size that overflows) */
+static bool over_bytes(void) {
+    if (cur_budget && !cur_budget->over)
+        cur_budget->over = BUDGET_BYTES;
+    return false;
+}
+/* n items of `each` bytes, without overflowing the product */
+static bool spend_items(size_t n, size_t each) {
+    size_t total;
+    if (__builtin_mul_overflow(n, each, &total))
+        return over_bytes();
+    return spend_bytes(total);
+}
+static bool budget_over(void) {
+    return cur_budget && cur_budget->over;
+}
+
+/* ts_sbuf appends charged to the budget (nothing appended once spent) */
+static void sb_add(ts_sbuf *b, const char *s, size_t n) {
+    if (spend_bytes(n))
+        ts_sb_add(b, s, n);
+}
+static void sb_puts(ts_sbuf *b, const char *s) {
+    sb_add(b, s, strlen(s));
+}
+__attribute__((format(printf, 2, 3))) static void
+sb_printf(ts_sbuf *b, const char *fmt, ...) {
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n < sizeof tmp) {
+        sb_add(b, tmp, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1); /* a long macro name */
+    if (!big) {
+        b->oom = true;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    sb_add(b, big, (size_t)n);
+    free(big);
+}
+/* per * times spaces, charged before they are built (an indent of 10**12
+ * is refused, not looped over) */
+static void sb_spaces(ts_sbuf *b, long long per, long long times) {
+    static const char sp[] = "                                ";
+    long long n;
+    if (per <= 0 || times <= 0)
+        return;
+    if (__builtin_mul_overflow(per, times, &n)) {
+        over_bytes();
+        return;
+    }
+    if (!spend_bytes((size_t)n))
+        return;
+    for (; n > 0; n -= (long long)(sizeof sp - 1))
+        ts_sb_add(b, sp,
+                  n < (long long)(sizeof sp - 1) ? (size_t)n : sizeof sp - 1);
+}
+/* json_array_append(_new) charged to the budget (nothing added once spent;
+ * _new still takes the reference) */
+static void list_add(json_t *l, json_t *e) {
+    if (spend_bytes(LIST_ITEM_BYTES))
+        json_array_append(l, e);
+}
+static void list_add_new(json_t *l, json_t *e) {
+    if (spend_bytes(LIST_ITEM_BYTES))
+        json_array_append_new(l, e);
+    else
+        json_decref(e);
+}
+/* a new string item of n bytes */
+static void list_add_str(json_t *l, const char *s, size_t n) {
+    if (n <= SIZE_MAX - LIST_ITEM_BYTES && spend_bytes(LIST_ITEM_BYTES + n))
+        json_array_append_new(l, json_stringn_nocheck(s, n));
+}
 
 /* ---- UTF-8 ---- */
 
@@ -94,6 +231,7 @@ typedef struct {
     char *s; /* text, name, string value or operator */
     size_t len;
     long long i;
+    bool i_min; /* the literal 9223372036854775808: only -9223372036854775808 */
     double f;
 } token;
 
@@ -104,7 +242,9 @@ typedef struct {
 
 struct ts_template {
     struct node *root;
-    char *err; /* a parse error, kept for the message */
+    char *err;                    /* a parse error, kept for the message */
+    unsigned long long max_steps; /* one render's budget */
+    size_t max_bytes;
 };
 
 typedef struct {
@@ -121,7 +261,10 @@ static bool fail_at(diag *d, int line, const char *fmt, ...) {
     char tmp[400];
     vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    snprintf(d->msg, sizeof d->msg, "chat template line %d: %s", line, tmp);
+    if (line > 0)
+        snprintf(d->msg, sizeof d->msg, "chat template line %d: %s", line, tmp);
+    else
+        snprintf(d->msg, sizeof d->msg, "chat template: %s", tmp);
     d->failed = true;
     return false;
 }
@@ -161,7 +304,7 @@ static bool lex_string(diag *d, int line, const char *s, size_t n, size_t *i,
     while (*i < n && s[*i] != q) {
         char c = s[(*i)++];
         if (c != '\\') {
-            ts_sb_add(out, &c, 1);
+            sb_add(out, &c, 1);
             continue;
         }
         if (*i >= n)
@@ -200,7 +343,7 @@ static bool lex_string(diag *d, int line, const char *s, size_t n, size_t *i,
             simple = "\v";
             break;
         case '0':
-            ts_sb_add(out, "", 1);
+            sb_add(out, "", 1);
             continue;
         case '\n':
             continue;
@@ -208,13 +351,13 @@ static bool lex_string(diag *d, int line, const char *s, size_t n, size_t *i,
             break;
         }
         if (simple) {
-            ts_sb_puts(out, simple);
+            sb_puts(out, simple);
             continue;
         }
         int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
         if (!digits) { /* unknown escapes stay as written, as in Python */
-            ts_sb_add(out, "\\", 1);
-            ts_sb_add(out, &e, 1);
+            sb_add(out, "\\", 1);
+            sb_add(out, &e, 1);
             continue;
         }
         if (*i + digits > n)
@@ -227,7 +370,7 @@ static bool lex_string(diag *d, int line, const char *s, size_t n, size_t *i,
             return fail_at(d, line, "bad \\%c escape in a string", e);
         *i += digits;
         utf8proc_uint8_t u[4];
-        ts_sb_add(out, (char *)u, utf8proc_encode_char(cp, u));
+        sb_add(out, (char *)u, utf8proc_encode_char(cp, u));
     }
     if (*i >= n)
         return fail_at(d, line, "unterminated string literal");
@@ -305,12 +448,30 @@ static bool lex_tag(diag *d, const char *s, size_t n, size_t *i, int *line,
             t.kind = fl ? T_FLOAT : T_INT;
             if (fl)
                 t.f = strtod(num, NULL);
-            else
-                t.i = strtoll(num, NULL, 10);
+            else { /* digits from the source: num may be cut short */
+                unsigned long long v = 0;
+                const unsigned long long lim =
+                    (unsigned long long)INT64_MAX + 1;
+                for (size_t q = *i; q < j; q++) {
+                    if (s[q] == '_')
+                        continue;
+                    unsigned dig = (unsigned)(s[q] - '0');
+                    if (v > (lim - dig) / 10)
+                        return fail_at(d, *line,
+                                       "integer literal %.*s does not fit in "
+                                       "64 bits (%lld to %lld)",
+                                       (int)(j - *i), s + *i,
+                                       (long long)INT64_MIN,
+                                       (long long)INT64_MAX);
+                    v = v * 10 + dig;
+                }
+                t.i_min = v == lim;
+                t.i = t.i_min ? INT64_MIN : (long long)v;
+            }
             *i = j;
         } else if (c == '\'' || c == '"') {
             ts_sbuf b = {0};
-            ts_sb_add(&b, "", 0);
+            sb_add(&b, "", 0);
             if (!lex_string(d, *line, s, n, i, &b)) {
                 free(b.p);
                 return false;
@@ -698,9 +859,9 @@ static node *parse_primary(parser *p) {
     case T_STRING: {
         /* adjacent literals concatenate */
         ts_sbuf b = {0};
-        ts_sb_add(&b, "", 0);
+        sb_add(&b, "", 0);
         while (cur(p)->kind == T_STRING) {
-            ts_sb_add(&b, cur(p)->s, cur(p)->len);
+            sb_add(&b, cur(p)->s, cur(p)->len);
             p->i++;
         }
         x = mk(E_LIT, t->line);
@@ -714,11 +875,22 @@ static node *parse_primary(parser *p) {
         break;
     }
     case T_INT:
+        if (t->i_min) {
+            fail_at(p->d, t->line,
+                    "integer literal 9223372036854775808 does not fit in 64 "
+                    "bits (only its negative does)");
+            return NULL;
+        }
         p->i++;
         x = mk(E_LIT, t->line);
         x->lit = json_integer(t->i);
         break;
     case T_FLOAT:
+        if (!isfinite(t->f)) {
+            fail_at(p->d, t->line,
+                    "float literal out of range (it would be inf)");
+            return NULL;
+        }
         p->i++;
         x = mk(E_LIT, t->line);
         x->lit = json_real(t->f);
@@ -817,6 +989,11 @@ static node *parse_postfix(parser *p, node *x) {
             }
             node *a = mk(E_ATTR, line);
             a->a = x;
+            if (cur(p)->kind == T_INT && cur(p)->i_min) {
+                fail_at(p->d, line, "integer index does not fit in 64 bits");
+                node_free(x);
+                return NULL;
+            }
             if (cur(p)->kind == T_INT) { /* x.0 is x[0] */
                 a->kind = E_ITEM;
                 a->b = mk(E_LIT, line);
@@ -938,7 +1115,13 @@ static node *parse_filters_tests(parser *p, node *x) {
 static node *parse_unary(parser *p, bool with_filter) {
     int line = cur(p)->line;
     node *x;
-    if (accept_op(p, "-")) {
+    token *t = cur(p);
+    if (is_op(p, "-") && t[1].kind == T_INT && t[1].i_min &&
+        !(t[2].kind == T_OP && strchr(".[(", t[2].s[0]))) {
+        p->i += 2; /* -9223372036854775808: INT64_MIN as one literal */
+        x = mk(E_LIT, line);
+        x->lit = json_integer(INT64_MIN);
+    } else if (accept_op(p, "-")) {
         node *o = parse_unary(p, false);
         if (!o)
             return NULL;
@@ -1408,6 +1591,7 @@ typedef struct {
 
 typedef struct {
     diag d;
+    ts_status status; /* of the error in d: a bad template unless set */
     frame *frames;
     int nframes, cap;
     int loopctl; /* 1 break, 2 continue */
@@ -1457,15 +1641,54 @@ static const val *lookup(rt *r, const char *name) {
     return NULL;
 }
 
-static bool err(rt *r, const node *x, const char *fmt, ...) {
+static bool verr(rt *r, const node *x, ts_status status, const char *fmt,
+                 va_list ap) {
     if (r->d.failed)
         return false;
-    va_list ap;
-    va_start(ap, fmt);
     char tmp[400];
     vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
+    r->status = status;
     return fail_at(&r->d, x ? x->line : 0, "%s", tmp);
+}
+/* a fault of the template (or its variables) */
+__attribute__((format(printf, 3, 4))) static bool err(rt *r, const node *x,
+                                                      const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    bool ok = verr(r, x, TS_ERR_INVALID_ARG, fmt, ap);
+    va_end(ap);
+    return ok;
+}
+/* a value or a budget past what we can hold: integer overflow, the step
+ * and byte limits */
+__attribute__((format(printf, 3, 4))) static bool
+err_range(rt *r, const node *x, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    bool ok = verr(r, x, TS_ERR_RANGE, fmt, ap);
+    va_end(ap);
+    return ok;
+}
+
+/* A spent budget as an error at x (true while it lasts). */
+static bool budget_ok(rt *r, const node *x) {
+    budget *b = cur_budget;
+    if (!b || !b->over)
+        return true;
+    if (b->over == BUDGET_STEPS)
+        return err_range(r, x,
+                         "the template took more than %llu evaluation "
+                         "steps, the limit for one render (a loop that "
+                         "runs too long?)",
+                         (unsigned long long)b->max_steps);
+    if (b->over == BUDGET_BYTES)
+        return err_range(r, x,
+                         "the template built more than %zu bytes of "
+                         "strings and lists, the limit for one render",
+                         b->max_bytes);
+    if (!r->d.failed)
+        r->status = TS_ERR_OOM;
+    return fail_at(&r->d, x ? x->line : 0, "out of memory");
 }
 
 static bool is_str(val v) {
@@ -1501,7 +1724,16 @@ static size_t slen(val v) {
     return json_string_length(v.j);
 }
 static val mkstr(const char *s, size_t n) {
-    return jv(json_stringn_nocheck(s, n));
+    json_t *j = json_stringn_nocheck(s, n);
+    if (!j && cur_budget && !cur_budget->over)
+        cur_budget->over = BUDGET_OOM;
+    return j ? jv(j) : jv(json_string(""));
+}
+/* the string built in b (a failed allocation is reported, not dropped) */
+static val sb_str(const ts_sbuf *b) {
+    if (b->oom && cur_budget && !cur_budget->over)
+        cur_budget->over = BUDGET_OOM;
+    return mkstr(b->p ? b->p : "", b->n);
 }
 
 static bool truthy(val v) {
@@ -1538,11 +1770,11 @@ static bool truthy(val v) {
 /* Python's repr() of a float. */
 static void put_float(ts_sbuf *b, double f) {
     if (isnan(f)) {
-        ts_sb_puts(b, "nan");
+        sb_puts(b, "nan");
         return;
     }
     if (isinf(f)) {
-        ts_sb_puts(b, f < 0 ? "-inf" : "inf");
+        sb_puts(b, f < 0 ? "-inf" : "inf");
         return;
     }
     char tmp[40];
@@ -1567,55 +1799,55 @@ static void put_float(ts_sbuf *b, double f) {
         nd--;
     digits[nd] = 0;
     if (negative)
-        ts_sb_puts(b, "-");
+        sb_puts(b, "-");
     if (exp10 >= -5 && exp10 < 16) {
         if (exp10 < 0) {
-            ts_sb_puts(b, "0.");
+            sb_puts(b, "0.");
             for (int k = -1; k > exp10; k--)
-                ts_sb_puts(b, "0");
-            ts_sb_puts(b, digits);
+                sb_puts(b, "0");
+            sb_puts(b, digits);
         } else {
             for (int k = 0; k <= exp10; k++)
-                ts_sb_add(b, k < nd ? &digits[k] : "0", 1);
-            ts_sb_puts(b, ".");
+                sb_add(b, k < nd ? &digits[k] : "0", 1);
+            sb_puts(b, ".");
             if (nd > exp10 + 1)
-                ts_sb_puts(b, digits + exp10 + 1);
+                sb_puts(b, digits + exp10 + 1);
             else
-                ts_sb_puts(b, "0");
+                sb_puts(b, "0");
         }
     } else {
-        ts_sb_add(b, digits, 1);
+        sb_add(b, digits, 1);
         if (nd > 1) {
-            ts_sb_puts(b, ".");
-            ts_sb_puts(b, digits + 1);
+            sb_puts(b, ".");
+            sb_puts(b, digits + 1);
         }
-        ts_sb_printf(b, "e%c%02d", exp10 < 0 ? '-' : '+', abs(exp10));
+        sb_printf(b, "e%c%02d", exp10 < 0 ? '-' : '+', abs(exp10));
     }
 }
 
 static void put_repr_str(ts_sbuf *b, const char *s, size_t n) {
     bool has_sq = memchr(s, '\'', n), has_dq = memchr(s, '"', n);
     char q = has_sq && !has_dq ? '"' : '\'';
-    ts_sb_add(b, &q, 1);
+    sb_add(b, &q, 1);
     for (size_t i = 0; i < n;) {
         int32_t c;
         int k = u8_next(s, n, i, &c);
         if (c == q || c == '\\') {
-            ts_sb_puts(b, "\\");
-            ts_sb_add(b, s + i, 1);
+            sb_puts(b, "\\");
+            sb_add(b, s + i, 1);
         } else if (c == '\n')
-            ts_sb_puts(b, "\\n");
+            sb_puts(b, "\\n");
         else if (c == '\r')
-            ts_sb_puts(b, "\\r");
+            sb_puts(b, "\\r");
         else if (c == '\t')
-            ts_sb_puts(b, "\\t");
+            sb_puts(b, "\\t");
         else if (c < 0x20 || c == 0x7f)
-            ts_sb_printf(b, "\\x%02x", c);
+            sb_printf(b, "\\x%02x", c);
         else
-            ts_sb_add(b, s + i, k);
+            sb_add(b, s + i, k);
         i += k;
     }
-    ts_sb_add(b, &q, 1);
+    sb_add(b, &q, 1);
 }
 
 static void put_str(ts_sbuf *b, val v, bool repr);
@@ -1625,27 +1857,27 @@ static void put_json(ts_sbuf *b, json_t *j, bool repr) {
 }
 /* Python's str() (repr=false) or repr() of a value. */
 static void put_str(ts_sbuf *b, val v, bool repr) {
-    if (v.kind == V_UNDEF)
+    if (v.kind == V_UNDEF || !spend_steps(1)) /* a step per item printed */
         return;
     if (v.kind == V_MACRO) {
-        ts_sb_printf(b, "<Macro '%s'>", v.macro->s);
+        sb_printf(b, "<Macro '%s'>", v.macro->s);
         return;
     }
     if (v.kind == V_NS)
-        ts_sb_puts(b, "<Namespace ");
+        sb_puts(b, "<Namespace ");
     json_t *j = v.j;
     switch (json_typeof(j)) {
     case JSON_NULL:
-        ts_sb_puts(b, "None");
+        sb_puts(b, "None");
         break;
     case JSON_TRUE:
-        ts_sb_puts(b, "True");
+        sb_puts(b, "True");
         break;
     case JSON_FALSE:
-        ts_sb_puts(b, "False");
+        sb_puts(b, "False");
         break;
     case JSON_INTEGER:
-        ts_sb_printf(b, "%lld", (long long)json_integer_value(j));
+        sb_printf(b, "%lld", (long long)json_integer_value(j));
         break;
     case JSON_REAL:
         put_float(b, json_real_value(j));
@@ -1654,83 +1886,83 @@ static void put_str(ts_sbuf *b, val v, bool repr) {
         if (repr)
             put_repr_str(b, json_string_value(j), json_string_length(j));
         else
-            ts_sb_add(b, json_string_value(j), json_string_length(j));
+            sb_add(b, json_string_value(j), json_string_length(j));
         break;
     case JSON_ARRAY: {
-        ts_sb_puts(b, "[");
+        sb_puts(b, "[");
         size_t i;
         json_t *e;
         json_array_foreach(j, i, e) {
             if (i)
-                ts_sb_puts(b, ", ");
+                sb_puts(b, ", ");
             put_json(b, e, true);
         }
-        ts_sb_puts(b, "]");
+        sb_puts(b, "]");
         break;
     }
     case JSON_OBJECT: {
-        ts_sb_puts(b, "{");
+        sb_puts(b, "{");
         const char *k;
         json_t *e;
         bool first = true;
         json_object_foreach(j, k, e) {
             if (!first)
-                ts_sb_puts(b, ", ");
+                sb_puts(b, ", ");
             first = false;
             put_repr_str(b, k, strlen(k));
-            ts_sb_puts(b, ": ");
+            sb_puts(b, ": ");
             put_json(b, e, true);
         }
-        ts_sb_puts(b, "}");
+        sb_puts(b, "}");
         break;
     }
     }
     if (v.kind == V_NS)
-        ts_sb_puts(b, ">");
+        sb_puts(b, ">");
 }
 
 /* json.dumps(x, ensure_ascii=False, indent=indent, separators=...,
  * sort_keys=...) */
 typedef struct {
-    int indent; /* < 0: none */
+    long long indent; /* < 0: none */
     const char *item_sep, *key_sep;
     bool sort_keys;
 } dump_opts;
 
 static void dump_str(ts_sbuf *b, const char *s, size_t n) {
-    ts_sb_puts(b, "\"");
+    sb_puts(b, "\"");
     for (size_t i = 0; i < n; i++) {
         unsigned char c = s[i];
         switch (c) {
         case '"':
-            ts_sb_puts(b, "\\\"");
+            sb_puts(b, "\\\"");
             break;
         case '\\':
-            ts_sb_puts(b, "\\\\");
+            sb_puts(b, "\\\\");
             break;
         case '\n':
-            ts_sb_puts(b, "\\n");
+            sb_puts(b, "\\n");
             break;
         case '\r':
-            ts_sb_puts(b, "\\r");
+            sb_puts(b, "\\r");
             break;
         case '\t':
-            ts_sb_puts(b, "\\t");
+            sb_puts(b, "\\t");
             break;
         case '\b':
-            ts_sb_puts(b, "\\b");
+            sb_puts(b, "\\b");
             break;
         case '\f':
-            ts_sb_puts(b, "\\f");
+            sb_puts(b, "\\f");
             break;
         default:
             if (c < 0x20)
-                ts_sb_printf(b, "\\u%04x", c);
+                sb_printf(b, "\\u%04x", c);
             else
-                ts_sb_add(b, s + i, 1);
+                sb_add(b, s + i, 1);
         }
     }
-    ts_sb_puts(b, "\"");
+    sb_puts(b, "\"");
 }
 
 static int key_cmp(const void *a, const void *b) {
@@ -1738,25 +1970,27 @@ static int key_cmp(const void *a, const void *b) {
 }
 
 static void dump_json(ts_sbuf *b, json_t *j, const dump_opts *o, int level) {
+    if (!spend_steps(1)) /* a step per item printed */
+        return;
     switch (json_typeof(j)) {
     case JSON_NULL:
-        ts_sb_puts(b, "null");
+        sb_puts(b, "null");
         return;
     case JSON_TRUE:
-        ts_sb_puts(b, "true");
+        sb_puts(b, "true");
         return;
     case JSON_FALSE:
-        ts_sb_puts(b, "false");
+        sb_puts(b, "false");
         return;
     case JSON_INTEGER:
-        ts_sb_printf(b, "%lld", (long long)json_integer_value(j));
+        sb_printf(b, "%lld", (long long)json_integer_value(j));
         return;
     case JSON_REAL: {
         double f = json_real_value(j);
         if (isnan(f))
-            ts_sb_puts(b, "NaN");
+            sb_puts(b, "NaN");
         else if (isinf(f))
-            ts_sb_puts(b, f < 0 ? "-Infinity" : "Infinity");
+            sb_puts(b, f < 0 ? "-Infinity" : "Infinity");
         else
             put_float(b, f);
         return;
@@ -1769,9 +2003,9 @@ static void dump_json(ts_sbuf *b, json_t *j, const dump_opts *o, int level) {
     }
     bool arr = json_is_array(j);
     size_t n = arr ? json_array_size(j) : json_object_size(j);
-    ts_sb_puts(b, arr ? "[" : "{");
+    sb_puts(b, arr ? "[" : "{");
     if (!n) {
-        ts_sb_puts(b, arr ? "]" : "}");
+        sb_puts(b, arr ? "]" : "}");
         return;
     }
     const char **keys = NULL;
@@ -1786,26 +2020,24 @@ static void dump_json(ts_sbuf *b, json_t *j, const dump_opts *o, int level) {
     }
     for (size_t i = 0; i < n; i++) {
         if (i)
-            ts_sb_puts(b, o->item_sep);
+            sb_puts(b, o->item_sep);
         if (o->indent >= 0) {
-            ts_sb_puts(b, "\n");
-            for (int s = 0; s < o->indent * (level + 1); s++)
-                ts_sb_puts(b, " ");
+            sb_puts(b, "\n");
+            sb_spaces(b, o->indent, level + 1);
         }
         if (arr)
             dump_json(b, json_array_get(j, i), o, level + 1);
         else {
             dump_str(b, keys[i], strlen(keys[i]));
-            ts_sb_puts(b, o->key_sep);
+            sb_puts(b, o->key_sep);
             dump_json(b, json_object_get(j, keys[i]), o, level + 1);
         }
     }
     if (o->indent >= 0) {
-        ts_sb_puts(b, "\n");
-        for (int s = 0; s < o->indent * level; s++)
-            ts_sb_puts(b, " ");
+        sb_puts(b, "\n");
+        sb_spaces(b, o->indent, level);
     }
-    ts_sb_puts(b, arr ? "]" : "}");
+    sb_puts(b, arr ? "]" : "}");
     free(keys);
 }
 
@@ -1813,15 +2045,17 @@ static val to_string(val v) {
     if (is_str(v))
         return vcopy(v);
     ts_sbuf b = {0};
-    ts_sb_add(&b, "", 0);
+    sb_add(&b, "", 0);
     put_str(&b, v, false);
-    val s = mkstr(b.p, b.n);
+    val s = sb_str(&b);
     free(b.p);
     return s;
 }
 
 /* Python equality across our types. */
 static bool py_eq(val a, val b) {
+    if (!spend_steps(1)) /* a step per pair compared; spent: an error above */
+        return false;
     if (a.kind == V_UNDEF || b.kind == V_UNDEF)
         return a.kind == b.kind;
     if (a.kind != V_JSON || b.kind != V_JSON)
@@ -1859,6 +2093,8 @@ static bool py_eq(val a, val b) {
 
 /* <0, 0, >0; false when the types do not order */
 static bool py_cmp(rt *r, const node *x, val a, val b, int *out) {
+    if (!spend_steps(1))
+        return budget_ok(r, x);
     if (is_num(a) && is_num(b)) {
         if (is_int(a) && is_int(b))
             *out = (inum(a) > inum(b)) - (inum(a) < inum(b));
@@ -1936,7 +2172,7 @@ static bool iter_items(rt *r, const node *x, val v, json_t **out) {
         json_t *a = json_array();
         const char *k;
         json_t *e;
-        json_object_foreach(v.j, k, e) json_array_append_new(a, json_string(k));
+        json_object_foreach(v.j, k, e) list_add_new(a, json_string(k));
         *out = a;
         return true;
     }
@@ -1947,7 +2183,7 @@ static bool iter_items(rt *r, const node *x, val v, json_t **out) {
         for (size_t i = 0; i < n;) {
             int32_t c;
             int k = u8_next(s, n, i, &c);
-            json_array_append_new(a, json_stringn_nocheck(s + i, k));
+            list_add_str(a, s + i, k);
             i += k;
         }
         *out = a;
@@ -2034,6 +2270,18 @@ static bool slice_indices(rt *r, const node *x, val *parts, long long n,
     return true;
 }
 
+/* How many items start, start + step, ... fall before stop (indices
+ * from slice_indices: within [-1, n]); counting first, the walk never adds
+ * a step past stop (a step near INT64_MAX would overflow). */
+static long long slice_count(long long start, long long stop, long long step) {
+    unsigned long long span =
+        step > 0 ? (stop > start ? (unsigned long long)(stop - start) : 0)
+                 : (start > stop ? (unsigned long long)(start - stop) : 0);
+    unsigned long long ast =
+        step > 0 ? (unsigned long long)step : 0ull - (unsigned long long)step;
+    return span ? (long long)((span - 1) / ast + 1) : 0;
+}
+
 static bool do_slice(rt *r, const node *x, val obj, val *parts, val *out) {
     long long start, stop, step;
     if (is_list(obj)) {
@@ -2041,8 +2289,12 @@ static bool do_slice(rt *r, const node *x, val obj, val *parts, val *out) {
         if (!slice_indices(r, x, parts, n, &start, &stop, &step))
             return false;
         json_t *a = json_array();
-        for (long long i = start; step > 0 ? i < stop : i > stop; i += step)
-            json_array_append(a, json_array_get(obj.j, i));
+        long long count = slice_count(start, stop, step);
+        for (long long k = 0, i = start; k < count; k++) {
+            list_add(a, json_array_get(obj.j, i));
+            if (k + 1 < count) /* never a step past stop */
+                i += step;
+        }
         *out = jv(a);
         return true;
     }
@@ -2052,7 +2304,11 @@ static bool do_slice(rt *r, const node *x, val obj, val *parts, val *out) {
         long long n = u8_len(s, bn);
         if (!slice_indices(r, x, parts, n, &start, &stop, &step))
             return false;
-        size_t *offs = malloc((n + 1) * sizeof *offs);
+        if (!spend_items((size_t)n + 1, sizeof(size_t)))
+            return budget_ok(r, x);
+        size_t *offs = malloc(((size_t)n + 1) * sizeof *offs);
+        if (!offs)
+            return err(r, x, "out of memory");
         size_t i = 0;
         for (long long k = 0; k <= n; k++) {
             offs[k] = i;
@@ -2062,10 +2318,14 @@ static bool do_slice(rt *r, const node *x, val obj, val *parts, val *out) {
             }
         }
         ts_sbuf b = {0};
-        ts_sb_add(&b, "", 0);
-        for (long long k = start; step > 0 ? k < stop : k > stop; k += step)
-            ts_sb_add(&b, s + offs[k], offs[k + 1] - offs[k]);
-        *out = mkstr(b.p, b.n);
+        sb_add(&b, "", 0);
+        long long count = slice_count(start, stop, step);
+        for (long long c = 0, k = start; c < count; c++) {
+            sb_add(&b, s + offs[k], offs[k + 1] - offs[k]);
+            if (c + 1 < count)
+                k += step;
+        }
+        *out = sb_str(&b);
         free(b.p);
         free(offs);
         return true;
@@ -2075,16 +2335,215 @@ static bool do_slice(rt *r, const node *x, val obj, val *parts, val *out) {
     return err(r, x, "'%s' object is not subscriptable", type_name(obj));
 }
 
-/* ---- arithmetic ---- */
+/* ---- arithmetic ----
+ * Python's integers are unbounded, ours are 64-bit: a result that does not
+ * fit is an error naming the operation, never a wrapped value. */
+
+/* v as Python prints it, for messages */
+static void num_text(val v, char *buf, size_t size) {
+    if (is_bool(v)) {
+        snprintf(buf, size, "%s", json_is_true(v.j) ? "True" : "False");
+    } else if (json_is_real(v.j)) {
+        ts_sbuf b = {0};
+        put_float(&b, num(v));
+        snprintf(buf, size, "%s", b.p ? b.p : "?");
+        free(b.p);
+    } else
+        snprintf(buf, size, "%lld", inum(v));
+}
+
+static bool overflow_error(rt *r, const node *x, const char *op, val a, val b) {
+    char p[64], q[64];
+    num_text(a, p, sizeof p);
+    num_text(b, q, sizeof q);
+    return err_range(r, x,
+                     "integer overflow in %s %s %s (integers are 64-bit "
+                     "here, from %lld to %lld)",
+                     p, op, q, (long long)INT64_MIN, (long long)INT64_MAX);
+}
+
+/* p ** q for q >= 0, false when it does not fit. By squaring: a square
+ * that overflows is a factor of the result, whose magnitude is at least as
+ * large. */
+static bool int_pow(long long p, long long q, long long *v) {
+    long long acc = 1, base = p;
+    bool of = false;
+    for (unsigned long long e = (unsigned long long)q; e && !of;) {
+        if (e & 1)
+            of |= __builtin_mul_overflow(acc, base, &acc);
+        e >>= 1;
+        if (e)
+            of |= __builtin_mul_overflow(base, base, &base);
+    }
+    *v = acc;
+    return !of;
+}
+
+/* a op b on integers (or bools) as Python computes them: + - * // % ** */
+static bool int_arith(rt *r, const node *x, const char *op, val a, val b,
+                      val *out) {
+    long long p = inum(a), q = inum(b), v = 0;
+    bool of = false;
+    if (!strcmp(op, "+"))
+        of = __builtin_add_overflow(p, q, &v);
+    else if (!strcmp(op, "-"))
+        of = __builtin_sub_overflow(p, q, &v);
+    else if (!strcmp(op, "*"))
+        of = __builtin_mul_overflow(p, q, &v);
+    else if (!strcmp(op, "**")) {
+        if (q < 0) { /* Python: a float */
+            if (!p)
+                return err(r, x,
+                           "ZeroDivisionError: 0.0 cannot be raised "
+                           "to a negative power");
+            *out = jv(json_real(pow((double)p, (double)q)));
+            return true;
+        }
+        of = !int_pow(p, q, &v);
+    } else if (!strcmp(op, "//")) {
+        if (!q)
+            return err(r, x,
+                       "ZeroDivisionError: integer division or modulo by "
+                       "zero");
+        if (p == INT64_MIN && q == -1)
+            of = true;
+        else {
+            v = p / q;
+            if ((p % q) && ((p < 0) != (q < 0)))
+                v--;
+        }
+    } else if (!strcmp(op, "%")) {
+        if (!q)
+            return err(r, x, "ZeroDivisionError: integer modulo by zero");
+        if (q != -1) { /* x % -1 is 0; INT64_MIN % -1 traps in C */
+            v = p % q;
+            if (v && ((v < 0) != (q < 0)))
+                v += q;
+        }
+    } else
+        return err(r, x, "internal: unknown operator %s", op);
+    if (of)
+        return overflow_error(r, x, op, a, b);
+    *out = jv(json_integer(v));
+    return true;
+}
+
+/* a op b where one is a float (or op is /), as Python computes them */
+static bool float_arith(rt *r, const node *x, const char *op, val a, val b,
+                        val *out) {
+    double p = num(a), q = num(b), v = 0;
+    bool ints = !json_is_real(a.j) && !json_is_real(b.j);
+    if (!strcmp(op, "+"))
+        v = p + q;
+    else if (!strcmp(op, "-"))
+        v = p - q;
+    else if (!strcmp(op, "*"))
+        v = p * q;
+    else if (!strcmp(op, "/")) {
+        if (q == 0)
+            return err(r, x, "ZeroDivisionError: %sdivision by zero",
+                       ints ? "" : "float ");
+        v = p / q;
+    } else if (!strcmp(op, "//") || !strcmp(op, "%")) {
+        if (q == 0)
+            return err(r, x, "ZeroDivisionError: float %s",
+                       op[0] == '%' ? "modulo" : "floor division by zero");
+        /* CPython's float_divmod */
+        double mod = fmod(p, q), div = (p - mod) / q;
+        if (mod) {
+            if ((q < 0) != (mod < 0)) {
+                mod += q;
+                div -= 1.0;
+            }
+        } else
+            mod = copysign(0.0, q);
+        if (div) {
+            double fl = floor(div);
+            v = div - fl > 0.5 ? fl + 1.0 : fl;
+        } else
+            v = copysign(0.0, p / q);
+        if (op[0] == '%')
+            v = mod;
+    } else if (!strcmp(op, "**")) {
+        if (p == 0 && q < 0)
+            return err(r, x,
+                       "ZeroDivisionError: 0.0 cannot be raised to a "
+                       "negative power");
+        if (p < 0 && isfinite(q) && q != floor(q)) {
+            char ps[64], qs[64];
+            num_text(a, ps, sizeof ps);
+            num_text(b, qs, sizeof qs);
+            return err(r, x,
+                       "%s ** %s is a complex number, which chat templates "
+                       "do not support",
+                       ps, qs);
+        }
+        v = pow(p, q);
+        if (isinf(v) && isfinite(p) && isfinite(q)) {
+            char ps[64], qs[64];
+            num_text(a, ps, sizeof ps);
+            num_text(b, qs, sizeof qs);
+            return err_range(r, x,
+                             "OverflowError: %s ** %s: Numerical result out "
+                             "of range",
+                             ps, qs);
+        }
+    } else
+        return err(r, x, "internal: unknown operator %s", op);
+    if (!isfinite(v)) { /* JSON values hold no inf or nan */
+        char ps[64], qs[64];
+        num_text(a, ps, sizeof ps);
+        num_text(b, qs, sizeof qs);
+        return err_range(r, x,
+                         "float overflow in %s %s %s: the result is %s, "
+                         "which values here cannot hold",
+                         ps, op, qs, isnan(v) ? "nan" : "inf");
+    }
+    *out = jv(json_real(v));
+    return true;
+}
+
+/* s * n for a string or a list s: n copies (none when n <= 0), its size
+ * charged to the byte budget before it is built */
+static bool repeat(rt *r, const node *x, val s, long long n, val *out) {
+    size_t len = is_str(s) ? slen(s) : json_array_size(s.j);
+    size_t copies = n > 0 && len ? (size_t)n : 0, total;
+    if (__builtin_mul_overflow(copies, len, &total))
+        over_bytes();
+    if (!budget_ok(r, x))
+        return false;
+    if (is_str(s)) {
+        if (!spend_bytes(total))
+            return budget_ok(r, x);
+        char *t = malloc(total + 1);
+        if (!t)
+            return err(r, x, "out of memory");
+        for (size_t k = 0; k < total;) { /* doubling copies */
+            size_t m = k ? (k < total - k ? k : total - k) : len;
+            memcpy(t + k, k ? t : sval(s), m);
+            k += m;
+        }
+        *out = mkstr(t, total);
+        free(t);
+        return budget_ok(r, x);
+    }
+    if (!spend_items(total, LIST_ITEM_BYTES))
+        return budget_ok(r, x);
+    json_t *l = json_array();
+    for (size_t i = 0; i < copies; i++)
+        json_array_extend(l, s.j);
+    *out = jv(l);
+    return true;
+}
 
 static bool binop(rt *r, const node *x, const char *op, val a, val b,
                   val *out) {
     if (!strcmp(op, "~")) {
         val sa = to_string(a), sb = to_string(b);
         ts_sbuf s = {0};
-        ts_sb_add(&s, sval(sa), slen(sa));
-        ts_sb_add(&s, sval(sb), slen(sb));
-        *out = mkstr(s.p, s.n);
+        sb_add(&s, sval(sa), slen(sa));
+        sb_add(&s, sval(sb), slen(sb));
+        *out = sb_str(&s);
         free(s.p);
         vfree(&sa);
         vfree(&sb);
@@ -2133,98 +2592,31 @@ static bool binop(rt *r, const node *x, const char *op, val a, val b,
         return undef_error(r, x, b);
     if (!strcmp(op, "+") && is_str(a) && is_str(b)) {
         ts_sbuf s = {0};
-        ts_sb_add(&s, sval(a), slen(a));
-        ts_sb_add(&s, sval(b), slen(b));
-        *out = mkstr(s.p, s.n);
+        sb_add(&s, sval(a), slen(a));
+        sb_add(&s, sval(b), slen(b));
+        *out = sb_str(&s);
         free(s.p);
         return true;
     }
     if (!strcmp(op, "+") && is_list(a) && is_list(b)) {
+        if (!spend_items(json_array_size(a.j) + json_array_size(b.j),
+                         LIST_ITEM_BYTES))
+            return budget_ok(r, x);
         json_t *l = json_copy(a.j);
         json_array_extend(l, b.j);
         *out = jv(l);
         return true;
     }
-    if (!strcmp(op, "*") &&
-        ((is_str(a) && is_int(b)) || (is_int(a) && is_str(b)))) {
-        val s = is_str(a) ? a : b;
-        long long n = is_int(a) ? inum(a) : inum(b);
-        ts_sbuf t = {0};
-        ts_sb_add(&t, "", 0);
-        for (long long i = 0; i < n && i < 1000000; i++)
-            ts_sb_add(&t, sval(s), slen(s));
-        *out = mkstr(t.p, t.n);
-        free(t.p);
-        return true;
-    }
+    if (!strcmp(op, "*") && ((is_int(a) && (is_str(b) || is_list(b))) ||
+                             ((is_str(a) || is_list(a)) && is_int(b))))
+        return repeat(r, x, is_int(a) ? b : a, is_int(a) ? inum(a) : inum(b),
+                      out);
     if (!is_num(a) || !is_num(b))
         return err(r, x, "unsupported operand types for %s: '%s' and '%s'", op,
                    type_name(a), type_name(b));
-    bool ints = !json_is_real(a.j) && !json_is_real(b.j);
-    if (ints && strcmp(op, "/")) {
-        long long p = inum(a), q = inum(b), v = 0;
-        switch (op[0]) {
-        case '+':
-            v = p + q;
-            break;
-        case '-':
-            v = p - q;
-            break;
-        case '*':
-            if (op[1] == '*') {
-                if (q < 0) {
-                    *out = jv(json_real(pow((double)p, (double)q)));
-                    return true;
-                }
-                v = 1;
-                for (long long i = 0; i < q && i < 64; i++)
-                    v *= p;
-            } else
-                v = p * q;
-            break;
-        case '/':
-        case '%':
-            if (!q)
-                return err(r, x, "integer division or modulo by zero");
-            if (op[0] == '%') {
-                v = p % q;
-                if (v && ((v < 0) != (q < 0)))
-                    v += q;
-            } else {
-                v = p / q;
-                if ((p % q) && ((p < 0) != (q < 0)))
-                    v--;
-            }
-            break;
-        }
-        *out = jv(json_integer(v));
-        return true;
-    }
-    double p = num(a), q = num(b), v = 0;
-    switch (op[0]) {
-    case '+':
-        v = p + q;
-        break;
-    case '-':
-        v = p - q;
-        break;
-    case '*':
-        v = op[1] == '*' ? pow(p, q) : p * q;
-        break;
-    case '/':
-    case '%':
-        if (q == 0)
-            return err(r, x, "float division by zero");
-        if (op[0] == '%') {
-            v = fmod(p, q);
-            if (v && ((v < 0) != (q < 0)))
-                v += q;
-        } else
-            v = op[1] == '/' ? floor(p / q) : p / q;
-        break;
-    }
-    *out = jv(json_real(v));
-    return true;
+    if (!json_is_real(a.j) && !json_is_real(b.j) && strcmp(op, "/"))
+        return int_arith(r, x, op, a, b, out);
+    return float_arith(r, x, op, a, b, out);
 }
 
 /* ---- string helpers ---- */
@@ -2270,15 +2662,15 @@ static val str_map_case(val s, int mode) { /* 0 lower, 1 upper */
     const char *p = sval(s);
     size_t n = slen(s);
     ts_sbuf b = {0};
-    ts_sb_add(&b, "", 0);
+    sb_add(&b, "", 0);
     for (size_t i = 0; i < n;) {
         int32_t c;
         i += u8_next(p, n, i, &c);
         c = mode ? utf8proc_toupper(c) : utf8proc_tolower(c);
         utf8proc_uint8_t u[4];
-        ts_sb_add(&b, (char *)u, utf8proc_encode_char(c, u));
+        sb_add(&b, (char *)u, utf8proc_encode_char(c, u));
     }
-    val v = mkstr(b.p, b.n);
+    val v = sb_str(&b);
     free(b.p);
     return v;
 }
@@ -2293,7 +2685,7 @@ static val str_title(val s, int mode) { /* 0 str.title, 1 jinja, 2 capitalize */
     const char *p = sval(s);
     size_t n = slen(s);
     ts_sbuf b = {0};
-    ts_sb_add(&b, "", 0);
+    sb_add(&b, "", 0);
     bool start = true;
     for (size_t i = 0; i < n;) {
         int32_t c;
@@ -2311,47 +2703,47 @@ static val str_title(val s, int mode) { /* 0 str.title, 1 jinja, 2 capitalize */
                     c == '[' || c == '<';
         }
         utf8proc_uint8_t u[4];
-        ts_sb_add(&b, (char *)u, utf8proc_encode_char(o, u));
+        sb_add(&b, (char *)u, utf8proc_encode_char(o, u));
     }
-    val v = mkstr(b.p, b.n);
+    val v = sb_str(&b);
     free(b.p);
     return v;
 }
 
 static val str_replace(val s, val old, val new, long long count) {
     ts_sbuf b = {0};
-    ts_sb_add(&b, "", 0);
+    sb_add(&b, "", 0);
     const char *p = sval(s);
     size_t n = slen(s), on = slen(old);
     size_t i = 0;
     long long done = 0;
     if (!on) { /* Python inserts `new` between characters */
         for (; i <= n && (count < 0 || done < count); done++) {
-            ts_sb_add(&b, sval(new), slen(new));
+            sb_add(&b, sval(new), slen(new));
             if (i == n) {
                 i++;
                 break;
             }
             int32_t c;
             int k = u8_next(p, n, i, &c);
-            ts_sb_add(&b, p + i, k);
+            sb_add(&b, p + i, k);
             i += k;
         }
         if (i < n)
-            ts_sb_add(&b, p + i, n - i);
+            sb_add(&b, p + i, n - i);
     } else {
         while (i < n && (count < 0 || done < count)) {
             const char *f = memmem(p + i, n - i, sval(old), on);
             if (!f)
                 break;
-            ts_sb_add(&b, p + i, f - (p + i));
-            ts_sb_add(&b, sval(new), slen(new));
+            sb_add(&b, p + i, f - (p + i));
+            sb_add(&b, sval(new), slen(new));
             i = f - p + on;
             done++;
         }
-        ts_sb_add(&b, p + i, n - i);
+        sb_add(&b, p + i, n - i);
     }
-    val v = mkstr(b.p, b.n);
+    val v = sb_str(&b);
     free(b.p);
     return v;
 }
@@ -2377,7 +2769,7 @@ static val str_split(val s, val sep, long long maxsplit) {
                 /* the rest, with trailing whitespace stripped */
                 val rest = mkstr(p + i, n - i);
                 val t = str_strip(rest, undef(NULL), false, true);
-                json_array_append(a, t.j);
+                list_add(a, t.j);
                 vfree(&rest);
                 vfree(&t);
                 break;
@@ -2390,7 +2782,7 @@ static val str_split(val s, val sep, long long maxsplit) {
                     break;
                 j += k;
             }
-            json_array_append_new(a, json_stringn_nocheck(p + i, j - i));
+            list_add_str(a, p + i, j - i);
             done++;
             i = j;
         }
@@ -2403,10 +2795,10 @@ static val str_split(val s, val sep, long long maxsplit) {
                             ? memmem(p + i, n - i, sval(sep), sn)
                             : NULL;
         if (!f) {
-            json_array_append_new(a, json_stringn_nocheck(p + i, n - i));
+            list_add_str(a, p + i, n - i);
             break;
         }
-        json_array_append_new(a, json_stringn_nocheck(p + i, f - (p + i)));
+        list_add_str(a, p + i, f - (p + i));
         i = f - p + sn;
         done++;
     }
@@ -2422,6 +2814,19 @@ typedef struct {
     val kw[8];
     int nkw;
 } args;
+
+/* Scanning a string costs a step per 64 bytes (searches, comparisons,
+ * strip, length, indexing); what is built is charged as bytes. */
+static void charge_scan(val v) {
+    if (is_str(v))
+        spend_steps(slen(v) / 64);
+}
+static void charge_args(const args *a) {
+    for (int i = 0; i < a->npos; i++)
+        charge_scan(a->pos[i]);
+    for (int i = 0; i < a->nkw; i++)
+        charge_scan(a->kw[i]);
+}
 
 static void args_free(args *a) {
     for (int i = 0; i < a->npos; i++)
@@ -2499,9 +2904,17 @@ static bool run_test(rt *r, const node *x, const char *name, args *a,
             return err(r, x, "test '%s' needs an integer", name);
         *res = (inum(v) & 1) == (name[0] == 'o');
     } else if (!strcmp(name, "divisibleby")) {
-        if (!is_num(v) || !is_num(o) || num(o) == 0)
-            return err(r, x, "test 'divisibleby' needs nonzero numbers");
-        *res = fmod(num(v), num(o)) == 0;
+        if (!is_num(v) || !is_num(o))
+            return err(r, x, "test 'divisibleby' needs numbers");
+        if (num(o) == 0)
+            return err(r, x, "ZeroDivisionError: %s",
+                       json_is_real(v.j) || json_is_real(o.j)
+                           ? "float modulo"
+                           : "integer modulo by zero");
+        if (json_is_real(v.j) || json_is_real(o.j))
+            *res = fmod(num(v), num(o)) == 0;
+        else /* exact for 64-bit values, and INT64_MIN % -1 does not trap */
+            *res = inum(o) == -1 || inum(v) % inum(o) == 0;
     } else if (!strcmp(name, "eq") || !strcmp(name, "equalto") ||
                !strcmp(name, "==") || !strcmp(name, "sameas"))
         *res =
@@ -2567,6 +2980,8 @@ static bool select_items(rt *r, const node *x, args *a, bool by_attr,
     size_t i;
     json_t *e;
     json_array_foreach(items, i, e) {
+        if (!spend_steps(1)) /* a step per item tested */
+            break;
         val item = jv(json_incref(e));
         val subject = by_attr ? attr_path(item, arg(a, 1, NULL)) : vcopy(item);
         bool ok;
@@ -2594,7 +3009,7 @@ static bool select_items(rt *r, const node *x, args *a, bool by_attr,
         } else
             ok = truthy(subject);
         if (ok != reject)
-            json_array_append(res, e);
+            list_add(res, e);
         vfree(&item);
         vfree(&subject);
     }
@@ -2641,7 +3056,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         if (v.kind == V_MACRO)
             return err(r, x, "a macro is not JSON serializable");
         val ind = arg(a, 1, "indent"), seps = arg(a, 3, "separators");
-        dump_opts o = {.indent = is_int(ind) ? (int)inum(ind) : -1,
+        dump_opts o = {.indent = is_int(ind) ? inum(ind) : -1,
                        .item_sep = ", ",
                        .key_sep = ": ",
                        .sort_keys = truthy(arg(a, 4, "sort_keys"))};
@@ -2654,9 +3069,9 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
                 return err(r, x, "tojson: separators must be two strings");
         }
         ts_sbuf b = {0};
-        ts_sb_add(&b, "", 0);
+        sb_add(&b, "", 0);
         dump_json(&b, v.j, &o, 0);
-        *out = mkstr(b.p, b.n);
+        *out = sb_str(&b);
         free(b.p);
         return true;
     }
@@ -2672,9 +3087,10 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         json_t *items;
         if (!iter_items(r, x, v, &items))
             return false;
-        *out = jv(json_copy(items));
+        if (spend_items(json_array_size(items), LIST_ITEM_BYTES))
+            *out = jv(json_copy(items));
         json_decref(items);
-        return true;
+        return budget_ok(r, x);
     }
     if (!strcmp(name, "trim") || !strcmp(name, "upper") ||
         !strcmp(name, "lower") || !strcmp(name, "capitalize") ||
@@ -2706,12 +3122,12 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             return false;
         val d = arg(a, 1, "d"), at = arg(a, 2, "attribute");
         ts_sbuf b = {0};
-        ts_sb_add(&b, "", 0);
+        sb_add(&b, "", 0);
         size_t i;
         json_t *e;
         json_array_foreach(items, i, e) {
             if (i && is_str(d))
-                ts_sb_add(&b, sval(d), slen(d));
+                sb_add(&b, sval(d), slen(d));
             val item = jv(json_incref(e));
             val sub = at.kind != V_UNDEF ? attr_path(item, at) : vcopy(item);
             put_str(&b, sub, false);
@@ -2719,7 +3135,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             vfree(&item);
         }
         json_decref(items);
-        *out = mkstr(b.p, b.n);
+        *out = sb_str(&b);
         free(b.p);
         return true;
     }
@@ -2745,7 +3161,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             return false;
         json_t *res = json_array();
         for (size_t i = json_array_size(items); i-- > 0;)
-            json_array_append(res, json_array_get(items, i));
+            list_add(res, json_array_get(items, i));
         json_decref(items);
         *out = jv(res);
         return true;
@@ -2761,7 +3177,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         const char *k;
         json_t *e;
         json_object_foreach(v.j, k, e)
-            json_array_append_new(res, json_pack("[sO]", k, e));
+            list_add_new(res, json_pack("[sO]", k, e));
         *out = jv(res);
         return true;
     }
@@ -2770,6 +3186,11 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         if (!strcmp(name, "abs")) {
             if (!is_num(v))
                 return err(r, x, "abs needs a number");
+            if (!json_is_real(v.j) && inum(v) == INT64_MIN)
+                return err_range(r, x,
+                                 "integer overflow in abs(%lld) (integers "
+                                 "are 64-bit here)",
+                                 (long long)INT64_MIN);
             *out = json_is_real(v.j) ? jv(json_real(fabs(num(v))))
                                      : jv(json_integer(llabs(inum(v))));
             return true;
@@ -2791,7 +3212,12 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             f = !strcmp(method, "floor")  ? floor(f)
                 : !strcmp(method, "ceil") ? ceil(f)
                                           : nearbyint(f);
-            *out = jv(json_real(f / scale));
+            f /= scale;
+            if (scale == 0) /* 10 ** -400: Python rounds to a signed 0 */
+                f = copysign(0.0, num(v));
+            else if (!isfinite(f)) /* 10 ** 400: the number as it was */
+                f = num(v);
+            *out = jv(json_real(f));
             return true;
         }
         bool want_int = name[0] == 'i';
@@ -2810,7 +3236,16 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             val t = str_strip(v, undef(NULL), true, true);
             if (slen(t)) {
                 if (want_int) {
+                    errno = 0;
                     long long i = strtoll(sval(t), &end, 10);
+                    if (!*end && errno == ERANGE) {
+                        bool e = err_range(r, x,
+                                           "integer overflow in int('%.40s'): "
+                                           "integers are 64-bit here",
+                                           sval(t));
+                        vfree(&t);
+                        return e;
+                    }
                     if (!*end) {
                         vfree(&t);
                         *out = jv(json_integer(i));
@@ -2828,6 +3263,28 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
                                         : jv(json_real(0));
             return true;
         }
+        /* jinja2: NaN, and inf read from a string, give the default */
+        if (want_int && (isnan(f) || (is_str(v) && isinf(f)))) {
+            *out = dflt.kind != V_UNDEF ? vcopy(dflt) : jv(json_integer(0));
+            return true;
+        }
+        /* [-2^63, 2^63): what a cast may take */
+        if (want_int &&
+            !(f >= -9223372036854775808.0 && f < 9223372036854775808.0)) {
+            ts_sbuf fs = {0};
+            put_float(&fs, f);
+            bool e = err_range(r, x,
+                               "integer overflow in int(%s): integers are "
+                               "64-bit here",
+                               fs.p ? fs.p : "?");
+            free(fs.p);
+            return e;
+        }
+        if (!want_int && !isfinite(f)) /* 'inf'|float */
+            return err_range(r, x,
+                             "float('%s') is not finite, which values here "
+                             "cannot hold",
+                             isnan(f) ? "nan" : "inf");
         *out = want_int ? jv(json_integer((long long)f)) : jv(json_real(f));
         return true;
     }
@@ -2844,6 +3301,8 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         size_t i;
         json_t *e;
         json_array_foreach(items, i, e) {
+            if (!spend_steps(1)) /* a step per item mapped */
+                break;
             val item = jv(json_incref(e)), o;
             if (at.kind != V_UNDEF) {
                 o = attr_path(item, at);
@@ -2866,7 +3325,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
                 json_decref(res);
                 return err(r, x, "map needs a filter name or attribute=");
             }
-            json_array_append_new(res, o.j ? o.j : json_null());
+            list_add_new(res, o.j ? o.j : json_null());
             vfree(&item);
         }
         json_decref(items);
@@ -2885,7 +3344,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             for (size_t k = 0; k < json_array_size(res) && !seen; k++)
                 seen = py_eq(jv(e), jv(json_array_get(res, k)));
             if (!seen)
-                json_array_append(res, e);
+                list_add(res, e);
         }
         json_decref(items);
         *out = jv(res);
@@ -2896,33 +3355,32 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         bool first = truthy(arg(a, 2, "first")),
              blank = truthy(arg(a, 3, "blank"));
         ts_sbuf ind = {0};
-        ts_sb_add(&ind, "", 0);
+        sb_add(&ind, "", 0);
         if (is_str(w))
-            ts_sb_add(&ind, sval(w), slen(w));
+            sb_add(&ind, sval(w), slen(w));
         else
-            for (long long k = 0; k < (is_int(w) ? inum(w) : 4); k++)
-                ts_sb_puts(&ind, " ");
+            sb_spaces(&ind, is_int(w) ? inum(w) : 4, 1);
         /* jinja: lines = (s + "\n").splitlines(); the first line as is,
          * the others indented (blank ones only with blank=True) */
         const char *p = sval(s);
         size_t n = slen(s);
         ts_sbuf o = {0};
-        ts_sb_add(&o, "", 0);
+        sb_add(&o, "", 0);
         if (first)
-            ts_sb_add(&o, ind.p, ind.n);
+            sb_add(&o, ind.p, ind.n);
         for (size_t i = 0, line = 0; i <= n; line++) {
             size_t j = i;
             while (j < n && p[j] != '\n')
                 j++;
             if (line) {
-                ts_sb_puts(&o, "\n");
+                sb_puts(&o, "\n");
                 if (blank || j > i)
-                    ts_sb_add(&o, ind.p, ind.n);
+                    sb_add(&o, ind.p, ind.n);
             }
-            ts_sb_add(&o, p + i, j - i);
+            sb_add(&o, p + i, j - i);
             i = j + 1; /* past the newline; i == n + 1 ends */
         }
-        *out = mkstr(o.p, o.n);
+        *out = sb_str(&o);
         free(o.p);
         free(ind.p);
         vfree(&s);
@@ -2931,7 +3389,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
     if (!strcmp(name, "e") || !strcmp(name, "escape")) {
         val s = to_string(v);
         ts_sbuf o = {0};
-        ts_sb_add(&o, "", 0);
+        sb_add(&o, "", 0);
         for (size_t i = 0; i < slen(s); i++) {
             char c = sval(s)[i];
             const char *rep = c == '&'    ? "&amp;"
@@ -2941,11 +3399,11 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
                               : c == '\'' ? "&#39;"
                                           : NULL;
             if (rep)
-                ts_sb_puts(&o, rep);
+                sb_puts(&o, rep);
             else
-                ts_sb_add(&o, &c, 1);
+                sb_add(&o, &c, 1);
         }
-        *out = mkstr(o.p, o.n);
+        *out = sb_str(&o);
         free(o.p);
         vfree(&s);
         return true;
@@ -2962,6 +3420,10 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             json_t *src;
             if (!iter_items(r, x, v, &src))
                 return false;
+            if (!spend_items(json_array_size(src), LIST_ITEM_BYTES)) {
+                json_decref(src);
+                return budget_ok(r, x);
+            }
             items = json_copy(src); /* shallow: we reorder our own list */
             json_decref(src);
         }
@@ -3009,6 +3471,37 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
     return err(r, x, "unknown filter '%s'", name);
 }
 
+/* Lists and dicts built by the template may nest at most MAX_VALUE_DEPTH
+ * deep (every printer, comparison and free recurses over them), and a
+ * namespace may not hold itself (a cycle). Walks the containers in j, a
+ * step per item; depth: the levels above j. */
+static bool nesting_ok(rt *r, const node *x, json_t *j, json_t *self,
+                       int depth) {
+    if (j == self)
+        return err(r, x, "a namespace cannot hold itself");
+    if (!json_is_array(j) && !json_is_object(j))
+        return true;
+    if (depth >= MAX_VALUE_DEPTH)
+        return err_range(r, x,
+                         "lists and dicts nested more than %d deep, the "
+                         "limit for values a template builds",
+                         MAX_VALUE_DEPTH);
+    if (!spend_steps(json_is_array(j) ? json_array_size(j)
+                                      : json_object_size(j)))
+        return budget_ok(r, x);
+    size_t i;
+    const char *k;
+    json_t *e;
+    if (json_is_array(j)) {
+        json_array_foreach(
+            j, i, e) if (!nesting_ok(r, x, e, self, depth + 1)) return false;
+    } else {
+        json_object_foreach(
+            j, k, e) if (!nesting_ok(r, x, e, self, depth + 1)) return false;
+    }
+    return true;
+}
+
 /* ---- calls: methods, globals, macros ---- */
 
 static bool call_macro(rt *r, const node *call, const node *m, args *a,
@@ -3034,13 +3527,13 @@ static bool call_macro(rt *r, const node *call, const node *m, args *a,
             bind(r, m->kids[i]->s, undef(m->kids[i]->s));
     }
     ts_sbuf b = {0};
-    ts_sb_add(&b, "", 0);
+    sb_add(&b, "", 0);
     r->depth++;
     bool ok = render(r, m->b, &b);
     r->depth--;
     frame_pop(r);
     if (ok)
-        *out = mkstr(b.p, b.n);
+        *out = sb_str(&b);
     free(b.p);
     return ok;
 }
@@ -3128,7 +3621,7 @@ static bool call_method(rt *r, const node *x, val obj, const char *m, args *a,
             if (!iter_items(r, x, arg(a, 0, NULL), &items))
                 return false;
             ts_sbuf b = {0};
-            ts_sb_add(&b, "", 0);
+            sb_add(&b, "", 0);
             size_t i;
             json_t *e;
             json_array_foreach(items, i, e) {
@@ -3139,11 +3632,11 @@ static bool call_method(rt *r, const node *x, val obj, const char *m, args *a,
                                i);
                 }
                 if (i)
-                    ts_sb_add(&b, sval(obj), slen(obj));
-                ts_sb_add(&b, json_string_value(e), json_string_length(e));
+                    sb_add(&b, sval(obj), slen(obj));
+                sb_add(&b, json_string_value(e), json_string_length(e));
             }
             json_decref(items);
-            *out = mkstr(b.p, b.n);
+            *out = sb_str(&b);
             free(b.p);
             return true;
         }
@@ -3174,11 +3667,11 @@ static bool call_method(rt *r, const node *x, val obj, const char *m, args *a,
             json_t *e;
             json_object_foreach(obj.j, k, e) {
                 if (m[0] == 'i')
-                    json_array_append_new(res, json_pack("[sO]", k, e));
+                    list_add_new(res, json_pack("[sO]", k, e));
                 else if (m[0] == 'k')
-                    json_array_append_new(res, json_string(k));
+                    list_add_new(res, json_string(k));
                 else
-                    json_array_append(res, e);
+                    list_add(res, e);
             }
             *out = jv(res);
             return true;
@@ -3227,14 +3720,24 @@ static bool call_global(rt *r, const node *x, const char *name, args *a,
         } else
             return err(r, x, "range needs 1 to 3 arguments");
         if (!st)
-            return err(r, x, "range step cannot be zero");
+            return err(r, x, "range() arg 3 must not be zero");
+        /* its length from the unsigned distance: no i += st past hi */
+        unsigned long long span =
+            st > 0 ? (hi > lo ? (unsigned long long)hi - lo : 0)
+                   : (lo > hi ? (unsigned long long)lo - hi : 0);
+        unsigned long long step =
+            st > 0 ? (unsigned long long)st : 0ull - (unsigned long long)st;
+        unsigned long long len = span ? (span - 1) / step + 1 : 0;
+        if (len > 100000) /* jinja2's sandbox: MAX_RANGE */
+            return err(r, x,
+                       "Range too big. The sandbox blocks ranges larger "
+                       "than MAX_RANGE (100000).");
         json_t *l = json_array();
-        for (long long i = lo; st > 0 ? i < hi : i > hi; i += st) {
-            if (json_array_size(l) >= 100000) {
-                json_decref(l);
-                return err(r, x, "range too large");
-            }
-            json_array_append_new(l, json_integer(i));
+        long long i = lo;
+        for (unsigned long long k = 0; k < len; k++) {
+            list_add_new(l, json_integer(i));
+            if (k + 1 < len)
+                i += st; /* stays between lo and hi */
         }
         *out = jv(l);
         return true;
@@ -3250,7 +3753,7 @@ static bool call_global(rt *r, const node *x, const char *name, args *a,
         *out = jv(o);
         if (name[0] == 'n')
             out->kind = V_NS;
-        return true;
+        return nesting_ok(r, x, o, NULL, 0);
     }
     if (!strcmp(name, "strftime_now")) {
         val f = arg(a, 0, "format");
@@ -3281,7 +3784,9 @@ static bool eval_call(rt *r, const node *x, val *out) {
             vfree(&obj);
             return false;
         }
-        ok = call_method(r, x, obj, callee->s, &a, out);
+        charge_scan(obj);
+        charge_args(&a);
+        ok = !budget_over() && call_method(r, x, obj, callee->s, &a, out);
         vfree(&obj);
         args_free(&a);
         return ok;
@@ -3306,10 +3811,7 @@ static bool eval_call(rt *r, const node *x, val *out) {
 
 /* ---- evaluation ---- */
 
-static bool eval(rt *r, const node *x, val *out) {
-    *out = undef(NULL);
-    if (r->d.failed)
-        return false;
+static bool eval_node(rt *r, const node *x, val *out) {
     switch (x->kind) {
     case E_LIT:
         *out = jv(json_incref(x->lit));
@@ -3340,6 +3842,7 @@ static bool eval(rt *r, const node *x, val *out) {
                 vfree(&obj);
                 return false;
             }
+            charge_scan(obj);
             *out = get_item(obj, key);
             vfree(&key);
         }
@@ -3369,6 +3872,9 @@ static bool eval(rt *r, const node *x, val *out) {
             return false;
         args a;
         bool ok = eval_args(r, x, &a, &v);
+        if (ok)
+            charge_args(&a);
+        ok = ok && !budget_over();
         if (ok && x->kind == E_FILTER)
             ok = apply_filter(r, x, x->s, &a, out);
         else if (ok) {
@@ -3388,7 +3894,9 @@ static bool eval(rt *r, const node *x, val *out) {
             vfree(&a);
             return false;
         }
-        bool ok = binop(r, x, x->s, a, b, out);
+        charge_scan(a);
+        charge_scan(b);
+        bool ok = !budget_over() && binop(r, x, x->s, a, b, out);
         vfree(&a);
         vfree(&b);
         return ok;
@@ -3422,6 +3930,13 @@ static bool eval(rt *r, const node *x, val *out) {
             vfree(&a);
             return err(r, x, "bad operand type for unary -");
         }
+        if (!json_is_real(a.j) && inum(a) == INT64_MIN) {
+            vfree(&a);
+            return err_range(r, x,
+                             "integer overflow in -(%lld) (integers are "
+                             "64-bit here)",
+                             (long long)INT64_MIN);
+        }
         *out = json_is_real(a.j) ? jv(json_real(-num(a)))
                                  : jv(json_integer(-inum(a)));
         vfree(&a);
@@ -3448,10 +3963,10 @@ static bool eval(rt *r, const node *x, val *out) {
                 json_decref(l);
                 return false;
             }
-            json_array_append_new(l, v.j ? v.j : json_null());
+            list_add_new(l, v.j ? v.j : json_null());
         }
         *out = jv(l);
-        return true;
+        return nesting_ok(r, x, l, NULL, 0);
     }
     case E_DICT: {
         json_t *o = json_object();
@@ -3475,11 +3990,28 @@ static bool eval(rt *r, const node *x, val *out) {
             vfree(&k);
         }
         *out = jv(o);
-        return true;
+        return nesting_ok(r, x, o, NULL, 0);
     }
     default:
         return err(r, x, "internal: not an expression");
     }
+}
+
+/* One step per expression evaluated; a budget spent on the way (by the
+ * work of a filter, a string or list built) is an error at x. */
+static bool eval(rt *r, const node *x, val *out) {
+    *out = undef(NULL);
+    if (r->d.failed)
+        return false;
+    if (!spend_steps(1))
+        return budget_ok(r, x);
+    bool ok = eval_node(r, x, out);
+    if (!budget_ok(r, x) || !ok) { /* a spent budget may have cut it short */
+        vfree(out);
+        *out = undef(NULL);
+        ok = false;
+    }
+    return ok;
 }
 
 static bool render_for(rt *r, const node *x, ts_sbuf *out) {
@@ -3513,7 +4045,7 @@ static bool render_for(rt *r, const node *x, ts_sbuf *out) {
                 return false;
             }
             if (truthy(c))
-                json_array_append(kept, e);
+                list_add(kept, e);
             vfree(&c);
         }
         json_decref(items);
@@ -3522,6 +4054,10 @@ static bool render_for(rt *r, const node *x, ts_sbuf *out) {
     size_t n = json_array_size(items);
     bool ok = true;
     for (size_t i = 0; i < n && ok; i++) {
+        if (!spend_steps(LOOP_ITER_STEPS)) {
+            ok = budget_ok(r, x);
+            break;
+        }
         json_t *e = json_array_get(items, i);
         frame_push(r);
         json_t *loop = json_object();
@@ -3571,9 +4107,13 @@ static bool render(rt *r, const node *body, ts_sbuf *out) {
     bool ok = true;
     for (int i = 0; i < body->nkids && ok && !r->loopctl; i++) {
         const node *x = body->kids[i];
+        if (!spend_steps(1)) {
+            ok = budget_ok(r, x);
+            break;
+        }
         switch (x->kind) {
         case N_TEXT:
-            ts_sb_add(out, x->s, x->len);
+            sb_add(out, x->s, x->len);
             break;
         case N_OUT: {
             val v;
@@ -3623,6 +4163,10 @@ static bool render(rt *r, const node *body, ts_sbuf *out) {
                             x->s, x->s, x->s2);
                     break;
                 }
+                if (!(ok = nesting_ok(r, x, v.j, ns->j, 1))) {
+                    vfree(&v);
+                    break;
+                }
                 json_object_set_new(ns->j, x->s2, v.j ? v.j : json_null());
             } else
                 bind(r, x->s, v);
@@ -3630,10 +4174,10 @@ static bool render(rt *r, const node *body, ts_sbuf *out) {
         }
         case N_SETBLOCK: {
             ts_sbuf b = {0};
-            ts_sb_add(&b, "", 0);
+            sb_add(&b, "", 0);
             ok = render(r, x->b, &b);
             if (ok)
-                bind(r, x->s, mkstr(b.p, b.n));
+                bind(r, x->s, sb_str(&b));
             free(b.p);
             break;
         }
@@ -3650,6 +4194,7 @@ static bool render(rt *r, const node *body, ts_sbuf *out) {
             ok = err(r, x, "internal: not a statement");
             break;
         }
+        ok = ok && budget_ok(r, x); /* output past the byte limit */
     }
     r->depth--;
     return ok && !r->d.failed;
@@ -3689,8 +4234,20 @@ ts_status ts_template_parse(ts_ctx *ctx, const char *src, size_t len,
         return ts_set_error(ctx, TS_ERR_OOM, "out of memory");
     }
     t->root = root;
+    t->max_steps = TS_TEMPLATE_MAX_STEPS;
+    t->max_bytes = TS_TEMPLATE_MAX_BYTES;
     *out = t;
     return TS_OK;
+}
+
+void ts_template_set_limits(ts_template *t, unsigned long long max_steps,
+                            size_t max_bytes) {
+    if (!t)
+        return;
+    if (max_steps)
+        t->max_steps = max_steps;
+    if (max_bytes)
+        t->max_bytes = max_bytes;
 }
 
 ts_status ts_template_render_json(ts_ctx *ctx, const ts_template *t,
@@ -3700,23 +4257,28 @@ ts_status ts_template_render_json(ts_ctx *ctx, const ts_template *t,
             ctx, TS_ERR_INVALID_ARG,
             "ts_template_render: variables must be a JSON object");
     rt r = {.d = {.ctx = ctx}};
+    budget bud = {.max_steps = t->max_steps, .max_bytes = t->max_bytes};
+    budget *outer = cur_budget;
+    cur_budget = &bud;
     frame_push(&r);
     const char *k;
     json_t *e;
     json_object_foreach(vars, k, e) bind(&r, k, jv(json_incref(e)));
     frame_push(&r); /* the template's own top-level sets */
     ts_sbuf b = {0};
-    ts_sb_add(&b, "", 0);
+    sb_add(&b, "", 0);
     bool ok = render(&r, t->root, &b);
+    if (ok && b.oom && !bud.over)
+        bud.over = BUDGET_OOM;
+    ok = ok && budget_ok(&r, NULL);
     while (r.nframes)
         frame_pop(&r);
     free(r.frames);
-    if (!ok || b.oom) {
+    cur_budget = outer;
+    if (!ok) {
         free(b.p);
-        return b.oom && ok
-                   ? ts_set_error(ctx, TS_ERR_OOM,
-                                  "chat template: out of memory")
-                   : ts_set_error(ctx, TS_ERR_INVALID_ARG, "%s", r.d.msg);
+        return ts_set_error(ctx, r.status ? r.status : TS_ERR_INVALID_ARG, "%s",
+                            r.d.msg);
     }
     *out = b.p;
     if (len)

@@ -103,6 +103,24 @@ UNICODE = [system("  Système: répondez en français.  \n"), user(UNICODE_TEXT)
            assistant("\n Ответ: да 👍 \n"), user("Спасибо\\n \"ok\"")]
 
 
+def long_conversation(turns, size):
+    """turns user/assistant exchanges of about size bytes each, reasoning
+    included: a real template over a long chat must render within the
+    engine's step and byte budgets (tens of thousands of steps per 100 KB)"""
+    msgs = [system("You are a helpful assistant. " * 8)]
+    for i in range(turns):
+        msgs.append(user(("Question %d: what about this? " % i)
+                         * (size // 30)))
+        msgs.append(assistant("<think>\nStep %d.\n</think>\n\n" % i
+                              + ("Answer %d, with Ünïcode. " % i)
+                              * (size // 25)))
+    msgs.append(user("And finally?"))
+    return msgs
+
+
+LONG = long_conversation(200, 1500)
+
+
 def qwen3_conversations():
     think_history = [
         user("What is 2+2?"),
@@ -181,6 +199,7 @@ def qwen3_conversations():
          {"tools": T}),
         ("system_not_first", system_later, True, {}),
         ("unicode_quotes_whitespace", UNICODE, True, {}),
+        ("long_conversation_with_tools", LONG, True, {"tools": T}),
     ]
 
 
@@ -192,6 +211,7 @@ def llama3_conversations():
         ("multi_turn_gen", MULTI, True, {}),
         ("multi_turn_system_no_gen", MULTI_SYSTEM, False, {}),
         ("unicode_quotes_whitespace", UNICODE, True, {}),
+        ("long_conversation", LONG, True, {}),
     ]
 
 
@@ -662,6 +682,100 @@ SYNTHETIC = [
      "Unknown role: robot"),
     ("error_attribute_of_undefined", "{{ missing.attr }}", {}, "undefined"),
     ("error_unknown_filter", "{{ 'x'|nosuchfilter }}", {}, "nosuchfilter"),
+    # 64-bit integer arithmetic where every value fits: Python's answers
+    ("int_floor_div_and_mod_signs",
+     "{{ 7 // -2 }} {{ -7 // 2 }} {{ -7 // -2 }} {{ -7 % 3 }} {{ 7 % -3 }}"
+     " {{ -7 % -3 }} {{ 0 // -5 }} {{ v // -2 }} {{ v % -4 }}", {"v": -9}),
+    ("int_at_the_64_bit_edges",
+     "{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ -9223372036854775808 }}"
+     " {{ 9223372036854775807 - 1 }} {{ -9223372036854775807 - 1 }}"
+     " {{ 9223372036854775807 // -1 }} {{ (-9223372036854775807 - 1) % -1 }}"
+     " {{ (-9223372036854775807 - 1) // 1 }} {{ 3037000499 * 3037000499 }}"
+     " {{ -9223372036854775807|abs }} {{ -(-9223372036854775807) }}"
+     " {{ big + 0 }} {{ 2 ** -1 }} {{ 1 ** 9223372036854775807 }}"
+     " {{ (-1) ** 9223372036854775807 }}", {"big": 9223372036854775807}),
+    ("float_floor_div_and_mod",
+     "{{ 1 // 0.1 }} {{ -1.0 % 1 }} {{ 7.5 // -2 }} {{ -7.5 % 2 }}"
+     " {{ 0.0 // 3 }} {{ -0.0 % 5 }} {{ 1.5|round(400) }}"
+     " {{ 1.5|round(-400) }} {{ -2.5|round(-400) }}", {}),
+    ("repeat_strings_and_lists",
+     "{{ 'ab' * 3 }} {{ 3 * 'ab' }} [{{ 'ab' * 0 }}] [{{ 'ab' * -2 }}]"
+     " {{ [1, 2] * 2 }} {{ 2 * [0] }} {{ [1] * -1 }} {{ ('-' * 1500000)|length }}"
+     " [{{ '' * 9223372036854775807 }}] {{ [] * 9223372036854775807 }}", {}),
+    ("range_at_the_64_bit_edges",
+     "{{ range(9223372036854775800, 9223372036854775807, 5)|list }}"
+     " {{ range(-9223372036854775807 - 1, -9223372036854775800, 4)|list }}"
+     " {{ range(5, 0, -9223372036854775807 - 1)|list }}"
+     " {{ range(-9223372036854775807 - 1, 9223372036854775807,"
+     " 9223372036854775807)|list }}", {}),
+    ("slice_with_huge_steps_and_bounds",
+     "{{ 'abc'[1::9223372036854775807] }} {{ 'abc'[::-9223372036854775807 - 1] }}"
+     " {{ [1, 2, 3][::-9223372036854775807 - 1] }}"
+     " {{ [1, 2, 3][-9223372036854775807 - 1:9223372036854775807] }}"
+     " {{ 'héllo'[9223372036854775807:] }}|{{ 'héllo'[-9223372036854775807 - 1::2] }}",
+     {}),
+    ("int_filter_at_the_edges",
+     "{{ '9223372036854775807'|int }} {{ '-9223372036854775808'|int }}"
+     " {{ 'nan'|int }} {{ 'nan'|int(7) }} {{ 9.2e18|int }}"
+     " {{ -9.2e18|int }}", {}),
+    ("divisibleby_exact_for_64_bit",
+     "{{ 4611686018427387906 is divisibleby(3) }}"
+     " {{ (-9223372036854775807 - 1) is divisibleby(-1) }}"
+     " {{ 9 is divisibleby(-3) }}", {}),
+    # division by zero: jinja2 raises Python's ZeroDivisionError
+    ("zero_div_int_floor", "{{ 1 // 0 }}", {},
+     "integer division or modulo by zero"),
+    ("zero_div_int_mod", "{{ n % 0 }}", {"n": 5}, "integer modulo by zero"),
+    ("zero_div_true_div", "{{ 1 / 0 }}", {}, "division by zero"),
+    ("zero_div_float_floor", "{{ 1.5 // 0 }}", {},
+     "float floor division by zero"),
+    ("zero_div_float_mod", "{{ 1.5 % 0.0 }}", {}, "float modulo"),
+    ("zero_div_negative_power", "{{ 0 ** -1 }}", {},
+     "0.0 cannot be raised to a negative power"),
+    ("zero_div_divisibleby", "{{ 5 is divisibleby(0) }}", {},
+     "integer modulo by zero"),
+    ("float_pow_overflow", "{{ 10.0 ** 400 }} {{ x ** 2 }}", {"x": -1e200},
+     "Numerical result out of range"),
+    ("range_step_zero", "{{ range(0, 5, 0)|list }}", {},
+     "range() arg 3 must not be zero"),
+    ("range_past_the_sandbox_limit", "{{ range(200000)|length }}", {},
+     "Range too big"),
+]
+
+# Integer results past 64 bits: Python's jinja2 has big integers, we do not;
+# nor do our values hold float inf or nan. jinja2's value must indeed be out
+# of range (or not finite); we must fail with an error naming the operation.
+# (name, template, vars, message_contains)
+OVERFLOW = [
+    ("overflow_pow", "{{ 2 ** 100 }}", {}, "integer overflow in 2 ** 100"),
+    ("overflow_pow_63", "{{ 2 ** 63 }}", {}, "integer overflow in 2 ** 63"),
+    ("overflow_add", "{{ 9223372036854775807 + 1 }}", {},
+     "integer overflow in 9223372036854775807 + 1"),
+    ("overflow_add_variable", "{{ n + n }}", {"n": 9223372036854775807},
+     "integer overflow in 9223372036854775807 + 9223372036854775807"),
+    ("overflow_sub", "{{ -9223372036854775807 - 2 }}", {},
+     "integer overflow in -9223372036854775807 - 2"),
+    ("overflow_mul", "{{ 3037000500 * 3037000500 }}", {},
+     "integer overflow in 3037000500 * 3037000500"),
+    ("overflow_floor_div", "{{ (-9223372036854775807 - 1) // -1 }}", {},
+     "integer overflow in -9223372036854775808 // -1"),
+    ("overflow_negate", "{{ -(-9223372036854775807 - 1) }}", {},
+     "integer overflow in -(-9223372036854775808)"),
+    ("overflow_abs", "{{ (-9223372036854775807 - 1)|abs }}", {},
+     "integer overflow in abs(-9223372036854775808)"),
+    ("overflow_int_of_string", "{{ '99999999999999999999'|int }}", {},
+     "integer overflow in int('99999999999999999999')"),
+    ("overflow_int_of_float", "{{ 1e19|int }}", {},
+     "integer overflow in int(1e+19)"),
+    ("overflow_literal", "{{ 99999999999999999999 }}", {},
+     "integer literal 99999999999999999999 does not fit in 64 bits"),
+    ("overflow_loop_sum",
+     "{% set ns = namespace(x=1) %}{% for i in range(70) %}"
+     "{% set ns.x = ns.x * 2 %}{% endfor %}{{ ns.x }}", {},
+     "integer overflow in 4611686018427387904 * 2"),
+    ("overflow_float_mul", "{{ x * 10 }}", {"x": 1e308},
+     "float overflow in 1e+308 * 10: the result is inf"),
+    ("overflow_float_filter", "{{ 'inf'|float }}", {}, "is not finite"),
 ]
 
 
@@ -672,6 +786,16 @@ def render(template, vars_):
 def build(node_modules):
     out = []
     pending = real_template_cases(node_modules)
+    for name, template, vars_, msg in OVERFLOW:
+        got = render(template, vars_)
+        big_int = (got.lstrip("-").isdigit()
+                   and not -2 ** 63 <= int(got) < 2 ** 63)
+        if not big_int and got not in ("inf", "-inf", "nan"):
+            sys.exit("case %s: jinja2 gave %r, not an integer past 64 bits "
+                     "nor a float that is not finite" % (name, got))
+        seen_overflow = {"name": name, "template": template, "vars": vars_,
+                         "error": True, "message_contains": msg}
+        out.append(seen_overflow)
     for item in SYNTHETIC:
         name, template, vars_ = item[:3]
         msg = item[3] if len(item) > 3 else None
@@ -685,7 +809,8 @@ def build(node_modules):
         seen.add(name)
         try:
             got = render(case["template"], case["vars"])
-        except jinja2.exceptions.TemplateError as e:
+        except (jinja2.exceptions.TemplateError, ZeroDivisionError,
+                OverflowError, ValueError) as e:
             if msg is None:
                 sys.exit("case %s raised unexpectedly: %s" % (name, e))
             if msg not in str(e):
