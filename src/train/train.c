@@ -54,6 +54,7 @@ ts_train_options ts_train_default_options(void) {
                               .eval_batches = 8,
                               .save_every = 0,
                               .log_every = 1,
+                              .keep_last = 3,
                               .seed = 1,
                               .bucket_mb = 16};
 }
@@ -1042,6 +1043,8 @@ static ts_status check_options(ts_ctx *ctx, const ts_train_options *o) {
         bad = "--warmup, --weight-decay and --clip must be >= 0";
     else if (!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1))
         bad = "betas must be in [0, 1)";
+    else if (o->keep_last < 0)
+        bad = "--keep-last must be >= 0 (0: keep every checkpoint)";
     else if (o->eval_every < 0 || o->save_every < 0 || o->log_every < 1 ||
              o->eval_batches < 1)
         bad = "--eval-every and --save-every must be >= 0, --log-every >= 1";
@@ -1207,14 +1210,29 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     double fpt = layers ? ts_train_flops_per_token(n_all - n_embed, layers,
                                                    heads, head_dim, o->seq)
                         : 0;
-    bool peak_cached = false; /* rank 0 measures one rank's peak */
-    double peak = o->peak > 0 ? o->peak : 0;
-    if (st == TS_OK && !peak && r.rank == 0)
-        peak = ts_peak_flops(false, &peak_cached);
+    /* rank 0 measures one rank's hardware peak (and what sgemm achieves
+     * now, beside it); a given --peak-gflops replaces the hardware's */
+    ts_peak_info pk = {0};
+    if (st == TS_OK && r.rank == 0)
+        st = ts_peak_measure(ctx, o->peak <= 0, &pk);
+    double peak = o->peak > 0 ? o->peak : pk.hardware;
     float peak_g = (float)(peak / 1e9);
+    st = agree(&r, st);
     if (st == TS_OK)
         st = ts_dist_broadcast(r.dist, &peak_g, 1, TS_F32, 0);
     peak = (double)peak_g * 1e9 * r.world; /* the run's */
+    char peak_desc[512];
+    if (o->peak > 0)
+        snprintf(peak_desc, sizeof peak_desc,
+                 "peak %.1f GFLOP/s (given by --peak-gflops)", peak / 1e9);
+    else
+        snprintf(peak_desc, sizeof peak_desc,
+                 "hardware peak %.1f GFLOP/s = %d core(s) x %.2f GHz "
+                 "(measured) x %g FLOP/cycle (%s%s%s) on %s; achievable "
+                 "(sgemm 1024, measured now) %.1f GFLOP/s",
+                 pk.hardware * r.world / 1e9, pk.cores, pk.clock_hz / 1e9,
+                 pk.flops_per_cycle, pk.isa, pk.isa_note[0] ? "; " : "",
+                 pk.isa_note, pk.cpu, pk.sgemm * r.world / 1e9);
     char logp[4200];
     snprintf(logp, sizeof logp, "%s/log.jsonl", o->out_dir);
     if (st == TS_OK && r.rank == 0 &&
@@ -1234,30 +1252,42 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
         fprintf(
             stderr,
             "train: %lld parameters (%lld without the input embedding), %lld "
-            "train tokens, batch %lld x %lld x %lld accum, %s, %s, peak "
-            "%.1f GFLOP/s (%s f32 sgemm)%s%s\n",
+            "train tokens, batch %lld x %lld x %lld accum, %s, %s, %s%s%s\n",
             (long long)n_all, (long long)(n_all - n_embed),
             (long long)ts_loader_tokens(r.train), (long long)o->batch,
             (long long)o->seq, (long long)o->grad_accum,
             o->eager || r.shard_full ? "eager" : "compiled",
-            o->bf16 ? "bf16 matrices, f32 masters" : "f32", peak / 1e9,
-            o->peak > 0   ? "given"
-            : peak_cached ? "cached"
-                          : "measured",
-            ranks, o->resume ? ", resumed" : "");
+            o->bf16 ? "bf16 matrices, f32 masters" : "f32", peak_desc, ranks,
+            o->resume ? ", resumed" : "");
     if (st == TS_OK)
         ts_set_mode(ctx, o->eager || r.shard_full ? TS_MODE_EAGER
                                                   : TS_MODE_COMPILED);
     double t_start = now_s(), t_window = t_start;
     int64_t start_step = r.step, win_tokens = 0;
+    /* the summary's rate: the steps after the first of this run (which
+     * records and compiles), each timed alone (no eval, save or log) */
+    double win_step_s = 0, timed_s = 0, first_step_s = 0;
+    int64_t timed_tokens = 0;
+    bool peak_logged = false;
     double comm_window = ts_dist_comm_seconds(r.dist);
     out.n_params = n_all;
     while (st == TS_OK && r.step < o->steps) {
         double loss = 0, gnorm = 0;
         double lr = lr_at(o, r.step);
+        double t_step = now_s();
         st = train_step(&r, ids, tg, &loss, &gnorm);
         if (st != TS_OK)
             break;
+        t_step = now_s() - t_step;
+        int64_t step_tokens = o->batch * o->seq * o->grad_accum;
+        win_step_s += t_step;
+        if (r.step > start_step) { /* not the run's first step */
+            timed_s += t_step, timed_tokens += step_tokens;
+            out.timed_steps++;
+            if (out.timed_steps == 1)
+                out.timed_from = r.step + 1;
+        } else
+            first_step_s = t_step;
         if (!isfinite(loss)) {
             st = ts_set_error(ctx, TS_ERR_STATE,
                               "train: the loss is %g at step %lld; lower "
@@ -1266,7 +1296,7 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
             break;
         }
         r.step++;
-        win_tokens += o->batch * o->seq * o->grad_accum;
+        win_tokens += step_tokens;
         if (r.step == start_step + 1)
             out.first_loss = loss;
         out.last_loss = loss;
@@ -1282,23 +1312,49 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
         double t = now_s();
         if (r.step % o->log_every == 0 || r.step == o->steps || !isnan(val)) {
             double dt = t - t_window;
-            double tps = dt > 0 ? (double)win_tokens / dt : 0;
+            double tps = win_step_s > 0 ? (double)win_tokens / win_step_s : 0;
             double mfu = peak > 0 ? tps * fpt / peak : 0;
             double eta = (double)(o->steps - r.step) * (t - t_start) /
                          (double)(r.step - start_step);
             double comm = ts_dist_comm_seconds(r.dist);
             double share = dt > 0 ? (comm - comm_window) / dt : 0;
             comm_window = comm;
-            out.tokens_per_s = tps, out.mfu = mfu, out.comm_share = share;
+            out.comm_share = share;
             char etas[32];
             fmt_time(etas, sizeof etas, eta);
             if (r.log) {
                 fprintf(r.log,
                         "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, "
                         "\"grad_norm\": %.6f, \"tokens_per_s\": %.1f, "
-                        "\"mfu\": %.4f, \"elapsed_s\": %.2f",
+                        "\"mfu\": %.4f, \"step_s\": %.6f, \"elapsed_s\": %.2f",
                         (long long)r.step, loss, lr, gnorm, tps, mfu,
-                        t - t_start);
+                        win_step_s, t - t_start);
+                if (!peak_logged) { /* the first line of each run */
+                    peak_logged = true;
+                    if (o->peak > 0)
+                        fprintf(r.log,
+                                ", \"peak\": {\"source\": \"given\", "
+                                "\"gflops\": %.3f}",
+                                peak / 1e9);
+                    else {
+                        json_t *pj = json_pack(
+                            "{s:s, s:f, s:s, s:s, s:s, s:i, s:f, s:f, s:f, "
+                            "s:i}",
+                            "source", "hardware", "gflops", peak / 1e9, "cpu",
+                            pk.cpu, "isa", pk.isa, "isa_note", pk.isa_note,
+                            "cores", pk.cores * r.world, "clock_ghz",
+                            pk.clock_hz / 1e9, "flops_per_cycle",
+                            pk.flops_per_cycle, "sgemm_gflops",
+                            pk.sgemm * r.world / 1e9, "ranks", r.world);
+                        char *ps = pj ? json_dumps(pj, JSON_PRESERVE_ORDER |
+                                                           JSON_COMPACT)
+                                      : NULL;
+                        if (ps)
+                            fprintf(r.log, ", \"peak\": %s", ps);
+                        free(ps);
+                        json_decref(pj);
+                    }
+                }
                 if (r.world > 1)
                     fprintf(r.log, ", \"comm_share\": %.4f", share);
                 if (r.red && !o->no_overlap) /* how many overlapped */
@@ -1332,7 +1388,7 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                 } else
                     fprintf(stderr, "%s\n", line);
             }
-            t_window = t, win_tokens = 0;
+            t_window = t, win_tokens = 0, win_step_s = 0;
         }
         if (st == TS_OK && ((o->save_every && r.step % o->save_every == 0) ||
                             r.step == o->steps)) {
@@ -1345,10 +1401,14 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     ts_set_mode(ctx, TS_MODE_EAGER);
     out.steps_done = r.step;
     out.seconds = now_s() - t_start;
-    if (r.step > start_step && out.seconds > 0 && !out.tokens_per_s)
-        out.tokens_per_s = (double)((r.step - start_step) * o->batch * o->seq *
-                                    o->grad_accum) /
-                           out.seconds;
+    if (!out.timed_steps && r.step > start_step) { /* one step: that one */
+        out.timed_from = r.step, out.timed_steps = 1;
+        timed_tokens = o->batch * o->seq * o->grad_accum;
+        timed_s = first_step_s;
+    }
+    out.tokens_per_s = timed_s > 0 ? (double)timed_tokens / timed_s : 0;
+    out.mfu = peak > 0 ? out.tokens_per_s * fpt / peak : 0;
+    out.peak = peak, out.peak_sgemm = pk.sgemm * r.world;
     if (res)
         *res = out;
     if (r.log)
