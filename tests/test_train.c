@@ -1232,6 +1232,83 @@ static void expect_train_error(ts_ctx *ctx, const ts_train_options *o,
  * checkpoint is a GPT-2 folder that ts_lm_load (tessera run) reads and whose
  * loss on the next batch is the one logged; what the loop cannot do with GPT-2
  * is refused by name. */
+/* --resume rewrites log.jsonl to the checkpoint's step: the kept lines
+ * byte for byte, no step twice, a half-written last line gone */
+static void test_resume_truncates_log(ts_ctx *ctx) {
+    ts_train_options o = base_options(WORK "/run_trunc");
+    o.constant_lr = true, o.steps = 6, o.save_every = 2, o.keep_last = 0;
+    CHECK_OK(ctx, ts_train_run(ctx, &o, NULL));
+    size_t n_full;
+    char *full = read_all(WORK "/run_trunc/log.jsonl", &n_full);
+    /* killed after step 6's log line, before its save, in the middle of a
+     * line of step 7 (as if from a longer run) */
+    rm_rf(WORK "/run_trunc/step_000006");
+    write_text(WORK "/run_trunc/latest", "step_000004\n");
+    FILE *f = fopen(WORK "/run_trunc/log.jsonl", "a");
+    if (f)
+        fputs("{\"step\": 7, \"loss\": 5.1", f), fclose(f);
+    /* the first 4 lines as they were */
+    char *cut = full;
+    for (int k = 0; cut && k < 4; k++)
+        cut = strchr(cut, '\n') ? strchr(cut, '\n') + 1 : NULL;
+    size_t n_kept = cut ? (size_t)(cut - full) : 0;
+    o.resume = true;
+    CHECK_OK(ctx, ts_train_run(ctx, &o, NULL));
+    size_t n_new;
+    char *now = read_all(WORK "/run_trunc/log.jsonl", &n_new);
+    CHECK(full && now && n_kept > 0 && n_new > n_kept &&
+          !memcmp(full, now, n_kept));
+    train_log lg, ref;
+    read_log(WORK "/run_trunc", &lg);
+    CHECK(lg.n == 6);
+    for (int i = 0; i < lg.n; i++)
+        CHECK(lg.step[i] == i + 1); /* each step once, in order */
+    read_log(WORK "/run_6", &ref);  /* the same options, uninterrupted */
+    check_losses_equal("resumed after a truncated log", &ref, &lg, 0, 0);
+    CHECK(!exists(WORK "/run_trunc/log.jsonl.tmp"));
+    free(full), free(now);
+}
+
+/* --keep-last 2: the newest two checkpoints and the best validation
+ * loss's, however old; 0 keeps all; 3 by default */
+static void test_keep_last(ts_ctx *ctx) {
+    CHECK(ts_train_default_options().keep_last == 3);
+    ts_train_options o = base_options(WORK "/run_keep");
+    o.constant_lr = true, o.steps = 2, o.save_every = 1, o.keep_last = 0;
+    o.eval_every = 1, o.eval_batches = 1;
+    CHECK_OK(ctx, ts_train_run(ctx, &o, NULL));
+    json_t *ts = json_load_file(WORK "/run_keep/step_000002/trainer_state.json",
+                                0, NULL);
+    CHECK(json_is_real(json_object_get(ts, "val_loss")));
+    json_decref(ts);
+    /* step 1's is made the best by far */
+    const char *p1 = WORK "/run_keep/step_000001/trainer_state.json";
+    ts = json_load_file(p1, 0, NULL);
+    CHECK(json_is_real(json_object_get(ts, "val_loss")));
+    json_object_set_new(ts, "val_loss", json_real(0.001));
+    json_dump_file(ts, p1, 0);
+    json_decref(ts);
+    o.steps = 6, o.keep_last = 2, o.resume = true;
+    CHECK_OK(ctx, ts_train_run(ctx, &o, NULL));
+    CHECK(exists(WORK "/run_keep/step_000001/model.safetensors")); /* best */
+    for (int s = 2; s <= 4; s++) {
+        char p[256];
+        snprintf(p, sizeof p, WORK "/run_keep/step_%06d", s);
+        CHECK(!exists(p));
+    }
+    CHECK(exists(WORK "/run_keep/step_000005/model.safetensors"));
+    CHECK(exists(WORK "/run_keep/step_000006/model.safetensors"));
+    /* the default: 3, no validation (no best) */
+    o = base_options(WORK "/run_keep3");
+    o.steps = 5, o.save_every = 1;
+    CHECK_OK(ctx, ts_train_run(ctx, &o, NULL));
+    CHECK(!exists(WORK "/run_keep3/step_000001") &&
+          !exists(WORK "/run_keep3/step_000002"));
+    CHECK(exists(WORK "/run_keep3/step_000003") &&
+          exists(WORK "/run_keep3/step_000004") &&
+          exists(WORK "/run_keep3/step_000005"));
+}
+
 static void test_train_gpt2(ts_ctx *ctx) {
     write_text(WORK "/gpt2.json",
                "{\"model_type\": \"gpt2\", \"n_embd\": 32, \"n_head\": 2,"
@@ -1431,6 +1508,8 @@ int main(void) {
     write_text(WORK "/qwen3.json", QWEN3_CONFIG);
     test_loss_falls(ctx);
     test_train_runs(ctx);
+    test_resume_truncates_log(ctx);
+    test_keep_last(ctx);
     test_train_errors(ctx);
     test_train_gpt2(ctx);
     test_no_dist(ctx);

@@ -100,6 +100,7 @@ typedef struct {
     ts_tensor *const *params;
     char config_src[4096]; /* the config.json a checkpoint copies */
     int64_t step;          /* steps done */
+    double val_now;        /* the validation loss at this step, or NAN */
     FILE *log;
     /* distributed */
     ts_dist *dist;
@@ -585,6 +586,8 @@ static ts_status write_checkpoint(run *r, ts_tensor *const *pp,
             (json_int_t)o->seed, "batch", (json_int_t)o->batch, "seq",
             (json_int_t)o->seq, "grad_accum", (json_int_t)o->grad_accum, "lr",
             o->lr, "steps", (json_int_t)o->steps);
+        if (state && !isnan(r->val_now)) /* for --keep-last's best */
+            json_object_set_new(state, "val_loss", json_real(r->val_now));
         snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
         st = write_json(ctx, p, state);
         json_decref(state);
@@ -759,6 +762,124 @@ static ts_status full_params(run *r, ts_tensor **out, bool *made) {
     return gather_from_owners(r, own, out);
 }
 
+/* ---- checkpoint retention and the log on resume ---- */
+
+typedef struct {
+    int64_t step;
+    double val; /* NAN: not evaluated at that step */
+} ckpt_entry;
+
+static int by_step(const void *a, const void *b) {
+    int64_t x = ((const ckpt_entry *)a)->step,
+            y = ((const ckpt_entry *)b)->step;
+    return (x > y) - (x < y);
+}
+
+/* --keep-last N: of the checkpoints up to this step, the newest N stay,
+ * and the one of the best validation loss (the latest of equals), however
+ * old; the others are removed, each named on stderr */
+static ts_status prune_checkpoints(run *r) {
+    const ts_train_options *o = r->o;
+    if (o->keep_last <= 0)
+        return TS_OK;
+    DIR *d = opendir(o->out_dir);
+    if (!d)
+        return ts_set_error(r->ctx, TS_ERR_IO, "cannot read %s: %s", o->out_dir,
+                            strerror(errno));
+    ckpt_entry *e = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        long long step;
+        int used = 0;
+        /* past this step: another run's, not this one's to remove */
+        if (sscanf(de->d_name, "step_%lld%n", &step, &used) != 1 ||
+            de->d_name[used] || strlen(de->d_name) != 11 || step > r->step)
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            ckpt_entry *ne = realloc(e, sizeof *e * cap);
+            if (!ne) {
+                free(e), closedir(d);
+                return ts_set_error(r->ctx, TS_ERR_OOM, "out of memory");
+            }
+            e = ne;
+        }
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s/trainer_state.json", o->out_dir,
+                 de->d_name);
+        json_t *j = json_load_file(p, 0, NULL);
+        json_t *v = json_object_get(j, "val_loss");
+        e[n++] =
+            (ckpt_entry){step, json_is_number(v) ? json_number_value(v) : NAN};
+        json_decref(j);
+    }
+    closedir(d);
+    qsort(e, n, sizeof *e, by_step);
+    int64_t best = -1;
+    double best_val = INFINITY;
+    for (size_t i = 0; i < n; i++)
+        if (!isnan(e[i].val) && e[i].val <= best_val)
+            best_val = e[i].val, best = e[i].step;
+    for (size_t i = 0; n > (size_t)o->keep_last && i < n - (size_t)o->keep_last;
+         i++) {
+        if (e[i].step == best)
+            continue;
+        char p[4400];
+        snprintf(p, sizeof p, "%s/step_%06lld", o->out_dir,
+                 (long long)e[i].step);
+        remove_tree(p);
+        if (!o->quiet)
+            fprintf(stderr,
+                    "train: removed checkpoint %s (--keep-last %lld%s)\n", p,
+                    (long long)o->keep_last,
+                    best >= 0 ? " and the best validation loss" : "");
+    }
+    free(e);
+    return TS_OK;
+}
+
+/* --resume: log.jsonl keeps its lines up to the checkpoint's step,
+ * byte for byte (a temporary file renamed over it); the lines of steps
+ * past it, which the resumed run does again, go */
+static ts_status truncate_log(run *r, const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return errno == ENOENT
+                   ? TS_OK
+                   : ts_set_error(r->ctx, TS_ERR_IO, "cannot read %s: %s", path,
+                                  strerror(errno));
+    ts_atomic_file af;
+    bool ok = ts_atomic_open(&af, path);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t k;
+    int64_t dropped = 0;
+    while (ok && (k = getline(&line, &cap, f)) > 0) {
+        json_t *j = line[k - 1] == '\n' ? json_loads(line, 0, NULL) : NULL;
+        json_t *st = json_object_get(j, "step");
+        bool keep = json_is_integer(st) && json_integer_value(st) <= r->step;
+        json_decref(j);
+        if (keep)
+            ok = ts_atomic_write(&af, line, (size_t)k);
+        else
+            dropped++;
+    }
+    free(line);
+    bool rd = !ferror(f);
+    fclose(f);
+    if (!ts_atomic_commit(&af, ok && rd))
+        return ts_set_error(r->ctx, TS_ERR_IO,
+                            "--resume: cannot rewrite %s to step %lld", path,
+                            (long long)r->step);
+    if (dropped && !r->o->quiet)
+        fprintf(stderr,
+                "train: %s: %lld line(s) past the checkpoint's step %lld "
+                "removed\n",
+                path, (long long)dropped, (long long)r->step);
+    return TS_OK;
+}
+
 /* every rank takes part (a sharded optimizer's moments are gathered);
  * rank 0 writes */
 static ts_status save_checkpoint(run *r) {
@@ -778,6 +899,8 @@ static ts_status save_checkpoint(run *r) {
         st = full_moments(r, true, m2, &made2);
     if (st == TS_OK && r->rank == 0)
         st = write_checkpoint(r, pp, m1, m2);
+    if (st == TS_OK && r->rank == 0)
+        st = prune_checkpoints(r);
     for (int i = 0; i < n; i++) {
         if (made0)
             ts_release(pp[i]);
@@ -1235,6 +1358,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                  pk.isa_note, pk.cpu, pk.sgemm * r.world / 1e9);
     char logp[4200];
     snprintf(logp, sizeof logp, "%s/log.jsonl", o->out_dir);
+    if (st == TS_OK && r.rank == 0 && o->resume)
+        st = truncate_log(&r, logp);
     if (st == TS_OK && r.rank == 0 &&
         !(r.log = fopen(logp, o->resume ? "a" : "w")))
         st = ts_set_error(ctx, TS_ERR_IO, "cannot write %s: %s", logp,
@@ -1301,6 +1426,7 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
             out.first_loss = loss;
         out.last_loss = loss;
         double val = NAN;
+        r.val_now = NAN;
         if (o->eval_every &&
             (r.step % o->eval_every == 0 || r.step == o->steps)) {
             ts_set_mode(ctx, TS_MODE_EAGER);
@@ -1308,6 +1434,7 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
             ts_set_mode(ctx, o->eager || r.shard_full ? TS_MODE_EAGER
                                                       : TS_MODE_COMPILED);
             out.last_val_loss = val;
+            r.val_now = val;
         }
         double t = now_s();
         if (r.step % o->log_every == 0 || r.step == o->steps || !isnan(val)) {
