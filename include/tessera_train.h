@@ -56,6 +56,16 @@ ts_status ts_loader_next(ts_loader *l, int64_t batch, int rank, int world,
 uint64_t ts_loader_position(const ts_loader *l); /* windows consumed */
 void ts_loader_seek(ts_loader *l, uint64_t position);
 
+/* ---- the tokenizer's fingerprint ----------------------------------------
+ * "xxh3-128:" and 32 hex digits of tokenizer.json's bytes. prepare-data
+ * records it in meta.json ("tokenizer_hash"); train refuses shards whose
+ * hash is not the tokenizer's it was given. path: a tokenizer.json or a
+ * folder holding one; file (if not NULL) receives the file's path. */
+#define TS_TOKENIZER_HASH_LEN 48
+ts_status ts_tokenizer_file_hash(ts_ctx *ctx, const char *path,
+                                 char out[TS_TOKENIZER_HASH_LEN], char *file,
+                                 size_t file_cap);
+
 /* ---- preparing data ------------------------------------------------------ */
 
 typedef struct {
@@ -73,7 +83,11 @@ typedef struct {
 
 /* Tokenizes the files (each a document, ended by the tokenizer's
  * end-of-text token when it has one) into out_dir/train_NNN.bin and
- * val_NNN.bin, copies the tokenizer files there and writes meta.json. */
+ * val_NNN.bin (removing shards of an earlier run past the new count),
+ * copies the tokenizer files there and writes meta.json (vocabulary,
+ * counts, the tokenizer's hash and path). First the tokenizer is checked:
+ * the special tokens tokenizer_config.json names (bos, eos, pad, unk)
+ * must be in its vocabulary. */
 ts_status ts_prepare_data(ts_ctx *ctx, const char *const *files, int n_files,
                           const ts_prepare_options *o, ts_prepare_result *res);
 

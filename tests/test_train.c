@@ -738,6 +738,9 @@ static void test_prepare(ts_ctx *ctx) {
           r.train_tokens);
     CHECK(json_integer_value(json_object_get(m, "val_tokens")) == r.val_tokens);
     CHECK(json_integer_value(json_object_get(m, "eot_token_id")) == 399);
+    char th[TS_TOKENIZER_HASH_LEN];
+    CHECK_OK(ctx, ts_tokenizer_file_hash(ctx, WORK "/tok", th, NULL, 0));
+    CHECK(!strcmp(json_string_value(json_object_get(m, "tokenizer_hash")), th));
     json_decref(m);
     char *t1 = read_all(WORK "/tok/tokenizer.json", NULL);
     char *t2 = read_all(WORK "/data/tokenizer.json", NULL);
@@ -750,6 +753,34 @@ static void test_prepare(ts_ctx *ctx) {
     CHECK(l && ts_loader_tokens(l) == r.train_tokens);
     ts_loader_free(l);
     ts_tokenizer_free(tok);
+
+    /* again into the same folder with larger shards: the earlier run's
+     * shards past the new count are gone (the loader reads them all) */
+    o.out_dir = WORK "/data_again";
+    CHECK_OK(ctx, ts_prepare_data(ctx, files, 2, &o, &r));
+    int many = r.train_shards;
+    o.shard_tokens = 1 << 20;
+    CHECK_OK(ctx, ts_prepare_data(ctx, files, 2, &o, &r));
+    CHECK(many > 1 && r.train_shards == 1);
+    CHECK(exists(WORK "/data_again/train_000.bin") &&
+          !exists(WORK "/data_again/train_001.bin"));
+    snprintf(p, sizeof p, WORK "/data_again/train_%03d.bin", many - 1);
+    CHECK(!exists(p));
+    CHECK(exists(WORK "/data_again/val_000.bin") &&
+          !exists(WORK "/data_again/val_001.bin"));
+    o.shard_tokens = 1024;
+    /* a tokenizer_config.json naming a token the tokenizer lacks */
+    mkdir(WORK "/tok_badcfg", 0755);
+    copy_file(WORK "/tok/tokenizer.json", WORK "/tok_badcfg/tokenizer.json");
+    write_text(WORK "/tok_badcfg/tokenizer_config.json",
+               "{\"eos_token\": {\"content\": \"<|im_end|>\"}}");
+    o.tokenizer_dir = WORK "/tok_badcfg", o.out_dir = WORK "/data_badcfg";
+    CHECK(ts_prepare_data(ctx, files, 1, &o, &r) == TS_ERR_INVALID_ARG);
+    CHECK_MSG(ctx, "tokenizer_config.json names eos_token \"<|im_end|>\", "
+                   "which is not in the tokenizer's vocabulary of 400 ids");
+    ts_clear_error(ctx);
+    CHECK(!exists(WORK "/data_badcfg/train_000.bin"));
+    o.tokenizer_dir = WORK "/tok";
 
     /* a fraction of 0 writes no val shards; bad input is named */
     o.out_dir = WORK "/data_noval", o.val_fraction = 0;
@@ -1309,6 +1340,123 @@ static void test_keep_last(ts_ctx *ctx) {
           exists(WORK "/run_keep3/step_000005"));
 }
 
+/* the model, the tokenizer and the shards are checked against each
+ * other before training; each refusal names both sides */
+static void test_train_consistency(ts_ctx *ctx) {
+    ts_train_options o = base_options(WORK "/run_cons");
+    o.steps = 1;
+    /* special ids: past the model's vocabulary, past the tokenizer's */
+    write_text(WORK "/eos_far.json",
+               "{\"model_type\": \"qwen3\", \"vocab_size\": 400, "
+               "\"hidden_size\": 32, \"intermediate_size\": 64,"
+               " \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
+               " \"num_key_value_heads\": 1, \"head_dim\": 16,"
+               " \"eos_token_id\": 450}");
+    o.model_config = WORK "/eos_far.json";
+    expect_train_error(ctx, &o, TS_ERR_INVALID_ARG,
+                       "eos_token_id 450 in " WORK
+                       "/eos_far.json is outside the model's vocabulary "
+                       "(vocab_size 400: ids 0..399)");
+    write_text(WORK "/pad_far.json",
+               "{\"model_type\": \"qwen3\", \"vocab_size\": 512, "
+               "\"hidden_size\": 32, \"intermediate_size\": 64,"
+               " \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
+               " \"num_key_value_heads\": 1, \"head_dim\": 16,"
+               " \"pad_token_id\": 450}");
+    o.model_config = WORK "/pad_far.json";
+    expect_train_error(ctx, &o, TS_ERR_INVALID_ARG,
+                       "pad_token_id 450 in " WORK
+                       "/pad_far.json is not an id of the tokenizer (" WORK
+                       "/data/tokenizer.json has ids 0..399)");
+    /* a larger model vocabulary is fine (a note when much larger) */
+    write_text(WORK "/vocab_big.json",
+               "{\"model_type\": \"qwen3\", \"vocab_size\": 4096, "
+               "\"hidden_size\": 32, \"intermediate_size\": 64,"
+               " \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
+               " \"num_key_value_heads\": 1, \"head_dim\": 16}");
+    o.model_config = WORK "/vocab_big.json";
+    CHECK_OK(ctx, ts_train_run(ctx, &o, NULL));
+
+    /* the shards' tokenizer: prepare-data recorded its hash */
+    char h_data[TS_TOKENIZER_HASH_LEN], h_alt[TS_TOKENIZER_HASH_LEN];
+    CHECK_OK(ctx, ts_tokenizer_file_hash(ctx, WORK "/data", h_data, NULL, 0));
+    json_t *m = json_load_file(WORK "/data/meta.json", 0, NULL);
+    const char *mh = json_string_value(json_object_get(m, "tokenizer_hash"));
+    CHECK(mh && !strcmp(mh, h_data) && strlen(h_data) == 41 &&
+          !strncmp(h_data, "xxh3-128:", 9));
+    /* another tokenizer: the same one with a byte more (still JSON) */
+    mkdir(WORK "/tok_alt", 0755);
+    size_t n;
+    char *tj = read_all(WORK "/tok/tokenizer.json", &n);
+    if (tj) {
+        FILE *f = fopen(WORK "/tok_alt/tokenizer.json", "wb");
+        if (f)
+            fwrite(tj, 1, n, f), fputc(' ', f), fclose(f);
+    }
+    free(tj);
+    CHECK_OK(ctx, ts_tokenizer_file_hash(ctx, WORK "/tok_alt", h_alt, NULL, 0));
+    CHECK(strcmp(h_alt, h_data) != 0);
+    o = base_options(WORK "/run_cons");
+    o.steps = 1, o.tokenizer_dir = WORK "/tok_alt";
+    ts_train_result r;
+    CHECK(ts_train_run(ctx, &o, &r) == TS_ERR_INVALID_ARG);
+    const char *msg = ts_errmsg(ctx);
+    CHECK(strstr(msg, h_data) && strstr(msg, h_alt));
+    CHECK(strstr(msg, WORK "/tok_alt/tokenizer.json") &&
+          strstr(msg, WORK "/data/meta.json"));
+    CHECK_MSG(ctx, "the shards in " WORK "/data were made with the tokenizer");
+    ts_clear_error(ctx);
+    /* the same shards with the tokenizer given by hand: accepted */
+    o.tokenizer_dir = WORK "/tok";
+    CHECK_OK(ctx, ts_train_run(ctx, &o, NULL));
+    /* a data folder of an older prepare-data (no hash): still read */
+    mkdir(WORK "/data_old", 0755);
+    int nt = (int)json_integer_value(json_object_get(m, "train_shards"));
+    for (int i = 0; i < nt; i++) {
+        char a[256], b[256];
+        snprintf(a, sizeof a, WORK "/data/train_%03d.bin", i);
+        snprintf(b, sizeof b, WORK "/data_old/train_%03d.bin", i);
+        copy_file(a, b);
+    }
+    copy_file(WORK "/data/tokenizer.json", WORK "/data_old/tokenizer.json");
+    json_object_del(m, "tokenizer_hash");
+    json_object_del(m, "tokenizer");
+    json_dump_file(m, WORK "/data_old/meta.json", 0);
+    o = base_options(WORK "/run_cons_old");
+    o.steps = 2, o.data_dir = WORK "/data_old";
+    CHECK_OK(ctx, ts_train_run(ctx, &o, &r));
+    CHECK(r.steps_done == 2);
+    json_decref(m);
+
+    /* --init-from a folder whose tokenizer is not the data's */
+    const char *init = WORK "/init_alt";
+    mkdir(init, 0755);
+    static const char *const ck[] = {"model.safetensors", "config.json",
+                                     "generation_config.json"};
+    for (int i = 0; i < 3; i++) {
+        char a[256], b[256];
+        snprintf(a, sizeof a, WORK "/run_cos/step_000006/%s", ck[i]);
+        snprintf(b, sizeof b, "%s/%s", init, ck[i]);
+        copy_file(a, b);
+    }
+    copy_file(WORK "/tok_alt/tokenizer.json", WORK "/init_alt/tokenizer.json");
+    o = base_options(WORK "/run_cons_init");
+    o.steps = 1, o.model_config = NULL, o.init_from = init;
+    CHECK(ts_train_run(ctx, &o, &r) == TS_ERR_INVALID_ARG);
+    msg = ts_errmsg(ctx);
+    CHECK(strstr(msg, h_data) && strstr(msg, h_alt));
+    CHECK_MSG(ctx, "--init-from " WORK "/init_alt has another tokenizer");
+    ts_clear_error(ctx);
+    CHECK(!exists(WORK "/run_cons_init/step_000001"));
+    /* with its own tokenizer it is the data's: accepted */
+    copy_file(WORK "/data/tokenizer.json", WORK "/init_alt/tokenizer.json");
+    CHECK_OK(ctx, ts_train_run(ctx, &o, NULL));
+    char *t1 = read_all(WORK "/run_cons_init/step_000001/tokenizer.json", NULL);
+    char *t2 = read_all(WORK "/data/tokenizer.json", NULL);
+    CHECK(t1 && t2 && !strcmp(t1, t2));
+    free(t1), free(t2);
+}
+
 static void test_train_gpt2(ts_ctx *ctx) {
     write_text(WORK "/gpt2.json",
                "{\"model_type\": \"gpt2\", \"n_embd\": 32, \"n_head\": 2,"
@@ -1424,6 +1572,13 @@ static void test_train_errors(ts_ctx *ctx) {
     o.data_dir = WORK "/data_noval", o.eval_every = 1;
     expect_train_error(ctx, &o, TS_ERR_INVALID_ARG, "no val_*.bin shards");
     o = base_options(WORK "/run_bad");
+    write_text(WORK "/long_pos.json",
+               "{\"model_type\": \"qwen3\", \"vocab_size\": 400, "
+               "\"hidden_size\": 32, \"intermediate_size\": 64,"
+               " \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
+               " \"num_key_value_heads\": 1, \"head_dim\": 16,"
+               " \"max_position_embeddings\": 131072}");
+    o.model_config = WORK "/long_pos.json";
     o.seq = 100000; /* more than the data holds */
     expect_train_error(ctx, &o, TS_ERR_INVALID_ARG,
                        "fewer than one sequence of 100000 + 1");
@@ -1452,7 +1607,9 @@ static void test_train_errors(ts_ctx *ctx) {
                " \"num_key_value_heads\": 1, \"head_dim\": 16}");
     o.model_config = WORK "/small_vocab.json";
     expect_train_error(ctx, &o, TS_ERR_INVALID_ARG,
-                       "a vocabulary of 400 tokens, the model has 300");
+                       "the model's vocab_size 300 (" WORK
+                       "/small_vocab.json) is smaller than the tokenizer's "
+                       "400 ids (" WORK "/data/tokenizer.json: ids 0..399)");
     write_text(WORK "/short_pos.json",
                "{\"model_type\": \"qwen3\", \"vocab_size\": 400, "
                "\"hidden_size\": 32, \"intermediate_size\": 64,"
@@ -1460,7 +1617,9 @@ static void test_train_errors(ts_ctx *ctx) {
                " \"num_key_value_heads\": 1, \"head_dim\": 16,"
                " \"max_position_embeddings\": 8}");
     o.model_config = WORK "/short_pos.json";
-    expect_train_error(ctx, &o, TS_ERR_RANGE, "outside max_positions 8");
+    expect_train_error(ctx, &o, TS_ERR_INVALID_ARG,
+                       "--seq 16 is longer than the model's 8 positions "
+                       "(max_position_embeddings in " WORK "/short_pos.json)");
     o.model_config = WORK "/absent.json";
     expect_train_error(ctx, &o, TS_ERR_IO, "absent.json");
     o.model_config = NULL, o.init_from = WORK "/nowhere_model";
@@ -1511,6 +1670,7 @@ int main(void) {
     test_resume_truncates_log(ctx);
     test_keep_last(ctx);
     test_train_errors(ctx);
+    test_train_consistency(ctx);
     test_train_gpt2(ctx);
     test_no_dist(ctx);
     ts_dist_free(g_dist);
