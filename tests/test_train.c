@@ -1457,6 +1457,63 @@ static void test_train_consistency(ts_ctx *ctx) {
     free(t1), free(t2);
 }
 
+/* MFU against the hardware peak (measured at start, named in the log's
+ * first line): never above 1, the sgemm achieved beside it and below it;
+ * the summary is the mean over the steps after the first, as log.jsonl's
+ * per-step lines add up */
+static void test_mfu_summary(ts_ctx *ctx) {
+    ts_train_options o = base_options(WORK "/run_mfu");
+    o.steps = 4, o.peak = 0, o.eager = true;
+    ts_train_result r;
+    CHECK_OK(ctx, ts_train_run(ctx, &o, &r));
+    FILE *f = fopen(WORK "/run_mfu/log.jsonl", "r");
+    char line[4096];
+    int n = 0;
+    double tokens = 0, secs = 0, hw = 0, sg = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        json_t *pk = json_object_get(j, "peak");
+        n++;
+        CHECK(json_integer_value(json_object_get(j, "step")) == n);
+        CHECK((n == 1) == (pk != NULL)); /* on the run's first line */
+        if (pk) {
+            hw = json_number_value(json_object_get(pk, "gflops"));
+            sg = json_number_value(json_object_get(pk, "sgemm_gflops"));
+            CHECK(!strcmp(json_string_value(json_object_get(pk, "source")),
+                          "hardware"));
+            CHECK(json_string_length(json_object_get(pk, "cpu")) > 0);
+            CHECK(json_string_length(json_object_get(pk, "isa")) > 0);
+            double ghz = json_number_value(json_object_get(pk, "clock_ghz"));
+            double fpc =
+                json_number_value(json_object_get(pk, "flops_per_cycle"));
+            int64_t cores = json_integer_value(json_object_get(pk, "cores"));
+            CHECK(ghz > 0.2 && fpc >= 8 && cores >= 1);
+            CHECK(fabs(hw - cores * ghz * fpc) <= 1e-3 * hw);
+        }
+        double mfu = json_number_value(json_object_get(j, "mfu"));
+        double tps = json_number_value(json_object_get(j, "tokens_per_s"));
+        double ss = json_number_value(json_object_get(j, "step_s"));
+        CHECK(mfu > 0 && mfu <= 1 && ss > 0);
+        /* 64 tokens a step; tps printed to 0.1, step_s to 1e-6 */
+        CHECK(fabs(tps * ss - 64) <= 0.06 * ss + 6e-7 * tps + 1e-9);
+        if (n >= 2) /* after warm-up: steps 2..4 */
+            tokens += 64, secs += ss;
+        json_decref(j);
+    }
+    if (f)
+        fclose(f);
+    CHECK(n == 4);
+    CHECK(hw > 0 && sg > 0 && hw >= sg); /* achievable <= hardware */
+    CHECK(r.timed_from == 2 && r.timed_steps == 3);
+    CHECK(fabs(r.peak - hw * 1e9) <= 1e-3 * r.peak);
+    CHECK(fabs(r.peak_sgemm - sg * 1e9) <= 1e-3 * r.peak_sgemm);
+    CHECK(secs > 0 && fabs(r.tokens_per_s - tokens / secs) <=
+                          r.tokens_per_s * (2e-6 / secs + 1e-9));
+    double fpt = ts_train_flops_per_token(N_NO_EMBED, 2, 2, 16, 16);
+    CHECK(fabs(r.mfu - r.tokens_per_s * fpt / r.peak) <= 1e-9 * r.mfu);
+    CHECK(r.mfu > 0 && r.mfu <= 1);
+}
+
 static void test_train_gpt2(ts_ctx *ctx) {
     write_text(WORK "/gpt2.json",
                "{\"model_type\": \"gpt2\", \"n_embd\": 32, \"n_head\": 2,"
@@ -1669,6 +1726,7 @@ int main(void) {
     test_train_runs(ctx);
     test_resume_truncates_log(ctx);
     test_keep_last(ctx);
+    test_mfu_summary(ctx);
     test_train_errors(ctx);
     test_train_consistency(ctx);
     test_train_gpt2(ctx);
