@@ -74,6 +74,10 @@ typedef struct {
     double val_fraction;  /* the last fraction of each file's tokens: 0.05 */
     int64_t shard_tokens; /* tokens per shard at most: 1 << 26 */
     bool quiet;           /* no progress on stderr */
+    /* optional: the model's config.json, checked against the tokenizer
+     * first (its vocab_size holds every id, its bos/eos/pad ids are ids
+     * of the tokenizer) */
+    const char *model_config;
 } ts_prepare_options;
 
 typedef struct {

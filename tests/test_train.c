@@ -781,6 +781,30 @@ static void test_prepare(ts_ctx *ctx) {
     ts_clear_error(ctx);
     CHECK(!exists(WORK "/data_badcfg/train_000.bin"));
     o.tokenizer_dir = WORK "/tok";
+    /* --model-config: checked against the tokenizer before any work */
+    write_text(WORK "/prep_small.json",
+               "{\"model_type\": \"qwen3\", \"vocab_size\": 300, "
+               "\"hidden_size\": 32, \"intermediate_size\": 64,"
+               " \"num_hidden_layers\": 1, \"num_attention_heads\": 2}");
+    write_text(WORK "/prep_eos.json",
+               "{\"model_type\": \"qwen3\", \"vocab_size\": 512, "
+               "\"hidden_size\": 32, \"intermediate_size\": 64,"
+               " \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
+               " \"eos_token_id\": 420}");
+    o.out_dir = WORK "/data_model";
+    o.model_config = WORK "/prep_small.json";
+    CHECK(ts_prepare_data(ctx, files, 1, &o, &r) == TS_ERR_INVALID_ARG);
+    CHECK_MSG(ctx, "the model's vocab_size 300 (" WORK "/prep_small.json) is "
+                   "smaller than the tokenizer's 400 ids (" WORK
+                   "/tok: ids 0..399)");
+    ts_clear_error(ctx);
+    o.model_config = WORK "/prep_eos.json";
+    CHECK(ts_prepare_data(ctx, files, 1, &o, &r) == TS_ERR_INVALID_ARG);
+    CHECK_MSG(ctx, "eos_token_id 420 in " WORK "/prep_eos.json is not an id "
+                   "of the tokenizer");
+    ts_clear_error(ctx);
+    CHECK(!exists(WORK "/data_model/train_000.bin"));
+    o.model_config = NULL;
 
     /* a fraction of 0 writes no val shards; bad input is named */
     o.out_dir = WORK "/data_noval", o.val_fraction = 0;

@@ -3,7 +3,8 @@
 is wrong and what is allowed: a missing value, a value that is not a
 number or not an integer, one out of range, one not among the choices, an
 unknown flag (with the nearest known one), a stray argument, and the same
-through --config FILE.json. Each exits 2 before anything is read or made."""
+through --config FILE.json; prepare-data's likewise. Each exits 2 before
+anything is read or made."""
 import json
 import os
 import shutil
@@ -75,6 +76,26 @@ json.dump({"lr": [1]}, open(cfg, "w"))
 expect(["--config", cfg],
        f'{cfg}: "lr" must be a string, a number or a boolean')
 expect(["--config"], "--config needs a value: a JSON file of options")
+
+
+def expect_prepare(args, want):
+    global failures
+    r = subprocess.run([exe, "prepare-data", *args], capture_output=True,
+                       text=True, timeout=60)
+    got = r.stderr.splitlines()[0] if r.stderr else ""
+    if r.returncode != 2 or got != "tessera prepare-data: " + want:
+        failures += 1
+        print(f"FAIL prepare-data {args}: rc {r.returncode}\n  got:  {got!r}"
+              f"\n  want: {'tessera prepare-data: ' + want!r}")
+
+
+expect_prepare(["-t"], "-t needs a value: a folder")
+expect_prepare(["--val-fraction", "2"],
+               '--val-fraction: "2" is not a float in 0..0.99, like 0.05')
+expect_prepare(["--shard-tokens", "10"],
+               '--shard-tokens: "10" is not an integer >= 1024, like 67108864')
+expect_prepare(["--vocab", "5"], 'unknown option "--vocab"')
+expect_prepare(["-t", "tok", "--out", "d"], "no input files")
 r = subprocess.run([exe, "train", "--help"], capture_output=True, text=True)
 if r.returncode != 0 or "--keep-last" not in r.stdout:
     failures += 1

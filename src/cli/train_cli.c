@@ -80,36 +80,63 @@ int tessera_tokenizer_train(int argc, char **argv) {
 
 /* ---- prepare-data ---- */
 
+#define PREPARE_USAGE                                                          \
+    "usage: tessera prepare-data -t TOKENIZER_DIR --out DIR [--val-fraction "  \
+    "0.05] [--shard-tokens 67108864] [--model-config CONFIG.json] FILES...\n"
+
 int tessera_prepare_data(int argc, char **argv) {
     ts_prepare_options o = {.val_fraction = 0.05, .shard_tokens = 1 << 26};
     const char **files = calloc((size_t)argc, sizeof *files);
     int nf = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool missing = !v || (v[0] == '-' && v[1] == '-');
+        char err[256] = "";
         double x;
-        if (!strcmp(a, "-t") && v)
-            o.tokenizer_dir = v, i++;
-        else if (!strcmp(a, "--out") && v)
-            o.out_dir = v, i++;
-        else if (!strcmp(a, "--val-fraction") && v && num(v, 0, 0.99, &x))
-            o.val_fraction = x, i++;
-        else if (!strcmp(a, "--shard-tokens") && v && num(v, 1024, 1e12, &x))
-            o.shard_tokens = (int64_t)x, i++;
-        else if (a[0] != '-')
+        if (!strcmp(a, "-t") || !strcmp(a, "--out") ||
+            !strcmp(a, "--model-config")) {
+            if (missing)
+                snprintf(err, sizeof err, "%s needs a value: a %s", a,
+                         !strcmp(a, "--model-config") ? "config.json file"
+                                                      : "folder");
+            else if (!strcmp(a, "-t"))
+                o.tokenizer_dir = v, i++;
+            else if (!strcmp(a, "--out"))
+                o.out_dir = v, i++;
+            else
+                o.model_config = v, i++;
+        } else if (!strcmp(a, "--val-fraction")) {
+            if (missing || !num(v, 0, 0.99, &x))
+                snprintf(err, sizeof err,
+                         "--val-fraction%s%s%s a float in 0..0.99, like 0.05",
+                         missing ? " needs a value:" : ": \"", missing ? "" : v,
+                         missing ? "" : "\" is not");
+            else
+                o.val_fraction = x, i++;
+        } else if (!strcmp(a, "--shard-tokens")) {
+            if (missing || !num(v, 1024, 1e12, &x) || x != floor(x))
+                snprintf(err, sizeof err,
+                         "--shard-tokens%s%s%s an integer >= 1024, like "
+                         "67108864",
+                         missing ? " needs a value:" : ": \"", missing ? "" : v,
+                         missing ? "" : "\" is not");
+            else
+                o.shard_tokens = (int64_t)x, i++;
+        } else if (a[0] != '-')
             files[nf++] = a;
-        else {
-            fprintf(stderr,
-                    "tessera prepare-data: bad or incomplete option \"%s\"\n"
-                    "usage: tessera prepare-data -t TOKENIZER_DIR --out DIR "
-                    "[--val-fraction 0.05] FILES...\n",
-                    a);
+        else
+            snprintf(err, sizeof err, "unknown option \"%s\"", a);
+        if (err[0]) {
+            fprintf(stderr, "tessera prepare-data: %s\n" PREPARE_USAGE, err);
             free(files);
             return 2;
         }
     }
     if (!o.tokenizer_dir || !o.out_dir || !nf) {
-        fprintf(stderr, "usage: tessera prepare-data -t TOKENIZER_DIR --out "
-                        "DIR [--val-fraction 0.05] FILES...\n");
+        fprintf(stderr, "tessera prepare-data: %s\n" PREPARE_USAGE,
+                !o.tokenizer_dir ? "-t TOKENIZER_DIR is required"
+                : !o.out_dir     ? "--out DIR is required"
+                                 : "no input files");
         free(files);
         return 2;
     }

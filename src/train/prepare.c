@@ -2,6 +2,7 @@
  * (`tessera prepare-data`, tessera_train.h). */
 #include "tessera_train.h"
 
+#include "tessera_io.h"
 #include "tessera_tokenizer.h"
 
 #include "core/core.h"
@@ -120,6 +121,42 @@ static ts_status check_special_tokens(ts_ctx *ctx, const char *dir,
     return st;
 }
 
+/* --model-config: the model that will train on these shards must hold
+ * every id of the tokenizer, and its special ids must be the tokenizer's */
+static ts_status check_model(ts_ctx *ctx, const char *cfg, const char *tdir,
+                             const ts_tokenizer *tok) {
+    ts_model_config mc;
+    ts_status st = ts_config_load(ctx, cfg, &mc);
+    if (st != TS_OK)
+        return st;
+    int64_t tv = ts_tokenizer_vocab_size(tok);
+    if (mc.vocab < tv)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "prepare-data: the model's vocab_size %lld (%s) "
+                            "is smaller than the tokenizer's %lld ids (%s: "
+                            "ids 0..%lld)",
+                            (long long)mc.vocab, cfg, (long long)tv, tdir,
+                            (long long)tv - 1);
+    json_t *j = json_load_file(cfg, 0, NULL);
+    json_t *pad = json_object_get(j, "pad_token_id");
+    int64_t pad_id = json_is_integer(pad) ? json_integer_value(pad) : -1;
+    json_decref(j);
+    struct {
+        const char *name;
+        int64_t id;
+    } sp[3] = {{"bos_token_id", mc.bos_token_id},
+               {"eos_token_id", mc.eos_token_id},
+               {"pad_token_id", pad_id}};
+    for (int i = 0; i < 3; i++)
+        if (sp[i].id >= tv)
+            return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                "prepare-data: %s %lld in %s is not an id of "
+                                "the tokenizer (%s has ids 0..%lld)",
+                                sp[i].name, (long long)sp[i].id, cfg, tdir,
+                                (long long)tv - 1);
+    return TS_OK;
+}
+
 ts_status ts_prepare_data(ts_ctx *ctx, const char *const *files, int n_files,
                           const ts_prepare_options *o, ts_prepare_result *res) {
     if (!ctx)
@@ -143,6 +180,8 @@ ts_status ts_prepare_data(ts_ctx *ctx, const char *const *files, int n_files,
         return st;
     char hash[TS_TOKENIZER_HASH_LEN], tok_file[4200];
     st = check_special_tokens(ctx, o->tokenizer_dir, tok);
+    if (st == TS_OK && o->model_config)
+        st = check_model(ctx, o->model_config, o->tokenizer_dir, tok);
     if (st == TS_OK)
         st = ts_tokenizer_file_hash(ctx, o->tokenizer_dir, hash, tok_file,
                                     sizeof tok_file);
