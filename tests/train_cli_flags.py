@@ -4,7 +4,9 @@ is wrong and what is allowed: a missing value, a value that is not a
 number or not an integer, one out of range, one not among the choices, an
 unknown flag (with the nearest known one), a stray argument, and the same
 through --config FILE.json; prepare-data's likewise. Each exits 2 before
-anything is read or made."""
+anything is read or made. Last, plot-loss draws a log holding a resumed
+run's steps twice (as --resume left them before it cut the log) as one
+stroke."""
 import json
 import os
 import shutil
@@ -100,5 +102,24 @@ r = subprocess.run([exe, "train", "--help"], capture_output=True, text=True)
 if r.returncode != 0 or "--keep-last" not in r.stdout:
     failures += 1
     print("FAIL --help", r.returncode, r.stdout)
+# plot-loss on a log of an older resume (steps 3-4 twice): one stroke,
+# the later lines winning
+log = os.path.join(work, "log.jsonl")
+with open(log, "w") as f:
+    for step, loss in [(1, 5.0), (2, 4.0), (3, 3.0), (4, 2.0), (3, 3.5),
+                       (4, 2.5), (5, 2.0)]:
+        f.write(json.dumps({"step": step, "loss": loss}) + "\n")
+svg = os.path.join(work, "loss.svg")
+r = subprocess.run([exe, "plot-loss", log, "--out", svg], capture_output=True,
+                   text=True)
+pts = []
+if r.returncode == 0:
+    text = open(svg).read()
+    pts = [tuple(map(float, p.split(",")))
+           for p in text.split('points="')[1].split('"')[0].split()]
+xs = [x for x, _ in pts]
+if len(pts) != 5 or xs != sorted(xs) or "5 points" not in r.stderr:
+    failures += 1
+    print("FAIL plot-loss of a log with repeated steps:", r.stderr, pts)
 print(f"train_cli_flags: {'all passed' if not failures else f'{failures} failed'}")
 sys.exit(1 if failures else 0)

@@ -594,7 +594,14 @@ int tessera_plot_loss(int argc, char **argv) {
             if (!sx || !sy || !vx || !vy)
                 break;
         }
-        sx[n] = json_number_value(st), sy[n++] = json_number_value(lo);
+        /* a log from before --resume cut it back holds a resumed run's
+         * steps twice: the later lines replace the earlier */
+        double step = json_number_value(st);
+        while (n && sx[n - 1] >= step)
+            n--;
+        while (nv && vx[nv - 1] >= step)
+            nv--;
+        sx[n] = step, sy[n++] = json_number_value(lo);
         if (json_is_number(va))
             vx[nv] = json_number_value(st), vy[nv++] = json_number_value(va);
         json_decref(j);
