@@ -56,6 +56,16 @@ ts_status ts_loader_next(ts_loader *l, int64_t batch, int rank, int world,
 uint64_t ts_loader_position(const ts_loader *l); /* windows consumed */
 void ts_loader_seek(ts_loader *l, uint64_t position);
 
+/* ---- the tokenizer's fingerprint ----------------------------------------
+ * "xxh3-128:" and 32 hex digits of tokenizer.json's bytes. prepare-data
+ * records it in meta.json ("tokenizer_hash"); train refuses shards whose
+ * hash is not the tokenizer's it was given. path: a tokenizer.json or a
+ * folder holding one; file (if not NULL) receives the file's path. */
+#define TS_TOKENIZER_HASH_LEN 48
+ts_status ts_tokenizer_file_hash(ts_ctx *ctx, const char *path,
+                                 char out[TS_TOKENIZER_HASH_LEN], char *file,
+                                 size_t file_cap);
+
 /* ---- preparing data ------------------------------------------------------ */
 
 typedef struct {
@@ -64,6 +74,10 @@ typedef struct {
     double val_fraction;  /* the last fraction of each file's tokens: 0.05 */
     int64_t shard_tokens; /* tokens per shard at most: 1 << 26 */
     bool quiet;           /* no progress on stderr */
+    /* optional: the model's config.json, checked against the tokenizer
+     * first (its vocab_size holds every id, its bos/eos/pad ids are ids
+     * of the tokenizer) */
+    const char *model_config;
 } ts_prepare_options;
 
 typedef struct {
@@ -73,16 +87,39 @@ typedef struct {
 
 /* Tokenizes the files (each a document, ended by the tokenizer's
  * end-of-text token when it has one) into out_dir/train_NNN.bin and
- * val_NNN.bin, copies the tokenizer files there and writes meta.json. */
+ * val_NNN.bin (removing shards of an earlier run past the new count),
+ * copies the tokenizer files there and writes meta.json (vocabulary,
+ * counts, the tokenizer's hash and path). First the tokenizer is checked:
+ * the special tokens tokenizer_config.json names (bos, eos, pad, unk)
+ * must be in its vocabulary. */
 ts_status ts_prepare_data(ts_ctx *ctx, const char *const *files, int n_files,
                           const ts_prepare_options *o, ts_prepare_result *res);
 
 /* ---- the machine's peak ------------------------------------------------ */
 
-/* The f32 matmul rate of this machine in FLOP/s with the current thread
- * count: the best of a few 2048^3 sgemm runs (OpenBLAS), cached in
- * ~/.cache/tessera/peak.json per CPU model and thread count unless fresh.
- * *cached says whether it came from the cache. */
+/* The MFU denominator, from the hardware: cores in use (the context's
+ * threads, at most the CPUs this process may run on) x the clock
+ * (measured now: a chain of dependent adds, the fastest of 40 trials of
+ * ~0.1 ms) x f32 FLOPs per cycle of the ISA our matmuls run (AVX2+FMA:
+ * 2 FMA pipes x 8 lanes x 2 = 32; AVX-512 where OpenBLAS uses it: 64).
+ * A rate above it is impossible, so MFU against it stays <= 100%. With
+ * sgemm, a 1024^3 OpenBLAS sgemm is timed too (best of 4): what this
+ * machine achieves now, shown beside it, never the denominator. */
+typedef struct {
+    char cpu[64];           /* cpuid's brand string */
+    char isa[64];           /* e.g. "AVX2+FMA" */
+    char isa_note[128];     /* e.g. that the CPU has AVX-512, unused */
+    int cores;              /* in use */
+    double clock_hz;        /* measured */
+    double flops_per_cycle; /* f32, per core */
+    double hardware;        /* FLOP/s: cores x clock x flops_per_cycle */
+    double sgemm;           /* FLOP/s achieved now (0 unless asked) */
+} ts_peak_info;
+ts_status ts_peak_measure(ts_ctx *ctx, bool sgemm, ts_peak_info *out);
+
+/* The f32 sgemm rate measured now (1024^3, best of 4), for the
+ * benchmarks; nothing is cached any more (*cached is set false, fresh
+ * ignored). */
 double ts_peak_flops(bool fresh, bool *cached);
 
 /* Model FLOPs per token of a training step (forward + backward), PaLM's
@@ -98,12 +135,20 @@ typedef struct {
     const char *init_from;    /* or a model folder to start from */
     const char *data_dir;     /* prepare-data's output */
     const char *out_dir;      /* checkpoints and the log */
+    /* the tokenizer checkpoints carry (tokenizer.json and
+     * tokenizer_config.json): NULL for the data folder's (prepare-data
+     * copies it there). The model's vocabulary and special ids are
+     * checked against it, and the shards' recorded tokenizer hash too. */
+    const char *tokenizer_dir;
     int64_t batch, seq, grad_accum, steps;
     double lr, min_lr; /* peak and final learning rates */
     int64_t warmup;
     bool constant_lr; /* --schedule constant (else cosine) */
     double weight_decay, clip, beta1, beta2;
     int64_t eval_every, eval_batches, save_every, log_every;
+    /* checkpoints kept: the newest keep_last (default 3) plus the one of
+     * the best validation loss, even when older; 0 keeps every one */
+    int64_t keep_last;
     uint64_t seed;
     bool eager;                  /* else compiled */
     bool checkpoint_activations; /* recompute each layer in backward */
@@ -111,7 +156,8 @@ typedef struct {
                     master weights and optimizer (ts_qwen3_set_compute_dtype) */
     bool resume; /* from out_dir's latest checkpoint */
     bool quiet;  /* no progress bar or lines on stderr */
-    double peak; /* FLOP/s of one rank for MFU; 0: ts_peak_flops */
+    double peak; /* FLOP/s of one rank for MFU; 0: ts_peak_measure's
+                    hardware peak */
     /* distributed: the run's ranks (NULL: this process alone). Each rank
      * takes batch / world rows of every micro-batch. shard: 0 data
      * parallel (gradients all-reduced in buckets, each started as soon
@@ -137,7 +183,15 @@ ts_train_options ts_train_default_options(void);
 typedef struct {
     int64_t steps_done;
     double first_loss, last_loss, last_val_loss;
+    /* tokens/s and MFU over the steps after warm-up: steps timed_from ..
+     * timed_from + timed_steps - 1 (every step of the run but its first,
+     * which records and compiles; the only one in a run of one step),
+     * each step timed alone (without evals, saves and logging): their
+     * tokens / their summed seconds */
     double tokens_per_s, mfu, seconds;
+    int64_t timed_from, timed_steps;
+    double peak;       /* FLOP/s, the MFU denominator (all ranks) */
+    double peak_sgemm; /* FLOP/s an sgemm achieved at start (0 if given) */
     double comm_share; /* of the step time, in collectives (last window) */
     int64_t n_params;
 } ts_train_result;

@@ -80,36 +80,63 @@ int tessera_tokenizer_train(int argc, char **argv) {
 
 /* ---- prepare-data ---- */
 
+#define PREPARE_USAGE                                                          \
+    "usage: tessera prepare-data -t TOKENIZER_DIR --out DIR [--val-fraction "  \
+    "0.05] [--shard-tokens 67108864] [--model-config CONFIG.json] FILES...\n"
+
 int tessera_prepare_data(int argc, char **argv) {
     ts_prepare_options o = {.val_fraction = 0.05, .shard_tokens = 1 << 26};
     const char **files = calloc((size_t)argc, sizeof *files);
     int nf = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool missing = !v || (v[0] == '-' && v[1] == '-');
+        char err[256] = "";
         double x;
-        if (!strcmp(a, "-t") && v)
-            o.tokenizer_dir = v, i++;
-        else if (!strcmp(a, "--out") && v)
-            o.out_dir = v, i++;
-        else if (!strcmp(a, "--val-fraction") && v && num(v, 0, 0.99, &x))
-            o.val_fraction = x, i++;
-        else if (!strcmp(a, "--shard-tokens") && v && num(v, 1024, 1e12, &x))
-            o.shard_tokens = (int64_t)x, i++;
-        else if (a[0] != '-')
+        if (!strcmp(a, "-t") || !strcmp(a, "--out") ||
+            !strcmp(a, "--model-config")) {
+            if (missing)
+                snprintf(err, sizeof err, "%s needs a value: a %s", a,
+                         !strcmp(a, "--model-config") ? "config.json file"
+                                                      : "folder");
+            else if (!strcmp(a, "-t"))
+                o.tokenizer_dir = v, i++;
+            else if (!strcmp(a, "--out"))
+                o.out_dir = v, i++;
+            else
+                o.model_config = v, i++;
+        } else if (!strcmp(a, "--val-fraction")) {
+            if (missing || !num(v, 0, 0.99, &x))
+                snprintf(err, sizeof err,
+                         "--val-fraction%s%s%s a float in 0..0.99, like 0.05",
+                         missing ? " needs a value:" : ": \"", missing ? "" : v,
+                         missing ? "" : "\" is not");
+            else
+                o.val_fraction = x, i++;
+        } else if (!strcmp(a, "--shard-tokens")) {
+            if (missing || !num(v, 1024, 1e12, &x) || x != floor(x))
+                snprintf(err, sizeof err,
+                         "--shard-tokens%s%s%s an integer >= 1024, like "
+                         "67108864",
+                         missing ? " needs a value:" : ": \"", missing ? "" : v,
+                         missing ? "" : "\" is not");
+            else
+                o.shard_tokens = (int64_t)x, i++;
+        } else if (a[0] != '-')
             files[nf++] = a;
-        else {
-            fprintf(stderr,
-                    "tessera prepare-data: bad or incomplete option \"%s\"\n"
-                    "usage: tessera prepare-data -t TOKENIZER_DIR --out DIR "
-                    "[--val-fraction 0.05] FILES...\n",
-                    a);
+        else
+            snprintf(err, sizeof err, "unknown option \"%s\"", a);
+        if (err[0]) {
+            fprintf(stderr, "tessera prepare-data: %s\n" PREPARE_USAGE, err);
             free(files);
             return 2;
         }
     }
     if (!o.tokenizer_dir || !o.out_dir || !nf) {
-        fprintf(stderr, "usage: tessera prepare-data -t TOKENIZER_DIR --out "
-                        "DIR [--val-fraction 0.05] FILES...\n");
+        fprintf(stderr, "tessera prepare-data: %s\n" PREPARE_USAGE,
+                !o.tokenizer_dir ? "-t TOKENIZER_DIR is required"
+                : !o.out_dir     ? "--out DIR is required"
+                                 : "no input files");
         free(files);
         return 2;
     }
@@ -140,7 +167,9 @@ static const char *TRAIN_USAGE =
     "         [--warmup 100] [--schedule cosine|constant] [--weight-decay "
     "0.1] [--clip 1.0]\n"
     "         [--eval-every N] [--eval-batches 8] [--save-every N] "
-    "[--log-every 1] [--seed 1]\n"
+    "[--keep-last 3] [--log-every 1] [--seed 1]\n"
+    "         [--tokenizer DIR] (default: the data folder's; checked against "
+    "the model and the shards)\n"
     "         [--dtype f32|bf16] [--eager | --compile] "
     "[--checkpoint-activations] [--resume] "
     "[--quiet] [--peak-gflops G]\n"
@@ -151,10 +180,90 @@ static const char *TRAIN_USAGE =
     "       tessera train --config FILE.json (the same keys, with "
     "underscores)\n";
 
+/* the numeric options: name, range, integer or not, what to write */
+typedef struct {
+    const char *name;
+    double lo, hi;
+    bool integer;
+    const char *want;
+} num_opt;
+
+static const num_opt NUM_OPTS[] = {
+    {"batch", 1, 1 << 20, true, "an integer in 1..1048576, like 8"},
+    {"seq", 1, 1 << 20, true, "an integer in 1..1048576, like 256"},
+    {"grad-accum", 1, 64, true, "an integer in 1..64"},
+    {"steps", 1, 1e12, true, "a positive integer, like 1000"},
+    {"warmup", 0, 1e12, true, "an integer >= 0, like 100"},
+    {"eval-every", 0, 1e12, true, "an integer >= 0 (0: never)"},
+    {"eval-batches", 1, 1e6, true, "an integer in 1..1000000"},
+    {"save-every", 0, 1e12, true, "an integer >= 0 (0: only at the end)"},
+    {"log-every", 1, 1e12, true, "a positive integer"},
+    {"keep-last", 0, 1e6, true,
+     "an integer >= 0 (0: keep every checkpoint), like 3"},
+    {"seed", 0, 9e15, true, "an integer >= 0"},
+    {"lr", 1e-12, 10, false, "a positive float <= 10, like 3e-4"},
+    {"min-lr", 0, 10, false, "a float in 0..10 (<= --lr), like 3e-5"},
+    {"weight-decay", 0, 10, false, "a float in 0..10, like 0.1"},
+    {"clip", 0, 1e9, false, "a float >= 0 (0: no clipping), like 1.0"},
+    {"beta1", 0, 0.999999, false, "a float in [0, 1), like 0.9"},
+    {"beta2", 0, 0.999999, false, "a float in [0, 1), like 0.95"},
+    {"bucket-mb", 1e-6, 1e6, false, "a positive float (MiB), like 16"},
+    {"peak-gflops", 1e-3, 1e9, false, "a positive float (GFLOP/s)"},
+};
+
+/* options taking a string, and flags taking nothing */
+static const char *const STR_OPTS[] = {"model-config", "init-from", "data",
+                                       "out",          "tokenizer", "schedule",
+                                       "dtype",        "shard"};
+static const char *const FLAG_OPTS[] = {"eager",  "compile",
+                                        "resume", "checkpoint-activations",
+                                        "quiet",  "no-overlap"};
+#define COUNT(a) (sizeof(a) / sizeof *(a))
+
+static size_t edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b), row[64];
+    if (lb >= 64)
+        return 64;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (row[j] + 1 < best)
+                best = row[j] + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best, diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* the known option nearest to k, or NULL when none is near */
+static const char *closest_option(const char *k) {
+    const char *best = NULL;
+    size_t bd = (size_t)-1;
+    for (size_t i = 0; i < COUNT(NUM_OPTS) + COUNT(STR_OPTS) + COUNT(FLAG_OPTS);
+         i++) {
+        const char *n = i < COUNT(NUM_OPTS) ? NUM_OPTS[i].name
+                        : i < COUNT(NUM_OPTS) + COUNT(STR_OPTS)
+                            ? STR_OPTS[i - COUNT(NUM_OPTS)]
+                            : FLAG_OPTS[i - COUNT(NUM_OPTS) - COUNT(STR_OPTS)];
+        size_t d = edit_distance(k, n);
+        if (d < bd)
+            bd = d, best = n;
+    }
+    return bd <= 1 + strlen(k) / 3 ? best : NULL;
+}
+
 /* one option by name (without the dashes, '-' or '_' alike); false when
- * unknown or out of range */
+ * unknown, missing its value or out of range, with err saying which and
+ * what is allowed */
 static bool train_opt(ts_train_options *o, const char *key, const char *v,
-                      bool *used_value) {
+                      bool *used_value, char *err, size_t cap) {
     char k[64];
     snprintf(k, sizeof k, "%s", key);
     for (char *c = k; *c; c++)
@@ -162,78 +271,104 @@ static bool train_opt(ts_train_options *o, const char *key, const char *v,
             *c = '-';
     double x;
     *used_value = true;
-    if (!strcmp(k, "model-config"))
-        return v && (o->model_config = v);
-    if (!strcmp(k, "init-from"))
-        return v && (o->init_from = v);
-    if (!strcmp(k, "data"))
-        return v && (o->data_dir = v);
-    if (!strcmp(k, "out"))
-        return v && (o->out_dir = v);
-    struct {
-        const char *name;
-        double lo, hi;
-        int64_t *i;
-        double *d;
-    } nums[] = {{"batch", 1, 1 << 20, &o->batch, NULL},
-                {"seq", 1, 1 << 20, &o->seq, NULL},
-                {"grad-accum", 1, 64, &o->grad_accum, NULL},
-                {"steps", 1, 1e12, &o->steps, NULL},
-                {"warmup", 0, 1e12, &o->warmup, NULL},
-                {"eval-every", 0, 1e12, &o->eval_every, NULL},
-                {"eval-batches", 1, 1e6, &o->eval_batches, NULL},
-                {"save-every", 0, 1e12, &o->save_every, NULL},
-                {"log-every", 1, 1e12, &o->log_every, NULL},
-                {"lr", 1e-12, 10, NULL, &o->lr},
-                {"min-lr", 0, 10, NULL, &o->min_lr},
-                {"weight-decay", 0, 10, NULL, &o->weight_decay},
-                {"clip", 0, 1e9, NULL, &o->clip},
-                {"beta1", 0, 0.999999, NULL, &o->beta1},
-                {"beta2", 0, 0.999999, NULL, &o->beta2},
-                {"bucket-mb", 1e-6, 1e6, NULL, &o->bucket_mb}};
-    for (size_t i = 0; i < sizeof nums / sizeof *nums; i++)
-        if (!strcmp(k, nums[i].name)) {
-            if (!v || !num(v, nums[i].lo, nums[i].hi, &x))
-                return false;
-            if (nums[i].i)
-                *nums[i].i = (int64_t)x;
+    /* "--lr --steps 5": --lr's value is missing, not "--steps" */
+    bool missing = !v || (v[0] == '-' && v[1] == '-');
+    for (size_t i = 0; i < COUNT(NUM_OPTS); i++) {
+        const num_opt *n = &NUM_OPTS[i];
+        if (strcmp(k, n->name))
+            continue;
+        if (missing) {
+            snprintf(err, cap, "--%s needs a value: %s", k, n->want);
+            return false;
+        }
+        char *end;
+        errno = 0;
+        x = strtod(v, &end);
+        if (end == v || *end || !isfinite(x)) {
+            snprintf(err, cap, "--%s: \"%s\" is not a number; want %s", k, v,
+                     n->want);
+            return false;
+        }
+        if (n->integer && x != floor(x)) {
+            snprintf(err, cap, "--%s: \"%s\" is not an integer; want %s", k, v,
+                     n->want);
+            return false;
+        }
+        if (!(x >= n->lo && x <= n->hi)) {
+            snprintf(err, cap, "--%s: %s is out of range; want %s", k, v,
+                     n->want);
+            return false;
+        }
+        int64_t *iv = !strcmp(k, "batch")          ? &o->batch
+                      : !strcmp(k, "seq")          ? &o->seq
+                      : !strcmp(k, "grad-accum")   ? &o->grad_accum
+                      : !strcmp(k, "steps")        ? &o->steps
+                      : !strcmp(k, "warmup")       ? &o->warmup
+                      : !strcmp(k, "eval-every")   ? &o->eval_every
+                      : !strcmp(k, "eval-batches") ? &o->eval_batches
+                      : !strcmp(k, "save-every")   ? &o->save_every
+                      : !strcmp(k, "log-every")    ? &o->log_every
+                      : !strcmp(k, "keep-last")    ? &o->keep_last
+                                                   : NULL;
+        double *dv = !strcmp(k, "lr")             ? &o->lr
+                     : !strcmp(k, "min-lr")       ? &o->min_lr
+                     : !strcmp(k, "weight-decay") ? &o->weight_decay
+                     : !strcmp(k, "clip")         ? &o->clip
+                     : !strcmp(k, "beta1")        ? &o->beta1
+                     : !strcmp(k, "beta2")        ? &o->beta2
+                     : !strcmp(k, "bucket-mb")    ? &o->bucket_mb
+                                                  : NULL;
+        if (iv)
+            *iv = (int64_t)x;
+        else if (dv)
+            *dv = x;
+        else if (!strcmp(k, "seed"))
+            o->seed = (uint64_t)x;
+        else /* peak-gflops */
+            o->peak = x * 1e9;
+        return true;
+    }
+    static const char *const choices[][4] = {
+        {"schedule", "cosine", "constant", NULL},
+        {"dtype", "f32", "bf16", NULL},
+        {"shard", "none", "grad-opt", "full"}};
+    for (size_t i = 0; i < COUNT(choices); i++) {
+        if (strcmp(k, choices[i][0]))
+            continue;
+        int m = 1;
+        while (m < 4 && choices[i][m] && (missing || strcmp(v, choices[i][m])))
+            m++;
+        if (m == 4 || !choices[i][m]) {
+            char want[64];
+            snprintf(want, sizeof want, "%s, %s%s%s", choices[i][1],
+                     choices[i][2], choices[i][3] ? " or " : "",
+                     choices[i][3] ? choices[i][3] : "");
+            if (missing)
+                snprintf(err, cap, "--%s needs a value: one of %s", k, want);
             else
-                *nums[i].d = x;
+                snprintf(err, cap, "--%s: \"%s\" is not one of %s", k, v, want);
+            return false;
+        }
+        if (i == 0)
+            o->constant_lr = m == 2;
+        else if (i == 1)
+            o->bf16 = m == 2;
+        else
+            o->shard = m - 1;
+        return true;
+    }
+    for (size_t i = 0; i < 5; i++) /* the paths */
+        if (!strcmp(k, STR_OPTS[i])) {
+            if (missing || !*v) {
+                snprintf(err, cap, "--%s needs a value: a %s", k,
+                         i == 0 ? "config.json file" : "folder");
+                return false;
+            }
+            const char **dst[] = {&o->model_config, &o->init_from, &o->data_dir,
+                                  &o->out_dir, &o->tokenizer_dir};
+            *dst[i] = v;
             return true;
         }
-    if (!strcmp(k, "seed")) {
-        if (!v || !num(v, 0, 9e15, &x))
-            return false;
-        o->seed = (uint64_t)x;
-        return true;
-    }
-    if (!strcmp(k, "peak-gflops")) {
-        if (!v || !num(v, 1e-3, 1e9, &x))
-            return false;
-        o->peak = x * 1e9;
-        return true;
-    }
-    if (!strcmp(k, "schedule")) {
-        if (!v || (strcmp(v, "cosine") && strcmp(v, "constant")))
-            return false;
-        o->constant_lr = !strcmp(v, "constant");
-        return true;
-    }
-    if (!strcmp(k, "dtype")) {
-        if (!v || (strcmp(v, "f32") && strcmp(v, "bf16")))
-            return false;
-        o->bf16 = !strcmp(v, "bf16");
-        return true;
-    }
-    if (!strcmp(k, "shard")) {
-        static const char *const modes[] = {"none", "grad-opt", "full"};
-        for (int m = 0; v && m < 3; m++)
-            if (!strcmp(v, modes[m])) {
-                o->shard = m;
-                return true;
-            }
-        return false;
-    }
     *used_value = false;
     if (!strcmp(k, "eager"))
         return o->eager = true;
@@ -247,6 +382,13 @@ static bool train_opt(ts_train_options *o, const char *key, const char *v,
         return o->quiet = true;
     if (!strcmp(k, "no-overlap"))
         return o->no_overlap = true;
+    const char *near = closest_option(k);
+    if (near)
+        snprintf(err, cap, "unknown option \"--%s\"; did you mean \"--%s\"?", k,
+                 near);
+    else
+        snprintf(err, cap, "unknown option \"--%s\" (see tessera train --help)",
+                 k);
     return false;
 }
 
@@ -261,7 +403,13 @@ int tessera_train(int argc, char **argv) {
             json_decref(cfg);
             return 0;
         }
-        if (!strcmp(a, "--config") && v) {
+        if (!strcmp(a, "--config")) {
+            if (!v) {
+                fprintf(stderr, "tessera train: --config needs a value: a "
+                                "JSON file of options\n");
+                json_decref(cfg);
+                return 2;
+            }
             json_error_t je;
             json_decref(cfg);
             cfg = json_load_file(v, JSON_REJECT_DUPLICATES, &je);
@@ -285,12 +433,16 @@ int tessera_train(int argc, char **argv) {
                     sv = buf;
                 bool flag_ok = json_is_boolean(val);
                 bool u;
-                if (flag_ok
-                        ? (json_is_true(val) && !train_opt(&o, key, NULL, &u))
-                        : !train_opt(&o, key, sv, &u)) {
-                    fprintf(stderr,
-                            "tessera train: %s: bad key or value \"%s\"\n", v,
-                            key);
+                char err[512] = "";
+                if (!flag_ok && !sv)
+                    snprintf(err, sizeof err,
+                             "\"%s\" must be a string, a number or a boolean",
+                             key);
+                if (err[0] ||
+                    (flag_ok ? (json_is_true(val) &&
+                                !train_opt(&o, key, NULL, &u, err, sizeof err))
+                             : !train_opt(&o, key, sv, &u, err, sizeof err))) {
+                    fprintf(stderr, "tessera train: %s: %s\n", v, err);
                     json_decref(cfg);
                     return 2;
                 }
@@ -298,10 +450,14 @@ int tessera_train(int argc, char **argv) {
             i++;
             continue;
         }
-        if (strncmp(a, "--", 2) || !train_opt(&o, a + 2, v, &used)) {
-            fprintf(stderr,
-                    "tessera train: bad or incomplete option \"%s\"\n%s", a,
-                    TRAIN_USAGE);
+        char err[512] = "";
+        if (strncmp(a, "--", 2))
+            snprintf(err, sizeof err,
+                     "unexpected argument \"%s\" (every option is --name "
+                     "VALUE; see tessera train --help)",
+                     a);
+        if (err[0] || !train_opt(&o, a + 2, v, &used, err, sizeof err)) {
+            fprintf(stderr, "tessera train: %s\n", err);
             json_decref(cfg);
             return 2;
         }
@@ -329,11 +485,18 @@ int tessera_train(int argc, char **argv) {
         return rc;
     }
     if (!o.quiet && rank == 0) {
+        char timed[64];
+        if (r.timed_steps > 1)
+            snprintf(timed, sizeof timed, "steps %lld-%lld",
+                     (long long)r.timed_from,
+                     (long long)(r.timed_from + r.timed_steps - 1));
+        else
+            snprintf(timed, sizeof timed, "step %lld", (long long)r.timed_from);
         fprintf(stderr,
-                "train: %lld steps, loss %.4f -> %.4f, %.0f tokens/s, MFU "
-                "%.1f%%",
+                "train: %lld steps, loss %.4f -> %.4f, mean %.0f tokens/s, "
+                "MFU %.1f%% of %.1f GFLOP/s (%s, after warm-up)",
                 (long long)r.steps_done, r.first_loss, r.last_loss,
-                r.tokens_per_s, 100 * r.mfu);
+                r.tokens_per_s, 100 * r.mfu, r.peak / 1e9, timed);
         if (r.last_val_loss > 0)
             fprintf(stderr, ", validation loss %.4f", r.last_val_loss);
         if (world > 1)
@@ -349,18 +512,28 @@ int tessera_train(int argc, char **argv) {
 /* ---- bench peak ---- */
 
 int tessera_bench(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "peak")) {
-        fprintf(stderr, "usage: tessera bench peak [--fresh]\n");
+    if (argc < 2 || strcmp(argv[1], "peak") ||
+        (argc > 2 && strcmp(argv[2], "--fresh")) || argc > 3) {
+        fprintf(stderr, "usage: tessera bench peak (--fresh is accepted and "
+                        "ignored: nothing is cached)\n");
         return 2;
     }
-    bool fresh = argc > 2 && !strcmp(argv[2], "--fresh"), cached = false;
     ts_ctx *ctx = NULL; /* sets the thread count (TS_NUM_THREADS) */
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
-    double p = ts_peak_flops(fresh, &cached);
-    printf("peak f32 matmul, %d thread(s): %.1f GFLOP/s (%s)\n",
-           ts_get_num_threads(ctx), p / 1e9,
-           cached ? "cached" : "measured now, cached");
+    ts_peak_info p;
+    if (ts_peak_measure(ctx, true, &p) != TS_OK)
+        return fail(ctx, "bench peak");
+    printf("hardware peak f32, %d core(s): %.1f GFLOP/s = %d x %.2f GHz "
+           "(measured) x %g FLOP/cycle (%s)\n",
+           p.cores, p.hardware / 1e9, p.cores, p.clock_hz / 1e9,
+           p.flops_per_cycle, p.isa);
+    if (p.isa_note[0])
+        printf("  note: %s\n", p.isa_note);
+    printf("  CPU: %s\n  achievable now (sgemm 1024, %d thread(s)): %.1f "
+           "GFLOP/s, %.0f%% of the hardware peak\n",
+           p.cpu, ts_get_num_threads(ctx), p.sgemm / 1e9,
+           100 * p.sgemm / p.hardware);
     ts_ctx_free(ctx);
     return 0;
 }
@@ -421,7 +594,14 @@ int tessera_plot_loss(int argc, char **argv) {
             if (!sx || !sy || !vx || !vy)
                 break;
         }
-        sx[n] = json_number_value(st), sy[n++] = json_number_value(lo);
+        /* a log from before --resume cut it back holds a resumed run's
+         * steps twice: the later lines replace the earlier */
+        double step = json_number_value(st);
+        while (n && sx[n - 1] >= step)
+            n--;
+        while (nv && vx[nv - 1] >= step)
+            nv--;
+        sx[n] = step, sy[n++] = json_number_value(lo);
         if (json_is_number(va))
             vx[nv] = json_number_value(st), vy[nv++] = json_number_value(va);
         json_decref(j);

@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 /* ---- shards ---- */
 
@@ -317,5 +318,44 @@ ts_status ts_loader_next(ts_loader *l, int64_t batch, int rank, int world,
         }
     }
     l->pos += (uint64_t)batch;
+    return TS_OK;
+}
+
+/* ---- the tokenizer's fingerprint ---- */
+
+ts_status ts_tokenizer_file_hash(ts_ctx *ctx, const char *path,
+                                 char out[TS_TOKENIZER_HASH_LEN], char *file,
+                                 size_t file_cap) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    char p[4200];
+    struct stat sb;
+    if (!stat(path, &sb) && S_ISDIR(sb.st_mode))
+        snprintf(p, sizeof p, "%s/tokenizer.json", path);
+    else
+        snprintf(p, sizeof p, "%s", path);
+    if (file)
+        snprintf(file, file_cap, "%s", p);
+    FILE *f = fopen(p, "rb");
+    if (!f)
+        return ts_set_error(ctx, TS_ERR_IO, "%s: %s", p, strerror(errno));
+    XXH3_state_t *h = XXH3_createState();
+    if (!h) {
+        fclose(f);
+        return ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+    }
+    XXH3_128bits_reset(h);
+    char buf[1 << 16];
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, f)) > 0)
+        XXH3_128bits_update(h, buf, k);
+    bool bad = ferror(f);
+    fclose(f);
+    XXH128_hash_t v = XXH3_128bits_digest(h);
+    XXH3_freeState(h);
+    if (bad)
+        return ts_set_error(ctx, TS_ERR_IO, "cannot read %s", p);
+    snprintf(out, TS_TOKENIZER_HASH_LEN, "xxh3-128:%016llx%016llx",
+             (unsigned long long)v.high64, (unsigned long long)v.low64);
     return TS_OK;
 }

@@ -2,11 +2,13 @@
  * (`tessera prepare-data`, tessera_train.h). */
 #include "tessera_train.h"
 
+#include "tessera_io.h"
 #include "tessera_tokenizer.h"
 
 #include "core/core.h"
 #include "core/strbuf.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -67,6 +69,94 @@ static bool cut_here(const ts_sbuf *chunk, char next) {
            chunk->p[chunk->n - 2] < 0x7f;
 }
 
+/* shards prefix_NNN.bin of an earlier run with NNN >= count: the loader
+ * reads every one, so they must go */
+static void remove_stale_shards(const char *dir, const char *prefix,
+                                int count) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    size_t pl = strlen(prefix);
+    while (d && (e = readdir(d))) {
+        const char *nm = e->d_name;
+        char *end;
+        if (strncmp(nm, prefix, pl) || nm[pl] != '_' || nm[pl + 1] < '0' ||
+            nm[pl + 1] > '9')
+            continue;
+        long k = strtol(nm + pl + 1, &end, 10);
+        if (strcmp(end, ".bin") || k < count)
+            continue;
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", dir, nm);
+        unlink(p);
+    }
+    if (d)
+        closedir(d);
+}
+
+/* the special tokens tokenizer_config.json names must be in the
+ * tokenizer's vocabulary */
+static ts_status check_special_tokens(ts_ctx *ctx, const char *dir,
+                                      const ts_tokenizer *tok) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    json_t *c = json_load_file(p, 0, NULL);
+    if (!c)
+        return TS_OK; /* optional */
+    static const char *const keys[] = {"bos_token", "eos_token", "pad_token",
+                                       "unk_token"};
+    ts_status st = TS_OK;
+    for (int i = 0; i < 4 && st == TS_OK; i++) {
+        json_t *v = json_object_get(c, keys[i]);
+        if (json_is_object(v)) /* {"content": "<|endoftext|>", ...} */
+            v = json_object_get(v, "content");
+        const char *t = json_string_value(v);
+        if (t && ts_tokenizer_token_id(tok, t) < 0)
+            st = ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                              "prepare-data: %s names %s \"%s\", which is not "
+                              "in the tokenizer's vocabulary of %d ids "
+                              "(%s/tokenizer.json)",
+                              p, keys[i], t, ts_tokenizer_vocab_size(tok), dir);
+    }
+    json_decref(c);
+    return st;
+}
+
+/* --model-config: the model that will train on these shards must hold
+ * every id of the tokenizer, and its special ids must be the tokenizer's */
+static ts_status check_model(ts_ctx *ctx, const char *cfg, const char *tdir,
+                             const ts_tokenizer *tok) {
+    ts_model_config mc;
+    ts_status st = ts_config_load(ctx, cfg, &mc);
+    if (st != TS_OK)
+        return st;
+    int64_t tv = ts_tokenizer_vocab_size(tok);
+    if (mc.vocab < tv)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "prepare-data: the model's vocab_size %lld (%s) "
+                            "is smaller than the tokenizer's %lld ids (%s: "
+                            "ids 0..%lld)",
+                            (long long)mc.vocab, cfg, (long long)tv, tdir,
+                            (long long)tv - 1);
+    json_t *j = json_load_file(cfg, 0, NULL);
+    json_t *pad = json_object_get(j, "pad_token_id");
+    int64_t pad_id = json_is_integer(pad) ? json_integer_value(pad) : -1;
+    json_decref(j);
+    struct {
+        const char *name;
+        int64_t id;
+    } sp[3] = {{"bos_token_id", mc.bos_token_id},
+               {"eos_token_id", mc.eos_token_id},
+               {"pad_token_id", pad_id}};
+    for (int i = 0; i < 3; i++)
+        if (sp[i].id >= tv)
+            return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                "prepare-data: %s %lld in %s is not an id of "
+                                "the tokenizer (%s has ids 0..%lld)",
+                                sp[i].name, (long long)sp[i].id, cfg, tdir,
+                                (long long)tv - 1);
+    return TS_OK;
+}
+
 ts_status ts_prepare_data(ts_ctx *ctx, const char *const *files, int n_files,
                           const ts_prepare_options *o, ts_prepare_result *res) {
     if (!ctx)
@@ -88,6 +178,17 @@ ts_status ts_prepare_data(ts_ctx *ctx, const char *const *files, int n_files,
     ts_status st = ts_tokenizer_load(ctx, o->tokenizer_dir, &tok);
     if (st != TS_OK)
         return st;
+    char hash[TS_TOKENIZER_HASH_LEN], tok_file[4200];
+    st = check_special_tokens(ctx, o->tokenizer_dir, tok);
+    if (st == TS_OK && o->model_config)
+        st = check_model(ctx, o->model_config, o->tokenizer_dir, tok);
+    if (st == TS_OK)
+        st = ts_tokenizer_file_hash(ctx, o->tokenizer_dir, hash, tok_file,
+                                    sizeof tok_file);
+    if (st != TS_OK) {
+        ts_tokenizer_free(tok);
+        return st;
+    }
     if (mkdir(o->out_dir, 0755) && errno != EEXIST) {
         ts_tokenizer_free(tok);
         return ts_set_error(ctx, TS_ERR_IO, "cannot create %s: %s", o->out_dir,
@@ -168,6 +269,10 @@ ts_status ts_prepare_data(ts_ctx *ctx, const char *const *files, int n_files,
     if (st == TS_OK)
         st = write_shards(ctx, o->out_dir, "val", &val, o->shard_tokens,
                           &r.val_shards);
+    if (st == TS_OK) {
+        remove_stale_shards(o->out_dir, "train", r.train_shards);
+        remove_stale_shards(o->out_dir, "val", r.val_shards);
+    }
     static const char *const tf[] = {"tokenizer.json", "tokenizer_config.json"};
     for (int i = 0; i < 2 && st == TS_OK; i++) {
         char from[4200], to[4200];
@@ -187,6 +292,8 @@ ts_status ts_prepare_data(ts_ctx *ctx, const char *const *files, int n_files,
             "val_tokens", (json_int_t)val.n, "bytes", (json_int_t)r.bytes,
             "train_shards", r.train_shards, "val_shards", r.val_shards,
             "eot_token_id", (json_int_t)eot, "val_fraction", o->val_fraction);
+        json_object_set_new(m, "tokenizer_hash", json_string(hash));
+        json_object_set_new(m, "tokenizer", json_string(tok_file));
         char p[4200];
         snprintf(p, sizeof p, "%s/meta.json", o->out_dir);
         if (json_dump_file(m, p, JSON_INDENT(2) | JSON_PRESERVE_ORDER))

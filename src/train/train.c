@@ -20,6 +20,7 @@
 
 #include "core/core.h"
 #include "core/strbuf.h"
+#include "train/consistency.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -54,6 +55,7 @@ ts_train_options ts_train_default_options(void) {
                               .eval_batches = 8,
                               .save_every = 0,
                               .log_every = 1,
+                              .keep_last = 3,
                               .seed = 1,
                               .bucket_mb = 16};
 }
@@ -98,7 +100,9 @@ typedef struct {
     int n_params;
     ts_tensor *const *params;
     char config_src[4096]; /* the config.json a checkpoint copies */
+    char tok_dir[4096];    /* the tokenizer a checkpoint copies ("": none) */
     int64_t step;          /* steps done */
+    double val_now;        /* the validation loss at this step, or NAN */
     FILE *log;
     /* distributed */
     ts_dist *dist;
@@ -555,9 +559,9 @@ static ts_status write_checkpoint(run *r, ts_tensor *const *pp,
         st = ts_copy_file(ctx, r->config_src, p);
     for (int i = 0; st == TS_OK && i < 2; i++) {
         char from[4200];
-        snprintf(from, sizeof from, "%s/%s", o->data_dir, tok_files[i]);
+        snprintf(from, sizeof from, "%s/%s", r->tok_dir, tok_files[i]);
         snprintf(p, sizeof p, "%s/%s", tmp, tok_files[i]);
-        if (access(from, R_OK) == 0)
+        if (r->tok_dir[0] && access(from, R_OK) == 0)
             st = ts_copy_file(ctx, from, p);
     }
     if (st == TS_OK) {
@@ -584,6 +588,8 @@ static ts_status write_checkpoint(run *r, ts_tensor *const *pp,
             (json_int_t)o->seed, "batch", (json_int_t)o->batch, "seq",
             (json_int_t)o->seq, "grad_accum", (json_int_t)o->grad_accum, "lr",
             o->lr, "steps", (json_int_t)o->steps);
+        if (state && !isnan(r->val_now)) /* for --keep-last's best */
+            json_object_set_new(state, "val_loss", json_real(r->val_now));
         snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
         st = write_json(ctx, p, state);
         json_decref(state);
@@ -758,6 +764,124 @@ static ts_status full_params(run *r, ts_tensor **out, bool *made) {
     return gather_from_owners(r, own, out);
 }
 
+/* ---- checkpoint retention and the log on resume ---- */
+
+typedef struct {
+    int64_t step;
+    double val; /* NAN: not evaluated at that step */
+} ckpt_entry;
+
+static int by_step(const void *a, const void *b) {
+    int64_t x = ((const ckpt_entry *)a)->step,
+            y = ((const ckpt_entry *)b)->step;
+    return (x > y) - (x < y);
+}
+
+/* --keep-last N: of the checkpoints up to this step, the newest N stay,
+ * and the one of the best validation loss (the latest of equals), however
+ * old; the others are removed, each named on stderr */
+static ts_status prune_checkpoints(run *r) {
+    const ts_train_options *o = r->o;
+    if (o->keep_last <= 0)
+        return TS_OK;
+    DIR *d = opendir(o->out_dir);
+    if (!d)
+        return ts_set_error(r->ctx, TS_ERR_IO, "cannot read %s: %s", o->out_dir,
+                            strerror(errno));
+    ckpt_entry *e = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        long long step;
+        int used = 0;
+        /* past this step: another run's, not this one's to remove */
+        if (sscanf(de->d_name, "step_%lld%n", &step, &used) != 1 ||
+            de->d_name[used] || strlen(de->d_name) != 11 || step > r->step)
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            ckpt_entry *ne = realloc(e, sizeof *e * cap);
+            if (!ne) {
+                free(e), closedir(d);
+                return ts_set_error(r->ctx, TS_ERR_OOM, "out of memory");
+            }
+            e = ne;
+        }
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s/trainer_state.json", o->out_dir,
+                 de->d_name);
+        json_t *j = json_load_file(p, 0, NULL);
+        json_t *v = json_object_get(j, "val_loss");
+        e[n++] =
+            (ckpt_entry){step, json_is_number(v) ? json_number_value(v) : NAN};
+        json_decref(j);
+    }
+    closedir(d);
+    qsort(e, n, sizeof *e, by_step);
+    int64_t best = -1;
+    double best_val = INFINITY;
+    for (size_t i = 0; i < n; i++)
+        if (!isnan(e[i].val) && e[i].val <= best_val)
+            best_val = e[i].val, best = e[i].step;
+    for (size_t i = 0; n > (size_t)o->keep_last && i < n - (size_t)o->keep_last;
+         i++) {
+        if (e[i].step == best)
+            continue;
+        char p[4400];
+        snprintf(p, sizeof p, "%s/step_%06lld", o->out_dir,
+                 (long long)e[i].step);
+        remove_tree(p);
+        if (!o->quiet)
+            fprintf(stderr,
+                    "train: removed checkpoint %s (--keep-last %lld%s)\n", p,
+                    (long long)o->keep_last,
+                    best >= 0 ? " and the best validation loss" : "");
+    }
+    free(e);
+    return TS_OK;
+}
+
+/* --resume: log.jsonl keeps its lines up to the checkpoint's step,
+ * byte for byte (a temporary file renamed over it); the lines of steps
+ * past it, which the resumed run does again, go */
+static ts_status truncate_log(run *r, const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return errno == ENOENT
+                   ? TS_OK
+                   : ts_set_error(r->ctx, TS_ERR_IO, "cannot read %s: %s", path,
+                                  strerror(errno));
+    ts_atomic_file af;
+    bool ok = ts_atomic_open(&af, path);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t k;
+    int64_t dropped = 0;
+    while (ok && (k = getline(&line, &cap, f)) > 0) {
+        json_t *j = line[k - 1] == '\n' ? json_loads(line, 0, NULL) : NULL;
+        json_t *st = json_object_get(j, "step");
+        bool keep = json_is_integer(st) && json_integer_value(st) <= r->step;
+        json_decref(j);
+        if (keep)
+            ok = ts_atomic_write(&af, line, (size_t)k);
+        else
+            dropped++;
+    }
+    free(line);
+    bool rd = !ferror(f);
+    fclose(f);
+    if (!ts_atomic_commit(&af, ok && rd))
+        return ts_set_error(r->ctx, TS_ERR_IO,
+                            "--resume: cannot rewrite %s to step %lld", path,
+                            (long long)r->step);
+    if (dropped && !r->o->quiet)
+        fprintf(stderr,
+                "train: %s: %lld line(s) past the checkpoint's step %lld "
+                "removed\n",
+                path, (long long)dropped, (long long)r->step);
+    return TS_OK;
+}
+
 /* every rank takes part (a sharded optimizer's moments are gathered);
  * rank 0 writes */
 static ts_status save_checkpoint(run *r) {
@@ -777,6 +901,8 @@ static ts_status save_checkpoint(run *r) {
         st = full_moments(r, true, m2, &made2);
     if (st == TS_OK && r->rank == 0)
         st = write_checkpoint(r, pp, m1, m2);
+    if (st == TS_OK && r->rank == 0)
+        st = prune_checkpoints(r);
     for (int i = 0; i < n; i++) {
         if (made0)
             ts_release(pp[i]);
@@ -1042,6 +1168,8 @@ static ts_status check_options(ts_ctx *ctx, const ts_train_options *o) {
         bad = "--warmup, --weight-decay and --clip must be >= 0";
     else if (!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1))
         bad = "betas must be in [0, 1)";
+    else if (o->keep_last < 0)
+        bad = "--keep-last must be >= 0 (0: keep every checkpoint)";
     else if (o->eval_every < 0 || o->save_every < 0 || o->log_every < 1 ||
              o->eval_batches < 1)
         bad = "--eval-every and --save-every must be >= 0, --log-every >= 1";
@@ -1081,6 +1209,10 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
         snprintf(r.config_src, sizeof r.config_src, "%s", o->model_config);
     ts_model_config arch;
     st = ts_config_load(ctx, r.config_src, &arch);
+    if (st == TS_OK)
+        st = ts_train_check_consistency(ctx, o, r.config_src, &arch,
+                                        !o->quiet && r.rank == 0, r.tok_dir,
+                                        sizeof r.tok_dir);
     bool gpt2 = st == TS_OK && arch.arch == TS_ARCH_GPT2;
     if (gpt2 && o->shard == 2 && r.world > 1)
         st = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
@@ -1102,40 +1234,21 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
         ts_qwen3_config c = ts_decoder_config(&arch);
         st = ts_qwen3_new(ctx, &c, o->seed, &r.m);
     }
-    if (st == TS_OK) { /* data of a larger vocabulary: say so now */
-        char mp[4200];
-        snprintf(mp, sizeof mp, "%s/meta.json", o->data_dir);
-        json_t *meta = json_load_file(mp, 0, NULL);
-        json_int_t dv = json_integer_value(json_object_get(meta, "vocab_size"));
-        json_decref(meta);
-        int64_t mv = r.g ? ts_gpt2_get_config(r.g)->vocab
-                         : ts_qwen3_get_config(r.m)->vocab;
-        if (dv > mv)
-            st = ts_set_error(ctx, TS_ERR_INVALID_ARG,
-                              "train: %s was tokenized with a vocabulary of "
-                              "%lld tokens, the model has %lld",
-                              o->data_dir, (long long)dv, (long long)mv);
-    }
     if (st == TS_OK && o->checkpoint_activations)
         st = r.g ? ts_gpt2_set_checkpointing(r.g, true)
                  : ts_qwen3_set_checkpointing(r.m, true);
     if (st == TS_OK && o->bf16)
         st = r.g ? ts_gpt2_set_compute_dtype(r.g, TS_BF16)
                  : ts_qwen3_set_compute_dtype(r.m, TS_BF16);
-    int64_t layers = 0, heads = 0, head_dim = 0, max_pos = 0;
+    int64_t layers = 0, heads = 0, head_dim = 0;
     if (st == TS_OK && r.g) {
         const ts_model_config *gc = ts_gpt2_get_config(r.g);
         layers = gc->layers, heads = gc->heads;
-        head_dim = gc->hidden / gc->heads, max_pos = gc->max_positions;
+        head_dim = gc->hidden / gc->heads;
     } else if (st == TS_OK) {
         const ts_qwen3_config *qc = ts_qwen3_get_config(r.m);
         layers = qc->layers, heads = qc->heads, head_dim = qc->head_dim;
     }
-    if (st == TS_OK && max_pos && o->seq > max_pos)
-        st = ts_set_error(ctx, TS_ERR_INVALID_ARG,
-                          "train: --seq %lld is longer than the model's %lld "
-                          "positions",
-                          (long long)o->seq, (long long)max_pos);
     if (st == TS_OK)
         st = ts_loader_open(ctx, o->data_dir, "train", o->seq, o->seed, true,
                             &r.train);
@@ -1207,16 +1320,33 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     double fpt = layers ? ts_train_flops_per_token(n_all - n_embed, layers,
                                                    heads, head_dim, o->seq)
                         : 0;
-    bool peak_cached = false; /* rank 0 measures one rank's peak */
-    double peak = o->peak > 0 ? o->peak : 0;
-    if (st == TS_OK && !peak && r.rank == 0)
-        peak = ts_peak_flops(false, &peak_cached);
+    /* rank 0 measures one rank's hardware peak (and what sgemm achieves
+     * now, beside it); a given --peak-gflops replaces the hardware's */
+    ts_peak_info pk = {0};
+    if (st == TS_OK && r.rank == 0)
+        st = ts_peak_measure(ctx, o->peak <= 0, &pk);
+    double peak = o->peak > 0 ? o->peak : pk.hardware;
     float peak_g = (float)(peak / 1e9);
+    st = agree(&r, st);
     if (st == TS_OK)
         st = ts_dist_broadcast(r.dist, &peak_g, 1, TS_F32, 0);
     peak = (double)peak_g * 1e9 * r.world; /* the run's */
+    char peak_desc[512];
+    if (o->peak > 0)
+        snprintf(peak_desc, sizeof peak_desc,
+                 "peak %.1f GFLOP/s (given by --peak-gflops)", peak / 1e9);
+    else
+        snprintf(peak_desc, sizeof peak_desc,
+                 "hardware peak %.1f GFLOP/s = %d core(s) x %.2f GHz "
+                 "(measured) x %g FLOP/cycle (%s%s%s) on %s; achievable "
+                 "(sgemm 1024, measured now) %.1f GFLOP/s",
+                 pk.hardware * r.world / 1e9, pk.cores, pk.clock_hz / 1e9,
+                 pk.flops_per_cycle, pk.isa, pk.isa_note[0] ? "; " : "",
+                 pk.isa_note, pk.cpu, pk.sgemm * r.world / 1e9);
     char logp[4200];
     snprintf(logp, sizeof logp, "%s/log.jsonl", o->out_dir);
+    if (st == TS_OK && r.rank == 0 && o->resume)
+        st = truncate_log(&r, logp);
     if (st == TS_OK && r.rank == 0 &&
         !(r.log = fopen(logp, o->resume ? "a" : "w")))
         st = ts_set_error(ctx, TS_ERR_IO, "cannot write %s: %s", logp,
@@ -1234,30 +1364,42 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
         fprintf(
             stderr,
             "train: %lld parameters (%lld without the input embedding), %lld "
-            "train tokens, batch %lld x %lld x %lld accum, %s, %s, peak "
-            "%.1f GFLOP/s (%s f32 sgemm)%s%s\n",
+            "train tokens, batch %lld x %lld x %lld accum, %s, %s, %s%s%s\n",
             (long long)n_all, (long long)(n_all - n_embed),
             (long long)ts_loader_tokens(r.train), (long long)o->batch,
             (long long)o->seq, (long long)o->grad_accum,
             o->eager || r.shard_full ? "eager" : "compiled",
-            o->bf16 ? "bf16 matrices, f32 masters" : "f32", peak / 1e9,
-            o->peak > 0   ? "given"
-            : peak_cached ? "cached"
-                          : "measured",
-            ranks, o->resume ? ", resumed" : "");
+            o->bf16 ? "bf16 matrices, f32 masters" : "f32", peak_desc, ranks,
+            o->resume ? ", resumed" : "");
     if (st == TS_OK)
         ts_set_mode(ctx, o->eager || r.shard_full ? TS_MODE_EAGER
                                                   : TS_MODE_COMPILED);
     double t_start = now_s(), t_window = t_start;
     int64_t start_step = r.step, win_tokens = 0;
+    /* the summary's rate: the steps after the first of this run (which
+     * records and compiles), each timed alone (no eval, save or log) */
+    double win_step_s = 0, timed_s = 0, first_step_s = 0;
+    int64_t timed_tokens = 0;
+    bool peak_logged = false;
     double comm_window = ts_dist_comm_seconds(r.dist);
     out.n_params = n_all;
     while (st == TS_OK && r.step < o->steps) {
         double loss = 0, gnorm = 0;
         double lr = lr_at(o, r.step);
+        double t_step = now_s();
         st = train_step(&r, ids, tg, &loss, &gnorm);
         if (st != TS_OK)
             break;
+        t_step = now_s() - t_step;
+        int64_t step_tokens = o->batch * o->seq * o->grad_accum;
+        win_step_s += t_step;
+        if (r.step > start_step) { /* not the run's first step */
+            timed_s += t_step, timed_tokens += step_tokens;
+            out.timed_steps++;
+            if (out.timed_steps == 1)
+                out.timed_from = r.step + 1;
+        } else
+            first_step_s = t_step;
         if (!isfinite(loss)) {
             st = ts_set_error(ctx, TS_ERR_STATE,
                               "train: the loss is %g at step %lld; lower "
@@ -1266,11 +1408,12 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
             break;
         }
         r.step++;
-        win_tokens += o->batch * o->seq * o->grad_accum;
+        win_tokens += step_tokens;
         if (r.step == start_step + 1)
             out.first_loss = loss;
         out.last_loss = loss;
         double val = NAN;
+        r.val_now = NAN;
         if (o->eval_every &&
             (r.step % o->eval_every == 0 || r.step == o->steps)) {
             ts_set_mode(ctx, TS_MODE_EAGER);
@@ -1278,27 +1421,54 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
             ts_set_mode(ctx, o->eager || r.shard_full ? TS_MODE_EAGER
                                                       : TS_MODE_COMPILED);
             out.last_val_loss = val;
+            r.val_now = val;
         }
         double t = now_s();
         if (r.step % o->log_every == 0 || r.step == o->steps || !isnan(val)) {
             double dt = t - t_window;
-            double tps = dt > 0 ? (double)win_tokens / dt : 0;
+            double tps = win_step_s > 0 ? (double)win_tokens / win_step_s : 0;
             double mfu = peak > 0 ? tps * fpt / peak : 0;
             double eta = (double)(o->steps - r.step) * (t - t_start) /
                          (double)(r.step - start_step);
             double comm = ts_dist_comm_seconds(r.dist);
             double share = dt > 0 ? (comm - comm_window) / dt : 0;
             comm_window = comm;
-            out.tokens_per_s = tps, out.mfu = mfu, out.comm_share = share;
+            out.comm_share = share;
             char etas[32];
             fmt_time(etas, sizeof etas, eta);
             if (r.log) {
                 fprintf(r.log,
                         "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, "
                         "\"grad_norm\": %.6f, \"tokens_per_s\": %.1f, "
-                        "\"mfu\": %.4f, \"elapsed_s\": %.2f",
+                        "\"mfu\": %.4f, \"step_s\": %.6f, \"elapsed_s\": %.2f",
                         (long long)r.step, loss, lr, gnorm, tps, mfu,
-                        t - t_start);
+                        win_step_s, t - t_start);
+                if (!peak_logged) { /* the first line of each run */
+                    peak_logged = true;
+                    if (o->peak > 0)
+                        fprintf(r.log,
+                                ", \"peak\": {\"source\": \"given\", "
+                                "\"gflops\": %.3f}",
+                                peak / 1e9);
+                    else {
+                        json_t *pj = json_pack(
+                            "{s:s, s:f, s:s, s:s, s:s, s:i, s:f, s:f, s:f, "
+                            "s:i}",
+                            "source", "hardware", "gflops", peak / 1e9, "cpu",
+                            pk.cpu, "isa", pk.isa, "isa_note", pk.isa_note,
+                            "cores", pk.cores * r.world, "clock_ghz",
+                            pk.clock_hz / 1e9, "flops_per_cycle",
+                            pk.flops_per_cycle, "sgemm_gflops",
+                            pk.sgemm * r.world / 1e9, "ranks", r.world);
+                        char *ps = pj ? json_dumps(pj, JSON_PRESERVE_ORDER |
+                                                           JSON_COMPACT)
+                                      : NULL;
+                        if (ps)
+                            fprintf(r.log, ", \"peak\": %s", ps);
+                        free(ps);
+                        json_decref(pj);
+                    }
+                }
                 if (r.world > 1)
                     fprintf(r.log, ", \"comm_share\": %.4f", share);
                 if (r.red && !o->no_overlap) /* how many overlapped */
@@ -1332,7 +1502,7 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                 } else
                     fprintf(stderr, "%s\n", line);
             }
-            t_window = t, win_tokens = 0;
+            t_window = t, win_tokens = 0, win_step_s = 0;
         }
         if (st == TS_OK && ((o->save_every && r.step % o->save_every == 0) ||
                             r.step == o->steps)) {
@@ -1345,10 +1515,14 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     ts_set_mode(ctx, TS_MODE_EAGER);
     out.steps_done = r.step;
     out.seconds = now_s() - t_start;
-    if (r.step > start_step && out.seconds > 0 && !out.tokens_per_s)
-        out.tokens_per_s = (double)((r.step - start_step) * o->batch * o->seq *
-                                    o->grad_accum) /
-                           out.seconds;
+    if (!out.timed_steps && r.step > start_step) { /* one step: that one */
+        out.timed_from = r.step, out.timed_steps = 1;
+        timed_tokens = o->batch * o->seq * o->grad_accum;
+        timed_s = first_step_s;
+    }
+    out.tokens_per_s = timed_s > 0 ? (double)timed_tokens / timed_s : 0;
+    out.mfu = peak > 0 ? out.tokens_per_s * fpt / peak : 0;
+    out.peak = peak, out.peak_sgemm = pk.sgemm * r.world;
     if (res)
         *res = out;
     if (r.log)

@@ -91,6 +91,7 @@ def check_run(exe, root, name, tie, eager):
     out = os.path.join(d, "out")
     args = [exe, "train", "--model-config", cfg_path, "--data", data, "--out", out,
             "--batch", "3", "--seq", str(T), "--steps", str(STEPS), "--save-every", "1",
+            "--keep-last", "0",
             "--lr", str(LR), "--min-lr", str(MIN_LR), "--warmup", str(WARMUP),
             "--weight-decay", str(WD), "--clip", str(CLIP), "--seed", "11",
             "--peak-gflops", "1", "--quiet", "--eager" if eager else "--compile"]
