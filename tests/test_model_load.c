@@ -162,8 +162,8 @@ static void test_model_paths(ts_ctx *ctx) {
     CHECK_MSG(ctx, "no tokenizer.json (looked for tokenizer.json;");
     ts_clear_error(ctx);
     snprintf(p, sizeof p, "%s/gqa2_untied", dir);
-    CHECK_OK(ctx, ts_model_dir_check(ctx, p,
-                                     TS_MODEL_CONFIG | TS_MODEL_WEIGHTS));
+    CHECK_OK(ctx,
+             ts_model_dir_check(ctx, p, TS_MODEL_CONFIG | TS_MODEL_WEIGHTS));
 }
 
 /* shape arithmetic: an error, never a signed overflow or a wrapped size */
@@ -379,17 +379,13 @@ static void test_unused_tensors(ts_ctx *ctx) {
     v.extra_names[0] = "model.extra_head.weight";
     v.extra_from[0] = "model.norm.weight";
     static char names[11][96], from[11][96];
-    const char *parts[] = {"input_layernorm.weight",
-                           "self_attn.q_proj.weight",
-                           "self_attn.k_proj.weight",
-                           "self_attn.v_proj.weight",
-                           "self_attn.o_proj.weight",
-                           "self_attn.q_norm.weight",
-                           "self_attn.k_norm.weight",
-                           "post_attention_layernorm.weight",
-                           "mlp.gate_proj.weight",
-                           "mlp.up_proj.weight",
-                           "mlp.down_proj.weight"};
+    const char *parts[] = {
+        "input_layernorm.weight",  "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+        "self_attn.k_norm.weight", "post_attention_layernorm.weight",
+        "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+        "mlp.down_proj.weight"};
     for (int i = 0; i < 11; i++) {
         snprintf(names[i], sizeof names[i], "model.layers.2.%s", parts[i]);
         snprintf(from[i], sizeof from[i], "model.layers.1.%s", parts[i]);

@@ -88,8 +88,8 @@ static void list_folder(const char *dir, char *buf, size_t n, char *hint,
                                    count - MAX_LISTED);
             break;
         }
-        at += (size_t)snprintf(buf + at, n - at, "%s%s", i ? ", " : "",
-                               names[i]);
+        at +=
+            (size_t)snprintf(buf + at, n - at, "%s%s", i ? ", " : "", names[i]);
     }
     for (size_t i = 0; i < count; i++)
         free(names[i]);
@@ -115,12 +115,11 @@ ts_status ts_model_dir_check(ts_ctx *ctx, const char *path, unsigned need) {
     if (!ctx)
         return TS_ERR_INVALID_ARG;
     if (!path)
-        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
-                            "model folder: NULL path");
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "model folder: NULL path");
     struct stat sb;
     if (stat(path, &sb) != 0)
-        return ts_set_error(ctx, TS_ERR_IO, "%s: no such folder (%s); %s",
-                            path, strerror(errno), WHAT_A_MODEL_IS);
+        return ts_set_error(ctx, TS_ERR_IO, "%s: no such folder (%s); %s", path,
+                            strerror(errno), WHAT_A_MODEL_IS);
     if (!S_ISDIR(sb.st_mode)) {
         if (ts_file_is_gguf(path))
             return ts_set_error(

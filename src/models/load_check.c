@@ -84,11 +84,11 @@ void ckpt_warn_unused(ckpt_review *r, bool (*ignore)(const char *name),
     if (!count)
         return;
     char text[2600];
-    int len = snprintf(text, sizeof text,
-                       "Some weights of the checkpoint at %s were not used: "
-                       "%s%s (%d in all)",
-                       r->dir, msg, count > UNUSED_LISTED ? ", ..." : "",
-                       count);
+    int len =
+        snprintf(text, sizeof text,
+                 "Some weights of the checkpoint at %s were not used: "
+                 "%s%s (%d in all)",
+                 r->dir, msg, count > UNUSED_LISTED ? ", ..." : "", count);
     if (top >= layers && len > 0 && (size_t)len < sizeof text)
         snprintf(text + len, sizeof text - (size_t)len,
                  "; the checkpoint has layers up to %lld, config.json's "
