@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -538,6 +539,17 @@ int tessera_tokenize(int argc, char **argv) {
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
+    /* a tokenizer.json is taken as it is; anything else must be a folder
+     * holding one */
+    struct stat sb;
+    bool file = stat(dir, &sb) == 0 && S_ISREG(sb.st_mode);
+    if ((!file || ts_file_is_gguf(dir)) &&
+        ts_model_dir_check(ctx, dir, TS_MODEL_TOKENIZER) != TS_OK) {
+        fprintf(stderr, "tessera tokenize: -m takes a model folder: %s\n",
+                ts_errmsg(ctx));
+        ts_ctx_free(ctx);
+        return 1;
+    }
     ts_tokenizer *tok;
     if (ts_tokenizer_load(ctx, dir, &tok) != TS_OK) {
         fprintf(stderr, "tessera tokenize: %s\n", ts_errmsg(ctx));

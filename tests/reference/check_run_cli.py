@@ -166,6 +166,11 @@ def check_model_folder_errors(exe, root, d, want):
         refused(gguf, "GGUF is not supported yet; give a Hugging Face folder with "
                 "config.json and *.safetensors")
         refused(os.path.join(tmp, "missing"), "missing: no such folder")
+        for m, said in ((gguf, "GGUF is not supported yet"),
+                        (os.path.join(tmp, "missing"), "missing: no such folder")):
+            r = run(exe, "tokenize", "-m", m, "hi")
+            assert r.returncode == 1 and said in r.stderr, r.stderr
+            assert "line -1" not in r.stderr, r.stderr
         half = variant(d, os.path.join(tmp, "half"), skip=("tokenizer.json",))
         refused(half, "half: not a model folder: no tokenizer.json (looked for config.json, "
                 "model.safetensors | model.safetensors.index.json, tokenizer.json; the "
