@@ -121,6 +121,9 @@ ts_status ts_gpt2_generate_greedy(ts_gpt2_model *m, const int64_t *prompt,
  * generation and serving drive without knowing the architecture. gpt2
  * takes a one-device map and f32 weights only. */
 typedef struct ts_lm ts_lm;
+/* dir must be a model folder (ts_model_dir_check: config.json and the
+ * safetensors); opt may be NULL (f32, one device, weights checked,
+ * warnings to stderr). */
 ts_status ts_lm_load(ts_ctx *ctx, const char *dir, const ts_load_options *opt,
                      ts_lm **out);
 void ts_lm_free(ts_lm *lm);
