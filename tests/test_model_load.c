@@ -358,6 +358,49 @@ static void test_weight_values(ts_ctx *ctx) {
     ts_lm_free(lm);
 }
 
+/* the scan by dtype: f16 NaN, f32 -Inf, bf16 values that are large but
+ * finite, integers never */
+static void test_check_finite(ts_ctx *ctx) {
+    int64_t n5[1] = {5}, n3000[1] = {3000};
+    uint16_t h[5] = {0x3c00, 0x7bff, 0x7c01, 0x0000, 0xfc00}; /* f16 */
+    float f[3000] = {0};
+    f[2049] = -INFINITY; /* in the third block of 1024 */
+    uint16_t b[5] = {0x7f7f, 0xff7f, 0x0001, 0x8000, 0x3f80}; /* bf16 max.. */
+    int32_t i[5] = {0x7f800000, -1, 0x7fc00000, 0, 1};
+    ts_tensor *ts[4] = {ts_from_data(ctx, TS_F16, 1, n5, h),
+                        ts_from_data(ctx, TS_F32, 1, n3000, f),
+                        ts_from_data(ctx, TS_BF16, 1, n5, b),
+                        ts_from_data(ctx, TS_I32, 1, n5, i)};
+    const char *names[4] = {"half", "single", "brain", "ints"};
+    char p[600];
+    snprintf(p, sizeof p, "%s/finite.safetensors", dir);
+    CHECK_OK(ctx, ts_safetensors_save(ctx, p, 4, names, ts, 0, NULL));
+    ts_safetensors *st = NULL;
+    CHECK_OK(ctx, ts_safetensors_open(ctx, p, &st));
+    CHECK(ts_safetensors_check_finite(st, "half") == TS_ERR_IO);
+    CHECK_MSG(ctx, "tensor \"half\" holds NaN at flat index 2 (of 5 f16 "
+                   "values)");
+    ts_clear_error(ctx);
+    CHECK(ts_safetensors_check_finite(st, "single") == TS_ERR_IO);
+    CHECK_MSG(ctx, "tensor \"single\" holds -Inf at flat index 2049 (of "
+                   "3000 f32 values)");
+    ts_clear_error(ctx);
+    CHECK_OK(ctx, ts_safetensors_check_finite(st, "brain"));
+    CHECK_OK(ctx, ts_safetensors_check_finite(st, "ints"));
+    CHECK(ts_safetensors_check_finite(st, "nothing") == TS_ERR_INVALID_ARG);
+    ts_clear_error(ctx);
+    ts_dtype dt;
+    int nd = 0;
+    int64_t shape[TS_MAX_DIMS];
+    CHECK(ts_safetensors_shape(st, "single", &dt, &nd, shape) && dt == TS_F32 &&
+          nd == 1 && shape[0] == 3000);
+    CHECK(!ts_safetensors_shape(st, "nothing", NULL, NULL, NULL) &&
+          ts_ctx_status(ctx) == TS_OK);
+    ts_safetensors_close(st);
+    for (int k = 0; k < 4; k++)
+        ts_release(ts[k]);
+}
+
 static void test_unused_tensors(ts_ctx *ctx) {
     char d[700];
     ts_lm *lm = NULL;
@@ -436,6 +479,7 @@ int main(int argc, char **argv) {
     test_shape_overflow(ctx);
     test_config_sizes(ctx);
     test_weight_values(ctx);
+    test_check_finite(ctx);
     test_unused_tensors(ctx);
     ts_ctx_free(ctx);
     return test_finish("test_model_load");
