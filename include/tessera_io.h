@@ -32,6 +32,15 @@ const char *ts_safetensors_metadata(const ts_safetensors *st, const char *key);
  * when aligned for its dtype, else a copy. NULL + TS_ERR_INVALID_ARG naming
  * the tensor and file when absent. */
 ts_tensor *ts_safetensors_get(ts_safetensors *st, const char *name);
+/* The named tensor's dtype, dims and shape (shape: TS_MAX_DIMS entries)
+ * from the header, without reading its data; false when absent (no error
+ * recorded). Any argument but st and name may be NULL. */
+bool ts_safetensors_shape(const ts_safetensors *st, const char *name,
+                          ts_dtype *dt, int *ndim, int64_t *shape);
+/* One pass over the named tensor's mapped bytes: TS_OK when every value
+ * is finite (integer tensors always are), else TS_ERR_IO naming the file,
+ * the tensor, NaN or Inf and the flat index of the first one. */
+ts_status ts_safetensors_check_finite(ts_safetensors *st, const char *name);
 
 /* Writes n named tensors (any layout; written row-major) and optional
  * metadata pairs (meta[2k] = key, meta[2k+1] = value, n_meta pairs) to
@@ -40,6 +49,24 @@ ts_tensor *ts_safetensors_get(ts_safetensors *st, const char *name);
 ts_status ts_safetensors_save(ts_ctx *ctx, const char *path, int n,
                               const char *const *names, ts_tensor *const *ts,
                               int n_meta, const char *const *meta);
+
+/* ---- model folders ----------------------------------------------------- */
+
+/* What a model folder must hold (ts_model_dir_check's need). */
+enum {
+    TS_MODEL_CONFIG = 1,  /* config.json */
+    TS_MODEL_WEIGHTS = 2, /* model.safetensors | model.safetensors.index.json */
+    TS_MODEL_TOKENIZER = 4, /* tokenizer.json */
+    TS_MODEL_ALL = 7
+};
+/* TS_OK when path is a folder holding what need asks for. Otherwise an
+ * error that says what to give: a path that does not exist; a file (its
+ * folder suggested); a GGUF file (not supported yet); a folder missing
+ * files (what was looked for and what the folder holds). What every
+ * loader of a model folder calls first. */
+ts_status ts_model_dir_check(ts_ctx *ctx, const char *path, unsigned need);
+/* Whether path is a file starting with GGUF's magic. */
+bool ts_file_is_gguf(const char *path);
 
 /* ---- config.json ------------------------------------------------------ */
 
@@ -78,7 +105,8 @@ typedef struct {
 
 /* Reads path (a config.json, or a folder holding one). An unsupported
  * model type is an error listing the supported ones; a missing or
- * mistyped field is an error naming it. */
+ * mistyped field, or a size outside what a model can have, is an error
+ * naming the field and the allowed range. */
 ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out);
 const char *ts_arch_name(ts_arch a);
 

@@ -15,9 +15,13 @@ ts_qwen3_config ts_decoder_config(const ts_model_config *mc);
 
 /* Builds the Qwen3 model that dir's config.json describes and fills its
  * parameters from dir's safetensors (one file or shards), converting the
- * stored dtype to the model's f32. Every parameter must be present with
- * its exact shape (lm_head.weight may be absent when embeddings are tied);
- * errors name the tensor and the file. */
+ * stored dtype to the model's f32. dir must be a model folder
+ * (ts_model_dir_check). Every parameter must be present with its exact
+ * shape (lm_head.weight may be absent when embeddings are tied), checked
+ * against the checkpoint's header before anything is allocated; errors
+ * name the tensor, the file and both shapes. The weights are scanned for
+ * NaN/Inf (see ts_load_options); tensors the model does not use are
+ * reported as a warning. */
 ts_status ts_qwen3_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out);
 /* The same for any decoder the ts_qwen3 model covers: qwen3, qwen2 (q/k/v
  * biases, no qk-norm) and llama (no qk-norm, llama3 rope scaling). */
@@ -32,6 +36,16 @@ ts_status ts_decoder_load_as(ts_ctx *ctx, const char *dir,
 typedef struct {
     ts_dtype weight_dtype;  /* TS_F32 (0, the default) or TS_BF16 */
     const char *device_map; /* NULL: everything on the current device */
+    /* Loading scans the f32/bf16/f16 weights the model uses once and
+     * refuses a checkpoint holding NaN or Inf (the first one named: tensor
+     * and index); true skips the scan (`--no-check-weights`). */
+    bool no_check_weights;
+    /* Where warnings go, e.g. "Some weights of the checkpoint at DIR were
+     * not used: ..." (tensors the model does not have, layers beyond
+     * config.json's count): warn(warn_user, message); NULL prints
+     * "tessera: warning: message" to stderr. */
+    void (*warn)(void *warn_user, const char *message);
+    void *warn_user;
 } ts_load_options;
 ts_status ts_decoder_load_opts(ts_ctx *ctx, const char *dir,
                                const ts_load_options *opt,
@@ -43,6 +57,11 @@ typedef struct ts_gpt2_model ts_gpt2_model;
 /* Loaded from a Hugging Face folder (inference: the parameters do not
  * require grad; set it on ts_gpt2_params to fine-tune). */
 ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out);
+/* ... with options (weight_dtype must be f32 and device_map NULL: the
+ * model is made on the current device; the checks and warnings as for
+ * the decoders) */
+ts_status ts_gpt2_load_opts(ts_ctx *ctx, const char *dir,
+                            const ts_load_options *opt, ts_gpt2_model **out);
 /* A new model for training: cfg a gpt2 config (ts_config_load's, or filled
  * by hand: arch TS_ARCH_GPT2, vocab, hidden, layers, heads, head_dim =
  * hidden / heads, intermediate, max_positions, norm_eps); the LM head is
@@ -102,6 +121,9 @@ ts_status ts_gpt2_generate_greedy(ts_gpt2_model *m, const int64_t *prompt,
  * generation and serving drive without knowing the architecture. gpt2
  * takes a one-device map and f32 weights only. */
 typedef struct ts_lm ts_lm;
+/* dir must be a model folder (ts_model_dir_check: config.json and the
+ * safetensors); opt may be NULL (f32, one device, weights checked,
+ * warnings to stderr). */
 ts_status ts_lm_load(ts_ctx *ctx, const char *dir, const ts_load_options *opt,
                      ts_lm **out);
 void ts_lm_free(ts_lm *lm);

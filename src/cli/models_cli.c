@@ -34,6 +34,9 @@ int tessera_info(int argc, char **argv) {
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
     ts_model_config c;
+    if (ts_model_dir_check(ctx, dir, TS_MODEL_CONFIG | TS_MODEL_WEIGHTS) !=
+        TS_OK)
+        return fail(ctx, "-m takes a model folder");
     if (ts_config_load(ctx, dir, &c) != TS_OK)
         return fail(ctx, "config");
     ts_safetensors *st;
@@ -121,9 +124,12 @@ static int write_npy(const char *path, const float *data, int nd,
 int tessera_logits(int argc, char **argv) {
     const char *dir = NULL, *ids_arg = NULL, *out = NULL, *map = NULL;
     ts_dtype wdt = TS_F32;
+    bool no_check = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc)
             dir = argv[++i];
+        else if (!strcmp(argv[i], "--no-check-weights"))
+            no_check = true;
         else if (!strcmp(argv[i], "--ids") && i + 1 < argc)
             ids_arg = argv[++i];
         else if (!strcmp(argv[i], "--out") && i + 1 < argc)
@@ -139,7 +145,8 @@ int tessera_logits(int argc, char **argv) {
     if (!dir || !ids_arg || !out) {
         fprintf(stderr,
                 "usage: tessera logits -m DIR --ids 1,2,3 --out FILE.npy "
-                "[--dtype f32|bf16] [--device-map MAP]\n");
+                "[--dtype f32|bf16] [--device-map MAP] "
+                "[--no-check-weights]\n");
         return 2;
     }
     int64_t ids[4096];
@@ -167,7 +174,8 @@ int tessera_logits(int argc, char **argv) {
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
     ts_lm *m;
-    ts_load_options lo = {.weight_dtype = wdt, .device_map = map};
+    ts_load_options lo = {
+        .weight_dtype = wdt, .device_map = map, .no_check_weights = no_check};
     if (ts_lm_load(ctx, dir, &lo, &m) != TS_OK)
         return fail(ctx, "model");
     int64_t shape[2] = {1, n};

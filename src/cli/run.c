@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,7 +27,11 @@ static int usage(void) {
             "         [--chat] [--system TEXT] [-i|--interactive] "
             "[--ctx-size N] [--verbose-prompt]\n"
             "         [--dtype f32|bf16] [--device-map MAP] "
-            "[--eager|--compile]\n"
+            "[--eager|--compile] [--no-check-weights]\n"
+            "-m takes a model folder (config.json, *.safetensors, "
+            "tokenizer.json).\n"
+            "--no-check-weights: load without scanning the weights for "
+            "NaN/Inf.\n"
             "Without -p and with a terminal on stdin: an interactive chat.\n");
     return 2;
 }
@@ -82,7 +87,7 @@ typedef struct {
     const char *dir, *prompt, *system, *device_map, *stops[MAX_STOPS];
     int n_stops, max_new;
     int64_t ctx_size;
-    bool compiled, chat, interactive, verbose_prompt;
+    bool compiled, chat, interactive, verbose_prompt, no_check_weights;
     ts_dtype wdt;
 } run_opts;
 
@@ -420,6 +425,8 @@ int tessera_run(int argc, char **argv) {
             o.interactive = true;
         else if (!strcmp(a, "--verbose-prompt"))
             o.verbose_prompt = true;
+        else if (!strcmp(a, "--no-check-weights"))
+            o.no_check_weights = true;
         else if (!strcmp(a, "--compile"))
             o.compiled = true;
         else if (!strcmp(a, "--eager"))
@@ -437,6 +444,13 @@ int tessera_run(int argc, char **argv) {
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
+    /* the folder first: one error naming everything it lacks */
+    if (ts_model_dir_check(ctx, o.dir, TS_MODEL_ALL) != TS_OK) {
+        fprintf(stderr, "tessera run: -m takes a model folder: %s\n",
+                ts_errmsg(ctx));
+        ts_ctx_free(ctx);
+        return 1;
+    }
     session S = {.ctx = ctx};
     /* defaults from generation_config.json, then the command line */
     ts_sampling s = ts_sampling_default();
@@ -454,7 +468,9 @@ int tessera_run(int argc, char **argv) {
     if (set[5])
         s.seed = cli.seed;
     int rc = 1;
-    ts_load_options lo = {.weight_dtype = o.wdt, .device_map = o.device_map};
+    ts_load_options lo = {.weight_dtype = o.wdt,
+                          .device_map = o.device_map,
+                          .no_check_weights = o.no_check_weights};
     if (ts_lm_load(ctx, o.dir, &lo, &S.lm) != TS_OK) {
         fail(ctx, "model");
         goto done;
@@ -523,6 +539,17 @@ int tessera_tokenize(int argc, char **argv) {
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
+    /* a tokenizer.json is taken as it is; anything else must be a folder
+     * holding one */
+    struct stat sb;
+    bool file = stat(dir, &sb) == 0 && S_ISREG(sb.st_mode);
+    if ((!file || ts_file_is_gguf(dir)) &&
+        ts_model_dir_check(ctx, dir, TS_MODEL_TOKENIZER) != TS_OK) {
+        fprintf(stderr, "tessera tokenize: -m takes a model folder: %s\n",
+                ts_errmsg(ctx));
+        ts_ctx_free(ctx);
+        return 1;
+    }
     ts_tokenizer *tok;
     if (ts_tokenizer_load(ctx, dir, &tok) != TS_OK) {
         fprintf(stderr, "tessera tokenize: %s\n", ts_errmsg(ctx));

@@ -7,18 +7,38 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The product of the sizes; -1 when a size is negative or the product
+ * passes INT64_MAX (checked, never a signed overflow). */
 int64_t ts_shape_numel(int ndim, const int64_t *shape) {
     int64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        n *= shape[i];
-    return n;
+    bool zero = false, over = false;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return -1;
+        zero |= shape[i] == 0;
+        over |= !zero && __builtin_mul_overflow(n, shape[i], &n);
+    }
+    return zero ? 0 : over ? -1 : n;
+}
+
+/* numel x the dtype's size in bytes, when both fit int64 (and size_t) */
+static bool shape_bytes(int ndim, const int64_t *shape, ts_dtype dt,
+                        size_t *bytes) {
+    int64_t n = ts_shape_numel(ndim, shape), b;
+    if (n < 0 || __builtin_mul_overflow(n, (int64_t)ts_dtype_size(dt), &b) ||
+        (uint64_t)b > SIZE_MAX)
+        return false;
+    *bytes = (size_t)b;
+    return true;
 }
 
 void ts_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
     int64_t s = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         strides[i] = s;
-        s *= shape[i] > 0 ? shape[i] : 1;
+        /* saturates on shapes no tensor can have (creation refuses them) */
+        if (__builtin_mul_overflow(s, shape[i] > 0 ? shape[i] : 1, &s))
+            s = INT64_MAX;
     }
 }
 
@@ -94,6 +114,16 @@ void ts_storage_release(ts_storage *s) {
  * (the callers fill in where the data is); NULL + OOM error on failure. */
 static ts_tensor *header_and_storage(ts_ctx *ctx, ts_dtype dt, int ndim,
                                      const int64_t *shape) {
+    size_t bytes;
+    if (!shape_bytes(ndim, shape, dt, &bytes)) {
+        char sb[160];
+        ts_set_error(ctx, TS_ERR_RANGE,
+                     "tensor of shape %s and dtype %s: its size overflows "
+                     "64 bits",
+                     ts_shape_str(ndim, shape, sb, sizeof sb),
+                     ts_dtype_name(dt));
+        return NULL;
+    }
     ts_tensor *t = calloc(1, sizeof *t);
     ts_storage *s = calloc(1, sizeof *s);
     if (!t || !s) {
@@ -102,7 +132,7 @@ static ts_tensor *header_and_storage(ts_ctx *ctx, ts_dtype dt, int ndim,
         return NULL;
     }
     s->refcount = 1;
-    s->bytes = (size_t)ts_shape_numel(ndim, shape) * ts_dtype_size(dt);
+    s->bytes = bytes;
     s->ctx = ctx;
     s->device.kind = ctx->backend->kind;
     s->device.index = ctx->device_index;
@@ -178,8 +208,16 @@ ts_tensor *ts_tensor_new(ts_ctx *ctx, ts_dtype dt, int ndim,
     }
     if (!shape_valid(ctx, "ts_empty", ndim, shape))
         return NULL;
+    size_t bytes;
+    if (!shape_bytes(ndim, shape, dt, &bytes)) {
+        char sb[160];
+        ts_set_error(ctx, TS_ERR_RANGE,
+                     "ts_empty: shape %s of %s: its size overflows 64 bits",
+                     ts_shape_str(ndim, shape, sb, sizeof sb),
+                     ts_dtype_name(dt));
+        return NULL;
+    }
     ts_tensor *t = calloc(1, sizeof *t);
-    size_t bytes = (size_t)ts_shape_numel(ndim, shape) * ts_dtype_size(dt);
     if (t)
         t->storage = storage_new(ctx, bytes);
     if (!t || !t->storage) {

@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const struct {
     const char *model_type, *architecture;
@@ -89,6 +90,54 @@ static int64_t get_token(reader *r, const char *key) {
     return json_is_integer(v) ? json_integer_value(v) : -1;
 }
 
+/* What each size may be: from 1 (or lo) to hi, so that no product of
+ * them (vocab x hidden, heads x head_dim x hidden, ...) nor its bytes can
+ * overflow 64 bits, token ids and positions fit 32 bits, and layers stay
+ * under the models' limit. */
+#define MAX_VOCAB     2147483647ll
+#define MAX_HIDDEN    1048576ll
+#define MAX_LAYERS    4096ll
+#define MAX_HEADS     4096ll
+#define MAX_HEAD_DIM  4096ll
+#define MAX_FFN       16777216ll
+#define MAX_POSITIONS 2147483647ll
+#define MAX_THETA     1e15
+
+static ts_status check_ranges(ts_ctx *ctx, const char *file,
+                              const ts_model_config *c) {
+    bool gpt2 = c->arch == TS_ARCH_GPT2;
+    const struct {
+        const char *name;
+        int64_t v, lo, hi;
+    } ints[] = {
+        {"vocab_size", c->vocab, 1, MAX_VOCAB},
+        {gpt2 ? "n_embd" : "hidden_size", c->hidden, 1, MAX_HIDDEN},
+        {gpt2 ? "n_layer" : "num_hidden_layers", c->layers, 1, MAX_LAYERS},
+        {gpt2 ? "n_head" : "num_attention_heads", c->heads, 1, MAX_HEADS},
+        {"num_key_value_heads", c->kv_heads, 1, MAX_HEADS},
+        {"head_dim", c->head_dim, 1, MAX_HEAD_DIM},
+        {gpt2 ? "n_inner" : "intermediate_size", c->intermediate, 1, MAX_FFN},
+        {gpt2 ? "n_positions" : "max_position_embeddings", c->max_positions, 1,
+         MAX_POSITIONS},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
+        if (ints[i].v < ints[i].lo || ints[i].v > ints[i].hi)
+            return ts_set_error(ctx, TS_ERR_RANGE,
+                                "%s: %s is %lld; allowed %lld to %lld", file,
+                                ints[i].name, (long long)ints[i].v,
+                                (long long)ints[i].lo, (long long)ints[i].hi);
+    const char *eps = gpt2 ? "layer_norm_epsilon" : "rms_norm_eps";
+    if (!(c->norm_eps > 0 && c->norm_eps < 1))
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "%s: %s is %g; allowed above 0 and below 1", file,
+                            eps, c->norm_eps);
+    if (!gpt2 && !(c->rope_theta > 0 && c->rope_theta <= MAX_THETA))
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "%s: rope_theta is %g; allowed above 0 up to %g",
+                            file, c->rope_theta, MAX_THETA);
+    return TS_OK;
+}
+
 ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
     if (!ctx)
         return TS_ERR_INVALID_ARG;
@@ -96,13 +145,24 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
         return ts_set_error(ctx, TS_ERR_INVALID_ARG,
                             "ts_config_load: NULL argument");
     memset(out, 0, sizeof *out);
+    /* a folder without config.json, a path that is not there, a GGUF
+     * file: said as such, not as a JSON error */
+    struct stat sb;
+    bool dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (dir || stat(path, &sb) != 0 || ts_file_is_gguf(path)) {
+        ts_status s = ts_model_dir_check(ctx, path, TS_MODEL_CONFIG);
+        if (s != TS_OK)
+            return s;
+    }
     char file[4096];
     ts_file_in(path, "config.json", file, sizeof file);
     json_error_t jerr;
     json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && jerr.line > 0)
+        return ts_set_error(ctx, TS_ERR_IO, "%s: not valid JSON: %s (line %d)",
+                            file, jerr.text, jerr.line);
     if (!root)
-        return ts_set_error(ctx, TS_ERR_IO, "%s: %s (line %d)", file, jerr.text,
-                            jerr.line);
+        return ts_set_error(ctx, TS_ERR_IO, "%s: %s", file, jerr.text);
     reader r = {ctx, file, root, TS_OK};
     if (!json_is_object(root))
         r.st = ts_set_error(ctx, TS_ERR_IO, "%s: not a JSON object", file);
@@ -135,7 +195,9 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
             out->layers = get_int(&r, "n_layer", true, 0);
             out->heads = get_int(&r, "n_head", true, 0);
             out->kv_heads = out->heads;
-            out->intermediate = get_int(&r, "n_inner", false, 4 * out->hidden);
+            out->intermediate =
+                get_int(&r, "n_inner", false,
+                        out->hidden <= MAX_HIDDEN ? 4 * out->hidden : 0);
             out->max_positions = get_int(&r, "n_positions", true, 0);
             out->norm_eps = get_num(&r, "layer_norm_epsilon", 1e-5);
             out->tie_word_embeddings = true;
@@ -190,6 +252,8 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
         }
     }
     /* sizes that make a model */
+    if (!r.st)
+        r.st = check_ranges(ctx, file, out);
     if (!r.st) {
         const char *bad =
             out->vocab <= 0    ? "vocab_size"

@@ -221,9 +221,22 @@ static ts_status open_file(ts_safetensors *st, const char *path) {
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--)
         hlen = (hlen << 8) | p[i];
+    if (!memcmp(p, "GGUF", 4))
+        return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                            "%s: a GGUF file, not safetensors; GGUF is not "
+                            "supported yet; give a Hugging Face folder with "
+                            "config.json and *.safetensors",
+                            path);
+    if (hlen > MAX_HEADER && (p[0] == '{' || p[0] == '['))
+        return ts_set_error(ctx, TS_ERR_IO,
+                            "%s: not a safetensors file (it starts with '%c': "
+                            "JSON?); safetensors start with an 8-byte header "
+                            "length",
+                            path, p[0]);
     if (hlen > MAX_HEADER)
         return ts_set_error(ctx, TS_ERR_IO,
-                            "%s: header length %llu is over the limit of %llu",
+                            "%s: header length %llu is over the limit of %llu "
+                            "(not a safetensors file?)",
                             path, (unsigned long long)hlen, MAX_HEADER);
     if (8 + hlen > len)
         return ts_set_error(
@@ -492,6 +505,109 @@ ts_tensor *ts_safetensors_get(ts_safetensors *st, const char *name) {
     if (!t)
         map_release(m);
     return t;
+}
+
+static const entry *find_entry(const ts_safetensors *st, const char *name) {
+    for (int i = 0; st && name && i < st->n; i++)
+        if (!strcmp(st->e[i].name, name))
+            return &st->e[i];
+    return NULL;
+}
+
+bool ts_safetensors_shape(const ts_safetensors *st, const char *name,
+                          ts_dtype *dt, int *ndim, int64_t *shape) {
+    const entry *e = find_entry(st, name);
+    if (!e)
+        return false;
+    if (dt)
+        *dt = e->dt;
+    if (ndim)
+        *ndim = e->ndim;
+    if (shape)
+        memcpy(shape, e->shape, sizeof(int64_t) * (size_t)e->ndim);
+    return true;
+}
+
+/* The first element of n whose bits under mask are all set (an IEEE
+ * NaN or Inf: exponent all ones), or -1. Blocks of 1024 elements are
+ * tested without branches (vectorizable), the hit found inside its block.
+ * width: 2 or 4 bytes; p may be unaligned. */
+static int64_t first_nonfinite(const unsigned char *p, int64_t n, int width,
+                               uint32_t mask) {
+    enum { BLOCK = 1024 };
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int64_t m = n - b < BLOCK ? n - b : BLOCK;
+        const unsigned char *q = p + b * width;
+        uint32_t any = 0;
+        if (width == 4)
+            for (int64_t i = 0; i < m; i++) {
+                uint32_t u;
+                memcpy(&u, q + 4 * i, 4);
+                any |= (u & mask) == mask;
+            }
+        else
+            for (int64_t i = 0; i < m; i++) {
+                uint16_t u;
+                memcpy(&u, q + 2 * i, 2);
+                any |= ((uint32_t)u & mask) == mask;
+            }
+        if (!any)
+            continue;
+        for (int64_t i = 0; i < m; i++) {
+            uint32_t u = 0;
+            if (width == 4)
+                memcpy(&u, q + 4 * i, 4);
+            else {
+                uint16_t h;
+                memcpy(&h, q + 2 * i, 2);
+                u = h;
+            }
+            if ((u & mask) == mask)
+                return b + i;
+        }
+    }
+    return -1;
+}
+
+ts_status ts_safetensors_check_finite(ts_safetensors *st, const char *name) {
+    if (!st)
+        return TS_ERR_INVALID_ARG;
+    const entry *e = find_entry(st, name);
+    if (!e)
+        return ts_set_error(st->ctx, TS_ERR_INVALID_ARG, "%s: no tensor \"%s\"",
+                            st->n_files ? st->paths[0] : "safetensors",
+                            name ? name : "(null)");
+    int width = e->dt == TS_F32 ? 4 : 2;
+    uint32_t mask = e->dt == TS_F32    ? 0x7f800000u
+                    : e->dt == TS_BF16 ? 0x7f80u
+                    : e->dt == TS_F16  ? 0x7c00u
+                                       : 0;
+    if (!mask)
+        return TS_OK; /* integers are always finite */
+    const unsigned char *p = (const unsigned char *)st->maps[e->file]->base +
+                             st->data_start[e->file] + e->begin;
+    int64_t n = (int64_t)((e->end - e->begin) / (uint64_t)width);
+    int64_t at = first_nonfinite(p, n, width, mask);
+    if (at < 0)
+        return TS_OK;
+    uint32_t u = 0;
+    if (width == 4)
+        memcpy(&u, p + 4 * at, 4);
+    else {
+        uint16_t h;
+        memcpy(&h, p + 2 * at, 2);
+        u = h;
+    }
+    bool nan = (u & ~mask & (width == 4 ? 0x7fffffffu : 0x7fffu)) != 0;
+    return ts_set_error(
+        st->ctx, TS_ERR_IO,
+        "%s: tensor \"%s\" holds %s at flat index %lld (of %lld %s values): "
+        "the checkpoint is damaged (--no-check-weights loads it anyway)",
+        st->paths[e->file], e->name,
+        nan                      ? "NaN"
+        : (u >> (width * 8 - 1)) ? "-Inf"
+                                 : "Inf",
+        (long long)at, (long long)n, ts_dtype_name(e->dt));
 }
 
 /* ---- writing ---- */

@@ -7,7 +7,7 @@
  * are read by name with or without the "transformer." prefix and listed
  * with it (GPT2LMHeadModel's state_dict names); the causal-mask buffers
  * some checkpoints carry (attn.bias, attn.masked_bias) are ignored. */
-#include "tessera_models.h"
+#include "load_check.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -62,6 +62,7 @@ typedef enum { INIT_NORMAL, INIT_RESIDUAL, INIT_ONES, INIT_ZEROS } gpt2_init;
 typedef struct {
     ts_gpt2_model *m;
     ts_safetensors *st; /* NULL: initialize */
+    ckpt_review *rv;    /* with st: the checks on what is read */
     const char *dir;
     uint64_t seed;
     ts_status s;
@@ -76,31 +77,20 @@ static uint64_t param_seed(uint64_t seed, int i) {
 }
 
 /* name (without "transformer.") from the checkpoint, checked against the
- * shape the config gives, as f32 */
+ * shape the config gives (on the header: nothing read or allocated before)
+ * and for NaN/Inf, as f32 */
 static ts_tensor *load_tensor(gpt2_builder *b, const char *name, int ndim,
                               const int64_t *want) {
-    ts_ctx *ctx = b->m->ctx;
     char full[GPT2_NAME_LEN + 16];
     snprintf(full, sizeof full, "transformer.%s", name);
-    ts_tensor *t = NULL;
-    for (int k = 0; k < ts_safetensors_count(b->st) && !t; k++) {
-        const char *n = ts_safetensors_name(b->st, k);
-        if (!strcmp(n, full) || !strcmp(n, name))
-            t = ts_safetensors_get(b->st, n);
-    }
-    if (!t) {
-        b->s = ts_set_error(ctx, TS_ERR_IO,
-                            "%s: the checkpoint has no tensor \"%s\"", b->dir,
-                            name);
+    int k = ckpt_find(b->rv, full);
+    if (k < 0)
+        k = ckpt_find(b->rv, name);
+    if ((b->s = ckpt_expect(b->rv, k, name, ndim, want)) != TS_OK)
         return NULL;
-    }
-    if (ts_tensor_ndim(t) != ndim ||
-        memcmp(ts_tensor_shape(t), want, sizeof(int64_t) * (size_t)ndim)) {
-        b->s =
-            ts_set_error(ctx, TS_ERR_SHAPE,
-                         "%s: tensor \"%s\" has the wrong shape for the config",
-                         b->dir, name);
-        ts_release(t);
+    ts_tensor *t = ts_safetensors_get(b->st, ts_safetensors_name(b->st, k));
+    if (!t) {
+        b->s = ts_ctx_status(b->m->ctx);
         return NULL;
     }
     if (ts_tensor_dtype(t) != TS_F32) { /* computed in f32 */
@@ -246,16 +236,44 @@ static ts_status model_alloc(ts_ctx *ctx, const ts_model_config *c,
     return TS_OK;
 }
 
-ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out) {
+/* buffers GPT-2 checkpoints carry that no parameter reads (the causal
+ * masks), and the tied head */
+static bool gpt2_ignores(const char *name) {
+    const char *dot = strrchr(name, '.');
+    return !strcmp(name, "lm_head.weight") ||
+           (dot && (!strcmp(dot, ".bias") || !strcmp(dot, ".masked_bias")) &&
+            dot >= name + 5 && !strncmp(dot - 5, ".attn", 5));
+}
+
+static int64_t gpt2_layer_of(const char *name) {
+    long long l;
+    if (!strncmp(name, "transformer.", 12))
+        name += 12;
+    return sscanf(name, "h.%lld.", &l) == 1 ? (int64_t)l : -1;
+}
+
+ts_status ts_gpt2_load_opts(ts_ctx *ctx, const char *dir,
+                            const ts_load_options *opt, ts_gpt2_model **out) {
     if (!ctx)
         return TS_ERR_INVALID_ARG;
     if (!dir || !out)
         return ts_set_error(ctx, TS_ERR_INVALID_ARG,
                             "gpt2_load: NULL argument");
     *out = NULL;
-    ts_model_config c;
-    ts_status s = ts_config_load(ctx, dir, &c);
+    ts_load_options none = {.weight_dtype = TS_F32};
+    if (!opt)
+        opt = &none;
+    if (opt->weight_dtype != TS_F32 || opt->device_map)
+        return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                            "%s: gpt2 keeps its weights in f32 on the current "
+                            "device (no weight_dtype or device_map)",
+                            dir);
+    ts_status s =
+        ts_model_dir_check(ctx, dir, TS_MODEL_CONFIG | TS_MODEL_WEIGHTS);
     if (s)
+        return s;
+    ts_model_config c;
+    if ((s = ts_config_load(ctx, dir, &c)))
         return s;
     if (c.arch != TS_ARCH_GPT2)
         return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
@@ -264,14 +282,20 @@ ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out) {
     ts_gpt2_model *m;
     if ((s = model_alloc(ctx, &c, &m)))
         return s;
-    gpt2_builder b = {.m = m, .dir = dir};
-    if ((s = ts_safetensors_open(ctx, dir, &b.st))) {
+    ckpt_review rv = {0};
+    gpt2_builder b = {.m = m, .dir = dir, .rv = &rv};
+    if ((s = ts_safetensors_open(ctx, dir, &b.st)) ||
+        (s = ckpt_review_begin(&rv, ctx, dir, b.st, opt))) {
+        ts_safetensors_close(b.st);
         ts_gpt2_free(m);
         return s;
     }
     bool old = ts_set_grad_enabled(ctx, false);
     s = build_params(&b);
     ts_set_grad_enabled(ctx, old);
+    if (!s)
+        ckpt_warn_unused(&rv, gpt2_ignores, gpt2_layer_of, c.layers, "n_layer");
+    ckpt_review_end(&rv);
     ts_safetensors_close(b.st);
     if (s) {
         ts_gpt2_free(m);
@@ -279,6 +303,10 @@ ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out) {
     }
     *out = m;
     return TS_OK;
+}
+
+ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out) {
+    return ts_gpt2_load_opts(ctx, dir, NULL, out);
 }
 
 ts_status ts_gpt2_new(ts_ctx *ctx, const ts_model_config *cfg, uint64_t seed,

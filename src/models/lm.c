@@ -35,7 +35,10 @@ ts_status ts_lm_load(ts_ctx *ctx, const char *dir, const ts_load_options *opt,
     if (!lm)
         return ts_set_error(ctx, TS_ERR_OOM, "lm_load: out of memory");
     lm->ctx = ctx;
-    ts_status s = ts_config_load(ctx, dir, &lm->cfg);
+    ts_status s =
+        ts_model_dir_check(ctx, dir, TS_MODEL_CONFIG | TS_MODEL_WEIGHTS);
+    if (s == TS_OK)
+        s = ts_config_load(ctx, dir, &lm->cfg);
     if (s == TS_OK && lm->cfg.arch == TS_ARCH_GPT2) {
         ts_device_map dm = {0};
         lm->gpt2_dev = ts_get_device(ctx);
@@ -54,8 +57,10 @@ ts_status ts_lm_load(ts_ctx *ctx, const char *dir, const ts_load_options *opt,
             s = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
                              "%s: gpt2 keeps its weights in f32", dir);
         ts_device here = ts_get_device(ctx);
+        ts_load_options one = *opt; /* placed and typed above */
+        one.device_map = NULL;
         if (s == TS_OK && (s = ts_set_device(ctx, lm->gpt2_dev)) == TS_OK)
-            s = ts_gpt2_load(ctx, dir, &lm->gpt2);
+            s = ts_gpt2_load_opts(ctx, dir, &one, &lm->gpt2);
         ts_set_device(ctx, here);
     } else if (s == TS_OK) {
         s = ts_decoder_load_opts(ctx, dir, opt, &lm->dec);

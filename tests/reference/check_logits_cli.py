@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """check_logits_cli.py TESSERA DIR — runs `tessera logits` on a model that
 hf_qwen3.py wrote and compares the .npy it writes with the PyTorch
-reference's logits (to 1e-4 of the logit scale); also `tessera info` and a
-bad --ids argument (exit status 2, message on stderr)."""
+reference's logits (to 1e-4 of the logit scale); also `tessera info`, a
+bad --ids argument (exit status 2, message on stderr) and a file given for
+the model folder (exit status 1, its folder suggested)."""
 import os
 import subprocess
 import sys
@@ -60,6 +61,12 @@ def main():
     r = subprocess.run([exe, "info", "-m", os.path.join(root, "bad_unknown_type")],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "not supported" in r.stderr, r.stderr
+    # a file given for its folder: said so, with the folder to give
+    r = subprocess.run([exe, "info", "-m", os.path.join(root, name, "config.json")],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "got a file" in r.stderr and \
+        ("did you mean its folder %s?" % os.path.realpath(os.path.join(root, name))) in r.stderr, \
+        r.stderr
     print("check_logits_cli: logits within %.2e of the scale; info and errors as expected" % err)
 
 

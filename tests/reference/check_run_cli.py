@@ -10,12 +10,19 @@ does (as transformers' apply_chat_template) and generate what the plain
 prompt of that text generates; -i reads turns from stdin, keeps the
 conversation (reusing its cached prefix) and survives a bad turn. GPT-2
 runs through the same command and matches its PyTorch reference;
---device-map splits give the same text."""
+--device-map splits give the same text. Model folders: a file, a GGUF
+file, a missing path or a folder missing files given to -m get errors
+that say what to give; a NaN weight is refused by name (and loads with
+--no-check-weights); unused tensors and layers beyond config.json's are
+warned about and change nothing."""
 import json
 import os
 import re
+import shutil
+import struct
 import subprocess
 import sys
+import tempfile
 
 
 def run(*args):
@@ -94,8 +101,107 @@ def main():
     assert r.returncode == 0 and r.stdout == want + "\n", (r.stdout, r.stderr)
     r = run(exe, "run", "-m", d, "-p", "Hello world", "--device-map", "embed,0:cpu:0")
     assert r.returncode == 1 and "is not placed" in r.stderr, r.stderr
+    check_model_folder_errors(exe, root, d, want)
     print("check_run_cli: greedy text equals the reference; stop, seed, tokenize, chat, "
-          "interactive, gpt2, device_map, errors ok")
+          "interactive, gpt2, device_map, errors, model folder checks ok")
+
+
+def read_safetensors(path):
+    """[(name, dtype, shape, bytes)] in the file's order"""
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    hdr = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    items = [(k, v) for k, v in hdr.items() if k != "__metadata__"]
+    items.sort(key=lambda kv: kv[1]["data_offsets"][0])
+    return [(k, v["dtype"], v["shape"], body[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in items]
+
+
+def write_safetensors(path, tensors):
+    hdr, off = {}, 0
+    for name, dt, shape, b in tensors:
+        hdr[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
+        off += len(b)
+    h = json.dumps(hdr).encode()
+    h += b" " * ((-len(h)) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(t[3] for t in tensors))
+
+
+def variant(src, dst, tensors=None, skip=()):
+    """a copy of the model folder src at dst with other tensors"""
+    os.makedirs(dst, exist_ok=True)
+    for f in os.listdir(src):
+        if f not in skip and f != "model.safetensors":
+            shutil.copy(os.path.join(src, f), dst)
+    if tensors is not None:
+        write_safetensors(os.path.join(dst, "model.safetensors"), tensors)
+    elif "model.safetensors" not in skip:
+        shutil.copy(os.path.join(src, "model.safetensors"), dst)
+    return dst
+
+
+def check_model_folder_errors(exe, root, d, want):
+    """-m mistakes get errors that say what to give (exit 1, no crash);
+    NaN weights are refused by name (and load with --no-check-weights);
+    unused tensors and layers are warned about and change nothing"""
+    def refused(m, *needles, rc=1):
+        r = run(exe, "run", "-m", m, "-p", "Hello world", "-n", "4")
+        assert r.returncode == rc, (m, r.returncode, r.stderr)
+        for n in needles:
+            assert n in r.stderr, (m, n, r.stderr)
+        assert "line -1" not in r.stderr, r.stderr
+        return r
+
+    folder = "-m takes a model folder: "
+    refused(os.path.join(d, "config.json"), folder, "got a file",
+            "did you mean its folder " + os.path.realpath(d) + "?")
+    refused(os.path.join(d, "model.safetensors"), folder, "got a file",
+            "did you mean its folder " + os.path.realpath(d) + "?")
+    with tempfile.TemporaryDirectory() as tmp:
+        gguf = os.path.join(tmp, "model.gguf")
+        with open(gguf, "wb") as f:
+            f.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
+        refused(gguf, "GGUF is not supported yet; give a Hugging Face folder with "
+                "config.json and *.safetensors")
+        refused(os.path.join(tmp, "missing"), "missing: no such folder")
+        for m, said in ((gguf, "GGUF is not supported yet"),
+                        (os.path.join(tmp, "missing"), "missing: no such folder")):
+            r = run(exe, "tokenize", "-m", m, "hi")
+            assert r.returncode == 1 and said in r.stderr, r.stderr
+            assert "line -1" not in r.stderr, r.stderr
+        half = variant(d, os.path.join(tmp, "half"), skip=("tokenizer.json",))
+        refused(half, "half: not a model folder: no tokenizer.json (looked for config.json, "
+                "model.safetensors | model.safetensors.index.json, tokenizer.json; the "
+                "folder holds config.json, generation_config.json, model.safetensors, "
+                "tokenizer_config.json)")
+        t = read_safetensors(os.path.join(d, "model.safetensors"))
+        # a NaN in one tensor: refused naming it; --no-check-weights loads it
+        poisoned = []
+        for name, dt, shape, b in t:
+            if name == "model.layers.1.mlp.up_proj.weight":
+                b = b[:4 * 3] + struct.pack("<f", float("nan")) + b[4 * 4:]
+            poisoned.append((name, dt, shape, b))
+        nan = variant(d, os.path.join(tmp, "nan"), poisoned)
+        refused(nan, 'tensor "model.layers.1.mlp.up_proj.weight" holds NaN at flat index 3 '
+                "(of 2048 f32 values)", "--no-check-weights")
+        r = run(exe, "run", "-m", nan, "-p", "Hello world", "-n", "4", "--no-check-weights")
+        assert r.returncode == 0, r.stderr
+        # an unknown tensor and a layer beyond num_hidden_layers: a warning,
+        # and the same greedy text
+        layer1 = [x for x in t if x[0].startswith("model.layers.1.")]
+        extra = t + [("lm_head.extra.weight", "F32", [32], layer1[0][3][:128])] + \
+            [(n.replace("layers.1.", "layers.2."), dt, sh, b) for n, dt, sh, b in layer1]
+        more = variant(d, os.path.join(tmp, "more"), extra)
+        r = run(exe, "run", "-m", more, "-p", "Hello world", "-n", "24", "--temperature", "0")
+        assert r.returncode == 0 and r.stdout == want + "\n", (r.stdout, r.stderr)
+        assert ("tessera: warning: Some weights of the checkpoint at %s were not used: "
+                "lm_head.extra.weight, model.layers.2." % more) in r.stderr, r.stderr
+        assert ("(%d in all); the checkpoint has layers up to 2, config.json's "
+                "num_hidden_layers is 2" % (1 + len(layer1))) in r.stderr, r.stderr
+        r = run(exe, "run", "-m", d, "-p", "Hello world", "-n", "4")
+        assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
 
 
 if __name__ == "__main__":
