@@ -13,8 +13,9 @@
  * their steps in turn, so all three see the same machine load; each
  * figure is the median of the timed steps after the warm-up steps. MFU =
  * tokens/s x FLOPs per token / peak, FLOPs per token 6 N + 12 L H D T
- * (ts_train_flops_per_token) and peak the cached f32 sgemm rate
- * (ts_peak_flops); an sgemm measured in this run is shown beside it.
+ * (ts_train_flops_per_token) and peak the hardware's (ts_peak_measure:
+ * cores x measured clock x the ISA's FLOPs per cycle, as tessera train
+ * reports it); an sgemm measured in this run is shown beside it.
  *
  *   bench_train [--model gpt2|qwen3|all] [--steps N] [--warmup N]
  *               [--no-torch] [--no-eager] [--small] [--eager-first]
@@ -644,8 +645,10 @@ int main(int argc, char **argv) {
     ts_ctx_options co = {.num_threads = g_threads};
     if (ts_ctx_new(&ctx, &co) != TS_OK) /* sets the pool's thread count */
         die(NULL, "context");
-    bool cached = false;
-    double peak = ts_peak_flops(false, &cached), peak_now = sgemm_now(3);
+    ts_peak_info pk;
+    if (ts_peak_measure(ctx, false, &pk) != TS_OK)
+        die(ctx, "peak");
+    double peak = pk.hardware, peak_now = sgemm_now(3);
     ts_ctx_free(ctx);
     double load[3] = {0};
     FILE *la = fopen("/proc/loadavg", "r");
@@ -654,10 +657,12 @@ int main(int argc, char **argv) {
             load[0] = load[1] = load[2] = -1;
         fclose(la);
     }
-    printf("bench_train: f32, %d threads; peak %.1f GFLOP/s (ts_peak_flops, "
-           "%s); sgemm 2048 now %.1f GFLOP/s; load average %.2f %.2f %.2f\n",
-           g_threads, peak / 1e9, cached ? "cached" : "measured",
-           peak_now / 1e9, load[0], load[1], load[2]);
+    printf("bench_train: f32, %d threads; hardware peak %.1f GFLOP/s (%d "
+           "cores x %.2f GHz x %d FLOP/cycle, %s, %s); sgemm 2048 now %.1f "
+           "GFLOP/s (achievable); load average %.2f %.2f %.2f\n",
+           g_threads, peak / 1e9, pk.cores, pk.clock_hz / 1e9,
+           (int)pk.flops_per_cycle, pk.isa, pk.cpu, peak_now / 1e9, load[0],
+           load[1], load[2]);
     bool met = true;
     if (!strcmp(which, "all") || !strcmp(which, "gpt2")) {
         bench_model b = gpt2_model(o.small);

@@ -121,6 +121,11 @@ static void test_views(ts_ctx *ctx) {
     ts_get(rp, i2, &v);
     /* rp = permuted(x) flattened: element 23 in order of p */
     CHECK(v == at(p, 3, 1, 2));
+    /* sizes whose product passes 2^63: an error, not a signed overflow */
+    int64_t huge[3] = {(int64_t)1 << 62, 4, -1};
+    CHECK(ts_reshape(x, 3, huge) == NULL);
+    CHECK_MSG(ctx, "more than 2^63 elements");
+    ts_clear_error(ctx);
     /* a transposed pair of dims that are mergeable stays a view */
     ts_tensor *t = ts_transpose(x, 0, 1); /* (3, 2, 4) */
     int64_t m[2] = {6, 4};

@@ -66,8 +66,10 @@ ts_tensor *ts_reshape(ts_tensor *x, int ndim, const int64_t *shape) {
         } else if (shape[i] < 0) {
             return fail(ctx, TS_ERR_SHAPE, "reshape: negative size in %s",
                         ts_shape_str(ndim, shape, sb, sizeof sb));
-        } else {
-            known *= shape[i];
+        } else if (__builtin_mul_overflow(known, shape[i], &known)) {
+            return fail(ctx, TS_ERR_SHAPE,
+                        "reshape: %s has more than 2^63 elements",
+                        ts_shape_str(ndim, shape, sb, sizeof sb));
         }
         a.i[i] = shape[i];
     }
