@@ -11,13 +11,16 @@
  * - export from one engine, a frame over a socket, import into another:
  *   the second engine reports the prefix cached and answers exactly as the
  *   first; a corrupt frame is refused and adopts nothing; a full pool
- *   adopts less; tokens outside the vocabulary are refused.
+ *   adopts less; tokens outside the vocabulary are refused;
+ * - the API-key check (Bearer scheme, every near miss refused) and the
+ *   --kv-peers allow-list (parsing, bad entries named, exact matches).
  * argv: HF_MODELS_DIR */
 #include "tessera_engine.h"
 #include "tessera_models.h"
 #include "test_util.h"
 
 #include "router/policy.h"
+#include "server/auth.h"
 #include "server/kv_transfer.h"
 
 #include <pthread.h>
@@ -463,6 +466,60 @@ out:
     ts_engine_free(a), ts_engine_free(b), ts_engine_free(full);
 }
 
+/* ---- API keys and KV peers ---- */
+
+static void test_auth(void) {
+    CHECK(ts_ct_equal("abc", 3, "abc", 3));
+    CHECK(!ts_ct_equal("abd", 3, "abc", 3));
+    CHECK(!ts_ct_equal("ab", 2, "abc", 3));
+    CHECK(!ts_ct_equal("abcabc", 6, "abc", 3)); /* a repeat of the key */
+    CHECK(!ts_ct_equal("", 0, "abc", 3));
+    CHECK(ts_ct_equal("", 0, "", 0));
+    const char *key = "sk-0123456789";
+    CHECK(ts_bearer_ok("Bearer sk-0123456789", key));
+    CHECK(ts_bearer_ok("bearer   sk-0123456789 ", key));
+    const char *bad[] = {NULL,
+                         "",
+                         "Bearer",
+                         "Bearer ",
+                         "Bearer sk-012345678",
+                         "Bearer sk-01234567890",
+                         "Bearer sk-0123456788",
+                         "Basic sk-0123456789",
+                         "sk-0123456789",
+                         "Bearersk-0123456789",
+                         "Bearer sk-0123456789 x"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK(!ts_bearer_ok(bad[i], key));
+    CHECK(!ts_bearer_ok("Bearer x", NULL));
+
+    ts_kv_peers p;
+    char err[256];
+    CHECK(ts_kv_peers_parse("127.0.0.1:7001,decode-b.local:7002", &p, err,
+                            sizeof err) == 0);
+    CHECK(p.n == 2 && p.port[0] == 7001 &&
+          !strcmp(p.host[1], "decode-b.local"));
+    CHECK(ts_kv_peers_allow(&p, "127.0.0.1:7001"));
+    CHECK(ts_kv_peers_allow(&p, "DECODE-B.local:7002"));
+    const char *no[] = {"127.0.0.1:7002",  "127.0.0.1:70010", "127.0.0.2:7001",
+                        "localhost:7001",  "127.0.0.1:7001 ", "127.0.0.1",
+                        ":7001",           "127.0.0.1:+7001", "",
+                        "127.0.0.1:07001x"};
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++)
+        CHECK(!ts_kv_peers_allow(&p, no[i]));
+    CHECK(!ts_kv_peers_allow(NULL, "127.0.0.1:7001"));
+    const char *badlist[] = {"",        "127.0.0.1", "127.0.0.1:0",
+                             "h:65536", "h:7001,",   "h:7001,,h:7002",
+                             "h:x",     "a b:1"};
+    for (size_t i = 0; i < sizeof badlist / sizeof *badlist; i++) {
+        err[0] = 0;
+        CHECK(ts_kv_peers_parse(badlist[i], &p, err, sizeof err) == -1);
+        CHECK(strstr(err, "--kv-peers") != NULL);
+    }
+    CHECK(ts_kv_peers_parse("h:1,nonsense", &p, err, sizeof err) == -1 &&
+          strstr(err, "\"nonsense\""));
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s HF_MODELS_DIR\n", argv[0]);
@@ -473,6 +530,7 @@ int main(int argc, char **argv) {
     test_policies();
     test_weights();
     test_frames();
+    test_auth();
     ts_ctx *ctx = test_ctx();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/gqa2_untied", argv[1]);
