@@ -195,7 +195,7 @@ async function part2(S1) {
   const r0 = await call(R0.url, "/v1/completions", { body: completion() });
   assert.equal(r0.status, 401, `a router without the server's key: ${r0.status} ${r0.text}`);
   for (const p of [R, R0]) p.child.kill("SIGTERM");
-  await Promise.all([R.exited, R0.exited]);
+  for (const p of [R, R0]) assert.equal((await p.exited).code, 0, `${p.name} on SIGTERM:\n${p.log}`);
   console.log("net_guard: 2 API keys: 401 without or with a wrong key, 200 with it, direct and through the router");
 }
 
@@ -283,6 +283,13 @@ async function main() {
   await part2(S1);
   await part3(S1);
   await part4();
+  // SIGTERM: every process stops cleanly (under the sanitizers: no report)
+  const live = procs.filter((p) => !p.exit);
+  for (const p of live) p.child.kill("SIGTERM");
+  for (const p of live) {
+    const e = await Promise.race([p.exited, sleep(8000).then(() => null)]);
+    assert.ok(e && e.code === 0, `${p.name} on SIGTERM: ${JSON.stringify(e)}\n${p.log.slice(-3000)}`);
+  }
   console.log(`net_guard: all checks passed in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
 }
 
