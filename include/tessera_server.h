@@ -41,6 +41,9 @@ typedef struct {
      * KV addresses "HOST:PORT,..." a request may name as its
      * kv_transfer_params target (exactly as written); NULL: none may */
     const char *kv_peers;
+    /* the receiving side (kv_port): the IPv4 addresses "A.B.C.D,..." (or
+     * "any") that may send KV blocks; NULL: loopback only */
+    const char *kv_senders;
     const char *api_key; /* NULL or "": no authentication */
     /* listener limits, 0: the defaults (TS_SERVER_DEFAULT_*): connections
      * in all, from one client address, and the seconds a connection may

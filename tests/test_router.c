@@ -13,7 +13,8 @@
  *   first; a corrupt frame is refused and adopts nothing; a full pool
  *   adopts less; tokens outside the vocabulary are refused;
  * - the API-key check (Bearer scheme, every near miss refused) and the
- *   --kv-peers allow-list (parsing, bad entries named, exact matches).
+ *   --kv-peers allow-list (parsing, bad entries named, exact matches);
+ *   the KV receiver's --kv-senders (loopback only by default).
  * argv: HF_MODELS_DIR */
 #include "tessera_engine.h"
 #include "tessera_models.h"
@@ -23,6 +24,8 @@
 #include "server/auth.h"
 #include "server/kv_transfer.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -518,6 +521,38 @@ static void test_auth(void) {
     }
     CHECK(ts_kv_peers_parse("h:1,nonsense", &p, err, sizeof err) == -1 &&
           strstr(err, "\"nonsense\""));
+
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6};
+    const struct sockaddr *sa = (const struct sockaddr *)&a;
+#define FROM(ip) (inet_pton(AF_INET, ip, &a.sin_addr), sa)
+    CHECK(ts_kv_senders_allow(NULL, FROM("127.0.0.1")));
+    CHECK(ts_kv_senders_allow(NULL, FROM("127.0.0.2")));
+    CHECK(!ts_kv_senders_allow(NULL, FROM("10.0.0.5")));
+    CHECK(!ts_kv_senders_allow(NULL, FROM("128.0.0.1")));
+    CHECK(!ts_kv_senders_allow(NULL, (const struct sockaddr *)&a6));
+    ts_kv_senders ks;
+    CHECK(ts_kv_senders_parse("10.0.0.5,192.168.1.2", &ks, err, sizeof err) ==
+          0);
+    CHECK(ts_kv_senders_allow(&ks, FROM("10.0.0.5")));
+    CHECK(ts_kv_senders_allow(&ks, FROM("192.168.1.2")));
+    CHECK(!ts_kv_senders_allow(&ks, FROM("10.0.0.6")));
+    CHECK(!ts_kv_senders_allow(&ks, FROM("127.0.0.1"))); /* as listed only */
+    CHECK(ts_kv_senders_parse("any", &ks, err, sizeof err) == 0);
+    CHECK(ts_kv_senders_allow(&ks, FROM("10.9.9.9")));
+#undef FROM
+    const char *badsend[] = {"",
+                             "10.0.0",
+                             "10.0.0.5,",
+                             "decode.local",
+                             "::1",
+                             "10.0.0.5,,10.0.0.6",
+                             "any,10.0.0.1"};
+    for (size_t i = 0; i < sizeof badsend / sizeof *badsend; i++) {
+        err[0] = 0;
+        CHECK(ts_kv_senders_parse(badsend[i], &ks, err, sizeof err) == -1);
+        CHECK(strstr(err, "--kv-senders") != NULL);
+    }
 }
 
 int main(int argc, char **argv) {

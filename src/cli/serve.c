@@ -17,6 +17,9 @@ static int usage(FILE *f) {
             "[--dtype f32|bf16] [--device-map MAP]\n"
             "         [--kv-port PORT] (receive KV blocks from prefill "
             "servers; 0: any port)\n"
+            "         [--kv-senders A.B.C.D,...|any] (who may send KV "
+            "blocks to --kv-port;\n"
+            "           default: loopback addresses only)\n"
             "         [--kv-peers HOST:PORT,...] (the decode servers' KV "
             "addresses a prefill\n"
             "           request may name as kv_transfer_params.target, as "
@@ -100,6 +103,8 @@ int tessera_serve(int argc, char **argv) {
             o.kv_port = (int)n, i++;
         else if (!strcmp(a, "--kv-peers") && v)
             o.kv_peers = v, i++;
+        else if (!strcmp(a, "--kv-senders") && v)
+            o.kv_senders = v, i++;
         else if (!strcmp(a, "--api-key") && v && *v)
             o.api_key = v, i++;
         else if (!strcmp(a, "--max-connections") && v &&

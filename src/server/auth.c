@@ -1,7 +1,9 @@
 /* auth.c — API-key and KV-peer checks (auth.h); no I/O, no state. */
 #include "auth.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +106,66 @@ bool ts_kv_peers_allow(const ts_kv_peers *p, const char *target) {
         return false;
     for (int i = 0; i < p->n; i++)
         if (p->port[i] == port && !strcasecmp(p->host[i], host))
+            return true;
+    return false;
+}
+
+int ts_kv_senders_parse(const char *list, ts_kv_senders *s, char *err,
+                        size_t errcap) {
+    memset(s, 0, sizeof *s);
+    const char *p = list ? list : "";
+    if (!strcmp(p, "any")) {
+        s->any = true;
+        return 0;
+    }
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char a[64];
+        struct in_addr ia;
+        if (s->n == TS_MAX_KV_PEERS) {
+            snprintf(err, errcap, "--kv-senders: at most %d addresses",
+                     TS_MAX_KV_PEERS);
+            return -1;
+        }
+        bool ok = len < sizeof a;
+        if (ok) {
+            memcpy(a, p, len);
+            a[len] = 0;
+            ok = inet_pton(AF_INET, a, &ia) == 1;
+        }
+        if (!ok) {
+            snprintf(err, errcap,
+                     "--kv-senders: \"%.*s\" is not an IPv4 address (or "
+                     "give \"any\")",
+                     (int)(len > 200 ? 200 : len), p);
+            return -1;
+        }
+        s->addr[s->n++] = ia.s_addr;
+        p += len + (end ? 1 : 0);
+        if (end && !*p) {
+            snprintf(err, errcap, "--kv-senders: an empty entry at the end");
+            return -1;
+        }
+    }
+    if (!s->n) {
+        snprintf(err, errcap, "--kv-senders: no address given");
+        return -1;
+    }
+    return 0;
+}
+
+bool ts_kv_senders_allow(const ts_kv_senders *s, const struct sockaddr *peer) {
+    if (!peer || peer->sa_family != AF_INET)
+        return false;
+    uint32_t a =
+        ((const struct sockaddr_in *)(const void *)peer)->sin_addr.s_addr;
+    if (!s)
+        return (ntohl(a) >> 24) == 127;
+    if (s->any)
+        return true;
+    for (int i = 0; i < s->n; i++)
+        if (s->addr[i] == a)
             return true;
     return false;
 }

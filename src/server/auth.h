@@ -6,6 +6,8 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
 
 /* a == b, in a time that depends on the lengths only, not on where the
  * bytes first differ */
@@ -32,5 +34,21 @@ int ts_kv_peers_parse(const char *list, ts_kv_peers *p, char *err,
 /* target ("HOST:PORT") is one of p's entries: the host as written (case
  * does not matter), the port as a number. Nothing is resolved. */
 bool ts_kv_peers_allow(const ts_kv_peers *p, const char *target);
+
+/* the addresses a decode server takes KV blocks from (--kv-senders):
+ * numeric IPv4 addresses, or any */
+typedef struct {
+    uint32_t addr[TS_MAX_KV_PEERS]; /* network order */
+    int n;
+    bool any;
+} ts_kv_senders;
+
+/* "A.B.C.D,..." or "any" into s. 0, or -1 with err naming the entry. */
+int ts_kv_senders_parse(const char *list, ts_kv_senders *s, char *err,
+                        size_t errcap);
+
+/* a connection from peer may send KV blocks: one of s's addresses, or
+ * with s NULL a loopback address (127.0.0.0/8) */
+bool ts_kv_senders_allow(const ts_kv_senders *s, const struct sockaddr *peer);
 
 #endif

@@ -143,6 +143,7 @@ static struct {
     /* where a prefill may send KV (NULL: nowhere); the API key (NULL:
      * none); the listeners' silence limit in ms */
     ts_kv_peers *kv_peers;
+    ts_kv_senders *kv_senders; /* NULL: loopback */
     const char *api_key;
     int timeout_ms;
 } S;
@@ -856,9 +857,27 @@ static void *kv_listen_loop(void *arg) {
         struct pollfd pf = {.fd = S.kv_fd, .events = POLLIN};
         if (poll(&pf, 1, 200) <= 0)
             continue;
-        int fd = accept4(S.kv_fd, NULL, NULL, SOCK_CLOEXEC);
+        struct sockaddr_in peer;
+        socklen_t pl = sizeof peer;
+        int fd = accept4(S.kv_fd, (struct sockaddr *)&peer, &pl, SOCK_CLOEXEC);
         if (fd < 0)
             continue;
+        if (!ts_kv_senders_allow(S.kv_senders, (struct sockaddr *)&peer)) {
+            close(fd); /* no reply: a stranger learns nothing */
+            pthread_mutex_lock(&S.out_mu);
+            bool say = S.kvx_refused < 10;
+            S.kvx_refused++;
+            pthread_mutex_unlock(&S.out_mu);
+            char a[INET_ADDRSTRLEN] = "?";
+            inet_ntop(AF_INET, &peer.sin_addr, a, sizeof a);
+            if (say)
+                fprintf(stderr,
+                        "tessera serve: a KV connection from %s refused "
+                        "(not in --kv-senders%s)\n",
+                        a,
+                        S.kv_senders ? "" : ", which is loopback by default");
+            continue;
+        }
         pthread_t t;
         if (__atomic_add_fetch(&S.kv_conns, 1, __ATOMIC_SEQ_CST) >
             TS_KV_MAX_CONNECTIONS) { /* busy: the sender recomputes */
@@ -1407,6 +1426,15 @@ int ts_server_run(const ts_server_options *o) {
             return 1;
         }
         S.kv_peers = &peers;
+    }
+    ts_kv_senders senders;
+    if (o->kv_senders) {
+        char err[400];
+        if (ts_kv_senders_parse(o->kv_senders, &senders, err, sizeof err)) {
+            fprintf(stderr, "tessera serve: %s\n", err);
+            return 1;
+        }
+        S.kv_senders = &senders;
     }
     const char *fault = getenv("TESSERA_FAULT_KV_CORRUPT");
     S.fault_corrupt = fault && *fault && strcmp(fault, "0");

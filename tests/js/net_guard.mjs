@@ -17,7 +17,10 @@
 //     /v1/kv_events stream stays open past that timeout;
 //  4. the router's mid-stream error event (its server dies while
 //     streaming) is JSON with error.message naming the server and
-//     error.type "server_error".
+//     error.type "server_error";
+//  5. the KV receiver (--kv-port) closes a connection from an address
+//     outside --kv-senders at once, without a reply; one from a listed
+//     address gets the protocol's reply (here: a refusal of garbage).
 // Only node built-ins: fetch, net, http, child_process.
 import { spawn } from "node:child_process";
 import net from "node:net";
@@ -274,6 +277,43 @@ async function part4() {
   console.log("net_guard: 4 the router's mid-stream error event is an OpenAI error object");
 }
 
+// ---- 5. who may send KV blocks ----
+// connects to port from localAddress, sends bytes; what came back, and
+// whether the server closed first
+function kvProbe(prt, localAddress, bytes) {
+  return new Promise((res) => {
+    const s = net.connect({ host: "127.0.0.1", port: prt, localAddress });
+    let got = Buffer.alloc(0);
+    const timer = setTimeout(() => { s.destroy(); res({ got, closed: false }); }, 10000);
+    s.on("connect", () => s.write(bytes));
+    s.on("data", (d) => { got = Buffer.concat([got, d]); });
+    s.on("error", () => { /* a reset counts as closed */ });
+    s.on("close", () => { clearTimeout(timer); res({ got, closed: true }); });
+  });
+}
+
+async function part5() {
+  const D = serve("kv-senders", ["--kv-port", "0", "--kv-senders", "127.0.0.3"]);
+  await waitUp(D);
+  const kv = (await call(D.url, "/health")).json.kv_transfer_port;
+  assert.ok(kv > 0);
+  const junk = Buffer.alloc(24, 0x41); // a header with a wrong magic
+  const stranger = await kvProbe(kv, "127.0.0.1", junk);
+  assert.ok(stranger.closed && stranger.got.length === 0,
+    `a KV connection from 127.0.0.1 (not in --kv-senders): ${stranger.got.length} bytes back, closed ${stranger.closed}`);
+  const listed = await kvProbe(kv, "127.0.0.3", junk);
+  assert.ok(listed.got.length >= 24 && listed.got.readUInt32LE(0) === 0x564b5354,
+    `a KV connection from 127.0.0.3 (listed) got no reply frame: ${listed.got.toString("hex").slice(0, 64)}`);
+  assert.ok(listed.got.toString("latin1").includes("not a KV-transfer frame"), listed.got.toString("latin1"));
+  const m = (await call(D.url, "/metrics")).text;
+  assert.match(m, /tessera_kv_transfers_refused_total 2\n/, m);
+  assert.ok(D.log.includes("from 127.0.0.1 refused"), D.log);
+  const bad = await start("bad-senders", ["serve", "-m", modelDir, "--port", "0", "--kv-senders", "decode.local"]).exited;
+  assert.notEqual(bad.code, 0);
+  assert.ok(procs.at(-1).log.includes('--kv-senders: "decode.local"'), procs.at(-1).log);
+  console.log("net_guard: 5 the KV receiver closes on a sender outside --kv-senders, answers a listed one");
+}
+
 async function main() {
   const t0 = Date.now();
   const S1 = serve("keyed", ["--max-connections", "64", "--max-connections-per-client", "8",
@@ -283,6 +323,7 @@ async function main() {
   await part2(S1);
   await part3(S1);
   await part4();
+  await part5();
   // SIGTERM: every process stops cleanly (under the sanitizers: no report)
   const live = procs.filter((p) => !p.exit);
   for (const p of live) p.child.kill("SIGTERM");
