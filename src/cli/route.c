@@ -247,8 +247,18 @@ int tessera_route(int argc, char **argv) {
                  parse_long(v, 0, 1 << 20, &n))
             o.pd_min_blocks = (int)n, i++;
         else {
-            fprintf(stderr, "tessera route: bad or incomplete option \"%s\"\n",
-                    a);
+            const char *want =
+                !strcmp(a, "--conn-timeout") ? "whole seconds in 1..3600"
+                : !strcmp(a, "--max-connections") ||
+                        !strcmp(a, "--max-connections-per-client")
+                    ? "a count in 1..65536"
+                    : NULL;
+            if (want && v)
+                fprintf(stderr, "tessera route: %s \"%s\": want %s\n", a, v,
+                        want);
+            else
+                fprintf(stderr,
+                        "tessera route: bad or incomplete option \"%s\"\n", a);
             usage(stderr);
             goto out;
         }

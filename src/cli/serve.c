@@ -120,8 +120,18 @@ int tessera_serve(int argc, char **argv) {
         else if (!strcmp(a, "--device-map") && v)
             o.device_map = v, i++;
         else {
-            fprintf(stderr, "tessera serve: bad or incomplete option \"%s\"\n",
-                    a);
+            const char *want =
+                !strcmp(a, "--conn-timeout") ? "whole seconds in 1..3600"
+                : !strcmp(a, "--max-connections") ||
+                        !strcmp(a, "--max-connections-per-client")
+                    ? "a count in 1..65536"
+                    : NULL;
+            if (want && v)
+                fprintf(stderr, "tessera serve: %s \"%s\": want %s\n", a, v,
+                        want);
+            else
+                fprintf(stderr,
+                        "tessera serve: bad or incomplete option \"%s\"\n", a);
             return usage(stderr);
         }
     }

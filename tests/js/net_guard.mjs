@@ -311,6 +311,12 @@ async function part5() {
   const bad = await start("bad-senders", ["serve", "-m", modelDir, "--port", "0", "--kv-senders", "decode.local"]).exited;
   assert.notEqual(bad.code, 0);
   assert.ok(procs.at(-1).log.includes('--kv-senders: "decode.local"'), procs.at(-1).log);
+  for (const [args, needle] of [[["serve", "-m", modelDir, "--conn-timeout", "0"], '--conn-timeout "0": want whole seconds in 1..3600'],
+    [["route", "--server", D.url, "--max-connections-per-client", "-3"], '--max-connections-per-client "-3": want a count in 1..65536']]) {
+    const p = start("bad-limit", args);
+    assert.notEqual((await p.exited).code, 0, args.join(" "));
+    assert.ok(p.log.includes(needle), `${args.join(" ")}: ${p.log}`);
+  }
   console.log("net_guard: 5 the KV receiver closes on a sender outside --kv-senders, answers a listed one");
 }
 
