@@ -559,7 +559,7 @@ static const char *up_error(const upstream *up) {
 
 typedef struct {
     ts_sbuf body;
-    bool too_big;
+    bool too_big, unauthorized; /* unauthorized: its body is not kept */
     upstream up;
     int server; /* index in R.b, -1 none */
     bool stream, error_sent, live;
@@ -960,23 +960,24 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
             return MHD_NO;
         r->server = -1;
         *con_cls = r;
+        r->unauthorized =
+            R.api_key && !strncmp(url, "/v1/", 4) &&
+            !ts_bearer_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                      "Authorization"),
+                          R.api_key);
         return MHD_YES;
     }
     if (*upload_size) {
-        if (r->body.n + *upload_size > MAX_BODY)
+        if (r->unauthorized)
+            ; /* read and dropped: a stranger's body takes no memory */
+        else if (r->body.n + *upload_size > MAX_BODY)
             r->too_big = true;
         else
             ts_sb_add(&r->body, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
-    if (r->too_big)
-        return send_error(c, 413, "invalid_request_error",
-                          "the body is larger than %d bytes", MAX_BODY);
-    if (R.api_key && !strncmp(url, "/v1/", 4) &&
-        !ts_bearer_ok(
-            MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"),
-            R.api_key)) {
+    if (r->unauthorized) {
         json_t *j = json_pack(
             "{s:{s:s, s:s, s:n, s:s}}", "error", "message",
             "a missing or wrong API key: send \"Authorization: Bearer KEY\" "
@@ -991,6 +992,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
         free(js);
         return ret;
     }
+    if (r->too_big)
+        return send_error(c, 413, "invalid_request_error",
+                          "the body is larger than %d bytes", MAX_BODY);
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     bool comp = !strcmp(url, "/v1/completions"),
          chat = !strcmp(url, "/v1/chat/completions");

@@ -78,7 +78,7 @@ typedef enum { REQ_OTHER, REQ_COMPLETION, REQ_CHAT, REQ_EVENTS } req_kind;
 
 typedef struct hreq {
     ts_sbuf body;
-    bool too_big;
+    bool too_big, unauthorized; /* unauthorized: its body is not kept */
     req_kind kind;
     bool stream, include_usage, cancelled, usage_sent, done_sent;
     int logprobs; /* as ts_request: 0 none, 1 + N top */
@@ -1265,29 +1265,33 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
         if (!r)
             return MHD_NO;
         *con_cls = r;
+        r->unauthorized =
+            S.api_key && !strncmp(url, "/v1/", 4) &&
+            !ts_bearer_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                      "Authorization"),
+                          S.api_key);
         return MHD_YES;
     }
     if (*upload_size) {
-        if (r->body.n + *upload_size > MAX_BODY)
+        if (r->unauthorized)
+            ; /* read and dropped: a stranger's body takes no memory */
+        else if (r->body.n + *upload_size > MAX_BODY)
             r->too_big = true;
         else
             ts_sb_add(&r->body, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
-    if (r->too_big)
-        return send_error(c, 413, "invalid_request_error", NULL, NULL,
-                          "the body is larger than %d bytes", MAX_BODY);
-    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
-    if (S.api_key && !strncmp(url, "/v1/", 4) &&
-        !ts_bearer_ok(
-            MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"),
-            S.api_key))
+    if (r->unauthorized)
         return send_error(c, 401, "invalid_request_error", NULL,
                           "invalid_api_key",
                           "a missing or wrong API key: send "
                           "\"Authorization: Bearer KEY\" with the key this "
                           "server was started with (--api-key)");
+    if (r->too_big)
+        return send_error(c, 413, "invalid_request_error", NULL, NULL,
+                          "the body is larger than %d bytes", MAX_BODY);
+    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health") && get) {
         if (S.kv_fd < 0)
             return send_text(c, 200, "application/json", "{\"status\":\"ok\"}");
