@@ -14,7 +14,8 @@
  *   adopts less; tokens outside the vocabulary are refused;
  * - the API-key check (Bearer scheme, every near miss refused) and the
  *   --kv-peers allow-list (parsing, bad entries named, exact matches);
- *   the KV receiver's --kv-senders (loopback only by default).
+ *   the KV receiver's --kv-senders (loopback only by default);
+ * - error messages made valid UTF-8 (stray, cut, overlong, surrogate).
  * argv: HF_MODELS_DIR */
 #include "tessera_engine.h"
 #include "tessera_models.h"
@@ -23,6 +24,7 @@
 #include "router/policy.h"
 #include "server/auth.h"
 #include "server/kv_transfer.h"
+#include "server/prompt.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -555,6 +557,29 @@ static void test_auth(void) {
     }
 }
 
+static void test_utf8_sanitize(void) {
+    static const char *const cases[][2] = {
+        {"abc", "abc"},
+        {"caf\xC3\xA9", "caf\xC3\xA9"},
+        {"\xF0\x9F\x98\x80!", "\xF0\x9F\x98\x80!"},
+        {"cut \xC3", "cut ?"},
+        {"cut \xE2\x82", "cut ??"},
+        {"a\xFF"
+         "b",
+         "a?b"},
+        {"\x80x", "?x"},
+        {"\xC0\xAF", "??"},          /* overlong '/' */
+        {"\xED\xA0\x80", "???"},     /* a surrogate */
+        {"\xF4\x90\x80\x80", "????"} /* past U+10FFFF */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char b[32];
+        snprintf(b, sizeof b, "%s", cases[i][0]);
+        ts_utf8_sanitize(b);
+        CHECK(!strcmp(b, cases[i][1]));
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s HF_MODELS_DIR\n", argv[0]);
@@ -566,6 +591,7 @@ int main(int argc, char **argv) {
     test_weights();
     test_frames();
     test_auth();
+    test_utf8_sanitize();
     ts_ctx *ctx = test_ctx();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/gqa2_untied", argv[1]);

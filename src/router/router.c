@@ -587,6 +587,7 @@ static enum MHD_Result send_error(struct MHD_Connection *c, int code,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    ts_utf8_sanitize(msg); /* a quoted URL, or a cut, stays JSON */
     json_t *j = json_pack("{s:{s:s, s:s, s:n, s:n}}", "error", "message", msg,
                           "type", type, "param", "code");
     char *s = json_dumps(j, JSON_COMPACT);

@@ -203,6 +203,7 @@ static enum MHD_Result send_error(struct MHD_Connection *c, int code,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    ts_utf8_sanitize(msg); /* a quoted URL or name, or a cut, stays JSON */
     json_t *e =
         json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type",
                   type, "param", param ? json_string(param) : json_null(),

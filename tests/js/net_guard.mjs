@@ -20,7 +20,9 @@
 //     error.type "server_error";
 //  5. the KV receiver (--kv-port) closes a connection from an address
 //     outside --kv-senders at once, without a reply; one from a listed
-//     address gets the protocol's reply (here: a refusal of garbage).
+//     address gets the protocol's reply (here: a refusal of garbage);
+//     error messages quoting a non-UTF-8 path or a cut model name are
+//     still OpenAI error objects.
 // Only node built-ins: fetch, net, http, child_process.
 import { spawn } from "node:child_process";
 import net from "node:net";
@@ -328,6 +330,16 @@ async function part5() {
     assert.notEqual((await p.exited).code, 0, args.join(" "));
     assert.ok(p.log.includes(needle), `${args.join(" ")}: ${p.log}`);
   }
+  // an error message quoting a request stays an OpenAI error object: a
+  // path with a byte that is not UTF-8, a long model name cut mid-character
+  const nf = await call(D.url, "/v1/%FF%FEnowhere");
+  assert.equal(nf.status, 404, nf.text);
+  errorShape(nf.json, "GET /v1/%FF%FEnowhere");
+  const longName = "a".repeat(1001) + "\u00e9".repeat(40); // the 1,023-byte message ends mid-"é"
+  const nm = await call(D.url, "/v1/completions", { body: { model: longName, prompt: "x" } });
+  assert.equal(nm.status, 404, nm.text);
+  errorShape(nm.json, "a 1,081-byte model name");
+  assert.ok(nm.json.error.message.startsWith("The model `aaa"), nm.text);
   console.log("net_guard: 5 the KV receiver closes on a sender outside --kv-senders, answers a listed one");
 }
 
