@@ -13,8 +13,9 @@
  * completion callback) and its engine requests are aborted, freeing their
  * blocks. Lock order: out_mu before tok_mu; eng_mu is never taken with
  * another lock held.
- * Owns HTTP, JSON formats, stop strings and metrics; scheduling is the
- * engine's. */
+ * Owns HTTP, JSON formats, stop strings and metrics, and applies the
+ * checks of auth.h (the API key, --kv-peers, --kv-senders) and the
+ * listener limits; scheduling is the engine's. */
 #define _GNU_SOURCE
 #include "tessera_server.h"
 
