@@ -10,7 +10,8 @@
 // cache-aware and the targets (cache-aware mean TTFT <= 0.5x round-robin's,
 // hit rate >= 80%).
 //
-// Part "pd": (a) 1 prefill + 1 decode server (--kv-port 0) behind
+// Part "pd": (a) 1 prefill + 1 decode server (--kv-port BASE+3, the
+// prefill server's --kv-peers) behind
 // `tessera route --prefill --decode` against (b) 2 plain servers behind
 // `tessera route --policy load`. Workload: S streams of long generations
 // (short prompts, max_tokens 128, back to back) while distinct long prompts
@@ -356,7 +357,8 @@ async function runPd(kind, base) {
   const urls = [`http://${HOST}:${base}`, `http://${HOST}:${base + 1}`];
   const rport = base + 2, rurl = `http://${HOST}:${rport}`;
   const servers = kind === "pd"
-    ? [startServer("pd-prefill", base, pdKvBlocks), startServer("pd-decode", base + 1, pdKvBlocks, ["--kv-port", "0"])]
+    ? [startServer("pd-prefill", base, pdKvBlocks, ["--kv-peers", `${HOST}:${base + 3}`]),
+      startServer("pd-decode", base + 1, pdKvBlocks, ["--kv-port", String(base + 3)])]
     : [startServer("load-s0", base, pdKvBlocks), startServer("load-s1", base + 1, pdKvBlocks)];
   const all = [...servers];
   try {

@@ -13,6 +13,12 @@ extern "C" {
 #endif
 
 #define TS_ROUTER_MAX_SERVERS 64
+/* listener limits when not given; a server behind a router takes all
+ * of the router's connections from one address, so the server's
+ * per-client default (512) is at least the router's total */
+#define TS_ROUTER_DEFAULT_MAX_CONNECTIONS 512
+#define TS_ROUTER_DEFAULT_PER_CLIENT      128
+#define TS_ROUTER_DEFAULT_TIMEOUT_S       15
 
 typedef struct {
     const char *host; /* "127.0.0.1" */
@@ -35,6 +41,12 @@ typedef struct {
     int health_interval_ms; /* 500 */
     int pd_min_blocks;      /* prefill elsewhere when the decode server
                                lacks at least this many blocks (2) */
+    /* clients must send "Authorization: Bearer api_key" to /v1/ (NULL or
+     * "": anyone may); the servers get server_api_key (NULL: api_key) on
+     * every request the router makes to them */
+    const char *api_key, *server_api_key;
+    /* listener limits as ts_server_options' (0: the same defaults) */
+    int max_connections, max_connections_per_client, conn_timeout_s;
     void (*on_listen)(int port, void *arg);
     void *on_listen_arg;
 } ts_router_options;

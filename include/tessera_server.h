@@ -5,7 +5,11 @@
  * /v1/kv_cache (a snapshot of the cached blocks). A completion or chat
  * request with "kv_transfer_params": {"target": "HOST:PORT"} is a prefill
  * for another server: its prompt's KV blocks are computed and sent there
- * (src/server/kv_transfer.h) and the response says how it went. */
+ * (src/server/kv_transfer.h) and the response says how it went. The
+ * target must be one of kv_peers (the operator's allow-list); a server
+ * without kv_peers sends KV nowhere. With api_key, every /v1/ endpoint
+ * wants "Authorization: Bearer KEY" (401 otherwise); /health and /metrics
+ * stay open. */
 #ifndef TESSERA_SERVER_H
 #define TESSERA_SERVER_H
 
@@ -14,6 +18,11 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#define TS_SERVER_DEFAULT_MAX_CONNECTIONS 1024
+#define TS_SERVER_DEFAULT_PER_CLIENT      512
+#define TS_SERVER_DEFAULT_TIMEOUT_S       15
+#define TS_KV_MAX_CONNECTIONS             16
 
 typedef struct {
     const char *model_dir;
@@ -28,6 +37,20 @@ typedef struct {
      * -1: none. /health names it. */
     int kv_port;
     bool no_kv_events; /* /v1/kv_events and /v1/kv_cache answer 404 */
+    /* prefill/decode disaggregation, the sending side: the decode servers'
+     * KV addresses "HOST:PORT,..." a request may name as its
+     * kv_transfer_params target (exactly as written); NULL: none may */
+    const char *kv_peers;
+    /* the receiving side (kv_port): the IPv4 addresses "A.B.C.D,..." (or
+     * "any") that may send KV blocks; NULL: loopback only */
+    const char *kv_senders;
+    const char *api_key; /* NULL or "": no authentication */
+    /* listener limits, 0: the defaults (TS_SERVER_DEFAULT_*): connections
+     * in all, from one client address, and the seconds a connection may
+     * stay silent while its request is read or its response written
+     * (a stream writes a keep-alive every second); the KV receiver takes
+     * the same timeout and at most TS_KV_MAX_CONNECTIONS at once */
+    int max_connections, max_connections_per_client, conn_timeout_s;
     /* written once listening (the port actually bound, e.g. for port 0) */
     void (*on_listen)(int port, void *arg);
     void *on_listen_arg;

@@ -11,15 +11,23 @@
  * - export from one engine, a frame over a socket, import into another:
  *   the second engine reports the prefix cached and answers exactly as the
  *   first; a corrupt frame is refused and adopts nothing; a full pool
- *   adopts less; tokens outside the vocabulary are refused.
+ *   adopts less; tokens outside the vocabulary are refused;
+ * - the API-key check (Bearer scheme, every near miss refused) and the
+ *   --kv-peers allow-list (parsing, bad entries named, exact matches);
+ *   the KV receiver's --kv-senders (loopback only by default);
+ * - error messages made valid UTF-8 (stray, cut, overlong, surrogate).
  * argv: HF_MODELS_DIR */
 #include "tessera_engine.h"
 #include "tessera_models.h"
 #include "test_util.h"
 
 #include "router/policy.h"
+#include "server/auth.h"
 #include "server/kv_transfer.h"
+#include "server/prompt.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -463,6 +471,115 @@ out:
     ts_engine_free(a), ts_engine_free(b), ts_engine_free(full);
 }
 
+/* ---- API keys and KV peers ---- */
+
+static void test_auth(void) {
+    CHECK(ts_ct_equal("abc", 3, "abc", 3));
+    CHECK(!ts_ct_equal("abd", 3, "abc", 3));
+    CHECK(!ts_ct_equal("ab", 2, "abc", 3));
+    CHECK(!ts_ct_equal("abcabc", 6, "abc", 3)); /* a repeat of the key */
+    CHECK(!ts_ct_equal("", 0, "abc", 3));
+    CHECK(ts_ct_equal("", 0, "", 0));
+    const char *key = "sk-0123456789";
+    CHECK(ts_bearer_ok("Bearer sk-0123456789", key));
+    CHECK(ts_bearer_ok("bearer   sk-0123456789 ", key));
+    const char *bad[] = {NULL,
+                         "",
+                         "Bearer",
+                         "Bearer ",
+                         "Bearer sk-012345678",
+                         "Bearer sk-01234567890",
+                         "Bearer sk-0123456788",
+                         "Basic sk-0123456789",
+                         "sk-0123456789",
+                         "Bearersk-0123456789",
+                         "Bearer sk-0123456789 x"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK(!ts_bearer_ok(bad[i], key));
+    CHECK(!ts_bearer_ok("Bearer x", NULL));
+
+    ts_kv_peers p;
+    char err[256];
+    CHECK(ts_kv_peers_parse("127.0.0.1:7001,decode-b.local:7002", &p, err,
+                            sizeof err) == 0);
+    CHECK(p.n == 2 && p.port[0] == 7001 &&
+          !strcmp(p.host[1], "decode-b.local"));
+    CHECK(ts_kv_peers_allow(&p, "127.0.0.1:7001"));
+    CHECK(ts_kv_peers_allow(&p, "DECODE-B.local:7002"));
+    const char *no[] = {"127.0.0.1:7002",  "127.0.0.1:70010", "127.0.0.2:7001",
+                        "localhost:7001",  "127.0.0.1:7001 ", "127.0.0.1",
+                        ":7001",           "127.0.0.1:+7001", "",
+                        "127.0.0.1:07001x"};
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++)
+        CHECK(!ts_kv_peers_allow(&p, no[i]));
+    CHECK(!ts_kv_peers_allow(NULL, "127.0.0.1:7001"));
+    const char *badlist[] = {"",        "127.0.0.1", "127.0.0.1:0",
+                             "h:65536", "h:7001,",   "h:7001,,h:7002",
+                             "h:x",     "a b:1"};
+    for (size_t i = 0; i < sizeof badlist / sizeof *badlist; i++) {
+        err[0] = 0;
+        CHECK(ts_kv_peers_parse(badlist[i], &p, err, sizeof err) == -1);
+        CHECK(strstr(err, "--kv-peers") != NULL);
+    }
+    CHECK(ts_kv_peers_parse("h:1,nonsense", &p, err, sizeof err) == -1 &&
+          strstr(err, "\"nonsense\""));
+
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6};
+    const struct sockaddr *sa = (const struct sockaddr *)&a;
+#define FROM(ip) (inet_pton(AF_INET, ip, &a.sin_addr), sa)
+    CHECK(ts_kv_senders_allow(NULL, FROM("127.0.0.1")));
+    CHECK(ts_kv_senders_allow(NULL, FROM("127.0.0.2")));
+    CHECK(!ts_kv_senders_allow(NULL, FROM("10.0.0.5")));
+    CHECK(!ts_kv_senders_allow(NULL, FROM("128.0.0.1")));
+    CHECK(!ts_kv_senders_allow(NULL, (const struct sockaddr *)&a6));
+    ts_kv_senders ks;
+    CHECK(ts_kv_senders_parse("10.0.0.5,192.168.1.2", &ks, err, sizeof err) ==
+          0);
+    CHECK(ts_kv_senders_allow(&ks, FROM("10.0.0.5")));
+    CHECK(ts_kv_senders_allow(&ks, FROM("192.168.1.2")));
+    CHECK(!ts_kv_senders_allow(&ks, FROM("10.0.0.6")));
+    CHECK(!ts_kv_senders_allow(&ks, FROM("127.0.0.1"))); /* as listed only */
+    CHECK(ts_kv_senders_parse("any", &ks, err, sizeof err) == 0);
+    CHECK(ts_kv_senders_allow(&ks, FROM("10.9.9.9")));
+#undef FROM
+    const char *badsend[] = {"",
+                             "10.0.0",
+                             "10.0.0.5,",
+                             "decode.local",
+                             "::1",
+                             "10.0.0.5,,10.0.0.6",
+                             "any,10.0.0.1"};
+    for (size_t i = 0; i < sizeof badsend / sizeof *badsend; i++) {
+        err[0] = 0;
+        CHECK(ts_kv_senders_parse(badsend[i], &ks, err, sizeof err) == -1);
+        CHECK(strstr(err, "--kv-senders") != NULL);
+    }
+}
+
+static void test_utf8_sanitize(void) {
+    static const char *const cases[][2] = {
+        {"abc", "abc"},
+        {"caf\xC3\xA9", "caf\xC3\xA9"},
+        {"\xF0\x9F\x98\x80!", "\xF0\x9F\x98\x80!"},
+        {"cut \xC3", "cut ?"},
+        {"cut \xE2\x82", "cut ??"},
+        {"a\xFF"
+         "b",
+         "a?b"},
+        {"\x80x", "?x"},
+        {"\xC0\xAF", "??"},          /* overlong '/' */
+        {"\xED\xA0\x80", "???"},     /* a surrogate */
+        {"\xF4\x90\x80\x80", "????"} /* past U+10FFFF */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char b[32];
+        snprintf(b, sizeof b, "%s", cases[i][0]);
+        ts_utf8_sanitize(b);
+        CHECK(!strcmp(b, cases[i][1]));
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s HF_MODELS_DIR\n", argv[0]);
@@ -473,6 +590,8 @@ int main(int argc, char **argv) {
     test_policies();
     test_weights();
     test_frames();
+    test_auth();
+    test_utf8_sanitize();
     ts_ctx *ctx = test_ctx();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/gqa2_untied", argv[1]);

@@ -21,11 +21,28 @@ static int usage(FILE *f) {
             "[--health-interval MS]\n"
             "       tessera route --listen HOST:PORT --prefill URL... "
             "--decode URL... [-m DIR]\n"
-            "         [--pd-min-blocks 2]\n"
+            "         [--pd-min-blocks 2] (each prefill server needs every "
+            "decode server's\n"
+            "         KV address in its --kv-peers: HOST of the --decode URL, "
+            "its --kv-port)\n"
             "       tessera route --config FILE.json (keys: listen, servers, "
             "prefill, decode, model,\n"
             "         policy, weights {prefix, queue, kv}, seed, "
-            "health_interval_ms, pd_min_blocks)\n");
+            "health_interval_ms, pd_min_blocks,\n"
+            "         max_connections, max_connections_per_client, "
+            "conn_timeout)\n"
+            "     any form: [--api-key KEY] (clients send \"Authorization: "
+            "Bearer KEY\" to /v1/;\n"
+            "         default: $TESSERA_API_KEY) [--server-api-key KEY] (sent "
+            "to the servers;\n"
+            "         default: $TESSERA_SERVER_API_KEY, else the --api-key)\n"
+            "         [--max-connections N] (%d) "
+            "[--max-connections-per-client N] (%d)\n"
+            "         [--conn-timeout SECONDS] (%d: a client connection "
+            "silent this long while its\n"
+            "         request is read or its response written is closed)\n",
+            TS_ROUTER_DEFAULT_MAX_CONNECTIONS, TS_ROUTER_DEFAULT_PER_CLIENT,
+            TS_ROUTER_DEFAULT_TIMEOUT_S);
     return f == stdout ? 0 : 2;
 }
 
@@ -128,7 +145,19 @@ static bool load_config(const char *path, json_t **cfg, ts_router_options *o) {
             ok = json_is_integer(v) && json_integer_value(v) >= 10 &&
                  json_integer_value(v) <= 600000,
             o->health_interval_ms = (int)json_integer_value(v);
-        else if (!strcmp(key, "pd_min_blocks"))
+        else if (!strcmp(key, "max_connections") ||
+                 !strcmp(key, "max_connections_per_client") ||
+                 !strcmp(key, "conn_timeout")) {
+            bool t = !strcmp(key, "conn_timeout");
+            int *dst = t ? &o->conn_timeout_s
+                       : !strcmp(key, "max_connections")
+                           ? &o->max_connections
+                           : &o->max_connections_per_client;
+            ok = json_is_integer(v) && json_integer_value(v) >= 1 &&
+                 json_integer_value(v) <= (t ? 3600 : 65536);
+            if (ok)
+                *dst = (int)json_integer_value(v);
+        } else if (!strcmp(key, "pd_min_blocks"))
             ok = json_is_integer(v) && json_integer_value(v) >= 0 &&
                  json_integer_value(v) <= 1 << 20,
             o->pd_min_blocks = (int)json_integer_value(v);
@@ -148,6 +177,10 @@ static bool load_config(const char *path, json_t **cfg, ts_router_options *o) {
 
 int tessera_route(int argc, char **argv) {
     ts_router_options o = ts_router_options_default();
+    const char *k = getenv("TESSERA_API_KEY"),
+               *sk = getenv("TESSERA_SERVER_API_KEY");
+    o.api_key = k && *k ? k : NULL;
+    o.server_api_key = sk && *sk ? sk : NULL;
     json_t *cfg = NULL;
     int rc = 2;
     for (int i = 1; i < argc; i++) {
@@ -197,12 +230,35 @@ int tessera_route(int argc, char **argv) {
         else if (!strcmp(a, "--health-interval") && v &&
                  parse_long(v, 10, 600000, &n))
             o.health_interval_ms = (int)n, i++;
+        else if (!strcmp(a, "--api-key") && v && *v)
+            o.api_key = v, i++;
+        else if (!strcmp(a, "--server-api-key") && v && *v)
+            o.server_api_key = v, i++;
+        else if (!strcmp(a, "--max-connections") && v &&
+                 parse_long(v, 1, 65536, &n))
+            o.max_connections = (int)n, i++;
+        else if (!strcmp(a, "--max-connections-per-client") && v &&
+                 parse_long(v, 1, 65536, &n))
+            o.max_connections_per_client = (int)n, i++;
+        else if (!strcmp(a, "--conn-timeout") && v &&
+                 parse_long(v, 1, 3600, &n))
+            o.conn_timeout_s = (int)n, i++;
         else if (!strcmp(a, "--pd-min-blocks") && v &&
                  parse_long(v, 0, 1 << 20, &n))
             o.pd_min_blocks = (int)n, i++;
         else {
-            fprintf(stderr, "tessera route: bad or incomplete option \"%s\"\n",
-                    a);
+            const char *want =
+                !strcmp(a, "--conn-timeout") ? "whole seconds in 1..3600"
+                : !strcmp(a, "--max-connections") ||
+                        !strcmp(a, "--max-connections-per-client")
+                    ? "a count in 1..65536"
+                    : NULL;
+            if (want && v)
+                fprintf(stderr, "tessera route: %s \"%s\": want %s\n", a, v,
+                        want);
+            else
+                fprintf(stderr,
+                        "tessera route: bad or incomplete option \"%s\"\n", a);
             usage(stderr);
             goto out;
         }

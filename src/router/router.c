@@ -17,6 +17,7 @@
 
 #include "core/strbuf.h"
 #include "policy.h"
+#include "server/auth.h"
 #include "server/prompt.h"
 
 #include <arpa/inet.h>
@@ -74,7 +75,16 @@ static struct {
     uint64_t decisions[TS_REASON_N], retries, upstream_errors;
     uint64_t prompt_tokens, predicted_hit_tokens;
     uint64_t kvx_ok, kvx_failed, kvx_skipped, status_5xx, active;
+    /* what clients must send (NULL: nothing); the header sent to the
+     * servers ("Authorization: Bearer KEY", "" when none) */
+    const char *api_key;
+    char server_auth[600];
 } R;
+
+/* the servers' key on every request the router makes to them */
+static struct curl_slist *add_server_auth(struct curl_slist *h) {
+    return *R.server_auth ? curl_slist_append(h, R.server_auth) : h;
+}
 
 static volatile sig_atomic_t g_signal;
 
@@ -128,13 +138,15 @@ static long http_call(const char *url, const char *path, const char *body,
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 1000L);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, eb);
+    h = add_server_auth(h);
     if (body) {
         h = curl_slist_append(h, "Content-Type: application/json");
         h = curl_slist_append(h, "Expect:");
-        curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
         curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
         curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
     }
+    if (h)
+        curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
     CURLcode rc = curl_easy_perform(e);
     long status = -1;
     if (rc == CURLE_OK)
@@ -334,8 +346,11 @@ static void *events_loop(void *arg) {
         snprintf(full, sizeof full, "%s%s", be->url, path);
         event_stream es = {be, {0}};
         CURL *e = curl_easy_init();
+        struct curl_slist *hdrs = add_server_auth(NULL);
         if (e) {
             curl_easy_setopt(e, CURLOPT_URL, full);
+            if (hdrs)
+                curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs);
             curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, event_write);
             curl_easy_setopt(e, CURLOPT_WRITEDATA, &es);
             curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
@@ -348,6 +363,7 @@ static void *events_loop(void *arg) {
             curl_easy_perform(e);
             curl_easy_cleanup(e);
         }
+        curl_slist_free_all(hdrs);
         free(es.line.p);
         pthread_mutex_lock(&R.mu);
         be->precise = false; /* until the next snapshot */
@@ -491,6 +507,7 @@ static bool up_start(upstream *up, const char *url, const char *path,
         return false;
     up->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
     up->hdrs = curl_slist_append(up->hdrs, "Expect:");
+    up->hdrs = add_server_auth(up->hdrs);
     curl_easy_setopt(up->e, CURLOPT_URL, full);
     curl_easy_setopt(up->e, CURLOPT_HTTPHEADER, up->hdrs);
     curl_easy_setopt(up->e, CURLOPT_POSTFIELDS, body);
@@ -542,7 +559,7 @@ static const char *up_error(const upstream *up) {
 
 typedef struct {
     ts_sbuf body;
-    bool too_big;
+    bool too_big, unauthorized; /* unauthorized: its body is not kept */
     upstream up;
     int server; /* index in R.b, -1 none */
     bool stream, error_sent, live;
@@ -570,6 +587,7 @@ static enum MHD_Result send_error(struct MHD_Connection *c, int code,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    ts_utf8_sanitize(msg); /* a quoted URL, or a cut, stays JSON */
     json_t *j = json_pack("{s:{s:s, s:s, s:n, s:n}}", "error", "message", msg,
                           "type", type, "param", "code");
     char *s = json_dumps(j, JSON_COMPACT);
@@ -603,11 +621,14 @@ static ssize_t proxy_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             if (up->res != CURLE_OK && !r->error_sent) {
                 r->error_sent = true;
                 server_failed(r->server, up_error(up));
-                json_t *j = json_pack(
-                    "{s:{s:s++, s:s, s:n, s:n}}", "error", "message",
-                    "the server that was generating this response failed: ",
-                    R.b[r->server].url, ": ", up_error(up), "type",
-                    "server_error", "param", "code");
+                char msg[1024];
+                snprintf(msg, sizeof msg,
+                         "the server that was generating this response "
+                         "failed: %s: %s",
+                         R.b[r->server].url, up_error(up));
+                json_t *j =
+                    json_pack("{s:{s:s, s:s, s:n, s:n}}", "error", "message",
+                              msg, "type", "server_error", "param", "code");
                 char *s = json_dumps(j, JSON_COMPACT);
                 json_decref(j);
                 ts_sb_printf(&up->buf, "data: %s\n\n", s ? s : "{}");
@@ -940,15 +961,37 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
             return MHD_NO;
         r->server = -1;
         *con_cls = r;
+        r->unauthorized =
+            R.api_key && !strncmp(url, "/v1/", 4) &&
+            !ts_bearer_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                      "Authorization"),
+                          R.api_key);
         return MHD_YES;
     }
     if (*upload_size) {
-        if (r->body.n + *upload_size > MAX_BODY)
+        if (r->unauthorized)
+            ; /* read and dropped: a stranger's body takes no memory */
+        else if (r->body.n + *upload_size > MAX_BODY)
             r->too_big = true;
         else
             ts_sb_add(&r->body, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
+    }
+    if (r->unauthorized) {
+        json_t *j = json_pack(
+            "{s:{s:s, s:s, s:n, s:s}}", "error", "message",
+            "a missing or wrong API key: send \"Authorization: Bearer KEY\" "
+            "with the key this router was started with (--api-key)",
+            "type", "invalid_request_error", "param", "code",
+            "invalid_api_key");
+        char *js = json_dumps(j, JSON_COMPACT);
+        json_decref(j);
+        enum MHD_Result ret =
+            send_raw(c, 401, "application/json", js ? js : "{}",
+                     js ? strlen(js) : 2, NULL, NULL);
+        free(js);
+        return ret;
     }
     if (r->too_big)
         return send_error(c, 413, "invalid_request_error",
@@ -1060,6 +1103,25 @@ int ts_router_run(const ts_router_options *o) {
     int rc = 1;
     struct MHD_Daemon *d = NULL;
     R.pd = o->n_prefill > 0;
+    R.api_key = o->api_key && *o->api_key ? o->api_key : NULL;
+    const char *skey = o->server_api_key ? o->server_api_key : R.api_key;
+    if (skey && *skey) {
+        if (strlen(skey) > sizeof R.server_auth - 32 || strpbrk(skey, "\r\n")) {
+            fprintf(stderr, "tessera route: the server API key is longer than "
+                            "500 bytes or holds a line break\n");
+            free(R.b);
+            return 1;
+        }
+        snprintf(R.server_auth, sizeof R.server_auth,
+                 "Authorization: Bearer %s", skey);
+    }
+    int max_conns = o->max_connections > 0 ? o->max_connections
+                                           : TS_ROUTER_DEFAULT_MAX_CONNECTIONS,
+        per_client = o->max_connections_per_client > 0
+                         ? o->max_connections_per_client
+                         : TS_ROUTER_DEFAULT_PER_CLIENT,
+        timeout_s = o->conn_timeout_s > 0 ? o->conn_timeout_s
+                                          : TS_ROUTER_DEFAULT_TIMEOUT_S;
     pthread_mutex_init(&R.mu, NULL);
     pthread_mutex_init(&R.tok_mu, NULL);
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -1116,12 +1178,18 @@ int ts_router_run(const ts_router_options *o) {
         fprintf(stderr, "tessera route: bad listen address \"%s\"\n", o->host);
         goto stop;
     }
+    /* MHD's idle limit runs while a request is read or a response
+     * written, not while the handler proxies or a stream's callback waits
+     * for the server (which writes a keep-alive every second) */
     d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-            MHD_USE_ITC,
+            MHD_USE_POLL | MHD_USE_ITC,
         (uint16_t)o->port, NULL, NULL, handle, NULL, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)timeout_s,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conns,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)per_client,
+        MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "tessera route: cannot listen on %s:%d\n",
                 o->host ? o->host : "127.0.0.1", o->port);

@@ -142,3 +142,30 @@ int ts_openai_prompt(ts_tokenizer *tok, ts_chat *chat, ts_ctx *ctx,
     free(text);
     return s == TS_OK ? 0 : -1;
 }
+
+void ts_utf8_sanitize(char *s) {
+    unsigned char *p = (unsigned char *)s;
+    while (*p) {
+        unsigned c = p[0];
+        int n = c < 0x80             ? 1
+                : (c & 0xE0) == 0xC0 ? 2
+                : (c & 0xF0) == 0xE0 ? 3
+                : (c & 0xF8) == 0xF0 ? 4
+                                     : 0;
+        bool ok = n > 0;
+        for (int k = 1; ok && k < n; k++)
+            ok = (p[k] & 0xC0) == 0x80; /* stops at the NUL too */
+        if (ok && n > 1) {
+            unsigned cp = c & (0x7F >> n);
+            for (int k = 1; k < n; k++)
+                cp = cp << 6 | (p[k] & 0x3F);
+            static const unsigned min[5] = {0, 0, 0x80, 0x800, 0x10000};
+            ok = cp >= min[n] && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
+        }
+        if (!ok) {
+            *p++ = '?';
+            continue;
+        }
+        p += n;
+    }
+}

@@ -24,4 +24,10 @@ int ts_openai_prompt(ts_tokenizer *tok, ts_chat *chat, ts_ctx *ctx,
                      pthread_mutex_t *mu, json_t *body, bool chat_req,
                      int32_t **ids, size_t *n, ts_prompt_error *err);
 
+/* s made valid UTF-8 in place: every byte that does not start a complete,
+ * well-formed sequence (a stray byte, a sequence cut short by truncation,
+ * an overlong form, a surrogate) becomes '?'. An error message that
+ * quotes a request (its URL, its model name) stays a JSON string. */
+void ts_utf8_sanitize(char *s);
+
 #endif

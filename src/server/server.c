@@ -13,14 +13,16 @@
  * completion callback) and its engine requests are aborted, freeing their
  * blocks. Lock order: out_mu before tok_mu; eng_mu is never taken with
  * another lock held.
- * Owns HTTP, JSON formats, stop strings and metrics; scheduling is the
- * engine's. */
+ * Owns HTTP, JSON formats, stop strings and metrics, and applies the
+ * checks of auth.h (the API key, --kv-peers, --kv-senders) and the
+ * listener limits; scheduling is the engine's. */
 #define _GNU_SOURCE
 #include "tessera_server.h"
 
 #include "tessera_models.h"
 #include "tessera_tokenizer.h"
 
+#include "auth.h"
 #include "core/strbuf.h"
 #include "kv_transfer.h"
 #include "prompt.h"
@@ -77,7 +79,7 @@ typedef enum { REQ_OTHER, REQ_COMPLETION, REQ_CHAT, REQ_EVENTS } req_kind;
 
 typedef struct hreq {
     ts_sbuf body;
-    bool too_big;
+    bool too_big, unauthorized; /* unauthorized: its body is not kept */
     req_kind kind;
     bool stream, include_usage, cancelled, usage_sent, done_sent;
     int logprobs; /* as ts_request: 0 none, 1 + N top */
@@ -129,7 +131,7 @@ static struct {
     size_t n_events;
     uint64_t first_event_seq; /* seq of events[0] */
     /* metrics (out_mu) */
-    uint64_t status_count[6]; /* 200 400 404 405 413 500 */
+    uint64_t status_count[7]; /* 200 400 401 404 405 413 500 */
     uint64_t prompt_tokens, generated_tokens, cached_tokens;
     uint64_t ttft_hist[N_TTFT + 1], itl_hist[N_ITL + 1];
     double ttft_sum, itl_sum;
@@ -139,6 +141,12 @@ static struct {
     bool no_kv_events, kv_stop, fault_corrupt;
     uint64_t kvx_sent, kvx_send_failed, kvx_received, kvx_refused;
     uint64_t kvx_blocks_sent, kvx_blocks_adopted;
+    /* where a prefill may send KV (NULL: nowhere); the API key (NULL:
+     * none); the listeners' silence limit in ms */
+    ts_kv_peers *kv_peers;
+    ts_kv_senders *kv_senders; /* NULL: loopback */
+    const char *api_key;
+    int timeout_ms;
 } S;
 
 static volatile sig_atomic_t g_signal;
@@ -146,10 +154,11 @@ static volatile sig_atomic_t g_signal;
 static void count_status(int code) {
     int i = code == 200   ? 0
             : code == 400 ? 1
-            : code == 404 ? 2
-            : code == 405 ? 3
-            : code == 413 ? 4
-                          : 5;
+            : code == 401 ? 2
+            : code == 404 ? 3
+            : code == 405 ? 4
+            : code == 413 ? 5
+                          : 6;
     pthread_mutex_lock(&S.out_mu);
     S.status_count[i]++;
     pthread_mutex_unlock(&S.out_mu);
@@ -195,6 +204,7 @@ static enum MHD_Result send_error(struct MHD_Connection *c, int code,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    ts_utf8_sanitize(msg); /* a quoted URL or name, or a cut, stays JSON */
     json_t *e =
         json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type",
                   type, "param", param ? json_string(param) : json_null(),
@@ -832,7 +842,7 @@ static void *kv_conn(void *arg) {
         (uint64_t)ts_engine_block_bytes(S.eng) + 4 * (uint64_t)S.block_size;
     int rc = ts_kvx_serve_connection(
         fd, adopt_blocks, NULL, TS_KVX_META + per * (uint64_t)st.blocks_total,
-        30000);
+        S.timeout_ms);
     pthread_mutex_lock(&S.out_mu);
     if (rc)
         S.kvx_refused++;
@@ -849,11 +859,37 @@ static void *kv_listen_loop(void *arg) {
         struct pollfd pf = {.fd = S.kv_fd, .events = POLLIN};
         if (poll(&pf, 1, 200) <= 0)
             continue;
-        int fd = accept4(S.kv_fd, NULL, NULL, SOCK_CLOEXEC);
+        struct sockaddr_in peer;
+        socklen_t pl = sizeof peer;
+        int fd = accept4(S.kv_fd, (struct sockaddr *)&peer, &pl, SOCK_CLOEXEC);
         if (fd < 0)
             continue;
+        if (!ts_kv_senders_allow(S.kv_senders, (struct sockaddr *)&peer)) {
+            close(fd); /* no reply: a stranger learns nothing */
+            pthread_mutex_lock(&S.out_mu);
+            bool say = S.kvx_refused < 10;
+            S.kvx_refused++;
+            pthread_mutex_unlock(&S.out_mu);
+            char a[INET_ADDRSTRLEN] = "?";
+            inet_ntop(AF_INET, &peer.sin_addr, a, sizeof a);
+            if (say)
+                fprintf(stderr,
+                        "tessera serve: a KV connection from %s refused "
+                        "(not in --kv-senders%s)\n",
+                        a,
+                        S.kv_senders ? "" : ", which is loopback by default");
+            continue;
+        }
         pthread_t t;
-        __atomic_add_fetch(&S.kv_conns, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_add_fetch(&S.kv_conns, 1, __ATOMIC_SEQ_CST) >
+            TS_KV_MAX_CONNECTIONS) { /* busy: the sender recomputes */
+            __atomic_sub_fetch(&S.kv_conns, 1, __ATOMIC_SEQ_CST);
+            close(fd);
+            pthread_mutex_lock(&S.out_mu);
+            S.kvx_refused++;
+            pthread_mutex_unlock(&S.out_mu);
+            continue;
+        }
         if (pthread_create(&t, NULL, kv_conn, (void *)(intptr_t)fd)) {
             __atomic_sub_fetch(&S.kv_conns, 1, __ATOMIC_SEQ_CST);
             close(fd);
@@ -936,11 +972,20 @@ static enum MHD_Result generate(struct MHD_Connection *c, hreq *r) {
     json_t *kvp = json_object_get(b, "kv_transfer_params");
     if (kvp && !json_is_null(kvp)) {
         const char *t = json_string_value(json_object_get(kvp, "target"));
-        if (!t || !strchr(t, ':') || strlen(t) >= sizeof r->kv_target) {
+        /* refused before anything is resolved or connected to, with the
+         * same answer whether or not something listens there */
+        if (!S.kv_peers) {
             json_decref(b);
             return bad_param(c, "kv_transfer_params",
-                             "needs a target \"host:port\" (a decode "
-                             "server's --kv-port)");
+                             "this server sends KV blocks to no one (it was "
+                             "started without --kv-peers)");
+        }
+        if (!t || strlen(t) >= sizeof r->kv_target ||
+            !ts_kv_peers_allow(S.kv_peers, t)) {
+            json_decref(b);
+            return bad_param(c, "kv_transfer_params",
+                             "target must be one of this server's --kv-peers "
+                             "(a decode server's HOST:PORT, as listed)");
         }
         snprintf(r->kv_target, sizeof r->kv_target, "%s", t);
         r->kv_prefill = true;
@@ -1069,10 +1114,10 @@ static enum MHD_Result metrics(struct MHD_Connection *c) {
     pthread_mutex_lock(&S.out_mu);
     if (got)
         S.est = fresh;
-    static const int codes[6] = {200, 400, 404, 405, 413, 500};
+    static const int codes[7] = {200, 400, 401, 404, 405, 413, 500};
     ts_sb_printf(&b, "# HELP tessera_requests_total HTTP requests by status\n"
                      "# TYPE tessera_requests_total counter\n");
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 7; i++)
         ts_sb_printf(&b, "tessera_requests_total{status=\"%d\"} %llu\n",
                      codes[i], (unsigned long long)S.status_count[i]);
     ts_sb_printf(
@@ -1222,16 +1267,29 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
         if (!r)
             return MHD_NO;
         *con_cls = r;
+        r->unauthorized =
+            S.api_key && !strncmp(url, "/v1/", 4) &&
+            !ts_bearer_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                      "Authorization"),
+                          S.api_key);
         return MHD_YES;
     }
     if (*upload_size) {
-        if (r->body.n + *upload_size > MAX_BODY)
+        if (r->unauthorized)
+            ; /* read and dropped: a stranger's body takes no memory */
+        else if (r->body.n + *upload_size > MAX_BODY)
             r->too_big = true;
         else
             ts_sb_add(&r->body, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
+    if (r->unauthorized)
+        return send_error(c, 401, "invalid_request_error", NULL,
+                          "invalid_api_key",
+                          "a missing or wrong API key: send "
+                          "\"Authorization: Bearer KEY\" with the key this "
+                          "server was started with (--api-key)");
     if (r->too_big)
         return send_error(c, 413, "invalid_request_error", NULL, NULL,
                           "the body is larger than %d bytes", MAX_BODY);
@@ -1357,6 +1415,33 @@ int ts_server_run(const ts_server_options *o) {
     memset(&S, 0, sizeof S);
     S.kv_fd = -1;
     S.no_kv_events = o->no_kv_events;
+    S.api_key = o->api_key && *o->api_key ? o->api_key : NULL;
+    int max_conns = o->max_connections > 0 ? o->max_connections
+                                           : TS_SERVER_DEFAULT_MAX_CONNECTIONS,
+        per_client = o->max_connections_per_client > 0
+                         ? o->max_connections_per_client
+                         : TS_SERVER_DEFAULT_PER_CLIENT,
+        timeout_s = o->conn_timeout_s > 0 ? o->conn_timeout_s
+                                          : TS_SERVER_DEFAULT_TIMEOUT_S;
+    S.timeout_ms = timeout_s * 1000;
+    ts_kv_peers peers;
+    if (o->kv_peers) {
+        char err[400];
+        if (ts_kv_peers_parse(o->kv_peers, &peers, err, sizeof err)) {
+            fprintf(stderr, "tessera serve: %s\n", err);
+            return 1;
+        }
+        S.kv_peers = &peers;
+    }
+    ts_kv_senders senders;
+    if (o->kv_senders) {
+        char err[400];
+        if (ts_kv_senders_parse(o->kv_senders, &senders, err, sizeof err)) {
+            fprintf(stderr, "tessera serve: %s\n", err);
+            return 1;
+        }
+        S.kv_senders = &senders;
+    }
     const char *fault = getenv("TESSERA_FAULT_KV_CORRUPT");
     S.fault_corrupt = fault && *fault && strcmp(fault, "0");
     if (ts_ctx_new(&S.ctx, NULL) != TS_OK)
@@ -1450,12 +1535,20 @@ int ts_server_run(const ts_server_options *o) {
                 o->host);
         goto done;
     }
+    /* the timeout is MHD's idle limit: it runs while a request is read
+     * and a response written, not while the handler or a stream's
+     * callback waits for the engine (a stream writes a keep-alive every
+     * second); a client that sends nothing is dropped after it */
     d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+            MHD_USE_POLL |
             MHD_USE_ITC, /* no MHD log: a client hanging up is normal */
         (uint16_t)o->port, NULL, NULL, handle, NULL, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)timeout_s,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conns,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)per_client,
+        MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "tessera serve: cannot listen on %s:%d\n",
                 o->host ? o->host : "127.0.0.1", o->port);
@@ -1499,7 +1592,7 @@ done:
         __atomic_store_n(&S.kv_stop, true, __ATOMIC_SEQ_CST);
         pthread_join(kv_thread, NULL);
         while (__atomic_load_n(&S.kv_conns, __ATOMIC_SEQ_CST))
-            usleep(10000); /* transfers in flight end (30 s timeouts) */
+            usleep(10000); /* transfers in flight end (--conn-timeout) */
     }
     if (S.kv_fd >= 0)
         close(S.kv_fd);

@@ -333,8 +333,19 @@ let Ref = null, refText = {};
 const pdPrompts = ["Disaggregated one: ", "Second disaggregated prompt, ", "3rd: prefill here, decode there; "]
   .map((h) => (h + "the quick brown fox jumps over the lazy dog. ".repeat(4)).slice(0, 150));
 
+// a decode server (--kv-port 0), then a prefill server that may send it KV
+// (--kv-peers: its KV address, as the router writes it)
+async function pdPair(pname, dname, penv = {}) {
+  const D = serve(dname, port(), ["--kv-port", "0"]);
+  await waitUp(D);
+  const kv = (await get(D.url, "/health")).json.kv_transfer_port;
+  assert.ok(kv > 0, `${dname}: no kv_transfer_port in /health`);
+  const P = serve(pname, port(), ["--kv-peers", `127.0.0.1:${kv}`], penv);
+  return [P, D];
+}
+
 async function part4() {
-  const P = serve("prefill", port()), D = serve("decode", port(), ["--kv-port", "0"]);
+  const [P, D] = await pdPair("prefill", "decode");
   Ref = serve("reference", port());
   await Promise.all([P, D, Ref].map((s) => waitUp(s)));
   const R = route("router-pd", port(), ["--prefill", P.url, "--decode", D.url]);
@@ -395,8 +406,7 @@ async function part4() {
 
 // ---- 5. a corrupted transfer: refused, recomputed, the same text ----
 async function part5() {
-  const P = serve("prefill-corrupt", port(), [], { TESSERA_FAULT_KV_CORRUPT: "1" });
-  const D = serve("decode-fresh", port(), ["--kv-port", "0"]);
+  const [P, D] = await pdPair("prefill-corrupt", "decode-fresh", { TESSERA_FAULT_KV_CORRUPT: "1" });
   await Promise.all([P, D].map((s) => waitUp(s)));
   const R = route("router-corrupt", port(), ["--prefill", P.url, "--decode", D.url]);
   await waitUp(R);
