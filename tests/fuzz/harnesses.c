@@ -50,7 +50,13 @@ static void make_dir(const char *path) {
 void fuzz_setup(const char *work_dir, const char *model_dir) {
     snprintf(g_work, sizeof g_work, "%s", work_dir);
     make_dir(g_work);
-    snprintf(g_model, sizeof g_model, "%s", model_dir ? model_dir : "");
+    /* absolute: cfg/ links to its weights */
+    char *abs = model_dir ? realpath(model_dir, NULL) : NULL;
+    if (model_dir && !abs)
+        fuzz_fail("setup", "no model folder %s: %s", model_dir,
+                  strerror(errno));
+    snprintf(g_model, sizeof g_model, "%s", abs ? abs : "");
+    free(abs);
     if (!g_ctx && ts_ctx_new(&g_ctx, NULL) != TS_OK)
         fuzz_fail("setup", "no context");
     ts_set_grad_enabled(g_ctx, false);

@@ -7,14 +7,14 @@
 # (the last status line: runs, cov, ft, corpus, oom/timeout/crash) go to
 # BUILD_FUZZ/fuzz-results.txt, one line per harness.
 set -u
-build=$1 secs=$2
+build=$(cd "$1" && pwd) secs=$2
 shift 2
 src=$(cd "$(dirname "$0")" && pwd)
 results=$build/fuzz-results.txt
 : >"$results"
 for h in "$@"; do
     corpus=$build/fuzz-corpus/$h out=$build/fuzz-out/$h
-    mkdir -p "$corpus" "$out"
+    mkdir -p "$corpus" "$out" "$build/fuzz-work/$h"
     log=$out/fuzz.log
     echo "fuzz_$h: $secs s"
     # -timeout: an input running 10 s is a hang; -malloc_limit_mb: one
