@@ -15,8 +15,9 @@
  *
  * Each batch of inputs runs in a child process; a child that dies (a
  * sanitizer report, an abort of the harness' own checks), stops making
- * progress for HANG_S seconds, or leaks (LeakSanitizer at its exit; the
- * batch is then replayed input by input) is a finding: the input is saved
+ * progress for HANG_S seconds (and HANG_S_PER_MIB more per MiB of input),
+ * or leaks (LeakSanitizer at its exit; the batch is then replayed input
+ * by input) is a finding: the input is saved
  * as WORK/fuzz_findings/<harness>-<i>.bin with the report beside it (.log)
  * and the test fails, unless tests/fuzz/pending/ holds a <harness>-*.bin
  * (a known finding being fixed): then the harness' findings are reported
@@ -56,11 +57,12 @@ __attribute__((used)) const char *__asan_default_options(void) {
 }
 #endif
 
-#define HANG_S       10 /* seconds without progress: a hang */
-#define MAX_FINDINGS 3
-#define BATCH        200
-#define BIG_SEED     (1 << 20) /* seeds above this: one input in BIG_EVERY */
-#define BIG_EVERY    250
+#define HANG_S         10 /* seconds without progress: a hang, plus */
+#define HANG_S_PER_MIB 10 /* for each MiB of the input */
+#define MAX_FINDINGS   3
+#define BATCH          200
+#define BIG_SEED       (1 << 20) /* seeds above this: one input in BIG_EVERY */
+#define BIG_EVERY      250
 
 /* inputs per harness (the whole test stays near a minute under ASan) */
 static const struct {
@@ -442,6 +444,7 @@ static void make_input(const char *name, const seed_list *s, int i,
 
 typedef struct {
     volatile int64_t cur; /* the input running; -1 after the last */
+    volatile size_t size; /* its size */
 } progress;
 
 static progress *prog;
@@ -459,7 +462,7 @@ static run_result run_batch(const fuzz_harness *h, const seed_list *s, int from,
                             int to, const char *log, int64_t *at) {
     char work[1100];
     snprintf(work, sizeof work, "%s/fuzz_work/%s", BIN, h->name);
-    prog->cur = from;
+    prog->cur = from, prog->size = 0;
     fflush(stdout), fflush(stderr);
     pid_t pid = fork();
     if (pid == 0) {
@@ -471,9 +474,10 @@ static run_result run_batch(const fuzz_harness *h, const seed_list *s, int from,
 #endif
         fuzz_setup(work, MODEL);
         for (int i = from; i < to; i++) {
-            prog->cur = i;
             bytes in;
             make_input(h->name, s, i, &in);
+            prog->size = in.n;
+            prog->cur = i;
             h->fn(in.p, in.n);
             free(in.p);
         }
@@ -498,7 +502,8 @@ static run_result run_batch(const fuzz_harness *h, const seed_list *s, int from,
         }
         if (prog->cur != last)
             last = prog->cur, since = now();
-        else if (now() - since > HANG_S) {
+        else if (now() - since >
+                 HANG_S + HANG_S_PER_MIB * (double)prog->size / (1 << 20)) {
             *at = prog->cur;
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
