@@ -11,7 +11,7 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-serial-dev \
               libopenmpi-dev openmpi-bin bible-kjv bible-kjv-text \
               python3 python3-torch python3-numpy python3-jinja2
 
-.PHONY: run test deps build build-san bench bench-compile bench-tokenizer bench-decode bench-engine bench-train clean format
+.PHONY: run test deps build build-san fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train clean format
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -42,6 +42,31 @@ test: build build-san
 	cd $(BUILD_SAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS)
+
+# make fuzz — each parser's libFuzzer harness (tests/fuzz/, docs/FUZZING.md)
+# for FUZZ_SECONDS, one at a time, in a clang build with ASan+UBSan
+# ($(BUILD_FUZZ)); figures in $(BUILD_FUZZ)/fuzz-results.txt, failing inputs
+# in $(BUILD_FUZZ)/fuzz-out/<harness>/. Installs clang if missing.
+BUILD_FUZZ     ?= build-fuzz
+FUZZ_SECONDS   ?= 60
+FUZZ_HARNESSES ?= safetensors config tokenizer tokenizer_config chat_template \
+                  token_shard router_events openai_prompt http_body
+fuzz: deps
+	@ok=1; command -v clang >/dev/null 2>&1 || ok=0; \
+	for p in libclang-rt-dev libomp-dev; do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || ok=0; \
+	done; \
+	if [ $$ok = 0 ]; then \
+	  echo "installing: clang libclang-rt-dev libomp-dev"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-dev libomp-dev; \
+	fi
+	CC=clang cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=Debug -DTS_FUZZ=ON \
+	  "-DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g -Wno-error=missing-field-initializers" \
+	  "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" >/dev/null
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_HARNESSES))
+	test -f $(BUILD_FUZZ)/tiny_lm/tiny_lm/config.json || \
+	  /usr/bin/python3 tests/reference/hf_tiny_lm.py $(BUILD_FUZZ)/tiny_lm
+	tests/fuzz/run_fuzz.sh $(BUILD_FUZZ) $(FUZZ_SECONDS) $(FUZZ_HARNESSES)
 
 bench: build
 	./$(BUILD)/bench_ops
