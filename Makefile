@@ -53,12 +53,12 @@ FUZZ_HARNESSES ?= safetensors config tokenizer tokenizer_config chat_template \
                   token_shard router_events openai_prompt http_body
 fuzz: deps
 	@ok=1; command -v clang >/dev/null 2>&1 || ok=0; \
-	for p in libclang-rt-dev libomp-dev; do \
+	for p in libclang-rt-dev; do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || ok=0; \
 	done; \
 	if [ $$ok = 0 ]; then \
-	  echo "installing: clang libclang-rt-dev libomp-dev"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-dev libomp-dev; \
+	  echo "installing: clang libclang-rt-dev"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-dev; \
 	fi
 	CC=clang cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=Debug -DTS_FUZZ=ON \
 	  "-DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g -Wno-error=missing-field-initializers" \
