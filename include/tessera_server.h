@@ -30,6 +30,7 @@ typedef struct {
     const char *host;       /* "127.0.0.1" */
     int port;               /* 8000 */
     ts_dtype weight_dtype;  /* TS_F32 or TS_BF16 */
+    bool no_check_weights;  /* skip the NaN/Inf pass over the weights */
     const char *device_map; /* NULL: the current device */
     ts_engine_options engine;
     /* prefill/decode disaggregation: a port (0: any) on host where this

@@ -15,6 +15,8 @@ static int usage(FILE *f) {
             "[--max-batch-tokens N]\n"
             "         [--no-prefix-cache] [--served-model-name NAME] "
             "[--dtype f32|bf16] [--device-map MAP]\n"
+            "         [--no-check-weights] (load weights holding NaN/Inf; "
+            "they are refused by default)\n"
             "         [--kv-port PORT] (receive KV blocks from prefill "
             "servers; 0: any port)\n"
             "         [--kv-senders A.B.C.D,...|any] (who may send KV "
@@ -94,6 +96,8 @@ int tessera_serve(int argc, char **argv) {
             o.engine.max_batch_tokens = n, i++;
         else if (!strcmp(a, "--no-prefix-cache"))
             o.engine.no_prefix_cache = true;
+        else if (!strcmp(a, "--no-check-weights"))
+            o.no_check_weights = true;
         else if (!strcmp(a, "--served-model-name") && v)
             o.model_name = v, i++;
         else if (!strcmp(a, "--dtype") && v &&

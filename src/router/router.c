@@ -12,6 +12,7 @@
  * servers'. */
 #define _GNU_SOURCE
 #include "tessera_router.h"
+#include "tessera_io.h"
 
 #include "tessera_tokenizer.h"
 
@@ -1140,6 +1141,8 @@ int ts_router_run(const ts_router_options *o) {
     R.block_size = 16;
     if (o->model_dir) {
         if (ts_ctx_new(&R.ctx, NULL) != TS_OK ||
+            ts_model_dir_check(R.ctx, o->model_dir, TS_MODEL_TOKENIZER) !=
+                TS_OK ||
             ts_tokenizer_load(R.ctx, o->model_dir, &R.tok) != TS_OK) {
             fprintf(stderr, "tessera route: %s\n",
                     R.ctx ? ts_errmsg(R.ctx) : "out of memory");

@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #include "tessera_server.h"
 
+#include "tessera_io.h"
 #include "tessera_models.h"
 #include "tessera_tokenizer.h"
 
@@ -1448,12 +1449,14 @@ int ts_server_run(const ts_server_options *o) {
         return 1;
     ts_set_grad_enabled(S.ctx, false);
     ts_load_options lo = {.weight_dtype = o->weight_dtype,
-                          .device_map = o->device_map};
+                          .device_map = o->device_map,
+                          .no_check_weights = o->no_check_weights};
     int rc = 1;
     struct MHD_Daemon *d = NULL;
     pthread_t engine_thread, kv_thread;
     bool thread_started = false, kv_started = false;
-    if (ts_lm_load(S.ctx, o->model_dir, &lo, &S.lm) != TS_OK ||
+    if (ts_model_dir_check(S.ctx, o->model_dir, TS_MODEL_ALL) != TS_OK ||
+        ts_lm_load(S.ctx, o->model_dir, &lo, &S.lm) != TS_OK ||
         ts_tokenizer_load(S.ctx, o->model_dir, &S.tok) != TS_OK) {
         fprintf(stderr, "tessera serve: %s\n", ts_errmsg(S.ctx));
         goto done;

@@ -171,6 +171,16 @@ def check_model_folder_errors(exe, root, d, want):
             r = run(exe, "tokenize", "-m", m, "hi")
             assert r.returncode == 1 and said in r.stderr, r.stderr
             assert "line -1" not in r.stderr, r.stderr
+        # serve and route check the folder the same way before loading
+        for args, said in ((("serve", "-m", gguf, "--port", "1"), "GGUF is not supported yet"),
+                           (("serve", "-m", os.path.join(tmp, "missing"), "--port", "1"),
+                            "missing: no such folder"),
+                           (("route", "--server", "http://127.0.0.1:1", "-m",
+                             os.path.join(tmp, "missing"), "--listen", "127.0.0.1:1"),
+                            "missing: no such folder")):
+            r = run(exe, *args)
+            assert r.returncode != 0 and said in r.stderr, (args, r.stderr)
+            assert "line -1" not in r.stderr, r.stderr
         half = variant(d, os.path.join(tmp, "half"), skip=("tokenizer.json",))
         refused(half, "half: not a model folder: no tokenizer.json (looked for config.json, "
                 "model.safetensors | model.safetensors.index.json, tokenizer.json; the "
