@@ -245,13 +245,32 @@ static void *monitor_loop(void *arg) {
     return NULL;
 }
 
-/* applies one /v1/kv_events line (mu held) */
+/* a block hash as the servers write it: 1 to 16 hex digits, nothing else
+ * (strtoull would take "zz" as 0 and " 12" as 0x12) */
+static bool parse_block_hash(const char *s, uint64_t *out) {
+    uint64_t h = 0;
+    size_t n = 0;
+    for (; s[n]; n++) {
+        int c = (unsigned char)s[n], v = c >= '0' && c <= '9'   ? c - '0'
+                                         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                         : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                                                : -1;
+        if (v < 0 || n == 16)
+            return false;
+        h = h << 4 | (uint64_t)v;
+    }
+    *out = h;
+    return n > 0;
+}
+
+/* applies one /v1/kv_events line (mu held); a line that is not an event
+ * with a well-formed hash changes nothing */
 static void apply_event(backend *be, const char *line, size_t len) {
     json_t *j = json_loadb(line, len, 0, NULL);
     const char *type = json_string_value(json_object_get(j, "type"));
     const char *hash = json_string_value(json_object_get(j, "block_hash"));
-    if (type && hash) {
-        uint64_t h = strtoull(hash, NULL, 16);
+    uint64_t h;
+    if (type && hash && parse_block_hash(hash, &h)) {
         if (!strcmp(type, "BlockStored"))
             ts_block_set_put(&be->cached, h, 1);
         else if (!strcmp(type, "BlockRemoved")) {
@@ -267,6 +286,8 @@ typedef struct {
     ts_sbuf line;
 } event_stream;
 
+#define EVENT_LINE_MAX 65536
+
 static size_t event_write(char *p, size_t sz, size_t n, void *u) {
     event_stream *es = u;
     if (R.stop)
@@ -275,6 +296,16 @@ static size_t event_write(char *p, size_t sz, size_t n, void *u) {
     pthread_mutex_lock(&R.mu);
     for (size_t i = 0; i < len; i++) {
         if (p[i] != '\n') {
+            /* an event is ~150 bytes: a server that sends no newline must
+             * not grow the router's memory; drop the stream (it is
+             * followed again from a fresh snapshot) */
+            if (es->line.n >= EVENT_LINE_MAX) {
+                pthread_mutex_unlock(&R.mu);
+                logf_("%s: a /v1/kv_events line over %d bytes; reconnecting",
+                      es->be->url, EVENT_LINE_MAX);
+                es->line.n = 0;
+                return 0;
+            }
             ts_sb_add(&es->line, p + i, 1);
             continue;
         }
@@ -333,8 +364,9 @@ static void *events_loop(void *arg) {
         json_array_foreach(json_object_get(j, "blocks"), i, blk) {
             const char *h =
                 json_string_value(json_object_get(blk, "block_hash"));
-            if (h)
-                ts_block_set_put(&be->cached, strtoull(h, NULL, 16), 1);
+            uint64_t hv;
+            if (h && parse_block_hash(h, &hv))
+                ts_block_set_put(&be->cached, hv, 1);
         }
         be->precise = true, be->no_events = false;
         pthread_mutex_unlock(&R.mu);

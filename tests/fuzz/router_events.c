@@ -36,10 +36,45 @@ int fuzz_router_events(const uint8_t *data, size_t size) {
     ts_block_set_put(&be->recent, 0x1234, 1);
     event_stream es = {be, {0}};
     size_t cut[4] = {0, size / 3, 2 * size / 3, size};
-    for (int k = 0; k < 3; k++)
-        if (event_write((char *)data + cut[k], 1, cut[k + 1] - cut[k], &es) !=
-            cut[k + 1] - cut[k])
-            fuzz_fail("router_events", "the reader refused a piece");
+    /* the longest run without a newline: the reader drops the stream
+     * rather than hold a line past EVENT_LINE_MAX */
+    size_t run = 0, longest = 0;
+    for (size_t i = 0; i < size; i++) {
+        run = data[i] == '\n' ? 0 : run + 1;
+        longest = run > longest ? run : longest;
+    }
+    for (int k = 0; k < 3; k++) {
+        size_t got =
+            event_write((char *)data + cut[k], 1, cut[k + 1] - cut[k], &es);
+        if (es.line.n > EVENT_LINE_MAX)
+            fuzz_fail("router_events", "a line of %zu bytes held", es.line.n);
+        if (got != cut[k + 1] - cut[k]) {
+            if (longest <= EVENT_LINE_MAX)
+                fuzz_fail("router_events", "the reader refused a piece");
+            break;
+        }
+    }
+    /* every stored hash was written in the stream as a JSON string of 1 to
+     * 16 hex digits (not " 12", not 17 digits, not "zz" as 0) */
+    for (size_t i = 0; i < be->cached.cap; i++) {
+        unsigned long long k = be->cached.keys[i];
+        if (!k)
+            continue;
+        bool seen = false;
+        /* the set keeps hash 0 as 1 (0 marks an empty slot) */
+        for (int zero = 0; zero < (k == 1 ? 2 : 1); zero++)
+            for (int w = 1; w <= 16 && !seen; w++)
+                for (int upper = 0; upper < 2 && !seen; upper++) {
+                    char hx[24];
+                    snprintf(hx, sizeof hx,
+                             upper ? "\"%0*llX\"" : "\"%0*llx\"", w,
+                             zero ? 0ull : k);
+                    seen = memmem(data, size, hx, strlen(hx)) != NULL;
+                }
+        if (!seen)
+            fuzz_fail("router_events", "block %llx stored, not in the stream",
+                      k);
+    }
     check_set(&be->cached, "cached");
     check_set(&be->recent, "recent");
     free(es.line.p);
