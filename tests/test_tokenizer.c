@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <utf8proc.h>
 
+static void test_issue_cases(ts_ctx *ctx, const char *name, ts_tokenizer *tok);
+
 /* ids equal to the peer's, decoded text equal to the peer's decode, and
  * streaming decoding equal to decoding at once, in whole characters; for
  * the byte-level tokenizers also decode(encode(x)) == NFC(x). */
@@ -142,6 +144,7 @@ static void test_one_peer(ts_ctx *ctx, json_t *corpus, json_t *peer) {
     }
     fprintf(stderr, "%s: %zu corpus strings against the peer, %zu differ\n",
             name, json_array_size(corpus), failures);
+    test_issue_cases(ctx, name, tok);
     ts_tokenizer_free(tok);
 }
 
@@ -486,44 +489,27 @@ static void test_check_vocab(ts_ctx *ctx, ts_tokenizer *qwen3) {
  * forever on "x 日" (its three Split steps shared one match buffer) and
  * gave " 日本" as [223, 223, 6392, 108]; Llama 3.1's ignore_merges makes
  * " позволяет" its vocabulary's single token. */
-static void test_issue_cases(ts_ctx *ctx, const char *peer_path) {
-    json_error_t e;
-    json_t *peers = json_load_file(peer_path, 0, &e), *p;
-    size_t i;
-    json_array_foreach(peers, i, p) {
-        const char *name = json_string_value(json_object_get(p, "name"));
-        const char *path = json_string_value(json_object_get(p, "path"));
-        bool ds = !strcmp(name, "deepseek_v3"), l3 = !strcmp(name, "llama3_1");
-        if (!ds && !l3)
-            continue;
-        ts_tokenizer *tok = NULL;
-        CHECK_OK(ctx, ts_tokenizer_load(ctx, path, &tok));
-        if (!tok)
-            continue;
-        int32_t *ids = NULL;
-        size_t n = 0;
-        if (ds) {
-            CHECK_OK(ctx, ts_tokenizer_encode(tok, " \xE6\x97\xA5\xE6\x9C\xAC",
-                                              7, true, &ids, &n));
-            CHECK(n == 2 && ids[0] == 223 && ids[1] == 6392);
-            free(ids);
-            CHECK_OK(ctx, ts_tokenizer_encode(tok, "x \xE6\x97\xA5", 5, true,
-                                              &ids, &n));
-            CHECK(n >= 2);
-            free(ids);
-        } else {
-            const char *word =
-                " \xD0\xBF\xD0\xBE\xD0\xB7\xD0\xB2\xD0\xBE\xD0"
-                "\xBB\xD1\x8F\xD0\xB5\xD1\x82"; /* " позволяет" */
-            CHECK_OK(ctx, ts_tokenizer_encode(tok, word, strlen(word), true,
-                                              &ids, &n));
-            /* its byte-level form "ĠÐ¿Ð¾Ð·Ð²Ð¾Ð»ÑıÐµÑĤ" is token 115091 */
-            CHECK(n == 1 && ids[0] == 115091);
-            free(ids);
-        }
-        ts_tokenizer_free(tok);
+static void test_issue_cases(ts_ctx *ctx, const char *name, ts_tokenizer *tok) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (!strcmp(name, "deepseek_v3")) {
+        CHECK_OK(ctx, ts_tokenizer_encode(tok, " \xE6\x97\xA5\xE6\x9C\xAC", 7,
+                                          true, &ids, &n));
+        CHECK(n == 2 && ids[0] == 223 && ids[1] == 6392);
+        free(ids);
+        CHECK_OK(ctx,
+                 ts_tokenizer_encode(tok, "x \xE6\x97\xA5", 5, true, &ids, &n));
+        CHECK(n >= 2);
+        free(ids);
+    } else if (!strcmp(name, "llama3_1")) {
+        const char *word = " \xD0\xBF\xD0\xBE\xD0\xB7\xD0\xB2\xD0\xBE\xD0"
+                           "\xBB\xD1\x8F\xD0\xB5\xD1\x82"; /* " позволяет" */
+        CHECK_OK(ctx,
+                 ts_tokenizer_encode(tok, word, strlen(word), true, &ids, &n));
+        /* its byte-level form "ĠÐ¿Ð¾Ð·Ð²Ð¾Ð»ÑıÐµÑĤ" is token 115091 */
+        CHECK(n == 1 && ids[0] == 115091);
+        free(ids);
     }
-    json_decref(peers);
 }
 
 /* A Split regex that backtracks exponentially gives an error naming the
@@ -574,7 +560,6 @@ int main(int argc, char **argv) {
         test_normalizers(ctx, argv[4]);
         test_id_checks(ctx, argv[4]);
         test_check_vocab(ctx, tok);
-        test_issue_cases(ctx, argv[3]);
         test_regex_budget(ctx, argv[4]);
         ts_tokenizer_free(tok);
     }

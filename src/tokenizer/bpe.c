@@ -29,6 +29,7 @@
 typedef struct {
     char **keys; /* string -> id */
     int32_t *vals;
+    uint32_t *hash; /* the keys' hashes: most probes end without a strlen */
     size_t cap, n;
 } str_map;
 
@@ -45,14 +46,17 @@ static bool smap_init(str_map *m, size_t n) {
         m->cap <<= 1;
     m->keys = calloc(m->cap, sizeof *m->keys);
     m->vals = calloc(m->cap, sizeof *m->vals);
+    m->hash = calloc(m->cap, sizeof *m->hash);
     m->n = 0;
-    return m->keys && m->vals;
+    return m->keys && m->vals && m->hash;
 }
 
 static int32_t smap_get(const str_map *m, const char *k, size_t n) {
-    size_t i = fnv(k, n) & (m->cap - 1);
+    uint64_t h = fnv(k, n);
+    size_t i = h & (m->cap - 1);
     while (m->keys[i]) {
-        if (strlen(m->keys[i]) == n && !memcmp(m->keys[i], k, n))
+        if (m->hash[i] == (uint32_t)(h >> 32) && !strncmp(m->keys[i], k, n) &&
+            !m->keys[i][n])
             return m->vals[i];
         i = (i + 1) & (m->cap - 1);
     }
@@ -61,9 +65,11 @@ static int32_t smap_get(const str_map *m, const char *k, size_t n) {
 
 /* k is kept (not copied); the table must have room (sized at init) */
 static void smap_put(str_map *m, char *k, int32_t v) {
-    size_t n = strlen(k), i = fnv(k, n) & (m->cap - 1);
+    size_t n = strlen(k);
+    uint64_t h = fnv(k, n);
+    size_t i = h & (m->cap - 1);
     while (m->keys[i]) {
-        if (!strcmp(m->keys[i], k)) {
+        if (m->hash[i] == (uint32_t)(h >> 32) && !strcmp(m->keys[i], k)) {
             m->vals[i] = v;
             return;
         }
@@ -71,6 +77,7 @@ static void smap_put(str_map *m, char *k, int32_t v) {
     }
     m->keys[i] = k;
     m->vals[i] = v;
+    m->hash[i] = (uint32_t)(h >> 32);
     m->n++;
 }
 
@@ -206,7 +213,7 @@ void ts_tokenizer_free(ts_tokenizer *t) {
         free(t->id_to_token[i]);
     free(t->id_to_token), free(t->is_added), free(t->is_special),
         free(t->in_model);
-    free(t->vocab.keys), free(t->vocab.vals);
+    free(t->vocab.keys), free(t->vocab.vals), free(t->vocab.hash);
     free(t->merges.keys), free(t->merges.rank), free(t->merges.merged);
     free(t->added);
     for (int i = 0; i < t->n_norm; i++) {
@@ -633,6 +640,34 @@ static ts_status parse_decoder_step(ts_tokenizer *t, const char *file,
                         file, type ? type : "?");
 }
 
+/* json_load_file reads a character at a time; a tokenizer.json is tens of
+ * MB: read it whole, then parse */
+static json_t *load_json(const char *file, json_error_t *err) {
+    FILE *f = fopen(file, "rb");
+    if (!f)
+        return json_load_file(file, 0, err); /* its error names the cause */
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n == cap) {
+            char *g = realloc(buf, cap = cap ? 2 * cap : 1 << 20);
+            if (!g) {
+                free(buf), fclose(f);
+                return json_load_file(file, 0, err);
+            }
+            buf = g;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (!got)
+            break;
+    }
+    fclose(f);
+    json_t *root = json_loadb(buf, n, 0, err);
+    free(buf);
+    return root;
+}
+
 ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
     if (!ctx)
         return TS_ERR_INVALID_ARG;
@@ -643,7 +678,7 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
     char file[4096];
     ts_file_in(path, "tokenizer.json", file, sizeof file);
     json_error_t jerr;
-    json_t *root = json_load_file(file, 0, &jerr);
+    json_t *root = load_json(file, &jerr);
     if (!root)
         return ts_set_error(ctx, TS_ERR_IO, "%s: %s (line %d)", file, jerr.text,
                             jerr.line);
@@ -1059,23 +1094,28 @@ static void bpe_merge(ts_tokenizer *t, int32_t *sym, size_t m, ids_vec *o) {
  * as its GPT-2 character. SentencePiece-style: each character; one that
  * is not in the vocabulary becomes its <0xXX> byte tokens (byte_fallback)
  * or the unknown token (consecutive ones fused when fuse_unk). */
+/* the id of the token whose byte-level form is that of w[0..n), or -1 */
+static int32_t byte_level_id(const ts_tokenizer *t, const unsigned char *w,
+                             size_t n, ids_vec *o) {
+    char stack_form[256], *form = stack_form; /* up to 2 bytes a byte */
+    if (2 * n > sizeof stack_form && !(form = malloc(2 * n))) {
+        o->oom = true;
+        return -1;
+    }
+    size_t fl = 0;
+    for (size_t i = 0; i < n; i++)
+        fl += (size_t)ts_put_utf8(form + fl, t->byte_to_cp[w[i]]);
+    int32_t id = fl ? smap_get(&t->vocab, form, fl) : -1;
+    if (form != stack_form)
+        free(form);
+    return id;
+}
+
 static void bpe_word(ts_tokenizer *t, const unsigned char *w, size_t n,
                      ids_vec *o) {
     if (t->ignore_merges) { /* a word in the vocabulary is its token */
-        char stack_form[256], *form = stack_form;
-        size_t fl = 0;
-        if (t->byte_level) { /* its byte-level form: up to 2 bytes a byte */
-            if (2 * n > sizeof stack_form && !(form = malloc(2 * n))) {
-                o->oom = true;
-                return;
-            }
-            for (size_t i = 0; i < n; i++)
-                fl += (size_t)ts_put_utf8(form + fl, t->byte_to_cp[w[i]]);
-        }
-        int32_t id = t->byte_level ? smap_get(&t->vocab, form, fl)
+        int32_t id = t->byte_level ? byte_level_id(t, w, n, o)
                                    : smap_get(&t->vocab, (const char *)w, n);
-        if (form != stack_form)
-            free(form);
         if (id >= 0 && t->in_model[id]) {
             push_id(o, id);
             return;
