@@ -542,6 +542,61 @@ static void test_regex_budget(ts_ctx *ctx, const char *work) {
     ts_tokenizer_free(tok);
 }
 
+/* Added tokens' lstrip / rstrip take the whitespace before / after them
+ * (Hugging Face's lstrip_tokens test: "a <mask>" loses the space);
+ * single_word, and normalized with a normalizer, are refused by name. */
+static void test_added_strip(ts_ctx *ctx, const char *work) {
+    static const struct {
+        const char *flags, *text, *want;
+    } cases[] = {
+        {"", "a <m> b", "a| |<m>| |b"},
+        {", \"lstrip\": true", "a \t<m> b", "a|<m>| |b"},
+        {", \"rstrip\": true", "a <m> \n b", "a| |<m>|b"},
+        {", \"lstrip\": true, \"rstrip\": true", " <m> ", "<m>"},
+    };
+    char json[1024], path[1024], got[256];
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        snprintf(json, sizeof json,
+                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": "
+                 "1, \" \": 2, \"\\t\": 3, \"\\n\": 4}, \"merges\": []}, "
+                 "\"added_tokens\": [{\"id\": 5, \"content\": \"<m>\", "
+                 "\"special\": true%s}]}",
+                 cases[c].flags);
+        write_json(work, "added_strip", json, path, sizeof path);
+        ts_tokenizer *tok = NULL;
+        CHECK_OK(ctx, ts_tokenizer_load(ctx, path, &tok));
+        if (!tok)
+            continue;
+        encode_str(ctx, tok, cases[c].text, got, sizeof got);
+        CHECK(!strcmp(got, cases[c].want));
+        if (strcmp(got, cases[c].want))
+            fprintf(stderr, "added strip case %zu: %s, want %s\n", c, got,
+                    cases[c].want);
+        ts_tokenizer_free(tok);
+    }
+    static const struct {
+        const char *normalizer, *flags, *msg;
+    } refused[] = {
+        {"null", "\"single_word\": true",
+         "added token \"<m>\" has single_word true, which is not supported"},
+        {"{\"type\": \"NFC\"}", "\"normalized\": true",
+         "added token \"<m>\" has normalized true, which is not supported "
+         "with a normalizer"},
+    };
+    for (size_t c = 0; c < sizeof refused / sizeof *refused; c++) {
+        snprintf(json, sizeof json,
+                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, "
+                 "\"merges\": []}, \"normalizer\": %s, \"added_tokens\": "
+                 "[{\"id\": 1, \"content\": \"<m>\", %s}]}",
+                 refused[c].normalizer, refused[c].flags);
+        write_json(work, "added_strip", json, path, sizeof path);
+        ts_tokenizer *tok = NULL;
+        CHECK(ts_tokenizer_load(ctx, path, &tok) == TS_ERR_UNSUPPORTED && !tok);
+        CHECK_MSG(ctx, refused[c].msg);
+        ts_clear_error(ctx);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: %s TOKENIZER_JSON CORPUS PEER_JSON WORK_DIR\n",
@@ -561,6 +616,7 @@ int main(int argc, char **argv) {
         test_id_checks(ctx, argv[4]);
         test_check_vocab(ctx, tok);
         test_regex_budget(ctx, argv[4]);
+        test_added_strip(ctx, argv[4]);
         ts_tokenizer_free(tok);
     }
     ts_ctx_free(ctx);

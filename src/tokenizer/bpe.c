@@ -1,14 +1,19 @@
 /* bpe.c — Hugging Face tokenizer.json for BPE models of two kinds:
- * byte-level (GPT-2, Llama 3, Qwen2/3: ByteLevel pre-tokenizer and
- * decoder) and SentencePiece-style (Llama 2, Gemma: characters as symbols,
- * `▁` for spaces through the Prepend/Replace normalizers or the Metaspace
- * pre-tokenizer, <0xXX> byte fallback, the Replace/ByteFallback/Fuse/Strip
- * or Metaspace decoders). Also the NFC normalizer (utf8proc), Split
- * pre-tokenizers (PCRE2 with Unicode properties), the BPE merges (a heap,
- * so long words stay n log n), added and special tokens matched before
- * everything else (a trie), and a streaming decoder that only emits whole
- * UTF-8 characters. Owns the vocabulary and merge tables; knows nothing of
- * models. */
+ * byte-level (GPT-2/3.5/4o, gpt-oss, Llama 3, Qwen2/3, DeepSeek-V3, Claude:
+ * ByteLevel pre-tokenizer and decoder) and SentencePiece-style (Llama 2,
+ * Gemma, Gemini: characters as symbols, `▁` for spaces through the
+ * Prepend/Replace normalizers or the Metaspace pre-tokenizer, <0xXX> byte
+ * fallback, the Replace/ByteFallback/Fuse/Strip or Metaspace decoders).
+ * Also the normalizers (NFC/NFD/NFKC/NFKD through utf8proc, Lowercase,
+ * StripAccents, Strip, Prepend, Replace), Split pre-tokenizers (PCRE2 with
+ * Unicode properties, each search bounded in steps; every behavior and
+ * invert, as NormalizedString::split), ignore_merges, the BPE merges (a
+ * heap, so long words stay n log n), added and special tokens matched
+ * before everything else (a trie; lstrip/rstrip), ids checked at load
+ * (one token an id, tables sized near the entry count), and a streaming
+ * decoder that only emits whole UTF-8 characters. Owns the vocabulary and
+ * merge tables; knows nothing of models (ts_tokenizer_check_vocab is
+ * handed a model's vocab_size). */
 #define _GNU_SOURCE /* memmem */
 #include "tessera_tokenizer.h"
 
@@ -115,6 +120,7 @@ typedef struct {
     size_t len;
     int32_t id;
     bool special;
+    bool lstrip, rstrip; /* the token takes the whitespace before / after */
 } added_token;
 
 typedef enum {
@@ -775,6 +781,23 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
                                  entries, (long long)id);
                 break;
             }
+            /* matching flags we do not implement are refused by name */
+            const char *flag =
+                json_is_true(json_object_get(v, "single_word")) ? "single_word"
+                : json_is_true(json_object_get(v, "normalized")) && t->n_norm
+                    ? "normalized"
+                    : NULL;
+            if (flag) {
+                s = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                                 "%s: added token \"%s\" has %s true, which "
+                                 "is not supported%s",
+                                 file, c, flag,
+                                 *flag == 'n' ? " with a normalizer (only "
+                                                "tokens matched before "
+                                                "normalization)"
+                                              : "");
+                break;
+            }
             if (id > max_id)
                 max_id = id;
         }
@@ -840,6 +863,8 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
             a->len = strlen(c);
             a->id = id;
             a->special = t->is_special[id];
+            a->lstrip = json_is_true(json_object_get(v, "lstrip"));
+            a->rstrip = json_is_true(json_object_get(v, "rstrip"));
         }
     }
     /* merges: ["a", "b"] pairs (or "a b" strings), in rank order */
@@ -1547,6 +1572,29 @@ static ts_status encode_plain(enc_state *e, const char *p, size_t n,
                : TS_OK;
 }
 
+/* an added token with lstrip / rstrip takes the whitespace before it (back
+ * to pos, where the text to encode starts) / after it */
+static void strip_around(const added_token *a, const char *text, size_t pos,
+                         size_t len, size_t *at, size_t *end) {
+    utf8proc_int32_t c;
+    while (a->lstrip && *at > pos) {
+        size_t b = *at - 1;
+        while (b > pos && ((unsigned char)text[b] & 0xC0) == 0x80)
+            b--;
+        if (utf8proc_iterate((const utf8proc_uint8_t *)text + b,
+                             (utf8proc_ssize_t)(*at - b), &c) <= 0 ||
+            !is_white(c))
+            break;
+        *at = b;
+    }
+    utf8proc_ssize_t l;
+    while (a->rstrip && *end < len &&
+           (l = utf8proc_iterate((const utf8proc_uint8_t *)text + *end,
+                                 (utf8proc_ssize_t)(len - *end), &c)) > 0 &&
+           is_white(c))
+        *end += (size_t)l;
+}
+
 ts_status ts_tokenizer_encode(ts_tokenizer *t, const char *text, size_t len,
                               bool allow_special, int32_t **ids, size_t *n) {
     if (!t)
@@ -1587,10 +1635,13 @@ ts_status ts_tokenizer_encode(ts_tokenizer *t, const char *text, size_t len,
         for (; at < len; at++)
             if ((best = trie_match(t, text + at, len - at, allow_special)))
                 break;
+        size_t end = best ? at + best->len : len;
+        if (best)
+            strip_around(best, text, pos, len, &at, &end);
         s = encode_plain(&e, text + pos, at - pos, pos == 0);
         if (best && s == TS_OK) {
             push_id(&out, best->id);
-            pos = at + best->len;
+            pos = end;
         } else {
             pos = len;
         }
