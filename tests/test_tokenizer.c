@@ -211,6 +211,18 @@ static void test_metaspace_split(ts_ctx *ctx, const char *work,
     json_decref(tj), json_decref(peers);
 }
 
+/* work/name.json holding json; the path in path */
+static void write_json(const char *work, const char *name, const char *json,
+                       char *path, size_t cap) {
+    snprintf(path, cap, "%s/%s.json", work, name);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(json, f);
+        fclose(f);
+    }
+}
+
 static void test_special_and_errors(ts_ctx *ctx, ts_tokenizer *tok,
                                     const char *work) {
     const char *chat = "<|im_start|>user\nhi<|im_end|>";
@@ -255,6 +267,20 @@ static void test_special_and_errors(ts_ctx *ctx, ts_tokenizer *tok,
     CHECK(ts_tokenizer_load(ctx, p, &t2) == TS_ERR_UNSUPPORTED && !t2);
     CHECK_MSG(ctx, "tokenizer model \"WordPiece\" is not supported");
     ts_clear_error(ctx);
+    static const char *const other_kinds[] = {"Unigram", "WordLevel"};
+    for (int k = 0; k < 2; k++) {
+        char json[256], want[128];
+        snprintf(json, sizeof json,
+                 "{\"model\": {\"type\": \"%s\", \"vocab\": []}, "
+                 "\"added_tokens\": []}",
+                 other_kinds[k]);
+        write_json(work, "other_kind", json, p, sizeof p);
+        CHECK(ts_tokenizer_load(ctx, p, &t2) == TS_ERR_UNSUPPORTED && !t2);
+        snprintf(want, sizeof want, "tokenizer model \"%s\" is not supported",
+                 other_kinds[k]);
+        CHECK_MSG(ctx, want);
+        ts_clear_error(ctx);
+    }
     snprintf(p, sizeof p, "%s/digits.json", work);
     f = fopen(p, "w");
     if (f) {
@@ -271,18 +297,6 @@ static void test_special_and_errors(ts_ctx *ctx, ts_tokenizer *tok,
     CHECK(ts_tokenizer_load(ctx, "/nonexistent/tokenizer.json", &t2) ==
           TS_ERR_IO);
     ts_clear_error(ctx);
-}
-
-/* work/name.json holding json; the path in path */
-static void write_json(const char *work, const char *name, const char *json,
-                       char *path, size_t cap) {
-    snprintf(path, cap, "%s/%s.json", work, name);
-    FILE *f = fopen(path, "w");
-    CHECK(f != NULL);
-    if (f) {
-        fputs(json, f);
-        fclose(f);
-    }
 }
 
 /* ids of text as the tokens' strings joined by '|' (into out) */
