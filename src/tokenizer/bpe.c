@@ -215,7 +215,7 @@ static void byte_map(ts_tokenizer *t) {
 void ts_tokenizer_free(ts_tokenizer *t) {
     if (!t)
         return;
-    for (int32_t i = 0; i < t->vocab_size; i++)
+    for (int32_t i = 0; t->id_to_token && i < t->vocab_size; i++)
         free(t->id_to_token[i]);
     free(t->id_to_token), free(t->is_added), free(t->is_special),
         free(t->in_model);
