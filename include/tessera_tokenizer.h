@@ -1,7 +1,9 @@
 /* tessera_tokenizer.h — Hugging Face tokenizer.json: byte-level BPE with
- * the Split (regex) and ByteLevel pre-tokenizers of GPT-2, Llama 3 and
- * Qwen2/3; SentencePiece-style BPE (Prepend/Replace normalizers or
- * Metaspace, byte fallback) of Llama 2 and Gemma; the NFC normalizer,
+ * the Split (regex; every behavior, invert) and ByteLevel pre-tokenizers
+ * of GPT-2/4o, Llama 3, Qwen2/3, DeepSeek-V3 (ignore_merges honoured);
+ * SentencePiece-style BPE (Prepend/Replace normalizers or Metaspace, byte
+ * fallback) of Llama 2 and Gemma; the NFC/NFD/NFKC/NFKD, Lowercase,
+ * StripAccents and Strip normalizers,
  * added/special tokens matched before BPE, the matching decoders, and
  * incremental decoding that never splits a UTF-8 character. Chat
  * templates (a Jinja subset) from tokenizer_config.json. */
@@ -21,6 +23,11 @@ typedef struct ts_tokenizer ts_tokenizer;
 ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out);
 void ts_tokenizer_free(ts_tokenizer *tok);
 int32_t ts_tokenizer_vocab_size(const ts_tokenizer *tok);
+/* Fails (TS_ERR_RANGE), naming the first token, vocabulary or added, whose
+ * id is >= model_vocab_size (config.json's vocab_size) and both sizes:
+ * such a tokenizer would feed the model ids past its embedding. */
+ts_status ts_tokenizer_check_vocab(ts_ctx *ctx, const ts_tokenizer *tok,
+                                   int64_t model_vocab_size);
 /* The id of a token's string form, or -1. */
 int32_t ts_tokenizer_token_id(const ts_tokenizer *tok, const char *token);
 

@@ -1,14 +1,19 @@
 /* bpe.c — Hugging Face tokenizer.json for BPE models of two kinds:
- * byte-level (GPT-2, Llama 3, Qwen2/3: ByteLevel pre-tokenizer and
- * decoder) and SentencePiece-style (Llama 2, Gemma: characters as symbols,
- * `▁` for spaces through the Prepend/Replace normalizers or the Metaspace
- * pre-tokenizer, <0xXX> byte fallback, the Replace/ByteFallback/Fuse/Strip
- * or Metaspace decoders). Also the NFC normalizer (utf8proc), Split
- * pre-tokenizers (PCRE2 with Unicode properties), the BPE merges (a heap,
- * so long words stay n log n), added and special tokens matched before
- * everything else (a trie), and a streaming decoder that only emits whole
- * UTF-8 characters. Owns the vocabulary and merge tables; knows nothing of
- * models. */
+ * byte-level (GPT-2/3.5/4o, gpt-oss, Llama 3, Qwen2/3, DeepSeek-V3, Claude:
+ * ByteLevel pre-tokenizer and decoder) and SentencePiece-style (Llama 2,
+ * Gemma, Gemini: characters as symbols, `▁` for spaces through the
+ * Prepend/Replace normalizers or the Metaspace pre-tokenizer, <0xXX> byte
+ * fallback, the Replace/ByteFallback/Fuse/Strip or Metaspace decoders).
+ * Also the normalizers (NFC/NFD/NFKC/NFKD through utf8proc, Lowercase,
+ * StripAccents, Strip, Prepend, Replace), Split pre-tokenizers (PCRE2 with
+ * Unicode properties, each search bounded in steps; every behavior and
+ * invert, as NormalizedString::split), ignore_merges, the BPE merges (a
+ * heap, so long words stay n log n), added and special tokens matched
+ * before everything else (a trie; lstrip/rstrip), ids checked at load
+ * (one token an id, tables sized near the entry count), and a streaming
+ * decoder that only emits whole UTF-8 characters. Owns the vocabulary and
+ * merge tables; knows nothing of models (ts_tokenizer_check_vocab is
+ * handed a model's vocab_size). */
 #define _GNU_SOURCE /* memmem */
 #include "tessera_tokenizer.h"
 
@@ -22,13 +27,14 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#define MAX_SPLITS 4
+#define MAX_SPLITS 8
 
 /* ---- hash tables ---- */
 
 typedef struct {
     char **keys; /* string -> id */
     int32_t *vals;
+    uint32_t *hash; /* the keys' hashes: most probes end without a strlen */
     size_t cap, n;
 } str_map;
 
@@ -45,14 +51,17 @@ static bool smap_init(str_map *m, size_t n) {
         m->cap <<= 1;
     m->keys = calloc(m->cap, sizeof *m->keys);
     m->vals = calloc(m->cap, sizeof *m->vals);
+    m->hash = calloc(m->cap, sizeof *m->hash);
     m->n = 0;
-    return m->keys && m->vals;
+    return m->keys && m->vals && m->hash;
 }
 
 static int32_t smap_get(const str_map *m, const char *k, size_t n) {
-    size_t i = fnv(k, n) & (m->cap - 1);
+    uint64_t h = fnv(k, n);
+    size_t i = h & (m->cap - 1);
     while (m->keys[i]) {
-        if (strlen(m->keys[i]) == n && !memcmp(m->keys[i], k, n))
+        if (m->hash[i] == (uint32_t)(h >> 32) && !strncmp(m->keys[i], k, n) &&
+            !m->keys[i][n])
             return m->vals[i];
         i = (i + 1) & (m->cap - 1);
     }
@@ -61,9 +70,11 @@ static int32_t smap_get(const str_map *m, const char *k, size_t n) {
 
 /* k is kept (not copied); the table must have room (sized at init) */
 static void smap_put(str_map *m, char *k, int32_t v) {
-    size_t n = strlen(k), i = fnv(k, n) & (m->cap - 1);
+    size_t n = strlen(k);
+    uint64_t h = fnv(k, n);
+    size_t i = h & (m->cap - 1);
     while (m->keys[i]) {
-        if (!strcmp(m->keys[i], k)) {
+        if (m->hash[i] == (uint32_t)(h >> 32) && !strcmp(m->keys[i], k)) {
             m->vals[i] = v;
             return;
         }
@@ -71,6 +82,7 @@ static void smap_put(str_map *m, char *k, int32_t v) {
     }
     m->keys[i] = k;
     m->vals[i] = v;
+    m->hash[i] = (uint32_t)(h >> 32);
     m->n++;
 }
 
@@ -108,22 +120,44 @@ typedef struct {
     size_t len;
     int32_t id;
     bool special;
+    bool lstrip, rstrip; /* the token takes the whitespace before / after */
 } added_token;
 
-typedef enum { NORM_NFC, NORM_PREPEND, NORM_REPLACE } norm_kind;
+typedef enum {
+    NORM_NFC,
+    NORM_NFD,
+    NORM_NFKC,
+    NORM_NFKD,
+    NORM_LOWERCASE,
+    NORM_STRIP_ACCENTS,
+    NORM_STRIP,
+    NORM_PREPEND,
+    NORM_REPLACE,
+    NORM_REPLACE_REGEX
+} norm_kind;
 typedef struct {
     norm_kind kind;
-    char *a, *b; /* PREPEND: a; REPLACE: a -> b */
+    char *a, *b;      /* PREPEND: a; REPLACE: a -> b; REPLACE_REGEX: -> b */
+    pcre2_code *re;   /* REPLACE_REGEX */
+    bool left, right; /* STRIP */
 } norm_step;
 
+/* Hugging Face's SplitDelimiterBehavior */
 typedef enum {
     SPLIT_ISOLATED,
     SPLIT_MERGED_PREV,
     SPLIT_MERGED_NEXT,
-    SPLIT_REMOVED
+    SPLIT_REMOVED,
+    SPLIT_CONTIGUOUS
 } split_behavior;
 
-#define MAX_NORM 4
+typedef struct {
+    pcre2_code *re;
+    split_behavior how;
+    bool invert; /* the matches are the pieces, the rest the delimiters */
+} split_step;
+
+#define MAX_NORM 16
 
 /* added tokens by their bytes: edges (node, byte) -> node in a hash */
 typedef struct {
@@ -151,19 +185,19 @@ struct ts_tokenizer {
     char *dec_from, *dec_to;
     int dec_strip;
     trie added_trie;
-    split_behavior split_how[MAX_SPLITS];
     /* the post-processor's special tokens around a single text */
     int32_t prefix[4], suffix[4];
     int n_prefix, n_suffix;
     char **id_to_token; /* byte-level form; added tokens: their content */
-    bool *is_added, *is_special;
+    bool *is_added, *is_special, *in_model; /* in_model: model.vocab's */
     int32_t vocab_size;
     str_map vocab;
     pair_map merges;
     added_token *added;
     int n_added;
-    pcre2_code *split[MAX_SPLITS];
+    split_step split[MAX_SPLITS];
     int n_split;
+    bool ignore_merges; /* a word that is a token is that token */
     bool add_prefix_space;
     uint32_t byte_to_cp[256];
     int16_t cp_to_byte[512];
@@ -181,43 +215,75 @@ static void byte_map(ts_tokenizer *t) {
 void ts_tokenizer_free(ts_tokenizer *t) {
     if (!t)
         return;
-    for (int32_t i = 0; i < t->vocab_size; i++)
+    for (int32_t i = 0; t->id_to_token && i < t->vocab_size; i++)
         free(t->id_to_token[i]);
-    free(t->id_to_token), free(t->is_added), free(t->is_special);
-    free(t->vocab.keys), free(t->vocab.vals);
+    free(t->id_to_token), free(t->is_added), free(t->is_special),
+        free(t->in_model);
+    free(t->vocab.keys), free(t->vocab.vals), free(t->vocab.hash);
     free(t->merges.keys), free(t->merges.rank), free(t->merges.merged);
     free(t->added);
-    for (int i = 0; i < t->n_norm; i++)
+    for (int i = 0; i < t->n_norm; i++) {
         free(t->norm[i].a), free(t->norm[i].b);
+        pcre2_code_free(t->norm[i].re);
+    }
     free(t->dec_from), free(t->dec_to);
     free(t->added_trie.keys), free(t->added_trie.child),
         free(t->added_trie.term);
     for (int i = 0; i < t->n_split; i++)
-        pcre2_code_free(t->split[i]);
+        pcre2_code_free(t->split[i].re);
     free(t);
 }
 
-static ts_status add_split(ts_tokenizer *t, const char *file,
-                           const char *pattern, split_behavior how) {
+/* A tokenizer.json pattern: {"Regex": ...} as a regex, {"String": ...}
+ * as a literal (PCRE2_LITERAL). what: the step, for errors. */
+static ts_status compile_pattern(ts_tokenizer *t, const char *file,
+                                 const char *what, json_t *pat,
+                                 pcre2_code **out) {
+    const char *re = json_string_value(json_object_get(pat, "Regex"));
+    const char *lit = json_string_value(json_object_get(pat, "String"));
+    const char *src = re ? re : lit;
+    if (!src || !*src)
+        return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
+                            "%s: %s needs a non-empty Regex or String pattern",
+                            file, what);
+    int err;
+    PCRE2_SIZE off;
+    *out = pcre2_compile((PCRE2_SPTR)src, PCRE2_ZERO_TERMINATED,
+                         PCRE2_UTF | (re ? PCRE2_UCP : PCRE2_LITERAL), &err,
+                         &off, NULL);
+    if (!*out) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
+                            "%s: %s regex does not compile at offset %zu: %s",
+                            file, what, (size_t)off, (const char *)msg);
+    }
+    pcre2_jit_compile(*out, PCRE2_JIT_COMPLETE); /* optional speed-up */
+    return TS_OK;
+}
+
+static ts_status add_split(ts_tokenizer *t, const char *file, json_t *pat,
+                           split_behavior how, bool invert) {
     if (t->n_split == MAX_SPLITS)
         return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
                             "%s: more than %d split steps", file, MAX_SPLITS);
-    int err;
-    PCRE2_SIZE off;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
-                                   PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
-    if (!re) {
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(err, msg, sizeof msg);
-        return ts_set_error(
-            t->ctx, TS_ERR_UNSUPPORTED,
-            "%s: pre-tokenizer regex does not compile at offset %zu: %s", file,
-            (size_t)off, (const char *)msg);
-    }
-    pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* optional speed-up */
-    t->split_how[t->n_split] = how;
-    t->split[t->n_split++] = re;
+    split_step *st = &t->split[t->n_split];
+    ts_status s = compile_pattern(t, file, "Split pre-tokenizer", pat, &st->re);
+    if (s)
+        return s;
+    st->how = how, st->invert = invert;
+    t->n_split++;
     return TS_OK;
+}
+
+/* a split by a regex given as a string (ByteLevel's, Metaspace's) */
+static ts_status add_split_regex(ts_tokenizer *t, const char *file,
+                                 const char *regex, split_behavior how) {
+    json_t *pat = json_pack("{s:s}", "Regex", regex);
+    ts_status s = pat ? add_split(t, file, pat, how, false)
+                      : ts_set_error(t->ctx, TS_ERR_OOM, "out of memory");
+    json_decref(pat);
+    return s;
 }
 
 /* A tokenizer.json step (normalizer, pre-tokenizer, post-processor,
@@ -245,35 +311,34 @@ static ts_status parse_pretok_step(ts_tokenizer *t, const char *file,
                                    json_t *p) {
     const char *type = json_string_value(json_object_get(p, "type"));
     if (type && !strcmp(type, "Split")) {
-        json_t *pat = json_object_get(p, "pattern");
-        const char *re = json_string_value(json_object_get(pat, "Regex"));
-        const char *lit = json_string_value(json_object_get(pat, "String"));
         const char *behavior =
             json_string_value(json_object_get(p, "behavior"));
         static const char *names[] = {"Isolated", "MergedWithPrevious",
-                                      "MergedWithNext", "Removed"};
+                                      "MergedWithNext", "Removed",
+                                      "Contiguous"};
         int how = -1;
-        for (int k = 0; behavior && k < 4; k++)
+        for (int k = 0; behavior && k < 5; k++)
             if (!strcmp(behavior, names[k]))
                 how = k;
-        if ((!re && !lit) || how < 0 ||
-            json_is_true(json_object_get(p, "invert")))
+        json_t *inv = json_object_get(p, "invert");
+        if (how < 0 || (inv && !json_is_boolean(inv)))
             return ts_set_error(
                 t->ctx, TS_ERR_UNSUPPORTED,
-                "%s: Split pre-tokenizer supported with a Regex or String "
-                "pattern, behavior Isolated, MergedWithPrevious, "
-                "MergedWithNext or Removed, invert false",
-                file);
-        if (re)
-            return add_split(t, file, re, (split_behavior)how);
-        char quoted[1024]; /* a literal: \Q...\E */
-        if (strlen(lit) + 5 > sizeof quoted || strstr(lit, "\\E"))
-            return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
-                                "%s: Split String pattern too long", file);
-        snprintf(quoted, sizeof quoted, "\\Q%s\\E", lit);
-        return add_split(t, file, quoted, (split_behavior)how);
+                "%s: Split pre-tokenizer behavior \"%s\" is not supported "
+                "(Isolated, MergedWithPrevious, MergedWithNext, Removed, "
+                "Contiguous; invert true or false)",
+                file, behavior ? behavior : "(none)");
+        return add_split(t, file, json_object_get(p, "pattern"),
+                         (split_behavior)how, json_is_true(inv));
     }
     if (type && !strcmp(type, "Metaspace")) {
+        /* applied to the whole text before any split (as the only or
+         * first pre-tokenizer it is the same) */
+        if (t->n_split || t->metaspace || t->byte_level)
+            return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
+                                "%s: a Metaspace pre-tokenizer after another "
+                                "pre-tokenizer is not supported",
+                                file);
         const char *rep = json_string_value(json_object_get(p, "replacement"));
         const char *scheme =
             json_string_value(json_object_get(p, "prepend_scheme"));
@@ -290,16 +355,24 @@ static ts_status parse_pretok_step(ts_tokenizer *t, const char *file,
                                                    : 3;
         json_t *split = json_object_get(p, "split");
         if (!split || json_is_true(split))
-            return add_split(t, file, "\u2581", SPLIT_MERGED_NEXT);
+            return add_split_regex(t, file, "\u2581", SPLIT_MERGED_NEXT);
         return TS_OK;
     }
     if (type && !strcmp(type, "ByteLevel")) {
-        t->add_prefix_space =
-            json_is_true(json_object_get(p, "add_prefix_space"));
+        /* add_prefix_space is per piece: the same as on the whole text
+         * only when no split comes before */
+        bool aps = json_is_true(json_object_get(p, "add_prefix_space"));
+        if (aps && (t->n_split || t->metaspace))
+            return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
+                                "%s: a ByteLevel pre-tokenizer with "
+                                "add_prefix_space after a split is not "
+                                "supported",
+                                file);
+        t->add_prefix_space = t->add_prefix_space || aps;
         json_t *ur = json_object_get(p, "use_regex");
         t->byte_level = true;
         if (!ur || json_is_true(ur))
-            return add_split(t, file, TS_GPT2_PATTERN, SPLIT_ISOLATED);
+            return add_split_regex(t, file, TS_GPT2_PATTERN, SPLIT_ISOLATED);
         return TS_OK;
     }
     return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
@@ -455,7 +528,8 @@ ts_status ts_tokenizer_encode_text(ts_tokenizer *t, const char *text,
     return TS_OK;
 }
 
-/* normalizers: NFC, Prepend, Replace (String pattern), or a Sequence */
+/* normalizers: NFC, NFD, NFKC, NFKD, Lowercase, StripAccents, Strip,
+ * Prepend, Replace (String or Regex pattern), or a Sequence */
 static ts_status parse_normalizer_step(ts_tokenizer *t, const char *file,
                                        json_t *n) {
     const char *type = json_string_value(json_object_get(n, "type"));
@@ -464,8 +538,25 @@ static ts_status parse_normalizer_step(ts_tokenizer *t, const char *file,
                             "%s: more than %d normalizer steps", file,
                             MAX_NORM);
     norm_step *st = &t->norm[t->n_norm];
-    if (type && !strcmp(type, "NFC")) {
-        st->kind = NORM_NFC;
+    static const struct {
+        const char *name;
+        norm_kind kind;
+    } simple[] = {{"NFC", NORM_NFC},
+                  {"NFD", NORM_NFD},
+                  {"NFKC", NORM_NFKC},
+                  {"NFKD", NORM_NFKD},
+                  {"Lowercase", NORM_LOWERCASE},
+                  {"StripAccents", NORM_STRIP_ACCENTS}};
+    for (size_t k = 0; type && k < sizeof simple / sizeof *simple; k++)
+        if (!strcmp(type, simple[k].name)) {
+            st->kind = simple[k].kind;
+            t->n_norm++;
+            return TS_OK;
+        }
+    if (type && !strcmp(type, "Strip")) {
+        st->kind = NORM_STRIP;
+        st->left = json_is_true(json_object_get(n, "strip_left"));
+        st->right = json_is_true(json_object_get(n, "strip_right"));
         t->n_norm++;
         return TS_OK;
     }
@@ -478,18 +569,32 @@ static ts_status parse_normalizer_step(ts_tokenizer *t, const char *file,
         }
     }
     if (type && !strcmp(type, "Replace")) {
-        const char *from = json_string_value(
-            json_object_get(json_object_get(n, "pattern"), "String"));
+        json_t *pat = json_object_get(n, "pattern");
+        const char *from = json_string_value(json_object_get(pat, "String"));
         const char *to = json_string_value(json_object_get(n, "content"));
         if (from && *from && to) {
             st->kind = NORM_REPLACE, st->a = strdup(from), st->b = strdup(to);
             t->n_norm++;
-            return TS_OK;
+            return st->a && st->b
+                       ? TS_OK
+                       : ts_set_error(t->ctx, TS_ERR_OOM, "out of memory");
+        }
+        if (json_object_get(pat, "Regex") && to) {
+            st->kind = NORM_REPLACE_REGEX;
+            ts_status s =
+                compile_pattern(t, file, "Replace normalizer", pat, &st->re);
+            if (s)
+                return s;
+            t->n_norm++;
+            st->b = strdup(to);
+            return st->b ? TS_OK
+                         : ts_set_error(t->ctx, TS_ERR_OOM, "out of memory");
         }
     }
     return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
-                        "%s: normalizer \"%s\" is not supported (NFC, "
-                        "Prepend, Replace with a String pattern, Sequence)",
+                        "%s: normalizer \"%s\" is not supported (NFC, NFD, "
+                        "NFKC, NFKD, Lowercase, StripAccents, Strip, Prepend, "
+                        "Replace, Sequence)",
                         file, type ? type : "?");
 }
 
@@ -541,6 +646,34 @@ static ts_status parse_decoder_step(ts_tokenizer *t, const char *file,
                         file, type ? type : "?");
 }
 
+/* json_load_file reads a character at a time; a tokenizer.json is tens of
+ * MB: read it whole, then parse */
+static json_t *load_json(const char *file, json_error_t *err) {
+    FILE *f = fopen(file, "rb");
+    if (!f)
+        return json_load_file(file, 0, err); /* its error names the cause */
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n == cap) {
+            char *g = realloc(buf, cap = cap ? 2 * cap : 1 << 20);
+            if (!g) {
+                free(buf), fclose(f);
+                return json_load_file(file, 0, err);
+            }
+            buf = g;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (!got)
+            break;
+    }
+    fclose(f);
+    json_t *root = json_loadb(buf, n, 0, err);
+    free(buf);
+    return root;
+}
+
 ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
     if (!ctx)
         return TS_ERR_INVALID_ARG;
@@ -551,7 +684,7 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
     char file[4096];
     ts_file_in(path, "tokenizer.json", file, sizeof file);
     json_error_t jerr;
-    json_t *root = json_load_file(file, 0, &jerr);
+    json_t *root = load_json(file, &jerr);
     if (!root)
         return ts_set_error(ctx, TS_ERR_IO, "%s: %s (line %d)", file, jerr.text,
                             jerr.line);
@@ -564,12 +697,27 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
     if (!s && (!mtype || strcmp(mtype, "BPE")))
         s = ts_set_error(
             ctx, TS_ERR_UNSUPPORTED,
-            "%s: tokenizer model \"%s\" is not supported (byte-level BPE)",
-            file, mtype ? mtype : "(none)");
+            "%s: tokenizer model \"%s\" is not supported (BPE only)", file,
+            mtype ? mtype : "(none)");
+    /* BPE options that change ids and that we do not implement */
+    static const char *const unsupported[] = {"continuing_subword_prefix",
+                                              "end_of_word_suffix", "dropout"};
+    for (int k = 0; k < 3 && !s; k++) {
+        json_t *o = json_object_get(model, unsupported[k]);
+        if (o && !json_is_null(o) &&
+            !(json_is_string(o) && !*json_string_value(o)) &&
+            !(json_is_number(o) && json_number_value(o) == 0))
+            s = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                             "%s: BPE model.%s is not supported (null or "
+                             "empty only)",
+                             file, unsupported[k]);
+    }
     if (!s) {
         t->byte_fallback =
             json_is_true(json_object_get(model, "byte_fallback"));
         t->fuse_unk = json_is_true(json_object_get(model, "fuse_unk"));
+        t->ignore_merges =
+            json_is_true(json_object_get(model, "ignore_merges"));
         s = parse_steps(t, file, json_object_get(root, "normalizer"),
                         "normalizers", parse_normalizer_step);
     }
@@ -585,73 +733,138 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
                          "%s: a ByteLevel tokenizer with byte_fallback or "
                          "Metaspace is not supported",
                          file);
-    /* vocabulary: ids may leave no gaps up to the largest, added tokens
-     * included */
+    /* vocabulary and added tokens: each id names one token; tables are
+     * sized by the largest id, which may exceed the number of entries by
+     * little (real files leave a few gaps) */
     json_t *vocab = json_object_get(model, "vocab"),
            *added = json_object_get(root, "added_tokens");
     if (!s && !json_is_object(vocab))
         s = ts_set_error(ctx, TS_ERR_IO, "%s: model.vocab is not an object",
                          file);
-    int32_t max_id = -1;
+    if (!s && added && !json_is_array(added))
+        s = ts_set_error(ctx, TS_ERR_IO, "%s: added_tokens is not an array",
+                         file);
+    size_t entries = json_object_size(vocab) + json_array_size(added);
+    json_int_t max_id = -1, id_limit = 2 * (json_int_t)entries + 1024;
     const char *key;
     json_t *v;
     size_t i;
     if (!s) {
         json_object_foreach(vocab, key, v) {
-            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-                json_integer_value(v) > INT32_MAX / 2) {
+            json_int_t id = json_integer_value(v);
+            if (!json_is_integer(v) || id < 0 || id >= id_limit) {
                 s = ts_set_error(ctx, TS_ERR_IO,
-                                 "%s: vocab entry \"%s\" has no valid id", file,
-                                 key);
+                                 "%s: vocab entry \"%s\" has id %s%lld: ids "
+                                 "are integers from 0 to %lld (twice the %zu "
+                                 "entries + 1024)",
+                                 file, key, json_is_integer(v) ? "" : "(none) ",
+                                 (long long)id, (long long)id_limit - 1,
+                                 entries);
                 break;
             }
-            if (json_integer_value(v) > max_id)
-                max_id = (int32_t)json_integer_value(v);
-        }
-        json_array_foreach(added, i, v) {
-            json_int_t id = json_integer_value(json_object_get(v, "id"));
-            if (id > max_id && id < INT32_MAX / 2)
-                max_id = (int32_t)id;
+            if (id > max_id)
+                max_id = id;
         }
     }
     if (!s) {
-        t->vocab_size = max_id + 1;
-        t->id_to_token = calloc((size_t)t->vocab_size + 1, sizeof(char *));
-        t->is_added = calloc((size_t)t->vocab_size + 1, 1);
-        t->is_special = calloc((size_t)t->vocab_size + 1, 1);
+        json_array_foreach(added, i, v) {
+            json_t *jid = json_object_get(v, "id");
+            json_int_t id = json_integer_value(jid);
+            const char *c = json_string_value(json_object_get(v, "content"));
+            if (!c || !*c || !json_is_integer(jid) || id < 0 ||
+                id >= id_limit) {
+                s = ts_set_error(ctx, TS_ERR_IO,
+                                 "%s: added token %zu (\"%s\") needs content "
+                                 "and an id from 0 to %lld (twice the %zu "
+                                 "entries + 1024), not %lld",
+                                 file, i, c ? c : "", (long long)id_limit - 1,
+                                 entries, (long long)id);
+                break;
+            }
+            /* matching flags we do not implement are refused by name */
+            const char *flag =
+                json_is_true(json_object_get(v, "single_word")) ? "single_word"
+                : json_is_true(json_object_get(v, "normalized")) && t->n_norm
+                    ? "normalized"
+                    : NULL;
+            if (flag) {
+                s = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                                 "%s: added token \"%s\" has %s true, which "
+                                 "is not supported%s",
+                                 file, c, flag,
+                                 *flag == 'n' ? " with a normalizer (only "
+                                                "tokens matched before "
+                                                "normalization)"
+                                              : "");
+                break;
+            }
+            if (id > max_id)
+                max_id = id;
+        }
+    }
+    if (!s) {
+        t->vocab_size = (int32_t)(max_id + 1);
+        size_t cap = (size_t)t->vocab_size + 1;
+        t->id_to_token = calloc(cap, sizeof(char *));
+        t->is_added = calloc(cap, 1);
+        t->is_special = calloc(cap, 1);
+        t->in_model = calloc(cap, 1);
         t->added = calloc(json_array_size(added) + 1, sizeof *t->added);
-        if (!t->id_to_token || !t->is_added || !t->is_special || !t->added ||
-            !smap_init(&t->vocab,
-                       json_object_size(vocab) + json_array_size(added)))
+        if (!t->id_to_token || !t->is_added || !t->is_special || !t->in_model ||
+            !t->added || !smap_init(&t->vocab, entries))
             s = ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", file);
     }
     if (!s) {
         json_object_foreach(vocab, key, v) {
             int32_t id = (int32_t)json_integer_value(v);
-            free(t->id_to_token[id]);
-            t->id_to_token[id] = strdup(key);
-            smap_put(&t->vocab, t->id_to_token[id], id);
-        }
-        json_array_foreach(added, i, v) {
-            const char *c = json_string_value(json_object_get(v, "content"));
-            json_int_t id = json_integer_value(json_object_get(v, "id"));
-            if (!c || !*c || id < 0 || id > max_id) {
+            if (t->id_to_token[id]) {
                 s = ts_set_error(ctx, TS_ERR_IO,
-                                 "%s: added token %zu has no content or id",
-                                 file, i);
+                                 "%s: vocab entries \"%s\" and \"%s\" share "
+                                 "id %d (each id names one token)",
+                                 file, t->id_to_token[id], key, id);
                 break;
             }
+            if (!(t->id_to_token[id] = strdup(key))) {
+                s = ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", file);
+                break;
+            }
+            t->in_model[id] = 1;
+            smap_put(&t->vocab, t->id_to_token[id], id);
+        }
+    }
+    if (!s) {
+        json_array_foreach(added, i, v) {
+            const char *c = json_string_value(json_object_get(v, "content"));
+            int32_t id = (int32_t)json_integer_value(json_object_get(v, "id"));
+            /* an added token may repeat its vocab entry, not replace it */
+            if (t->id_to_token[id] && strcmp(t->id_to_token[id], c)) {
+                s = ts_set_error(
+                    ctx, TS_ERR_IO,
+                    "%s: %s \"%s\" and added token \"%s\" share "
+                    "id %d (each id names one token)",
+                    file, t->is_added[id] ? "added token" : "vocab entry",
+                    t->id_to_token[id], c, id);
+                break;
+            }
+            if (t->is_added[id])
+                continue; /* listed twice: once is enough */
             if (!t->id_to_token[id]) {
-                t->id_to_token[id] = strdup(c);
-                smap_put(&t->vocab, t->id_to_token[id], (int32_t)id);
+                if (!(t->id_to_token[id] = strdup(c))) {
+                    s = ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory",
+                                     file);
+                    break;
+                }
+                smap_put(&t->vocab, t->id_to_token[id], id); /* wins */
             }
             t->is_added[id] = 1;
             t->is_special[id] = json_is_true(json_object_get(v, "special"));
             added_token *a = &t->added[t->n_added++];
             a->content = t->id_to_token[id];
             a->len = strlen(c);
-            a->id = (int32_t)id;
+            a->id = id;
             a->special = t->is_special[id];
+            a->lstrip = json_is_true(json_object_get(v, "lstrip"));
+            a->rstrip = json_is_true(json_object_get(v, "rstrip"));
         }
     }
     /* merges: ["a", "b"] pairs (or "a b" strings), in rank order */
@@ -661,34 +874,44 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
     json_array_foreach(merges, i, v) {
         if (s)
             break;
-        char a[1024], b[1024];
+        const char *a, *b; /* any length: [a, a+la) and [b, b+lb) */
+        size_t la, lb;
         if (json_is_array(v) && json_array_size(v) == 2 &&
             json_is_string(json_array_get(v, 0)) &&
             json_is_string(json_array_get(v, 1))) {
-            snprintf(a, sizeof a, "%s",
-                     json_string_value(json_array_get(v, 0)));
-            snprintf(b, sizeof b, "%s",
-                     json_string_value(json_array_get(v, 1)));
+            a = json_string_value(json_array_get(v, 0));
+            la = json_string_length(json_array_get(v, 0));
+            b = json_string_value(json_array_get(v, 1));
+            lb = json_string_length(json_array_get(v, 1));
         } else if (json_is_string(v) && strchr(json_string_value(v), ' ')) {
-            const char *m = json_string_value(v), *sp = strchr(m, ' ');
-            snprintf(a, sizeof a, "%.*s", (int)(sp - m), m);
-            snprintf(b, sizeof b, "%s", sp + 1);
+            a = json_string_value(v);
+            const char *sp = strchr(a, ' ');
+            la = (size_t)(sp - a), b = sp + 1;
+            lb = json_string_length(v) - la - 1;
         } else {
             s = ts_set_error(ctx, TS_ERR_IO,
                              "%s: merge %zu is not a pair of strings", file, i);
             break;
         }
-        char ab[2048];
-        snprintf(ab, sizeof ab, "%s%s", a, b);
-        int32_t ia = smap_get(&t->vocab, a, strlen(a)),
-                ib = smap_get(&t->vocab, b, strlen(b));
-        int32_t im = smap_get(&t->vocab, ab, strlen(ab));
+        char stack_ab[256],
+            *ab = la + lb <= sizeof stack_ab ? stack_ab : malloc(la + lb);
+        if (!ab) {
+            s = ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", file);
+            break;
+        }
+        memcpy(ab, a, la), memcpy(ab + la, b, lb);
+        int32_t ia = smap_get(&t->vocab, a, la),
+                ib = smap_get(&t->vocab, b, lb),
+                im = smap_get(&t->vocab, ab, la + lb);
+        if (ab != stack_ab)
+            free(ab);
         if (ia < 0 || ib < 0 || im < 0) {
             s = ts_set_error(
                 ctx, TS_ERR_IO,
-                "%s: merge %zu (\"%s\" + \"%s\") names a token not in "
+                "%s: merge %zu (\"%.*s\" + \"%.*s\") names a token not in "
                 "the vocabulary",
-                file, i, a, b);
+                file, i, (int)(la < 200 ? la : 200), a,
+                (int)(lb < 200 ? lb : 200), b);
             break;
         }
         size_t slot = pmap_slot(&t->merges, pair_key(ia, ib));
@@ -723,6 +946,28 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
 
 int32_t ts_tokenizer_vocab_size(const ts_tokenizer *t) {
     return t ? t->vocab_size : 0;
+}
+
+ts_status ts_tokenizer_check_vocab(ts_ctx *ctx, const ts_tokenizer *t,
+                                   int64_t model_vocab_size) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!t || model_vocab_size <= 0)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "tokenizer_check_vocab: no tokenizer or a "
+                            "vocab_size of %lld (must be positive)",
+                            (long long)model_vocab_size);
+    for (int64_t id = model_vocab_size; id < t->vocab_size; id++)
+        if (t->id_to_token[id])
+            return ts_set_error(
+                ctx, TS_ERR_RANGE,
+                "tokenizer: %s \"%s\" has id %lld, outside the model's "
+                "vocab_size %lld (the tokenizer's ids go up to %d): the "
+                "tokenizer does not belong to this model",
+                t->is_added[id] ? "added token" : "vocab entry",
+                t->id_to_token[id], (long long)id, (long long)model_vocab_size,
+                t->vocab_size - 1);
+    return TS_OK;
 }
 
 int32_t ts_tokenizer_token_id(const ts_tokenizer *t, const char *token) {
@@ -874,8 +1119,33 @@ static void bpe_merge(ts_tokenizer *t, int32_t *sym, size_t m, ids_vec *o) {
  * as its GPT-2 character. SentencePiece-style: each character; one that
  * is not in the vocabulary becomes its <0xXX> byte tokens (byte_fallback)
  * or the unknown token (consecutive ones fused when fuse_unk). */
+/* the id of the token whose byte-level form is that of w[0..n), or -1 */
+static int32_t byte_level_id(const ts_tokenizer *t, const unsigned char *w,
+                             size_t n, ids_vec *o) {
+    char stack_form[256], *form = stack_form; /* up to 2 bytes a byte */
+    if (2 * n > sizeof stack_form && !(form = malloc(2 * n))) {
+        o->oom = true;
+        return -1;
+    }
+    size_t fl = 0;
+    for (size_t i = 0; i < n; i++)
+        fl += (size_t)ts_put_utf8(form + fl, t->byte_to_cp[w[i]]);
+    int32_t id = fl ? smap_get(&t->vocab, form, fl) : -1;
+    if (form != stack_form)
+        free(form);
+    return id;
+}
+
 static void bpe_word(ts_tokenizer *t, const unsigned char *w, size_t n,
                      ids_vec *o) {
+    if (t->ignore_merges) { /* a word in the vocabulary is its token */
+        int32_t id = t->byte_level ? byte_level_id(t, w, n, o)
+                                   : smap_get(&t->vocab, (const char *)w, n);
+        if (id >= 0 && t->in_model[id]) {
+            push_id(o, id);
+            return;
+        }
+    }
     int32_t stack_sym[64],
         *sym = n <= 64 ? stack_sym : malloc(sizeof(int32_t) * n);
     if (!sym) {
@@ -922,54 +1192,172 @@ static void bpe_word(ts_tokenizer *t, const unsigned char *w, size_t n,
         free(sym);
 }
 
-/* splits [p, p+n) by regex re into pieces: the matches and the gaps
- * between them, a match joined to the piece before or after it, or
- * dropped, as `how` says */
-static void split_pieces(pcre2_code *re, split_behavior how, const char *p,
-                         size_t n, pcre2_match_data *md,
-                         void (*emit)(void *, const char *, size_t),
-                         void *arg) {
-    size_t off = 0, last = 0;
-    while (off < n) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)p, n, off, PCRE2_NO_UTF_CHECK, md,
-                             NULL);
-        if (rc < 0)
-            break;
-        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-        if (ov[1] > ov[0]) {
-            size_t gap_end = how == SPLIT_MERGED_PREV ? ov[1] : ov[0];
-            if (gap_end > last)
-                emit(arg, p + last, gap_end - last);
-            if (how == SPLIT_ISOLATED)
-                emit(arg, p + ov[0], ov[1] - ov[0]);
-            last = how == SPLIT_MERGED_NEXT ? ov[0] : ov[1];
-        }
-        off = ov[1] > ov[0] ? ov[1] : ov[1] + 1;
-        while (off < n && ((unsigned char)p[off] & 0xC0) == 0x80)
-            off++; /* whole chars */
-    }
-    if (last < n)
-        emit(arg, p + last, n - last);
-}
+/* ---- pre-tokenization: the split steps, as Hugging Face's
+ * NormalizedString::split ---- */
+
+/* Every regex search is bounded in steps (PCRE2's match limit), so no
+ * pattern, however it backtracks, can make encoding hang: the patterns of
+ * real tokenizers need a few steps per byte of their match (measured:
+ * under 4), and a search that needs more is an error naming the step. */
+#define REGEX_STEPS_BASE     10000
+#define REGEX_STEPS_PER_BYTE 16
 
 typedef struct {
     ts_tokenizer *t;
-    int level;
-    pcre2_match_data *md;
+    pcre2_match_data *md[MAX_SPLITS + 1]; /* one per split level, + 1 for
+                                             the normalizers */
+    pcre2_match_context *mc;
     ids_vec *out;
-} split_ctx;
+    ts_status err;
+} enc_state;
 
-static void on_piece(void *arg, const char *p, size_t n) {
-    split_ctx *c = arg;
-    if (c->level + 1 < c->t->n_split) {
-        split_ctx next = *c;
-        next.level++;
-        split_pieces(c->t->split[next.level], c->t->split_how[next.level], p, n,
-                     c->md, on_piece, &next);
-    } else {
-        bpe_word(c->t, (const unsigned char *)p, n, c->out);
+/* the next match of re in [p, p+n) at or after off: 1 (at [*s, *e)), 0
+ * (none), -1 (error set) */
+static int regex_next(enc_state *e, pcre2_code *re, pcre2_match_data *md,
+                      const char *p, size_t n, size_t off, size_t *s,
+                      size_t *end) {
+    pcre2_set_match_limit(
+        e->mc, (uint32_t)(REGEX_STEPS_BASE +
+                          REGEX_STEPS_PER_BYTE *
+                              (n - off < (1u << 26) ? n - off : (1u << 26))));
+    int rc =
+        pcre2_match(re, (PCRE2_SPTR)p, n, off, PCRE2_NO_UTF_CHECK, md, e->mc);
+    if (rc == PCRE2_ERROR_NOMATCH)
+        return 0;
+    if (rc < 0) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(rc, msg, sizeof msg);
+        e->err = ts_set_error(e->t->ctx, TS_ERR_RANGE,
+                              "tokenizer: a pre-tokenizer or normalizer regex "
+                              "failed at byte %zu of a %zu-byte piece (%s; at "
+                              "most %d + %d steps per byte are allowed)",
+                              off, n, (const char *)msg, REGEX_STEPS_BASE,
+                              REGEX_STEPS_PER_BYTE);
+        return -1;
     }
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+    *s = ov[0], *end = ov[1];
+    return 1;
 }
+
+/* the offset after an empty match at off: one whole character on */
+static size_t next_char(const char *p, size_t n, size_t off) {
+    off++;
+    while (off < n && ((unsigned char)p[off] & 0xC0) == 0x80)
+        off++;
+    return off;
+}
+
+typedef struct {
+    size_t a, b;
+    bool match;
+} span;
+
+typedef struct {
+    span *v;
+    size_t n, cap;
+    bool oom;
+} span_vec;
+
+static void span_push(span_vec *o, size_t a, size_t b, bool match) {
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? 2 * o->cap : 16;
+        span *v = realloc(o->v, sizeof *v * cap);
+        if (!v) {
+            o->oom = true;
+            return;
+        }
+        o->v = v, o->cap = cap;
+    }
+    o->v[o->n++] = (span){a, b, match};
+}
+
+static void split_level(enc_state *e, int level, const char *p, size_t n);
+
+/* HF's split: the matches and the gaps between them (flipped by invert),
+ * then joined or dropped as the behavior says; empty pieces dropped */
+static void split_pieces(enc_state *e, int level, const char *p, size_t n) {
+    const split_step *st = &e->t->split[level];
+    span_vec m = {0};
+    size_t off = 0, prev = 0, s, end;
+    while (off <= n) {
+        int r = regex_next(e, st->re, e->md[level], p, n, off, &s, &end);
+        if (r < 0) {
+            free(m.v);
+            return;
+        }
+        if (!r)
+            break;
+        if (s > prev)
+            span_push(&m, prev, s, false);
+        span_push(&m, s, end, true);
+        prev = end;
+        if (end == n)
+            break;
+        off = end > s ? end : next_char(p, n, end);
+    }
+    if (prev < n)
+        span_push(&m, prev, n, false);
+    if (m.oom) {
+        free(m.v);
+        e->out->oom = true;
+        return;
+    }
+    size_t k = 0; /* the pieces, in place over m */
+    bool prev_match = false;
+    if (st->how == SPLIT_MERGED_NEXT) { /* from the end, like HF */
+        size_t w = m.n;
+        for (size_t i = m.n; i-- > 0;) {
+            bool mt = m.v[i].match != st->invert;
+            if (mt && !prev_match && w < m.n)
+                m.v[w].a = m.v[i].a;
+            else
+                m.v[--w] = (span){m.v[i].a, m.v[i].b, false};
+            prev_match = mt;
+        }
+        memmove(m.v, m.v + w, sizeof *m.v * (m.n - w));
+        k = m.n - w;
+    } else {
+        for (size_t i = 0; i < m.n; i++) {
+            bool mt = m.v[i].match != st->invert;
+            span sp = {m.v[i].a, m.v[i].b, false};
+            switch (st->how) {
+            case SPLIT_REMOVED:
+                if (!mt)
+                    m.v[k++] = sp;
+                break;
+            case SPLIT_MERGED_PREV:
+                if (mt && !prev_match && k)
+                    m.v[k - 1].b = sp.b;
+                else
+                    m.v[k++] = sp;
+                break;
+            case SPLIT_CONTIGUOUS:
+                if (mt == prev_match && k)
+                    m.v[k - 1].b = sp.b;
+                else
+                    m.v[k++] = sp;
+                break;
+            default: /* SPLIT_ISOLATED */
+                m.v[k++] = sp;
+            }
+            prev_match = mt;
+        }
+    }
+    for (size_t i = 0; i < k && !e->err && !e->out->oom; i++)
+        if (m.v[i].b > m.v[i].a)
+            split_level(e, level + 1, p + m.v[i].a, m.v[i].b - m.v[i].a);
+    free(m.v);
+}
+
+static void split_level(enc_state *e, int level, const char *p, size_t n) {
+    if (level == e->t->n_split)
+        bpe_word(e->t, (const unsigned char *)p, n, e->out);
+    else if (n)
+        split_pieces(e, level, p, n);
+}
+
+/* ---- normalizers ---- */
 
 /* A new string: [p, p+n) with every `from` replaced by `to` (NULL when
  * out of memory). */
@@ -995,6 +1383,46 @@ static char *replace_all(const char *p, size_t n, const char *from,
     return o;
 }
 
+/* every match of re replaced by `to`; NULL on error (e->err or oom set) */
+static char *replace_regex(enc_state *e, pcre2_code *re, const char *p,
+                           size_t n, const char *to, size_t *out_n) {
+    size_t tl = strlen(to), cap = n + 16, k = 0, off = 0, prev = 0, s, end;
+    char *o = malloc(cap);
+    while (o && off <= n) {
+        int r = regex_next(e, re, e->md[MAX_SPLITS], p, n, off, &s, &end);
+        if (r < 0) {
+            free(o);
+            return NULL;
+        }
+        if (!r)
+            break;
+        size_t need = k + (s - prev) + tl + (n - end) + 1;
+        if (need > cap) {
+            cap = 2 * need;
+            char *g = realloc(o, cap);
+            if (!g)
+                free(o);
+            o = g;
+            if (!o)
+                break;
+        }
+        memcpy(o + k, p + prev, s - prev), k += s - prev;
+        memcpy(o + k, to, tl), k += tl;
+        prev = end;
+        if (end == n)
+            break;
+        off = end > s ? end : next_char(p, n, end);
+    }
+    if (!o) {
+        e->out->oom = true;
+        return NULL;
+    }
+    memcpy(o + k, p + prev, n - prev), k += n - prev;
+    o[k] = 0;
+    *out_n = k;
+    return o;
+}
+
 static char *prepend(const char *pre, const char *p, size_t n, size_t *out_n) {
     size_t pl = strlen(pre);
     char *o = malloc(pl + n + 1);
@@ -1004,6 +1432,86 @@ static char *prepend(const char *pre, const char *p, size_t n, size_t *out_n) {
     memcpy(o + pl, p, n);
     o[pl + n] = 0;
     *out_n = pl + n;
+    return o;
+}
+
+/* Rust's char::is_whitespace (Unicode White_Space) */
+static bool is_white(int32_t c) {
+    return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xA0 ||
+           c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
+           c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+/* Unicode normal forms (utf8proc), Lowercase (Rust's char::to_lowercase:
+ * simple mappings, U+0130 to "i̇"), StripAccents (drops nonspacing
+ * marks) and Strip, character by character */
+static char *map_chars(const char *p, size_t n, norm_kind kind,
+                       const norm_step *st, size_t *out_n) {
+    if (kind == NORM_NFC || kind == NORM_NFD || kind == NORM_NFKC ||
+        kind == NORM_NFKD) {
+        int opt =
+            UTF8PROC_STABLE |
+            (kind == NORM_NFC || kind == NORM_NFKC ? UTF8PROC_COMPOSE
+                                                   : UTF8PROC_DECOMPOSE) |
+            (kind == NORM_NFKC || kind == NORM_NFKD ? UTF8PROC_COMPAT : 0);
+        utf8proc_uint8_t *o = NULL;
+        utf8proc_ssize_t k =
+            utf8proc_map((const utf8proc_uint8_t *)p, (utf8proc_ssize_t)n, &o,
+                         (utf8proc_option_t)opt);
+        if (k < 0) {
+            free(o);
+            return NULL;
+        }
+        *out_n = (size_t)k;
+        return (char *)o;
+    }
+    char *o = malloc(2 * n + 1); /* a lowercase char is at most one byte
+                                    longer than its capital (U+0130: 2 -> 3) */
+    if (!o)
+        return NULL;
+    size_t k = 0, i = 0, end = n;
+    utf8proc_int32_t c;
+    if (kind == NORM_STRIP) {
+        utf8proc_ssize_t l;
+        while (st->left && i < n &&
+               (l = utf8proc_iterate((const utf8proc_uint8_t *)p + i,
+                                     (utf8proc_ssize_t)(n - i), &c)) > 0 &&
+               is_white(c))
+            i += (size_t)l;
+        while (st->right && end > i) {
+            size_t b = end - 1;
+            while (b > i && ((unsigned char)p[b] & 0xC0) == 0x80)
+                b--;
+            if (utf8proc_iterate((const utf8proc_uint8_t *)p + b,
+                                 (utf8proc_ssize_t)(end - b), &c) <= 0 ||
+                !is_white(c))
+                break;
+            end = b;
+        }
+        memcpy(o, p + i, end - i);
+        k = end - i;
+        i = end;
+    }
+    while (i < end) {
+        utf8proc_ssize_t l = utf8proc_iterate((const utf8proc_uint8_t *)p + i,
+                                              (utf8proc_ssize_t)(end - i), &c);
+        if (l <= 0)
+            break;
+        i += (size_t)l;
+        if (kind == NORM_STRIP_ACCENTS &&
+            utf8proc_category(c) == UTF8PROC_CATEGORY_MN)
+            continue;
+        if (kind == NORM_LOWERCASE) {
+            if (c == 0x130) {
+                k += (size_t)ts_put_utf8(o + k, 'i');
+                c = 0x307;
+            } else
+                c = utf8proc_tolower(c);
+        }
+        k += (size_t)ts_put_utf8(o + k, (uint32_t)c);
+    }
+    o[k] = 0;
+    *out_n = k;
     return o;
 }
 
@@ -1020,28 +1528,28 @@ static bool swap_in(char **cur, const char **p, size_t *n, char *next,
 /* Text between added tokens: normalizers, the Metaspace or ByteLevel
  * prefix, the split steps, then BPE on each piece. `first`: the text
  * starts the input (Metaspace's prepend_scheme "first"). */
-static ts_status encode_plain(ts_tokenizer *t, const char *p, size_t n,
-                              bool first, pcre2_match_data *md, ids_vec *out) {
+static ts_status encode_plain(enc_state *e, const char *p, size_t n,
+                              bool first) {
+    ts_tokenizer *t = e->t;
     if (!n)
         return TS_OK;
     char *cur = NULL; /* the latest normalized copy, owned */
     bool ok = true;
     size_t nn = 0;
-    for (int k = 0; k < t->n_norm && ok && n; k++) {
+    for (int k = 0; k < t->n_norm && ok && n && !e->err; k++) {
         const norm_step *st = &t->norm[k];
         char *next;
-        if (st->kind == NORM_NFC) {
-            char *z = strndup(p, n);
-            next = z ? (char *)utf8proc_NFC((const utf8proc_uint8_t *)z) : NULL;
-            nn = next ? strlen(next) : 0;
-            free(z);
-        } else if (st->kind == NORM_PREPEND)
+        if (st->kind == NORM_PREPEND)
             next = prepend(st->a, p, n, &nn);
-        else
+        else if (st->kind == NORM_REPLACE)
             next = replace_all(p, n, st->a, st->b, &nn);
+        else if (st->kind == NORM_REPLACE_REGEX)
+            next = replace_regex(e, st->re, p, n, st->b, &nn);
+        else
+            next = map_chars(p, n, st->kind, st, &nn);
         ok = swap_in(&cur, &p, &n, next, nn);
     }
-    if (t->metaspace && ok) {
+    if (t->metaspace && ok && !e->err) {
         char *next = replace_all(p, n, " ", "\u2581", &nn);
         ok = swap_in(&cur, &p, &n, next, nn);
         bool pre = t->metaspace == 3 || (t->metaspace == 2 && first);
@@ -1050,22 +1558,41 @@ static ts_status encode_plain(ts_tokenizer *t, const char *p, size_t n,
             ok = swap_in(&cur, &p, &n, next, nn);
         }
     }
-    if (t->add_prefix_space && n && p[0] != ' ' && ok) {
+    if (t->add_prefix_space && n && p[0] != ' ' && ok && !e->err) {
         char *next = prepend(" ", p, n, &nn);
         ok = swap_in(&cur, &p, &n, next, nn);
     }
-    bool oom = !ok;
-    if (!oom) {
-        split_ctx c = {t, 0, md, out};
-        if (t->n_split)
-            split_pieces(t->split[0], t->split_how[0], p, n, md, on_piece, &c);
-        else
-            bpe_word(t, (const unsigned char *)p, n, out);
-    }
+    if (ok && !e->err)
+        split_level(e, 0, p, n);
     free(cur);
-    return oom || out->oom
+    if (e->err)
+        return e->err;
+    return !ok || e->out->oom
                ? ts_set_error(t->ctx, TS_ERR_OOM, "tokenizer: out of memory")
                : TS_OK;
+}
+
+/* an added token with lstrip / rstrip takes the whitespace before it (back
+ * to pos, where the text to encode starts) / after it */
+static void strip_around(const added_token *a, const char *text, size_t pos,
+                         size_t len, size_t *at, size_t *end) {
+    utf8proc_int32_t c;
+    while (a->lstrip && *at > pos) {
+        size_t b = *at - 1;
+        while (b > pos && ((unsigned char)text[b] & 0xC0) == 0x80)
+            b--;
+        if (utf8proc_iterate((const utf8proc_uint8_t *)text + b,
+                             (utf8proc_ssize_t)(*at - b), &c) <= 0 ||
+            !is_white(c))
+            break;
+        *at = b;
+    }
+    utf8proc_ssize_t l;
+    while (a->rstrip && *end < len &&
+           (l = utf8proc_iterate((const utf8proc_uint8_t *)text + *end,
+                                 (utf8proc_ssize_t)(len - *end), &c)) > 0 &&
+           is_white(c))
+        *end += (size_t)l;
 }
 
 ts_status ts_tokenizer_encode(ts_tokenizer *t, const char *text, size_t len,
@@ -1087,11 +1614,19 @@ ts_status ts_tokenizer_encode(ts_tokenizer *t, const char *text, size_t len,
                                 i);
         i += (size_t)k;
     }
-    pcre2_match_data *md =
-        t->n_split ? pcre2_match_data_create_from_pattern(t->split[0], NULL)
-                   : NULL;
     ids_vec out = {0};
-    ts_status s = TS_OK;
+    enc_state e = {.t = t, .out = &out};
+    bool oom = !(e.mc = pcre2_match_context_create(NULL));
+    for (int k = 0; k < t->n_split && !oom; k++)
+        oom = !(e.md[k] =
+                    pcre2_match_data_create_from_pattern(t->split[k].re, NULL));
+    for (int k = 0; k < t->n_norm && !oom; k++)
+        if (t->norm[k].re && !e.md[MAX_SPLITS])
+            oom = !(e.md[MAX_SPLITS] =
+                        pcre2_match_data_create(16, NULL)); /* any pattern */
+    ts_status s =
+        oom ? ts_set_error(t->ctx, TS_ERR_OOM, "tokenizer: out of memory")
+            : TS_OK;
     size_t pos = 0;
     while (pos < len && s == TS_OK) {
         /* the next added token: earliest, then longest */
@@ -1100,16 +1635,20 @@ ts_status ts_tokenizer_encode(ts_tokenizer *t, const char *text, size_t len,
         for (; at < len; at++)
             if ((best = trie_match(t, text + at, len - at, allow_special)))
                 break;
-        s = encode_plain(t, text + pos, at - pos, pos == 0, md, &out);
+        size_t end = best ? at + best->len : len;
+        if (best)
+            strip_around(best, text, pos, len, &at, &end);
+        s = encode_plain(&e, text + pos, at - pos, pos == 0);
         if (best && s == TS_OK) {
             push_id(&out, best->id);
-            pos = at + best->len;
+            pos = end;
         } else {
             pos = len;
         }
     }
-    if (md)
-        pcre2_match_data_free(md);
+    for (int k = 0; k <= MAX_SPLITS; k++)
+        pcre2_match_data_free(e.md[k]);
+    pcre2_match_context_free(e.mc);
     if (s == TS_OK && out.oom)
         s = ts_set_error(t->ctx, TS_ERR_OOM, "tokenizer: out of memory");
     if (s != TS_OK) {
