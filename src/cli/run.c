@@ -478,7 +478,8 @@ int tessera_run(int argc, char **argv) {
     const ts_model_config *mc = ts_lm_config(S.lm);
     if (!S.n_eos && mc->eos_token_id >= 0)
         S.eos[S.n_eos++] = mc->eos_token_id;
-    if (ts_tokenizer_load(ctx, o.dir, &S.tok) != TS_OK) {
+    if (ts_tokenizer_load(ctx, o.dir, &S.tok) != TS_OK ||
+        ts_tokenizer_check_vocab(ctx, S.tok, mc->vocab) != TS_OK) {
         fail(ctx, "tokenizer");
         goto done;
     }

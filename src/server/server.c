@@ -1457,7 +1457,9 @@ int ts_server_run(const ts_server_options *o) {
     bool thread_started = false, kv_started = false;
     if (ts_model_dir_check(S.ctx, o->model_dir, TS_MODEL_ALL) != TS_OK ||
         ts_lm_load(S.ctx, o->model_dir, &lo, &S.lm) != TS_OK ||
-        ts_tokenizer_load(S.ctx, o->model_dir, &S.tok) != TS_OK) {
+        ts_tokenizer_load(S.ctx, o->model_dir, &S.tok) != TS_OK ||
+        ts_tokenizer_check_vocab(S.ctx, S.tok, ts_lm_config(S.lm)->vocab) !=
+            TS_OK) {
         fprintf(stderr, "tessera serve: %s\n", ts_errmsg(S.ctx));
         goto done;
     }

@@ -26,7 +26,8 @@ import tempfile
 
 
 def run(*args):
-    return subprocess.run(list(args), capture_output=True, text=True)
+    return subprocess.run(list(args), capture_output=True, text=True,
+                          timeout=300)
 
 
 def main():
@@ -181,6 +182,19 @@ def check_model_folder_errors(exe, root, d, want):
             r = run(exe, *args)
             assert r.returncode != 0 and said in r.stderr, (args, r.stderr)
             assert "line -1" not in r.stderr, r.stderr
+        # a tokenizer with an id past config.json's vocab_size: refused
+        # before any token can index past the embedding
+        other = variant(d, os.path.join(tmp, "other_tok"))
+        tj = json.load(open(os.path.join(other, "tokenizer.json")))
+        vocab = json.load(open(os.path.join(other, "config.json")))["vocab_size"]
+        tj["added_tokens"].append({"id": vocab, "content": "<extra>", "single_word": False,
+                                   "lstrip": False, "rstrip": False, "normalized": False,
+                                   "special": True})
+        json.dump(tj, open(os.path.join(other, "tokenizer.json"), "w"))
+        refused(other, '"<extra>" has id %d, outside the model\'s vocab_size %d' % (vocab, vocab),
+                "does not belong to this model")
+        r = run(exe, "serve", "-m", other, "--port", "1")
+        assert r.returncode != 0 and "does not belong to this model" in r.stderr, r.stderr
         half = variant(d, os.path.join(tmp, "half"), skip=("tokenizer.json",))
         refused(half, "half: not a model folder: no tokenizer.json (looked for config.json, "
                 "model.safetensors | model.safetensors.index.json, tokenizer.json; the "
