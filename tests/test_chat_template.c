@@ -638,20 +638,22 @@ static void test_chat_apply_errors(ts_ctx *ctx) {
 }
 
 /* Parses src and renders it with vars while the nth allocation fails (0:
- * none; LONG_MAX: none, counting them into *count). An error must be the
+ * none; LONG_MAX: none, counting them into *count), and with and_after
+ * every one after it. An error must be the
  * out-of-memory one, with nothing handed back; a success must give want.
  * vars is read before: jansson's own reader is not ours to test (it drops
  * bytes when its buffer cannot grow, see the report on jansson's load.c). */
 static bool parse_render_failing(ts_ctx *ctx, const char *src, json_t *vars,
-                                 long n, const char *want, long *count) {
+                                 long n, bool and_after, const char *want,
+                                 long *count) {
     ts_template *t = NULL;
     char *out = NULL;
     size_t len = 0;
-    ts_jinja_fail_alloc(n);
+    ts_jinja_fail_alloc(n, and_after);
     ts_status s = ts_template_parse(ctx, src, strlen(src), &t);
     if (s == TS_OK)
         s = ts_template_render_json(ctx, t, vars, &out, &len);
-    long counted = ts_jinja_fail_alloc(0);
+    long counted = ts_jinja_fail_alloc(0, false);
     if (count)
         *count = counted;
     ts_template_free(t);
@@ -664,8 +666,10 @@ static bool parse_render_failing(ts_ctx *ctx, const char *src, json_t *vars,
              strstr(ts_errmsg(ctx), "chat template") &&
              strstr(ts_errmsg(ctx), "out of memory while");
     if (!ok)
-        fprintf(stderr, "allocation %ld of %s failing: %s (%s)\n", n,
-                "a parse and render", ts_status_name(s),
+        fprintf(stderr,
+                "allocation %ld%s of a parse and render failing: %s "
+                "(%s)\n",
+                n, and_after ? " and after" : "", ts_status_name(s),
                 s == TS_OK ? "rendered" : ts_errmsg(ctx));
     free(out);
     ts_clear_error(ctx);
@@ -673,7 +677,8 @@ static bool parse_render_failing(ts_ctx *ctx, const char *src, json_t *vars,
 }
 
 /* Renders src with vars_json unarmed into *want, then fails each of the
- * parse's and render's allocations in turn; false when one went wrong. */
+ * parse's and render's allocations in turn, alone and with all after it
+ * (the error paths must not need memory); false when one went wrong. */
 static bool oom_at_every_allocation(ts_ctx *ctx, const char *src,
                                     const char *vars_json, char **want) {
     ts_template *t = NULL;
@@ -689,11 +694,13 @@ static bool oom_at_every_allocation(ts_ctx *ctx, const char *src,
         return false;
     }
     long total = 0;
-    int bad = !parse_render_failing(ctx, src, vars, LONG_MAX, *want, &total);
+    int bad =
+        !parse_render_failing(ctx, src, vars, LONG_MAX, false, *want, &total);
     for (long n = 1; n <= total && bad < 5; n++)
-        bad += !parse_render_failing(ctx, src, vars, n, *want, NULL);
+        for (int after = 0; after < 2; after++)
+            bad += !parse_render_failing(ctx, src, vars, n, after, *want, NULL);
     /* disarmed: allocations succeed again and nothing was left behind */
-    bad += !parse_render_failing(ctx, src, vars, 0, *want, NULL);
+    bad += !parse_render_failing(ctx, src, vars, 0, false, *want, NULL);
     json_decref(vars);
     return total > 100 && bad == 0;
 }
@@ -772,9 +779,9 @@ static void test_out_of_memory(ts_ctx *ctx, const char *node_modules) {
     char *out = NULL;
     size_t len = 0;
     CHECK_OK(ctx, ts_template_parse(ctx, "{{ x }}", 7, &t));
-    ts_jinja_fail_alloc(1);
+    ts_jinja_fail_alloc(1, false);
     ts_status s = ts_template_render(ctx, t, "{\"x\": 1}", &out, &len);
-    ts_jinja_fail_alloc(0);
+    ts_jinja_fail_alloc(0, false);
     CHECK(s == TS_ERR_OOM && !out);
     CHECK_MSG(ctx, "out of memory while reading the template variables");
     ts_clear_error(ctx);
@@ -787,14 +794,14 @@ static void test_out_of_memory(ts_ctx *ctx, const char *node_modules) {
     if (!chat)
         return;
     const char *hi = "[{\"role\": \"user\", \"content\": \"hi\"}]";
-    ts_jinja_fail_alloc(LONG_MAX);
+    ts_jinja_fail_alloc(LONG_MAX, false);
     CHECK_OK(ctx, ts_chat_apply(chat, hi, true, NULL, &out, &len));
-    long total = ts_jinja_fail_alloc(0);
-    ts_jinja_fail_alloc(total);
+    long total = ts_jinja_fail_alloc(0, false);
+    ts_jinja_fail_alloc(total, false);
     free(out);
     out = NULL;
     s = ts_chat_apply(chat, hi, true, NULL, &out, &len);
-    ts_jinja_fail_alloc(0);
+    ts_jinja_fail_alloc(0, false);
     CHECK(total > 0 && s == TS_ERR_OOM && !out);
     CHECK_MSG(ctx, "out of memory while rendering");
     ts_clear_error(ctx);

@@ -38,10 +38,15 @@
  * tests make the nth one fail (ts_jinja_fail_alloc) to prove that each
  * failure comes back as an error, without a leak or a crash. While armed,
  * jansson's allocations (values, json_loads) are counted too. */
-static long alloc_fail_at; /* 0: none fails */
-static long alloc_count;   /* allocations counted since armed */
+static long alloc_fail_at;    /* 0: none fails */
+static bool alloc_fail_after; /* and every one after it */
+static long alloc_count;      /* allocations counted since armed */
 static bool alloc_fails(void) {
-    return alloc_fail_at && ++alloc_count == alloc_fail_at;
+    if (!alloc_fail_at)
+        return false;
+    ++alloc_count;
+    return alloc_count == alloc_fail_at ||
+           (alloc_fail_after && alloc_count > alloc_fail_at);
 }
 static void *j_malloc(size_t n) {
     return alloc_fails() ? NULL : malloc(n);
@@ -59,7 +64,7 @@ static char *j_strdup(const char *s) {
     return j_strndup(s, strlen(s));
 }
 
-long ts_jinja_fail_alloc(long n) {
+long ts_jinja_fail_alloc(long n, bool and_after) {
     static json_malloc_t saved_malloc; /* jansson's, while armed */
     static json_free_t saved_free;
     long counted = alloc_count;
@@ -69,6 +74,7 @@ long ts_jinja_fail_alloc(long n) {
     } else if (alloc_fail_at && n <= 0)
         json_set_alloc_funcs(saved_malloc, saved_free);
     alloc_fail_at = n > 0 ? n : 0;
+    alloc_fail_after = and_after;
     alloc_count = 0;
     return counted;
 }
