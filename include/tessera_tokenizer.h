@@ -121,7 +121,9 @@ ts_status ts_template_parse(ts_ctx *ctx, const char *src, size_t len,
  * than max_steps evaluation steps (expressions, statements, loop
  * iterations, work in proportion to what filters walk) or builds more than
  * max_bytes of strings and list items (output included) stops with an
- * error naming the limit (TS_ERR_RANGE). Nothing is handed back on error. */
+ * error naming the limit (TS_ERR_RANGE). Nothing is handed back on error.
+ * A failed allocation, here or in ts_template_parse, is TS_ERR_OOM ("out
+ * of memory while rendering" / "while parsing", with the template's line). */
 ts_status ts_template_render(ts_ctx *ctx, const ts_template *t,
                              const char *vars_json, char **out, size_t *len);
 void ts_template_free(ts_template *t);

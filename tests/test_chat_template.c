@@ -7,12 +7,15 @@
  * templates are also rendered through ts_chat_load / ts_chat_apply on their
  * model folders. Then: bos/eos tokens and the Qwen3 generation prompt,
  * folders without a config or a template, templates given as a list,
- * syntax errors that name their line, bad variables.
+ * syntax errors that name their line, bad variables, and every allocation
+ * of a parse and a render made to fail in turn (an out-of-memory error).
  * argv: CASES_JSON NODE_MODULES_DIR */
 #include "tessera_tokenizer.h"
 #include "test_util.h"
+#include "tokenizer/jinja.h"
 
 #include <jansson.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -360,6 +363,8 @@ static void test_syntax_errors(ts_ctx *ctx) {
         {"{{ (1 }}", "line 1", NULL},
         {"{{ [1, 2 }}", "line 1", NULL},
         {"{% macro %}{% endmacro %}", "line 1", NULL},
+        /* x.<int> past 64 bits: the half-built attribute node was leaked */
+        {"\n{{ x.9223372036854775808 }}", "line 2", "does not fit in 64 bits"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         ts_template *t = NULL;
@@ -632,6 +637,177 @@ static void test_chat_apply_errors(ts_ctx *ctx) {
     }
 }
 
+/* Parses src and renders it with vars while the nth allocation fails (0:
+ * none; LONG_MAX: none, counting them into *count), and with and_after
+ * every one after it. An error must be the
+ * out-of-memory one, with nothing handed back; a success must give want.
+ * vars is read before: jansson's own reader is not ours to test (it drops
+ * bytes when its buffer cannot grow, see the report on jansson's load.c). */
+static bool parse_render_failing(ts_ctx *ctx, const char *src, json_t *vars,
+                                 long n, bool and_after, const char *want,
+                                 long *count) {
+    ts_template *t = NULL;
+    char *out = NULL;
+    size_t len = 0;
+    ts_jinja_fail_alloc(n, and_after);
+    ts_status s = ts_template_parse(ctx, src, strlen(src), &t);
+    if (s == TS_OK)
+        s = ts_template_render_json(ctx, t, vars, &out, &len);
+    long counted = ts_jinja_fail_alloc(0, false);
+    if (count)
+        *count = counted;
+    ts_template_free(t);
+    bool ok = true;
+    if (s == TS_OK)
+        ok = n == 0 || n == LONG_MAX ? !strcmp(out, want) && len == strlen(want)
+                                     : false; /* the nth failed unnoticed */
+    else
+        ok = s == TS_ERR_OOM && !out &&
+             strstr(ts_errmsg(ctx), "chat template") &&
+             strstr(ts_errmsg(ctx), "out of memory while");
+    if (!ok)
+        fprintf(stderr,
+                "allocation %ld%s of a parse and render failing: %s "
+                "(%s)\n",
+                n, and_after ? " and after" : "", ts_status_name(s),
+                s == TS_OK ? "rendered" : ts_errmsg(ctx));
+    free(out);
+    ts_clear_error(ctx);
+    return ok;
+}
+
+/* Renders src with vars_json unarmed into *want, then fails each of the
+ * parse's and render's allocations in turn, alone and with all after it
+ * (the error paths must not need memory); false when one went wrong. */
+static bool oom_at_every_allocation(ts_ctx *ctx, const char *src,
+                                    const char *vars_json, char **want) {
+    ts_template *t = NULL;
+    size_t len = 0;
+    *want = NULL;
+    CHECK_OK(ctx, ts_template_parse(ctx, src, strlen(src), &t));
+    if (t)
+        CHECK_OK(ctx, ts_template_render(ctx, t, vars_json, want, &len));
+    ts_template_free(t);
+    json_t *vars = json_loads(vars_json, 0, NULL);
+    if (!*want || !vars) {
+        json_decref(vars);
+        return false;
+    }
+    long total = 0;
+    int bad =
+        !parse_render_failing(ctx, src, vars, LONG_MAX, false, *want, &total);
+    for (long n = 1; n <= total && bad < 5; n++)
+        for (int after = 0; after < 2; after++)
+            bad += !parse_render_failing(ctx, src, vars, n, after, *want, NULL);
+    /* disarmed: allocations succeed again and nothing was left behind */
+    bad += !parse_render_failing(ctx, src, vars, 0, false, *want, NULL);
+    json_decref(vars);
+    return total > 100 && bad == 0;
+}
+
+/* Out of memory at every allocation of parsing and rendering a real
+ * template (Qwen3's, with tools and a tool call) and of one that walks
+ * macros, namespaces, loop filters, dict literals, slices and most filters
+ * comes back as TS_ERR_OOM, never a crash, an abort or a leak (the ASan
+ * build checks leaks). */
+static void test_out_of_memory(ts_ctx *ctx, const char *node_modules) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/" QWEN3_DIR "/tokenizer_config.json",
+             node_modules);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    const char *qwen3 =
+        json_string_value(json_object_get(cfg, "chat_template"));
+    CHECK(qwen3 != NULL);
+    const char *vars =
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"
+        " {\"role\": \"user\", \"content\": \"Weather in Paris?\"},"
+        " {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": "
+        "[{\"function\": {\"name\": \"get_weather\", \"arguments\": "
+        "{\"city\": \"Paris\"}}}]},"
+        " {\"role\": \"tool\", \"content\": \"18C\"},"
+        " {\"role\": \"assistant\", \"content\": "
+        "\"<think>\\nok\\n</think>\\n\\n"
+        "18C.\"}],"
+        " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": "
+        "\"get_weather\", \"parameters\": {\"type\": \"object\"}}}],"
+        " \"add_generation_prompt\": true, \"eos_token\": \"<|im_end|>\"}";
+    char *want = NULL;
+    if (qwen3) {
+        CHECK(oom_at_every_allocation(ctx, qwen3, vars, &want));
+        CHECK(want && strstr(want, "<tool_call>\n{\"name\": \"get_weather\", "
+                                   "\"arguments\": {\"city\": \"Paris\"}}"));
+        free(want);
+    }
+    json_decref(cfg);
+
+    /* the expected text is jinja2's (trim_blocks, lstrip_blocks) */
+    const char *features =
+        "{%- macro fmt(m, sep=': ') -%}{{ m.role | upper }}{{ sep }}"
+        "{{ m.content | trim }}{%- endmacro -%}\n"
+        "{%- set ns = namespace(n=0, names=[]) -%}\n"
+        "{%- for m in messages if m.role != 'system' -%}\n"
+        "{%- set ns.n = ns.n + 1 -%}"
+        "{%- set ns.names = ns.names + [m.role] -%}\n"
+        "{{ fmt(m) }}|{{ loop.index }}/{{ loop.length }}"
+        "{% if not loop.last %}{{ '\\n' }}{% endif %}\n"
+        "{%- endfor %}\n"
+        "{% set d = {'b': 2, 'a': [1, 2.5, none, true]} -%}\n"
+        "{{ d | dictsort | tojson(indent=2) }} {{ d.a[1:] }} "
+        "{{ range(3) | map('string') | join(',') }}\n"
+        "{{ ns.names | unique | sort | join(' ') }} "
+        "{{ 'a-b-c'.split('-') | reverse | list }} "
+        "{{ \"%s\" | replace('%', 'x') * 2 }}\n"
+        "{%- set blk %}{{ messages[0].content[::-1] | title }}{% endset %} "
+        "{{ blk ~ (messages | selectattr('role', 'equalto', 'user') | list "
+        "| length) }} {{ ns.n }}\n";
+    const char *msgs =
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"
+        " {\"role\": \"user\", \"content\": \" Hi there \"},"
+        " {\"role\": \"assistant\", \"content\": \"Hello.\"},"
+        " {\"role\": \"user\", \"content\": \"Bye\"}]}";
+    CHECK(oom_at_every_allocation(ctx, features, msgs, &want));
+    CHECK(want &&
+          !strcmp(want, "USER: Hi there|1/3\nASSISTANT: Hello.|2/3\nUSER: "
+                        "Bye|3/3[\n  [\n    \"a\",\n    [\n      1,\n      "
+                        "2.5,\n      null,\n      true\n    ]\n  ],\n  [\n    "
+                        "\"b\",\n    2\n  ]\n] [2.5, None, True] 0,1,2\n"
+                        "assistant user ['c', 'b', 'a'] xsxs .feirb Eb2 3"));
+    free(want);
+
+    /* reading the variables (jansson's first allocation fails) */
+    ts_template *t = NULL;
+    char *out = NULL;
+    size_t len = 0;
+    CHECK_OK(ctx, ts_template_parse(ctx, "{{ x }}", 7, &t));
+    ts_jinja_fail_alloc(1, false);
+    ts_status s = ts_template_render(ctx, t, "{\"x\": 1}", &out, &len);
+    ts_jinja_fail_alloc(0, false);
+    CHECK(s == TS_ERR_OOM && !out);
+    CHECK_MSG(ctx, "out of memory while reading the template variables");
+    ts_clear_error(ctx);
+    ts_template_free(t);
+
+    /* through ts_chat_apply: its last allocation is the render's */
+    snprintf(path, sizeof path, "%s/" QWEN3_DIR, node_modules);
+    ts_chat *chat = NULL;
+    CHECK_OK(ctx, ts_chat_load(ctx, path, &chat));
+    if (!chat)
+        return;
+    const char *hi = "[{\"role\": \"user\", \"content\": \"hi\"}]";
+    ts_jinja_fail_alloc(LONG_MAX, false);
+    CHECK_OK(ctx, ts_chat_apply(chat, hi, true, NULL, &out, &len));
+    long total = ts_jinja_fail_alloc(0, false);
+    ts_jinja_fail_alloc(total, false);
+    free(out);
+    out = NULL;
+    s = ts_chat_apply(chat, hi, true, NULL, &out, &len);
+    ts_jinja_fail_alloc(0, false);
+    CHECK(total > 0 && s == TS_ERR_OOM && !out);
+    CHECK_MSG(ctx, "out of memory while rendering");
+    ts_clear_error(ctx);
+    ts_chat_free(chat);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s CASES_JSON NODE_MODULES_DIR\n", argv[0]);
@@ -647,6 +823,7 @@ int main(int argc, char **argv) {
     test_byte_budget(ctx);
     test_value_nesting(ctx);
     test_chat_apply_errors(ctx);
+    test_out_of_memory(ctx, argv[2]);
     ts_ctx_free(ctx);
     return test_finish("test_chat_template");
 }

@@ -33,6 +33,52 @@
  * expressions; an empty body still costs its iterations. */
 #define LOOP_ITER_STEPS 4
 
+/* ---- allocation ----
+ * Every allocation here goes through these, and so may fail on purpose:
+ * tests make the nth one fail (ts_jinja_fail_alloc) to prove that each
+ * failure comes back as an error, without a leak or a crash. While armed,
+ * jansson's allocations (values, json_loads) are counted too. */
+static long alloc_fail_at;    /* 0: none fails */
+static bool alloc_fail_after; /* and every one after it */
+static long alloc_count;      /* allocations counted since armed */
+static bool alloc_fails(void) {
+    if (!alloc_fail_at)
+        return false;
+    ++alloc_count;
+    return alloc_count == alloc_fail_at ||
+           (alloc_fail_after && alloc_count > alloc_fail_at);
+}
+static void *j_malloc(size_t n) {
+    return alloc_fails() ? NULL : malloc(n);
+}
+static void *j_calloc(size_t n, size_t size) {
+    return alloc_fails() ? NULL : calloc(n, size);
+}
+static void *j_realloc(void *p, size_t n) {
+    return alloc_fails() ? NULL : realloc(p, n);
+}
+static char *j_strndup(const char *s, size_t n) {
+    return alloc_fails() ? NULL : strndup(s, n);
+}
+static char *j_strdup(const char *s) {
+    return j_strndup(s, strlen(s));
+}
+
+long ts_jinja_fail_alloc(long n, bool and_after) {
+    static json_malloc_t saved_malloc; /* jansson's, while armed */
+    static json_free_t saved_free;
+    long counted = alloc_count;
+    if (!alloc_fail_at && n > 0) {
+        json_get_alloc_funcs(&saved_malloc, &saved_free);
+        json_set_alloc_funcs(j_malloc, free);
+    } else if (alloc_fail_at && n <= 0)
+        json_set_alloc_funcs(saved_malloc, saved_free);
+    alloc_fail_at = n > 0 ? n : 0;
+    alloc_fail_after = and_after;
+    alloc_count = 0;
+    return counted;
+}
+
 /* ---- the render's budget ----
  * A chat template comes from a model folder: untrusted input. One render
  * may take at most max_steps evaluation steps (expressions, statements,
@@ -47,9 +93,17 @@ typedef struct {
     uint64_t steps, max_steps;
     size_t bytes, max_bytes;
     budget_state over;
+    json_t *empty; /* "", what a string that could not be built reads as */
 } budget;
 
 static _Thread_local budget *cur_budget; /* NULL outside a render */
+
+/* an allocation failed: the render stops with an out-of-memory error */
+static bool oom(void) {
+    if (cur_budget && !cur_budget->over)
+        cur_budget->over = BUDGET_OOM;
+    return false;
+}
 
 static bool spend_steps(uint64_t n) {
     budget *b = cur_budget;
@@ -95,10 +149,19 @@ static bool budget_over(void) {
     return cur_budget && cur_budget->over;
 }
 
+/* ts_sb_add, whose growth may fail on purpose too (see alloc_fails) */
+static void sb_raw(ts_sbuf *b, const char *s, size_t n) {
+    if (!b->oom && n < SIZE_MAX - 1 - b->n && b->n + n + 1 > b->cap &&
+        alloc_fails()) {
+        b->oom = true;
+        return;
+    }
+    ts_sb_add(b, s, n);
+}
 /* ts_sbuf appends charged to the budget (nothing appended once spent) */
 static void sb_add(ts_sbuf *b, const char *s, size_t n) {
     if (spend_bytes(n))
-        ts_sb_add(b, s, n);
+        sb_raw(b, s, n);
 }
 static void sb_puts(ts_sbuf *b, const char *s) {
     sb_add(b, s, strlen(s));
@@ -116,7 +179,7 @@ sb_printf(ts_sbuf *b, const char *fmt, ...) {
         sb_add(b, tmp, (size_t)n);
         return;
     }
-    char *big = malloc((size_t)n + 1); /* a long macro name */
+    char *big = j_malloc((size_t)n + 1); /* a long macro name */
     if (!big) {
         b->oom = true;
         return;
@@ -141,25 +204,47 @@ static void sb_spaces(ts_sbuf *b, long long per, long long times) {
     if (!spend_bytes((size_t)n))
         return;
     for (; n > 0; n -= (long long)(sizeof sp - 1))
-        ts_sb_add(b, sp,
-                  n < (long long)(sizeof sp - 1) ? (size_t)n : sizeof sp - 1);
+        sb_raw(b, sp,
+               n < (long long)(sizeof sp - 1) ? (size_t)n : sizeof sp - 1);
 }
 /* json_array_append(_new) charged to the budget (nothing added once spent;
- * _new still takes the reference) */
+ * _new still takes the reference); e NULL or a failed append: oom() */
 static void list_add(json_t *l, json_t *e) {
-    if (spend_bytes(LIST_ITEM_BYTES))
-        json_array_append(l, e);
+    if (spend_bytes(LIST_ITEM_BYTES) && json_array_append(l, e))
+        oom();
 }
 static void list_add_new(json_t *l, json_t *e) {
-    if (spend_bytes(LIST_ITEM_BYTES))
-        json_array_append_new(l, e);
-    else
+    if (!e)
+        oom();
+    else if (!spend_bytes(LIST_ITEM_BYTES))
         json_decref(e);
+    else if (json_array_append_new(l, e))
+        oom();
 }
 /* a new string item of n bytes */
 static void list_add_str(json_t *l, const char *s, size_t n) {
-    if (n <= SIZE_MAX - LIST_ITEM_BYTES && spend_bytes(LIST_ITEM_BYTES + n))
-        json_array_append_new(l, json_stringn_nocheck(s, n));
+    if (n <= SIZE_MAX - LIST_ITEM_BYTES && spend_bytes(LIST_ITEM_BYTES + n)) {
+        json_t *e = json_stringn_nocheck(s, n);
+        if (!e || json_array_append_new(l, e))
+            oom();
+    }
+}
+/* new containers and object members; a failure: oom() */
+static json_t *new_array(void) {
+    json_t *a = json_array();
+    if (!a)
+        oom();
+    return a;
+}
+static json_t *new_object(void) {
+    json_t *o = json_object();
+    if (!o)
+        oom();
+    return o;
+}
+static void obj_set_new(json_t *o, const char *k, size_t klen, json_t *v) {
+    if (json_object_setn_new_nocheck(o, k, klen, v))
+        oom();
 }
 
 /* ---- UTF-8 ---- */
@@ -251,6 +336,7 @@ typedef struct {
     ts_ctx *ctx;
     char msg[512];
     bool failed;
+    bool oom; /* the failure was an allocation's */
 } diag;
 
 static bool fail_at(diag *d, int line, const char *fmt, ...) {
@@ -269,14 +355,27 @@ static bool fail_at(diag *d, int line, const char *fmt, ...) {
     return false;
 }
 
-static void tl_push(tok_list *l, token t) {
+/* an allocation failed while lexing or parsing */
+static bool oom_at(diag *d, int line) {
+    if (!d->failed)
+        d->oom = true;
+    return fail_at(d, line, "out of memory while parsing");
+}
+
+/* takes t.s, also on failure */
+static bool tl_push(diag *d, tok_list *l, token t) {
     if (l->n == l->cap) {
-        l->cap = l->cap ? l->cap * 2 : 256;
-        l->v = realloc(l->v, l->cap * sizeof *l->v);
-        if (!l->v)
-            abort();
+        size_t cap = l->cap ? l->cap * 2 : 256;
+        token *v = j_realloc(l->v, cap * sizeof *v);
+        if (!v) {
+            free(t.s);
+            return oom_at(d, t.line);
+        }
+        l->v = v;
+        l->cap = cap;
     }
     l->v[l->n++] = t;
+    return true;
 }
 
 static int count_lines(const char *s, size_t n) {
@@ -414,8 +513,10 @@ static bool lex_tag(diag *d, const char *s, size_t n, size_t *i, int *line,
             while (j < n && is_ident(s[j]))
                 j++;
             t.kind = T_NAME;
-            t.s = strndup(s + *i, j - *i);
+            t.s = j_strndup(s + *i, j - *i);
             t.len = j - *i;
+            if (!t.s)
+                return oom_at(d, *line);
             *i = j;
         } else if (c >= '0' && c <= '9') {
             size_t j = *i;
@@ -472,9 +573,9 @@ static bool lex_tag(diag *d, const char *s, size_t n, size_t *i, int *line,
         } else if (c == '\'' || c == '"') {
             ts_sbuf b = {0};
             sb_add(&b, "", 0);
-            if (!lex_string(d, *line, s, n, i, &b)) {
+            if (!lex_string(d, *line, s, n, i, &b) || b.oom) {
                 free(b.p);
-                return false;
+                return b.oom ? oom_at(d, *line) : false;
             }
             t.kind = T_STRING;
             t.s = b.p;
@@ -493,31 +594,37 @@ static bool lex_tag(diag *d, const char *s, size_t n, size_t *i, int *line,
             else if ((*op == '}' || *op == ']' || *op == ')') && brace > 0)
                 brace--;
             t.kind = T_OP;
-            t.s = strdup(op);
+            t.s = j_strdup(op);
             t.len = strlen(op);
             *i += t.len;
+            if (!t.s)
+                return oom_at(d, *line);
         }
-        tl_push(out, t);
+        if (!tl_push(d, out, t))
+            return false;
     }
 }
 
 /* Whitespace rules applied to the text before a tag. */
-static void emit_text(tok_list *out, const char *s, size_t a, size_t b,
+static bool emit_text(diag *d, tok_list *out, const char *s, size_t a, size_t b,
                       int line) {
     if (b <= a)
-        return;
-    char *t = malloc(b - a + 1);
+        return true;
+    char *t = j_malloc(b - a + 1);
     if (!t)
-        abort();
+        return oom_at(d, line);
     memcpy(t, s + a, b - a); /* the text may hold NULs: no strndup */
     t[b - a] = 0;
-    tl_push(out, (token){.kind = T_TEXT, .line = line, .s = t, .len = b - a});
+    return tl_push(d, out,
+                   (token){.kind = T_TEXT, .line = line, .s = t, .len = b - a});
 }
 
 static bool lex(diag *d, const char *src, size_t n, tok_list *out) {
     /* Newlines normalized to \n and one trailing newline dropped, as
      * jinja2 does (keep_trailing_newline=False). */
-    char *s = malloc(n + 1);
+    char *s = j_malloc(n + 1);
+    if (!s)
+        return oom_at(d, 0);
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (src[i] == '\r') {
@@ -563,7 +670,10 @@ static bool lex(diag *d, const char *src, size_t n, tok_list *out) {
             if (l == 0 || s[l - 1] == '\n')
                 b = l;
         }
-        emit_text(out, s, a, b, line);
+        if (!emit_text(d, out, s, a, b, line)) {
+            free(s);
+            return false;
+        }
         line += count_lines(s + i, t - i);
         if (t >= n)
             break;
@@ -586,16 +696,18 @@ static bool lex(diag *d, const char *src, size_t n, tok_list *out) {
             continue;
         }
         size_t mark = out->n;
-        tl_push(out, (token){.kind = kind == '{' ? T_VAR_BEGIN : T_BLOCK_BEGIN,
-                             .line = line});
         char rmod = 0;
-        if (!lex_tag(d, s, n, &i, &line, kind == '{' ? "}}" : "%}", out,
-                     &rmod)) {
+        if (!tl_push(d, out,
+                     (token){.kind = kind == '{' ? T_VAR_BEGIN : T_BLOCK_BEGIN,
+                             .line = line}) ||
+            !lex_tag(d, s, n, &i, &line, kind == '{' ? "}}" : "%}", out,
+                     &rmod) ||
+            !tl_push(d, out,
+                     (token){.kind = kind == '{' ? T_VAR_END : T_BLOCK_END,
+                             .line = line})) {
             free(s);
             return false;
         }
-        tl_push(out, (token){.kind = kind == '{' ? T_VAR_END : T_BLOCK_END,
-                             .line = line});
         prev_rmod = rmod;
         prev_block = kind == '%';
         /* {% raw %}: everything up to {% endraw %} is text */
@@ -638,16 +750,18 @@ static bool lex(diag *d, const char *src, size_t n, tok_list *out) {
             if (s[found + 2] == '-')
                 while (b2 > a2 && is_ws(s[b2 - 1]))
                     b2--;
-            emit_text(out, s, a2, b2, line);
+            if (!emit_text(d, out, s, a2, b2, line)) {
+                free(s);
+                return false;
+            }
             line += count_lines(s + i, after - i);
             prev_rmod =
                 s[after - 3] == '-' || s[after - 3] == '+' ? s[after - 3] : 0;
             i = after;
         }
     }
-    tl_push(out, (token){.kind = T_EOF, .line = line});
     free(s);
-    return true;
+    return tl_push(d, out, (token){.kind = T_EOF, .line = line});
 }
 
 /* ---- AST ---- */
@@ -726,21 +840,6 @@ static void node_free(node *x) {
     free(x);
 }
 
-static node *mk(node_kind k, int line) {
-    node *x = calloc(1, sizeof *x);
-    if (!x)
-        abort();
-    x->kind = k;
-    x->line = line;
-    return x;
-}
-static void push_kid(node ***v, int *n, node *k) {
-    *v = realloc(*v, (*n + 1) * sizeof **v);
-    if (!*v)
-        abort();
-    (*v)[(*n)++] = k;
-}
-
 /* ---- parser ---- */
 
 typedef struct {
@@ -749,6 +848,45 @@ typedef struct {
     size_t i;
     int depth;
 } parser;
+
+/* A new node, or NULL (out of memory, reported). */
+static node *mk(parser *p, node_kind k, int line) {
+    node *x = j_calloc(1, sizeof *x);
+    if (!x) {
+        oom_at(p->d, line);
+        return NULL;
+    }
+    x->kind = k;
+    x->line = line;
+    return x;
+}
+/* A literal node holding j (NULL: its allocation failed); NULL on failure */
+static node *mk_lit(parser *p, int line, json_t *j) {
+    node *x = j ? mk(p, E_LIT, line) : NULL;
+    if (!x) {
+        json_decref(j);
+        oom_at(p->d, line);
+        return NULL;
+    }
+    x->lit = j;
+    return x;
+}
+/* Appends k to (*v, *n); takes k, freeing it on failure. */
+static bool push_kid(parser *p, node ***v, int *n, node *k) {
+    node **nv = j_realloc(*v, (*n + 1) * sizeof **v);
+    if (!nv) {
+        node_free(k);
+        return oom_at(p->d, p->t->v[p->i].line);
+    }
+    *v = nv;
+    (*v)[(*n)++] = k;
+    return true;
+}
+/* *dst = a copy of the current token's text */
+static bool dup_name(parser *p, char **dst) {
+    *dst = j_strdup(p->t->v[p->i].s);
+    return *dst || oom_at(p->d, p->t->v[p->i].line);
+}
 
 static token *cur(parser *p) {
     return &p->t->v[p->i];
@@ -811,22 +949,33 @@ static bool parse_args(parser *p, node *call) {
             break;
         if (cur(p)->kind == T_NAME && p->t->v[p->i + 1].kind == T_OP &&
             !strcmp(p->t->v[p->i + 1].s, "=")) {
-            char *nm = strdup(cur(p)->s);
+            char *nm;
+            if (!dup_name(p, &nm))
+                return false;
             p->i += 2;
             node *v = parse_expr(p);
             if (!v) {
                 free(nm);
                 return false;
             }
-            call->kwn = realloc(call->kwn, (call->nkw + 1) * sizeof(char *));
-            call->kwv = realloc(call->kwv, (call->nkw + 1) * sizeof(node *));
+            char **kn = j_realloc(call->kwn, (call->nkw + 1) * sizeof(char *));
+            if (kn)
+                call->kwn = kn;
+            node **kv =
+                kn ? j_realloc(call->kwv, (call->nkw + 1) * sizeof(node *))
+                   : NULL;
+            if (!kv) {
+                free(nm);
+                node_free(v);
+                return oom_at(p->d, cur(p)->line);
+            }
+            call->kwv = kv;
             call->kwn[call->nkw] = nm;
             call->kwv[call->nkw++] = v;
         } else {
             node *v = parse_expr(p);
-            if (!v)
+            if (!v || !push_kid(p, &call->kids, &call->nkids, v))
                 return false;
-            push_kid(&call->kids, &call->nkids, v);
         }
     }
     return true;
@@ -842,18 +991,16 @@ static node *parse_primary(parser *p) {
     switch (t->kind) {
     case T_NAME:
         p->i++;
-        if (!strcmp(t->s, "true") || !strcmp(t->s, "True")) {
-            x = mk(E_LIT, t->line);
-            x->lit = json_true();
-        } else if (!strcmp(t->s, "false") || !strcmp(t->s, "False")) {
-            x = mk(E_LIT, t->line);
-            x->lit = json_false();
-        } else if (!strcmp(t->s, "none") || !strcmp(t->s, "None")) {
-            x = mk(E_LIT, t->line);
-            x->lit = json_null();
-        } else {
-            x = mk(E_NAME, t->line);
-            x->s = strdup(t->s);
+        if (!strcmp(t->s, "true") || !strcmp(t->s, "True"))
+            x = mk_lit(p, t->line, json_true());
+        else if (!strcmp(t->s, "false") || !strcmp(t->s, "False"))
+            x = mk_lit(p, t->line, json_false());
+        else if (!strcmp(t->s, "none") || !strcmp(t->s, "None"))
+            x = mk_lit(p, t->line, json_null());
+        else if ((x = mk(p, E_NAME, t->line)) && !(x->s = j_strdup(t->s))) {
+            node_free(x);
+            x = NULL;
+            oom_at(p->d, t->line);
         }
         break;
     case T_STRING: {
@@ -864,14 +1011,11 @@ static node *parse_primary(parser *p) {
             sb_add(&b, cur(p)->s, cur(p)->len);
             p->i++;
         }
-        x = mk(E_LIT, t->line);
-        x->lit = json_stringn(b.p, b.n);
-        free(b.p);
-        if (!x->lit) {
-            node_free(x);
+        if (!b.oom && !valid_utf8(b.p, b.n))
             fail_at(p->d, t->line, "string literal is not valid UTF-8");
-            x = NULL;
-        }
+        else
+            x = mk_lit(p, t->line, b.oom ? NULL : json_stringn(b.p, b.n));
+        free(b.p);
         break;
     }
     case T_INT:
@@ -882,8 +1026,7 @@ static node *parse_primary(parser *p) {
             return NULL;
         }
         p->i++;
-        x = mk(E_LIT, t->line);
-        x->lit = json_integer(t->i);
+        x = mk_lit(p, t->line, json_integer(t->i));
         break;
     case T_FLOAT:
         if (!isfinite(t->f)) {
@@ -892,29 +1035,33 @@ static node *parse_primary(parser *p) {
             return NULL;
         }
         p->i++;
-        x = mk(E_LIT, t->line);
-        x->lit = json_real(t->f);
+        x = mk_lit(p, t->line, json_real(t->f));
         break;
     case T_OP:
         if (accept_op(p, "(")) {
             if (accept_op(p, ")")) { /* empty tuple */
-                x = mk(E_LIST, t->line);
+                x = mk(p, E_LIST, t->line);
                 break;
             }
             node *e = parse_expr(p);
             if (!e)
                 break;
             if (is_op(p, ",")) { /* a tuple: a list for our purposes */
-                x = mk(E_LIST, t->line);
-                push_kid(&x->kids, &x->nkids, e);
+                x = mk(p, E_LIST, t->line);
+                if (!x || !push_kid(p, &x->kids, &x->nkids, e)) {
+                    if (!x)
+                        node_free(e);
+                    node_free(x);
+                    x = NULL;
+                    break;
+                }
                 while (accept_op(p, ",") && !is_op(p, ")")) {
                     node *k = parse_expr(p);
-                    if (!k) {
+                    if (!k || !push_kid(p, &x->kids, &x->nkids, k)) {
                         node_free(x);
                         x = NULL;
                         break;
                     }
-                    push_kid(&x->kids, &x->nkids, k);
                 }
                 if (x && !expect_op(p, ")")) {
                     node_free(x);
@@ -928,8 +1075,8 @@ static node *parse_primary(parser *p) {
             }
             x = e;
         } else if (accept_op(p, "[")) {
-            x = mk(E_LIST, t->line);
-            while (!accept_op(p, "]")) {
+            x = mk(p, E_LIST, t->line);
+            while (x && !accept_op(p, "]")) {
                 if (x->nkids && !expect_op(p, ",")) {
                     node_free(x);
                     x = NULL;
@@ -938,16 +1085,15 @@ static node *parse_primary(parser *p) {
                 if (accept_op(p, "]"))
                     break;
                 node *k = parse_expr(p);
-                if (!k) {
+                if (!k || !push_kid(p, &x->kids, &x->nkids, k)) {
                     node_free(x);
                     x = NULL;
                     break;
                 }
-                push_kid(&x->kids, &x->nkids, k);
             }
         } else if (accept_op(p, "{")) {
-            x = mk(E_DICT, t->line);
-            while (!accept_op(p, "}")) {
+            x = mk(p, E_DICT, t->line);
+            while (x && !accept_op(p, "}")) {
                 if (x->nkids && !expect_op(p, ",")) {
                     node_free(x);
                     x = NULL;
@@ -964,8 +1110,17 @@ static node *parse_primary(parser *p) {
                     x = NULL;
                     break;
                 }
-                push_kid(&x->kids, &x->nkids, k);
-                push_kid(&x->kids, &x->nkids, v);
+                if (!push_kid(p, &x->kids, &x->nkids, k)) {
+                    node_free(v);
+                    node_free(x);
+                    x = NULL;
+                    break;
+                }
+                if (!push_kid(p, &x->kids, &x->nkids, v)) {
+                    node_free(x);
+                    x = NULL;
+                    break;
+                }
             }
         } else
             fail_at(p->d, t->line, "unexpected %s", tok_desc(t));
@@ -987,19 +1142,25 @@ static node *parse_postfix(parser *p, node *x) {
                 node_free(x);
                 return NULL;
             }
-            node *a = mk(E_ATTR, line);
-            a->a = x;
             if (cur(p)->kind == T_INT && cur(p)->i_min) {
                 fail_at(p->d, line, "integer index does not fit in 64 bits");
                 node_free(x);
                 return NULL;
             }
+            node *a = mk(p, E_ATTR, line);
+            if (!a) {
+                node_free(x);
+                return NULL;
+            }
+            a->a = x;
             if (cur(p)->kind == T_INT) { /* x.0 is x[0] */
                 a->kind = E_ITEM;
-                a->b = mk(E_LIT, line);
-                a->b->lit = json_integer(cur(p)->i);
-            } else
-                a->s = strdup(cur(p)->s);
+                a->b = mk_lit(p, line, json_integer(cur(p)->i));
+            }
+            if (cur(p)->kind == T_INT ? !a->b : !dup_name(p, &a->s)) {
+                node_free(a);
+                return NULL;
+            }
             p->i++;
             x = a;
         } else if (accept_op(p, "[")) {
@@ -1021,10 +1182,18 @@ static node *parse_postfix(parser *p, node *x) {
             }
             if (!expect_op(p, "]"))
                 goto bad;
-            node *s = mk(slice ? E_SLICE : E_ITEM, line);
+            node *s = mk(p, slice ? E_SLICE : E_ITEM, line);
+            if (!s)
+                goto bad;
             s->a = x;
             if (slice) {
-                s->kids = calloc(3, sizeof(node *));
+                s->kids = j_calloc(3, sizeof(node *));
+                if (!s->kids) {
+                    s->a = NULL;
+                    node_free(s);
+                    oom_at(p->d, line);
+                    goto bad;
+                }
                 s->nkids = 3;
                 memcpy(s->kids, idx, sizeof idx);
             } else {
@@ -1043,7 +1212,11 @@ static node *parse_postfix(parser *p, node *x) {
             node_free(x);
             return NULL;
         } else if (accept_op(p, "(")) {
-            node *c = mk(E_CALL, line);
+            node *c = mk(p, E_CALL, line);
+            if (!c) {
+                node_free(x);
+                return NULL;
+            }
             c->a = x;
             if (!parse_args(p, c)) {
                 node_free(c);
@@ -1065,9 +1238,16 @@ static node *parse_filters_tests(parser *p, node *x) {
                 node_free(x);
                 return NULL;
             }
-            node *f = mk(E_FILTER, line);
+            node *f = mk(p, E_FILTER, line);
+            if (!f) {
+                node_free(x);
+                return NULL;
+            }
             f->a = x;
-            f->s = strdup(cur(p)->s);
+            if (!dup_name(p, &f->s)) {
+                node_free(f);
+                return NULL;
+            }
             p->i++;
             if (accept_op(p, "(") && !parse_args(p, f)) {
                 node_free(f);
@@ -1075,7 +1255,11 @@ static node *parse_filters_tests(parser *p, node *x) {
             }
             x = f;
         } else if (accept_name(p, "is")) {
-            node *t = mk(E_TEST, line);
+            node *t = mk(p, E_TEST, line);
+            if (!t) {
+                node_free(x);
+                return NULL;
+            }
             t->a = x;
             t->neg = accept_name(p, "not");
             if (cur(p)->kind != T_NAME) {
@@ -1083,7 +1267,10 @@ static node *parse_filters_tests(parser *p, node *x) {
                 node_free(t);
                 return NULL;
             }
-            t->s = strdup(cur(p)->s);
+            if (!dup_name(p, &t->s)) {
+                node_free(t);
+                return NULL;
+            }
             p->i++;
             if (accept_op(p, "(")) {
                 if (!parse_args(p, t)) {
@@ -1099,11 +1286,10 @@ static node *parse_filters_tests(parser *p, node *x) {
                         !is_name(p, "is") && !is_name(p, "not"))) {
                 /* `is divisibleby 3`, `is sameas false`: one argument */
                 node *arg = parse_unary(p, false);
-                if (!arg) {
+                if (!arg || !push_kid(p, &t->kids, &t->nkids, arg)) {
                     node_free(t);
                     return NULL;
                 }
-                push_kid(&t->kids, &t->nkids, arg);
             }
             x = t;
         } else
@@ -1119,13 +1305,15 @@ static node *parse_unary(parser *p, bool with_filter) {
     if (is_op(p, "-") && t[1].kind == T_INT && t[1].i_min &&
         !(t[2].kind == T_OP && strchr(".[(", t[2].s[0]))) {
         p->i += 2; /* -9223372036854775808: INT64_MIN as one literal */
-        x = mk(E_LIT, line);
-        x->lit = json_integer(INT64_MIN);
+        x = mk_lit(p, line, json_integer(INT64_MIN));
     } else if (accept_op(p, "-")) {
         node *o = parse_unary(p, false);
         if (!o)
             return NULL;
-        x = mk(E_NEG, line);
+        if (!(x = mk(p, E_NEG, line))) {
+            node_free(o);
+            return NULL;
+        }
         x->a = o;
     } else if (accept_op(p, "+"))
         x = parse_unary(p, false);
@@ -1134,16 +1322,21 @@ static node *parse_unary(parser *p, bool with_filter) {
     return with_filter ? parse_filters_tests(p, x) : x;
 }
 
-static node *bin(node_kind k, const char *op, int line, node *a, node *b) {
-    if (!a || !b) {
+static node *bin(parser *p, node_kind k, const char *op, int line, node *a,
+                 node *b) {
+    node *x = a && b ? mk(p, k, line) : NULL;
+    if (!x) {
         node_free(a);
         node_free(b);
         return NULL;
     }
-    node *x = mk(k, line);
-    x->s = op ? strdup(op) : NULL;
     x->a = a;
     x->b = b;
+    if (op && !(x->s = j_strdup(op))) {
+        node_free(x);
+        oom_at(p->d, line);
+        return NULL;
+    }
     return x;
 }
 
@@ -1152,7 +1345,7 @@ static node *parse_pow(parser *p) {
     while (x && is_op(p, "**")) {
         int line = cur(p)->line;
         p->i++;
-        x = bin(E_BIN, "**", line, x, parse_unary(p, true));
+        x = bin(p, E_BIN, "**", line, x, parse_unary(p, true));
     }
     return x;
 }
@@ -1164,7 +1357,7 @@ static node *parse_mul(parser *p) {
         strcpy(op, cur(p)->s);
         int line = cur(p)->line;
         p->i++;
-        x = bin(E_BIN, op, line, x, parse_pow(p));
+        x = bin(p, E_BIN, op, line, x, parse_pow(p));
     }
     return x;
 }
@@ -1173,7 +1366,7 @@ static node *parse_concat(parser *p) {
     while (x && is_op(p, "~")) {
         int line = cur(p)->line;
         p->i++;
-        x = bin(E_BIN, "~", line, x, parse_mul(p));
+        x = bin(p, E_BIN, "~", line, x, parse_mul(p));
     }
     return x;
 }
@@ -1183,7 +1376,7 @@ static node *parse_add(parser *p) {
         char op[2] = {cur(p)->s[0], 0};
         int line = cur(p)->line;
         p->i++;
-        x = bin(E_BIN, op, line, x, parse_concat(p));
+        x = bin(p, E_BIN, op, line, x, parse_concat(p));
     }
     return x;
 }
@@ -1207,7 +1400,7 @@ static node *parse_compare(parser *p) {
         char o[8];
         snprintf(o, sizeof o, "%s", op);
         p->i++;
-        x = bin(E_BIN, o, line, x, parse_add(p));
+        x = bin(p, E_BIN, o, line, x, parse_add(p));
     }
     return x;
 }
@@ -1217,7 +1410,11 @@ static node *parse_not(parser *p) {
         node *o = parse_not(p);
         if (!o)
             return NULL;
-        node *x = mk(E_NOT, line);
+        node *x = mk(p, E_NOT, line);
+        if (!x) {
+            node_free(o);
+            return NULL;
+        }
         x->a = o;
         return x;
     }
@@ -1228,7 +1425,7 @@ static node *parse_and(parser *p) {
     while (x && is_name(p, "and")) {
         int line = cur(p)->line;
         p->i++;
-        x = bin(E_AND, NULL, line, x, parse_not(p));
+        x = bin(p, E_AND, NULL, line, x, parse_not(p));
     }
     return x;
 }
@@ -1237,7 +1434,7 @@ static node *parse_or(parser *p) {
     while (x && is_name(p, "or")) {
         int line = cur(p)->line;
         p->i++;
-        x = bin(E_OR, NULL, line, x, parse_and(p));
+        x = bin(p, E_OR, NULL, line, x, parse_and(p));
     }
     return x;
 }
@@ -1250,7 +1447,12 @@ static node *parse_expr(parser *p) {
     while (x && is_name(p, "if")) {
         int line = cur(p)->line;
         p->i++;
-        node *c = mk(E_COND, line);
+        node *c = mk(p, E_COND, line);
+        if (!c) {
+            node_free(x);
+            x = NULL;
+            break;
+        }
         c->a = x;
         c->b = parse_or(p);
         if (c->b && accept_name(p, "else"))
@@ -1288,14 +1490,16 @@ static node *parse_target_list(parser *p, node *x) {
         fail_at(p->d, cur(p)->line, "expected a loop variable name");
         return NULL;
     }
-    x->s = strdup(cur(p)->s);
+    if (!dup_name(p, &x->s))
+        return NULL;
     p->i++;
     if (accept_op(p, ",")) {
         if (cur(p)->kind != T_NAME) {
             fail_at(p->d, cur(p)->line, "expected a loop variable name");
             return NULL;
         }
-        x->s2 = strdup(cur(p)->s);
+        if (!dup_name(p, &x->s2))
+            return NULL;
         p->i++;
     }
     return x;
@@ -1307,9 +1511,9 @@ static bool parse_else_end(parser *p, node *owner, const char *which,
                            const char *end) {
     char w[32];
     if (!strcmp(which, "else")) {
-        node *eb = mk(N_BODY, cur(p)->line);
-        push_kid(&owner->orelse, &owner->nelse, eb);
-        if (!end_block(p) || !parse_body(p, eb, end, w, sizeof w))
+        node *eb = mk(p, N_BODY, cur(p)->line);
+        if (!eb || !push_kid(p, &owner->orelse, &owner->nelse, eb) ||
+            !end_block(p) || !parse_body(p, eb, end, w, sizeof w))
             return false;
     }
     return end_block(p);
@@ -1324,22 +1528,28 @@ static node *parse_stmt(parser *p) {
     }
     char which[32];
     if (accept_name(p, "if")) {
-        node *x = mk(N_IF, line);
+        node *x = mk(p, N_IF, line);
+        if (!x)
+            return NULL;
         x->a = parse_expr(p);
-        node *body = mk(N_BODY, line);
-        x->b = body;
-        if (!x->a || !end_block(p) ||
-            !parse_body(p, body, "elif else endif", which, sizeof which)) {
+        if (x->a)
+            x->b = mk(p, N_BODY, line);
+        if (!x->b || !end_block(p) ||
+            !parse_body(p, x->b, "elif else endif", which, sizeof which)) {
             node_free(x);
             return NULL;
         }
         node *tail = x;
         while (!strcmp(which, "elif")) {
-            node *e = mk(N_IF, cur(p)->line);
-            push_kid(&tail->orelse, &tail->nelse, e);
+            node *e = mk(p, N_IF, cur(p)->line);
+            if (!e || !push_kid(p, &tail->orelse, &tail->nelse, e)) {
+                node_free(x);
+                return NULL;
+            }
             e->a = parse_expr(p);
-            e->b = mk(N_BODY, line);
-            if (!e->a || !end_block(p) ||
+            if (e->a)
+                e->b = mk(p, N_BODY, line);
+            if (!e->b || !end_block(p) ||
                 !parse_body(p, e->b, "elif else endif", which, sizeof which)) {
                 node_free(x);
                 return NULL;
@@ -1353,7 +1563,9 @@ static node *parse_stmt(parser *p) {
         return x;
     }
     if (accept_name(p, "for")) {
-        node *x = mk(N_FOR, line);
+        node *x = mk(p, N_FOR, line);
+        if (!x)
+            return NULL;
         if (!parse_target_list(p, x) ||
             (!accept_name(p, "in") &&
              !fail_at(p->d, cur(p)->line, "expected 'in' in a for loop"))) {
@@ -1368,8 +1580,9 @@ static node *parse_stmt(parser *p) {
             node_free(x);
             return NULL;
         }
-        x->b = mk(N_BODY, line);
-        if (!x->a || p->d->failed || !end_block(p) ||
+        if (x->a && !p->d->failed)
+            x->b = mk(p, N_BODY, line);
+        if (!x->b || !end_block(p) ||
             !parse_body(p, x->b, "else endfor", which, sizeof which)) {
             node_free(x);
             return NULL;
@@ -1385,8 +1598,11 @@ static node *parse_stmt(parser *p) {
             fail_at(p->d, line, "expected a variable name after 'set'");
             return NULL;
         }
-        node *x = mk(N_SET, line);
-        x->s = strdup(cur(p)->s);
+        node *x = mk(p, N_SET, line);
+        if (!x || !dup_name(p, &x->s)) {
+            node_free(x);
+            return NULL;
+        }
         p->i++;
         if (accept_op(p, ".")) {
             if (cur(p)->kind != T_NAME) {
@@ -1394,7 +1610,10 @@ static node *parse_stmt(parser *p) {
                 node_free(x);
                 return NULL;
             }
-            x->s2 = strdup(cur(p)->s);
+            if (!dup_name(p, &x->s2)) {
+                node_free(x);
+                return NULL;
+            }
             p->i++;
         } else if (is_op(p, ",")) {
             fail_at(p->d, line, "tuple assignment in set is not supported");
@@ -1404,8 +1623,8 @@ static node *parse_stmt(parser *p) {
         if (cur(p)->kind == T_BLOCK_END && !x->s2) { /* block set */
             x->kind = N_SETBLOCK;
             p->i++;
-            x->b = mk(N_BODY, line);
-            if (!parse_body(p, x->b, "endset", which, sizeof which) ||
+            x->b = mk(p, N_BODY, line);
+            if (!x->b || !parse_body(p, x->b, "endset", which, sizeof which) ||
                 !end_block(p)) {
                 node_free(x);
                 return NULL;
@@ -1423,8 +1642,11 @@ static node *parse_stmt(parser *p) {
             fail_at(p->d, line, "expected a macro name");
             return NULL;
         }
-        node *x = mk(N_MACRO, line);
-        x->s = strdup(cur(p)->s);
+        node *x = mk(p, N_MACRO, line);
+        if (!x || !dup_name(p, &x->s)) {
+            node_free(x);
+            return NULL;
+        }
         p->i++;
         /* parameters: kids = names as E_NAME, orelse = defaults (or NULL) */
         if (!expect_op(p, "(")) {
@@ -1441,19 +1663,25 @@ static node *parse_stmt(parser *p) {
                 node_free(x);
                 return NULL;
             }
-            node *nm = mk(E_NAME, cur(p)->line);
-            nm->s = strdup(cur(p)->s);
-            p->i++;
-            push_kid(&x->kids, &x->nkids, nm);
-            node *def = NULL;
-            if (accept_op(p, "=") && !(def = parse_expr(p))) {
+            node *nm = mk(p, E_NAME, cur(p)->line);
+            if (nm && !dup_name(p, &nm->s)) {
+                node_free(nm);
+                nm = NULL;
+            }
+            if (!nm || !push_kid(p, &x->kids, &x->nkids, nm)) {
                 node_free(x);
                 return NULL;
             }
-            push_kid(&x->orelse, &x->nelse, def);
+            p->i++;
+            node *def = NULL;
+            if ((accept_op(p, "=") && !(def = parse_expr(p))) ||
+                !push_kid(p, &x->orelse, &x->nelse, def)) {
+                node_free(x);
+                return NULL;
+            }
         }
-        x->b = mk(N_BODY, line);
-        if (!end_block(p) ||
+        x->b = mk(p, N_BODY, line);
+        if (!x->b || !end_block(p) ||
             !parse_body(p, x->b, "endmacro", which, sizeof which) ||
             !end_block(p)) {
             node_free(x);
@@ -1462,8 +1690,8 @@ static node *parse_stmt(parser *p) {
         return x;
     }
     if (accept_name(p, "break") || accept_name(p, "continue")) {
-        node *x = mk(strcmp(t->s, "break") ? N_CONTINUE : N_BREAK, line);
-        if (!end_block(p)) {
+        node *x = mk(p, strcmp(t->s, "break") ? N_CONTINUE : N_BREAK, line);
+        if (!x || !end_block(p)) {
             node_free(x);
             return NULL;
         }
@@ -1495,17 +1723,25 @@ static bool parse_body(parser *p, node *body, const char *ends, char *which,
             break;
         }
         if (t->kind == T_TEXT) {
-            node *x = mk(N_TEXT, t->line);
-            x->s = malloc(t->len + 1);
+            node *x = mk(p, N_TEXT, t->line);
+            if (x && !(x->s = j_malloc(t->len + 1))) {
+                node_free(x);
+                return oom_at(p->d, t->line);
+            }
+            if (!x)
+                return false;
             memcpy(x->s, t->s, t->len + 1);
             x->len = t->len;
-            push_kid(&body->kids, &body->nkids, x);
+            if (!push_kid(p, &body->kids, &body->nkids, x))
+                return false;
             p->i++;
             continue;
         }
         if (t->kind == T_VAR_BEGIN) {
             p->i++;
-            node *x = mk(N_OUT, t->line);
+            node *x = mk(p, N_OUT, t->line);
+            if (!x)
+                return false;
             x->a = parse_expr(p);
             if (!x->a) {
                 node_free(x);
@@ -1517,7 +1753,8 @@ static bool parse_body(parser *p, node *body, const char *ends, char *which,
                                tok_desc(cur(p)));
             }
             p->i++;
-            push_kid(&body->kids, &body->nkids, x);
+            if (!push_kid(p, &body->kids, &body->nkids, x))
+                return false;
             continue;
         }
         if (t->kind != T_BLOCK_BEGIN)
@@ -1545,9 +1782,8 @@ static bool parse_body(parser *p, node *body, const char *ends, char *which,
                            ends ? "')" : "");
         p->i++;
         node *x = parse_stmt(p);
-        if (!x)
+        if (!x || !push_kid(p, &body->kids, &body->nkids, x))
             return false;
-        push_kid(&body->kids, &body->nkids, x);
     }
     p->depth--;
     return true;
@@ -1568,6 +1804,12 @@ static val undef(const char *name) {
 }
 static val jv(json_t *j) { /* takes the reference */
     return j ? (val){.kind = V_JSON, .j = j} : undef(NULL);
+}
+/* a value just built; NULL (its allocation failed) stops the render */
+static val jnew(json_t *j) {
+    if (!j)
+        oom();
+    return jv(j);
 }
 static val vcopy(val v) {
     if (v.j)
@@ -1598,14 +1840,17 @@ typedef struct {
     int depth;
 } rt;
 
-static void frame_push(rt *r) {
+static bool frame_push(rt *r) {
     if (r->nframes == r->cap) {
-        r->cap = r->cap ? r->cap * 2 : 16;
-        r->frames = realloc(r->frames, r->cap * sizeof *r->frames);
-        if (!r->frames)
-            abort();
+        int cap = r->cap ? r->cap * 2 : 16;
+        frame *f = j_realloc(r->frames, cap * sizeof *f);
+        if (!f)
+            return oom();
+        r->frames = f;
+        r->cap = cap;
     }
     r->frames[r->nframes++] = (frame){0};
+    return true;
 }
 static void frame_pop(rt *r) {
     frame *f = &r->frames[--r->nframes];
@@ -1615,7 +1860,8 @@ static void frame_pop(rt *r) {
     }
     free(f->b);
 }
-static void bind(rt *r, const char *name, val v) { /* takes v */
+/* takes v; out of memory, v is dropped and the render stops (oom()) */
+static void bind(rt *r, const char *name, val v) {
     frame *f = &r->frames[r->nframes - 1];
     for (int i = 0; i < f->n; i++)
         if (!strcmp(f->b[i].name, name)) {
@@ -1624,12 +1870,23 @@ static void bind(rt *r, const char *name, val v) { /* takes v */
             return;
         }
     if (f->n == f->cap) {
-        f->cap = f->cap ? f->cap * 2 : 8;
-        f->b = realloc(f->b, f->cap * sizeof *f->b);
-        if (!f->b)
-            abort();
+        int cap = f->cap ? f->cap * 2 : 8;
+        binding *b = j_realloc(f->b, cap * sizeof *b);
+        if (!b) {
+            vfree(&v);
+            oom();
+            return;
+        }
+        f->b = b;
+        f->cap = cap;
     }
-    f->b[f->n++] = (binding){strdup(name), v};
+    char *nm = j_strdup(name);
+    if (!nm) {
+        vfree(&v);
+        oom();
+        return;
+    }
+    f->b[f->n++] = (binding){nm, v};
 }
 static const val *lookup(rt *r, const char *name) {
     for (int k = r->nframes - 1; k >= 0; k--) {
@@ -1641,10 +1898,13 @@ static const val *lookup(rt *r, const char *name) {
     return NULL;
 }
 
+static bool budget_ok(rt *r, const node *x);
 static bool verr(rt *r, const node *x, ts_status status, const char *fmt,
                  va_list ap) {
     if (r->d.failed)
         return false;
+    if (cur_budget && cur_budget->over == BUDGET_OOM) /* the first cause */
+        return budget_ok(r, x);
     char tmp[400];
     vsnprintf(tmp, sizeof tmp, fmt, ap);
     r->status = status;
@@ -1688,7 +1948,7 @@ static bool budget_ok(rt *r, const node *x) {
                          b->max_bytes);
     if (!r->d.failed)
         r->status = TS_ERR_OOM;
-    return fail_at(&r->d, x ? x->line : 0, "out of memory");
+    return fail_at(&r->d, x ? x->line : 0, "out of memory while rendering");
 }
 
 static bool is_str(val v) {
@@ -1725,9 +1985,11 @@ static size_t slen(val v) {
 }
 static val mkstr(const char *s, size_t n) {
     json_t *j = json_stringn_nocheck(s, n);
-    if (!j && cur_budget && !cur_budget->over)
-        cur_budget->over = BUDGET_OOM;
-    return j ? jv(j) : jv(json_string(""));
+    if (j)
+        return jv(j);
+    oom(); /* a string all the same: callers read it before the error */
+    return cur_budget && cur_budget->empty ? jv(json_incref(cur_budget->empty))
+                                           : undef(NULL);
 }
 /* the string built in b (a failed allocation is reported, not dropped) */
 static val sb_str(const ts_sbuf *b) {
@@ -2010,7 +2272,11 @@ static void dump_json(ts_sbuf *b, json_t *j, const dump_opts *o, int level) {
     }
     const char **keys = NULL;
     if (!arr) {
-        keys = malloc(n * sizeof *keys);
+        keys = j_malloc(n * sizeof *keys);
+        if (!keys) {
+            oom();
+            return;
+        }
         size_t k = 0;
         const char *key;
         json_t *e;
@@ -2161,7 +2427,7 @@ static bool undef_error(rt *r, const node *x, val v) {
  * keys; undefined: nothing). */
 static bool iter_items(rt *r, const node *x, val v, json_t **out) {
     if (v.kind == V_UNDEF) {
-        *out = json_array();
+        *out = new_array();
         return true;
     }
     if (is_list(v)) {
@@ -2169,7 +2435,7 @@ static bool iter_items(rt *r, const node *x, val v, json_t **out) {
         return true;
     }
     if (is_dict(v)) {
-        json_t *a = json_array();
+        json_t *a = new_array();
         const char *k;
         json_t *e;
         json_object_foreach(v.j, k, e) list_add_new(a, json_string(k));
@@ -2177,7 +2443,7 @@ static bool iter_items(rt *r, const node *x, val v, json_t **out) {
         return true;
     }
     if (is_str(v)) {
-        json_t *a = json_array();
+        json_t *a = new_array();
         const char *s = sval(v);
         size_t n = slen(v);
         for (size_t i = 0; i < n;) {
@@ -2288,7 +2554,7 @@ static bool do_slice(rt *r, const node *x, val obj, val *parts, val *out) {
         long long n = json_array_size(obj.j);
         if (!slice_indices(r, x, parts, n, &start, &stop, &step))
             return false;
-        json_t *a = json_array();
+        json_t *a = new_array();
         long long count = slice_count(start, stop, step);
         for (long long k = 0, i = start; k < count; k++) {
             list_add(a, json_array_get(obj.j, i));
@@ -2306,9 +2572,9 @@ static bool do_slice(rt *r, const node *x, val obj, val *parts, val *out) {
             return false;
         if (!spend_items((size_t)n + 1, sizeof(size_t)))
             return budget_ok(r, x);
-        size_t *offs = malloc(((size_t)n + 1) * sizeof *offs);
+        size_t *offs = j_malloc(((size_t)n + 1) * sizeof *offs);
         if (!offs)
-            return err(r, x, "out of memory");
+            return oom() || budget_ok(r, x);
         size_t i = 0;
         for (long long k = 0; k <= n; k++) {
             offs[k] = i;
@@ -2396,7 +2662,7 @@ static bool int_arith(rt *r, const node *x, const char *op, val a, val b,
                 return err(r, x,
                            "ZeroDivisionError: 0.0 cannot be raised "
                            "to a negative power");
-            *out = jv(json_real(pow((double)p, (double)q)));
+            *out = jnew(json_real(pow((double)p, (double)q)));
             return true;
         }
         of = !int_pow(p, q, &v);
@@ -2424,7 +2690,7 @@ static bool int_arith(rt *r, const node *x, const char *op, val a, val b,
         return err(r, x, "internal: unknown operator %s", op);
     if (of)
         return overflow_error(r, x, op, a, b);
-    *out = jv(json_integer(v));
+    *out = jnew(json_integer(v));
     return true;
 }
 
@@ -2499,7 +2765,7 @@ static bool float_arith(rt *r, const node *x, const char *op, val a, val b,
                          "which values here cannot hold",
                          ps, op, qs, isnan(v) ? "nan" : "inf");
     }
-    *out = jv(json_real(v));
+    *out = jnew(json_real(v));
     return true;
 }
 
@@ -2515,9 +2781,9 @@ static bool repeat(rt *r, const node *x, val s, long long n, val *out) {
     if (is_str(s)) {
         if (!spend_bytes(total))
             return budget_ok(r, x);
-        char *t = malloc(total + 1);
+        char *t = j_malloc(total + 1);
         if (!t)
-            return err(r, x, "out of memory");
+            return oom() || budget_ok(r, x);
         for (size_t k = 0; k < total;) { /* doubling copies */
             size_t m = k ? (k < total - k ? k : total - k) : len;
             memcpy(t + k, k ? t : sval(s), m);
@@ -2529,9 +2795,12 @@ static bool repeat(rt *r, const node *x, val s, long long n, val *out) {
     }
     if (!spend_items(total, LIST_ITEM_BYTES))
         return budget_ok(r, x);
-    json_t *l = json_array();
+    json_t *l = new_array();
     for (size_t i = 0; i < copies; i++)
-        json_array_extend(l, s.j);
+        if (json_array_extend(l, s.j)) {
+            oom();
+            break;
+        }
     *out = jv(l);
     return true;
 }
@@ -2551,7 +2820,7 @@ static bool binop(rt *r, const node *x, const char *op, val a, val b,
     }
     if (!strcmp(op, "==") || !strcmp(op, "!=")) {
         bool e = py_eq(a, b);
-        *out = jv(json_boolean(op[0] == '=' ? e : !e));
+        *out = jnew(json_boolean(op[0] == '=' ? e : !e));
         return true;
     }
     if (!strcmp(op, "in") || !strcmp(op, "not in")) {
@@ -2572,7 +2841,7 @@ static bool binop(rt *r, const node *x, const char *op, val a, val b,
         } else
             return err(r, x, "argument of type '%s' is not iterable",
                        type_name(b));
-        *out = jv(json_boolean(op[0] == 'i' ? found : !found));
+        *out = jnew(json_boolean(op[0] == 'i' ? found : !found));
         return true;
     }
     if (op[0] == '<' || op[0] == '>') {
@@ -2583,7 +2852,7 @@ static bool binop(rt *r, const node *x, const char *op, val a, val b,
                  : !strcmp(op, "<=") ? c <= 0
                  : !strcmp(op, ">")  ? c > 0
                                      : c >= 0;
-        *out = jv(json_boolean(v));
+        *out = jnew(json_boolean(v));
         return true;
     }
     if (a.kind == V_UNDEF)
@@ -2603,7 +2872,8 @@ static bool binop(rt *r, const node *x, const char *op, val a, val b,
                          LIST_ITEM_BYTES))
             return budget_ok(r, x);
         json_t *l = json_copy(a.j);
-        json_array_extend(l, b.j);
+        if (json_array_extend(l, b.j))
+            oom();
         *out = jv(l);
         return true;
     }
@@ -2749,7 +3019,7 @@ static val str_replace(val s, val old, val new, long long count) {
 }
 
 static val str_split(val s, val sep, long long maxsplit) {
-    json_t *a = json_array();
+    json_t *a = new_array();
     const char *p = sval(s);
     size_t n = slen(s);
     if (sep.kind == V_UNDEF || !is_str(sep)) { /* runs of whitespace */
@@ -2976,7 +3246,7 @@ static bool select_items(rt *r, const node *x, args *a, bool by_attr,
     json_t *items;
     if (!iter_items(r, x, a->pos[0], &items))
         return false;
-    json_t *res = json_array();
+    json_t *res = new_array();
     size_t i;
     json_t *e;
     json_array_foreach(items, i, e) {
@@ -3039,7 +3309,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             n = json_object_size(v.j);
         else if (v.kind != V_UNDEF)
             return err(r, x, "object of type '%s' has no length", type_name(v));
-        *out = jv(json_integer(n));
+        *out = jnew(json_integer(n));
         return true;
     }
     if (!strcmp(name, "default") || !strcmp(name, "d")) {
@@ -3088,7 +3358,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         if (!iter_items(r, x, v, &items))
             return false;
         if (spend_items(json_array_size(items), LIST_ITEM_BYTES))
-            *out = jv(json_copy(items));
+            *out = jnew(json_copy(items));
         json_decref(items);
         return budget_ok(r, x);
     }
@@ -3151,7 +3421,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
     }
     if (!strcmp(name, "reverse")) {
         if (is_str(v)) {
-            val parts[3] = {undef(NULL), undef(NULL), jv(json_integer(-1))};
+            val parts[3] = {undef(NULL), undef(NULL), jnew(json_integer(-1))};
             bool ok = do_slice(r, x, v, parts, out);
             vfree(&parts[2]);
             return ok;
@@ -3159,7 +3429,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         json_t *items;
         if (!iter_items(r, x, v, &items))
             return false;
-        json_t *res = json_array();
+        json_t *res = new_array();
         for (size_t i = json_array_size(items); i-- > 0;)
             list_add(res, json_array_get(items, i));
         json_decref(items);
@@ -3168,12 +3438,12 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
     }
     if (!strcmp(name, "items")) {
         if (v.kind == V_UNDEF) {
-            *out = jv(json_array());
+            *out = jv(new_array());
             return true;
         }
         if (!is_dict(v))
             return err(r, x, "items needs a mapping, not '%s'", type_name(v));
-        json_t *res = json_array();
+        json_t *res = new_array();
         const char *k;
         json_t *e;
         json_object_foreach(v.j, k, e)
@@ -3191,8 +3461,8 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
                                  "integer overflow in abs(%lld) (integers "
                                  "are 64-bit here)",
                                  (long long)INT64_MIN);
-            *out = json_is_real(v.j) ? jv(json_real(fabs(num(v))))
-                                     : jv(json_integer(llabs(inum(v))));
+            *out = json_is_real(v.j) ? jnew(json_real(fabs(num(v))))
+                                     : jnew(json_integer(llabs(inum(v))));
             return true;
         }
         if (!strcmp(name, "round")) {
@@ -3202,7 +3472,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             const char *method = is_str(m) ? sval(m) : "common";
             bool common = !strcmp(method, "common");
             if (common && !json_is_real(v.j)) { /* Python: round(int) */
-                *out = jv(json_integer(inum(v)));
+                *out = jnew(json_integer(inum(v)));
                 return true;
             }
             double scale = pow(10, is_int(pr) ? (double)inum(pr) : 0);
@@ -3217,7 +3487,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
                 f = copysign(0.0, num(v));
             else if (!isfinite(f)) /* 10 ** 400: the number as it was */
                 f = num(v);
-            *out = jv(json_real(f));
+            *out = jnew(json_real(f));
             return true;
         }
         bool want_int = name[0] == 'i';
@@ -3248,7 +3518,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
                     }
                     if (!*end) {
                         vfree(&t);
-                        *out = jv(json_integer(i));
+                        *out = jnew(json_integer(i));
                         return true;
                     }
                 }
@@ -3259,13 +3529,13 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         }
         if (!ok) {
             *out = dflt.kind != V_UNDEF ? vcopy(dflt)
-                   : want_int           ? jv(json_integer(0))
-                                        : jv(json_real(0));
+                   : want_int           ? jnew(json_integer(0))
+                                        : jnew(json_real(0));
             return true;
         }
         /* jinja2: NaN, and inf read from a string, give the default */
         if (want_int && (isnan(f) || (is_str(v) && isinf(f)))) {
-            *out = dflt.kind != V_UNDEF ? vcopy(dflt) : jv(json_integer(0));
+            *out = dflt.kind != V_UNDEF ? vcopy(dflt) : jnew(json_integer(0));
             return true;
         }
         /* [-2^63, 2^63): what a cast may take */
@@ -3285,7 +3555,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
                              "float('%s') is not finite, which values here "
                              "cannot hold",
                              isnan(f) ? "nan" : "inf");
-        *out = want_int ? jv(json_integer((long long)f)) : jv(json_real(f));
+        *out = want_int ? jnew(json_integer((long long)f)) : jnew(json_real(f));
         return true;
     }
     if (!strcmp(name, "selectattr") || !strcmp(name, "rejectattr"))
@@ -3296,7 +3566,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         json_t *items;
         if (!iter_items(r, x, v, &items))
             return false;
-        json_t *res = json_array();
+        json_t *res = new_array();
         val at = arg(a, -1, "attribute"), dflt = arg(a, -1, "default");
         size_t i;
         json_t *e;
@@ -3336,7 +3606,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
         json_t *items;
         if (!iter_items(r, x, v, &items))
             return false;
-        json_t *res = json_array();
+        json_t *res = new_array();
         size_t i;
         json_t *e;
         json_array_foreach(items, i, e) {
@@ -3380,6 +3650,8 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
             sb_add(&o, p + i, j - i);
             i = j + 1; /* past the newline; i == n + 1 ends */
         }
+        if (ind.oom)
+            oom();
         *out = sb_str(&o);
         free(o.p);
         free(ind.p);
@@ -3425,6 +3697,8 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
                 return budget_ok(r, x);
             }
             items = json_copy(src); /* shallow: we reorder our own list */
+            if (!items)
+                oom();
             json_decref(src);
         }
         /* insertion sort keeps it stable; chat templates sort few items */
@@ -3463,7 +3737,7 @@ static bool apply_filter(rt *r, const node *x, const char *name, args *a,
     if (!strcmp(name, "wordcount")) {
         val s = to_string(v);
         val parts = str_split(s, undef(NULL), -1);
-        *out = jv(json_integer(json_array_size(parts.j)));
+        *out = jnew(json_integer(json_array_size(parts.j)));
         vfree(&parts);
         vfree(&s);
         return true;
@@ -3511,7 +3785,8 @@ static bool call_macro(rt *r, const node *call, const node *m, args *a,
     if (a->npos > m->nkids)
         return err(r, call, "macro '%s' takes %d arguments, %d given", m->s,
                    m->nkids, a->npos);
-    frame_push(r);
+    if (!frame_push(r))
+        return budget_ok(r, call);
     for (int i = 0; i < m->nkids; i++) {
         val v = arg(a, i, m->kids[i]->s);
         if (v.kind != V_UNDEF)
@@ -3545,6 +3820,8 @@ static bool call_method(rt *r, const node *x, val obj, const char *m, args *a,
             val p = arg(a, 0, NULL);
             json_t *cands =
                 is_list(p) ? json_incref(p.j) : json_pack("[O]", p.j);
+            if (!cands)
+                return oom() || budget_ok(r, x);
             bool hit = false;
             size_t i;
             json_t *e;
@@ -3560,7 +3837,7 @@ static bool call_method(rt *r, const node *x, val obj, const char *m, args *a,
                     hit = true;
             }
             json_decref(cands);
-            *out = jv(json_boolean(hit));
+            *out = jnew(json_boolean(hit));
             return true;
         }
         if (!strcmp(m, "strip") || !strcmp(m, "lstrip") ||
@@ -3607,12 +3884,12 @@ static bool call_method(rt *r, const node *x, val obj, const char *m, args *a,
                                                    sval(s), slen(s)));
                          c++)
                         i = f - sval(obj) + slen(s);
-                *out = jv(json_integer(c));
+                *out = jnew(json_integer(c));
                 return true;
             }
             if (!f && m[0] == 'i')
                 return err(r, x, "substring not found");
-            *out = jv(json_integer(
+            *out = jnew(json_integer(
                 f ? (long long)u8_len(sval(obj), f - sval(obj)) : -1));
             return true;
         }
@@ -3656,13 +3933,13 @@ static bool call_method(rt *r, const node *x, val obj, const char *m, args *a,
                          ? utf8proc_tolower(c) != c || !is_cased_letter(c)
                          : utf8proc_toupper(c) != c || !is_cased_letter(c);
             }
-            *out = jv(json_boolean(ok));
+            *out = jnew(json_boolean(ok));
             return true;
         }
     }
     if (is_dict(obj)) {
         if (!strcmp(m, "items") || !strcmp(m, "keys") || !strcmp(m, "values")) {
-            json_t *res = json_array();
+            json_t *res = new_array();
             const char *k;
             json_t *e;
             json_object_foreach(obj.j, k, e) {
@@ -3732,7 +4009,7 @@ static bool call_global(rt *r, const node *x, const char *name, args *a,
             return err(r, x,
                        "Range too big. The sandbox blocks ranges larger "
                        "than MAX_RANGE (100000).");
-        json_t *l = json_array();
+        json_t *l = new_array();
         long long i = lo;
         for (unsigned long long k = 0; k < len; k++) {
             list_add_new(l, json_integer(i));
@@ -3743,13 +4020,12 @@ static bool call_global(rt *r, const node *x, const char *name, args *a,
         return true;
     }
     if (!strcmp(name, "namespace") || !strcmp(name, "dict")) {
-        json_t *o = json_object();
-        if (a->npos && is_dict(a->pos[0]))
-            json_object_update(o, a->pos[0].j);
+        json_t *o = new_object();
+        if (a->npos && is_dict(a->pos[0]) && json_object_update(o, a->pos[0].j))
+            oom();
         for (int i = 0; i < a->nkw; i++)
-            json_object_set_new(o, a->kwn[i],
-                                a->kw[i].j ? json_incref(a->kw[i].j)
-                                           : json_null());
+            obj_set_new(o, a->kwn[i], strlen(a->kwn[i]),
+                        a->kw[i].j ? json_incref(a->kw[i].j) : json_null());
         *out = jv(o);
         if (name[0] == 'n')
             out->kind = V_NS;
@@ -3881,7 +4157,7 @@ static bool eval_node(rt *r, const node *x, val *out) {
             bool res;
             ok = run_test(r, x, x->s, &a, &res);
             if (ok)
-                *out = jv(json_boolean(res != x->neg));
+                *out = jnew(json_boolean(res != x->neg));
         }
         args_free(&a);
         return ok;
@@ -3918,7 +4194,7 @@ static bool eval_node(rt *r, const node *x, val *out) {
         val a;
         if (!eval(r, x->a, &a))
             return false;
-        *out = jv(json_boolean(!truthy(a)));
+        *out = jnew(json_boolean(!truthy(a)));
         vfree(&a);
         return true;
     }
@@ -3937,8 +4213,8 @@ static bool eval_node(rt *r, const node *x, val *out) {
                              "64-bit here)",
                              (long long)INT64_MIN);
         }
-        *out = json_is_real(a.j) ? jv(json_real(-num(a)))
-                                 : jv(json_integer(-inum(a)));
+        *out = json_is_real(a.j) ? jnew(json_real(-num(a)))
+                                 : jnew(json_integer(-inum(a)));
         vfree(&a);
         return true;
     }
@@ -3956,7 +4232,7 @@ static bool eval_node(rt *r, const node *x, val *out) {
         return true;
     }
     case E_LIST: {
-        json_t *l = json_array();
+        json_t *l = new_array();
         for (int i = 0; i < x->nkids; i++) {
             val v;
             if (!eval(r, x->kids[i], &v)) {
@@ -3969,7 +4245,7 @@ static bool eval_node(rt *r, const node *x, val *out) {
         return nesting_ok(r, x, l, NULL, 0);
     }
     case E_DICT: {
-        json_t *o = json_object();
+        json_t *o = new_object();
         for (int i = 0; i + 1 < x->nkids; i += 2) {
             val k, v;
             if (!eval(r, x->kids[i], &k)) {
@@ -3986,7 +4262,7 @@ static bool eval_node(rt *r, const node *x, val *out) {
                 json_decref(o);
                 return false;
             }
-            json_object_setn_new(o, sval(k), slen(k), v.j ? v.j : json_null());
+            obj_set_new(o, sval(k), slen(k), v.j ? v.j : json_null());
             vfree(&k);
         }
         *out = jv(o);
@@ -4026,11 +4302,15 @@ static bool render_for(rt *r, const node *x, ts_sbuf *out) {
     vfree(&seq);
     /* the filter condition sees each item before the loop numbers it */
     if (x->c) {
-        json_t *kept = json_array();
+        json_t *kept = new_array();
         size_t i;
         json_t *e;
         json_array_foreach(items, i, e) {
-            frame_push(r);
+            if (!frame_push(r)) {
+                json_decref(kept);
+                json_decref(items);
+                return budget_ok(r, x);
+            }
             if (x->s2 && json_is_array(e)) {
                 bind(r, x->s, vcopy(jv(json_array_get(e, 0))));
                 bind(r, x->s2, vcopy(jv(json_array_get(e, 1))));
@@ -4059,21 +4339,26 @@ static bool render_for(rt *r, const node *x, ts_sbuf *out) {
             break;
         }
         json_t *e = json_array_get(items, i);
-        frame_push(r);
-        json_t *loop = json_object();
-        json_object_set_new(loop, "index", json_integer(i + 1));
-        json_object_set_new(loop, "index0", json_integer(i));
-        json_object_set_new(loop, "revindex", json_integer(n - i));
-        json_object_set_new(loop, "revindex0", json_integer(n - i - 1));
-        json_object_set_new(loop, "first", json_boolean(i == 0));
-        json_object_set_new(loop, "last", json_boolean(i + 1 == n));
-        json_object_set_new(loop, "length", json_integer(n));
-        json_object_set_new(loop, "depth", json_integer(1));
-        json_object_set_new(loop, "depth0", json_integer(0));
+        if (!frame_push(r)) {
+            ok = budget_ok(r, x);
+            break;
+        }
+        json_t *loop = new_object();
+        obj_set_new(loop, "index", 5, json_integer(i + 1));
+        obj_set_new(loop, "index0", 6, json_integer(i));
+        obj_set_new(loop, "revindex", 8, json_integer(n - i));
+        obj_set_new(loop, "revindex0", 9, json_integer(n - i - 1));
+        obj_set_new(loop, "first", 5, json_boolean(i == 0));
+        obj_set_new(loop, "last", 4, json_boolean(i + 1 == n));
+        obj_set_new(loop, "length", 6, json_integer(n));
+        obj_set_new(loop, "depth", 5, json_integer(1));
+        obj_set_new(loop, "depth0", 6, json_integer(0));
         if (i)
-            json_object_set(loop, "previtem", json_array_get(items, i - 1));
+            obj_set_new(loop, "previtem", 8,
+                        json_incref(json_array_get(items, i - 1)));
         if (i + 1 < n)
-            json_object_set(loop, "nextitem", json_array_get(items, i + 1));
+            obj_set_new(loop, "nextitem", 8,
+                        json_incref(json_array_get(items, i + 1)));
         val lv = jv(loop);
         lv.kind = V_LOOP;
         bind(r, "loop", lv);
@@ -4167,7 +4452,8 @@ static bool render(rt *r, const node *body, ts_sbuf *out) {
                     vfree(&v);
                     break;
                 }
-                json_object_set_new(ns->j, x->s2, v.j ? v.j : json_null());
+                obj_set_new(ns->j, x->s2, strlen(x->s2),
+                            v.j ? v.j : json_null());
             } else
                 bind(r, x->s, v);
             break;
@@ -4216,9 +4502,9 @@ ts_status ts_template_parse(ts_ctx *ctx, const char *src, size_t len,
     node *root = NULL;
     if (lex(&d, src, len, &toks)) {
         parser p = {.d = &d, .t = &toks};
-        root = mk(N_BODY, 1);
+        root = mk(&p, N_BODY, 1);
         char which[32];
-        if (!parse_body(&p, root, NULL, which, sizeof which)) {
+        if (root && !parse_body(&p, root, NULL, which, sizeof which)) {
             node_free(root);
             root = NULL;
         }
@@ -4227,11 +4513,13 @@ ts_status ts_template_parse(ts_ctx *ctx, const char *src, size_t len,
         free(toks.v[i].s);
     free(toks.v);
     if (!root)
-        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "%s", d.msg);
-    ts_template *t = calloc(1, sizeof *t);
+        return ts_set_error(ctx, d.oom ? TS_ERR_OOM : TS_ERR_INVALID_ARG, "%s",
+                            d.msg);
+    ts_template *t = j_calloc(1, sizeof *t);
     if (!t) {
         node_free(root);
-        return ts_set_error(ctx, TS_ERR_OOM, "out of memory");
+        return ts_set_error(ctx, TS_ERR_OOM,
+                            "chat template: out of memory while parsing");
     }
     t->root = root;
     t->max_steps = TS_TEMPLATE_MAX_STEPS;
@@ -4260,20 +4548,25 @@ ts_status ts_template_render_json(ts_ctx *ctx, const ts_template *t,
     budget bud = {.max_steps = t->max_steps, .max_bytes = t->max_bytes};
     budget *outer = cur_budget;
     cur_budget = &bud;
-    frame_push(&r);
-    const char *k;
-    json_t *e;
-    json_object_foreach(vars, k, e) bind(&r, k, jv(json_incref(e)));
-    frame_push(&r); /* the template's own top-level sets */
     ts_sbuf b = {0};
-    sb_add(&b, "", 0);
-    bool ok = render(&r, t->root, &b);
-    if (ok && b.oom && !bud.over)
-        bud.over = BUDGET_OOM;
-    ok = ok && budget_ok(&r, NULL);
+    bool ok = (bud.empty = json_string("")) != NULL && frame_push(&r);
+    if (ok) {
+        const char *k;
+        json_t *e;
+        json_object_foreach(vars, k, e) bind(&r, k, jv(json_incref(e)));
+    }
+    ok = ok && frame_push(&r); /* the template's own top-level sets */
+    if (ok) {
+        sb_add(&b, "", 0);
+        ok = render(&r, t->root, &b);
+    }
+    if (b.oom || !bud.empty)
+        oom();
+    ok = budget_ok(&r, NULL) && ok;
     while (r.nframes)
         frame_pop(&r);
     free(r.frames);
+    json_decref(bud.empty);
     cur_budget = outer;
     if (!ok) {
         free(b.p);
@@ -4293,6 +4586,12 @@ ts_status ts_template_render(ts_ctx *ctx, const ts_template *t,
                             "ts_template_render: NULL argument");
     json_error_t je;
     json_t *vars = json_loads(vars_json, JSON_ALLOW_NUL, &je);
+    /* jansson gives no reason (or says so) when an allocation failed */
+    if (!vars &&
+        (json_error_code(&je) == json_error_out_of_memory || !je.text[0]))
+        return ts_set_error(ctx, TS_ERR_OOM,
+                            "chat template: out of memory while reading the "
+                            "template variables");
     if (!vars)
         return ts_set_error(ctx, TS_ERR_INVALID_ARG,
                             "template variables: %s (line %d)", je.text,
