@@ -805,6 +805,24 @@ static void test_out_of_memory(ts_ctx *ctx, const char *node_modules) {
     CHECK(total > 0 && s == TS_ERR_OOM && !out);
     CHECK_MSG(ctx, "out of memory while rendering");
     ts_clear_error(ctx);
+    /* every allocation after the messages are read (jansson's reader
+     * itself drops bytes when memory runs out: not ours to sweep), failing
+     * alone: an out-of-memory error, never a prompt without its pieces
+     * (a dropped add_generation_prompt once came back TS_OK) */
+    ts_jinja_fail_alloc(LONG_MAX, false);
+    json_decref(json_loads(hi, 0, NULL));
+    long reading = ts_jinja_fail_alloc(0, false);
+    int silent = 0;
+    for (long n = reading + 1; n <= total; n++) {
+        ts_jinja_fail_alloc(n, false);
+        s = ts_chat_apply(chat, hi, true, NULL, &out, &len);
+        ts_jinja_fail_alloc(0, false);
+        silent += s != TS_ERR_OOM || out != NULL;
+        free(out);
+        out = NULL;
+        ts_clear_error(ctx);
+    }
+    CHECK(silent == 0);
     ts_chat_free(chat);
 }
 

@@ -130,14 +130,22 @@ ts_status ts_chat_load(ts_ctx *ctx, const char *dir, ts_chat **out) {
     c->ctx = ctx;
     c->tpl = tpl;
     c->special = json_object();
+    bool ok = c->special != NULL;
     static const char *names[] = {"bos_token", "eos_token", "pad_token",
                                   "unk_token"};
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; ok && i < 4; i++) {
         const char *t = token_string(json_object_get(cfg, names[i]));
-        if (t)
-            json_object_set_new(c->special, names[i], json_string(t));
+        if (t) /* set_new takes the value, also when it fails */
+            ok = json_object_set_new(c->special, names[i], json_string(t)) == 0;
     }
     json_decref(cfg);
+    if (!ok) { /* never a chat setup without its bos/eos tokens */
+        ts_chat_free(c);
+        return ts_set_error(ctx, TS_ERR_OOM,
+                            "%s: out of memory while reading the special "
+                            "tokens",
+                            dir);
+    }
     *out = c;
     return TS_OK;
 }
@@ -174,11 +182,23 @@ ts_status ts_chat_apply(ts_chat *c, const char *messages_json,
                             "{\"role\", \"content\"} objects%s%s",
                             msgs ? "" : ": ", msgs ? "" : je.text);
     }
-    json_t *vars = json_copy(c->special);
-    json_object_set_new(vars, "messages", msgs);
-    json_object_set_new(vars, "add_generation_prompt",
-                        json_boolean(add_generation_prompt));
-    if (extra_vars_json) {
+    /* every insert checked: a dropped add_generation_prompt would be a
+     * silently wrong prompt */
+    json_t *vars = json_object(); /* json_copy drops members it cannot add */
+    bool ok = vars != NULL;
+    const char *key;
+    json_t *val;
+    json_object_foreach(c->special, key, val) {
+        if (ok)
+            ok = json_object_set(vars, key, val) == 0;
+    }
+    if (ok) /* set_new takes msgs, also when it fails */
+        ok = json_object_set_new(vars, "messages", msgs) == 0;
+    else
+        json_decref(msgs);
+    ok = ok && json_object_set_new(vars, "add_generation_prompt",
+                                   json_boolean(add_generation_prompt)) == 0;
+    if (ok && extra_vars_json) {
         json_t *extra = json_loads(extra_vars_json, 0, &je);
         if (!json_is_object(extra)) {
             json_decref(extra);
@@ -187,8 +207,14 @@ ts_status ts_chat_apply(ts_chat *c, const char *messages_json,
                                 "chat template variables must be a JSON "
                                 "object");
         }
-        json_object_update(vars, extra);
+        ok = json_object_update(vars, extra) == 0;
         json_decref(extra);
+    }
+    if (!ok) {
+        json_decref(vars);
+        return ts_set_error(c->ctx, TS_ERR_OOM,
+                            "chat template: out of memory while setting the "
+                            "variables");
     }
     ts_status s = ts_template_render_json(c->ctx, c->tpl, vars, out, len);
     json_decref(vars);
