@@ -5,7 +5,7 @@
 BUILD      ?= build
 BUILD_SAN  ?= build-san
 JOBS       ?= $(shell nproc)
-APT_PKGS   := build-essential cmake pkg-config libopenblas-serial-dev \
+APT_PKGS   := build-essential cmake pkg-config libopenblas-pthread-dev \
               libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev \
               libmicrohttpd-dev libcurl4-openssl-dev \
               libopenmpi-dev openmpi-bin bible-kjv bible-kjv-text \

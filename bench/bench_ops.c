@@ -673,7 +673,7 @@ int main(int argc, char **argv) {
                 o.threads, ts_status_name(st), ts_errmsg(ctx));
 
     double t_start = now_s();
-    printf("Tessera op benchmarks%s: threads %d (tessera's pool %d, OpenBLAS serial on it); "
+    printf("Tessera op benchmarks%s: threads %d (tessera's pool %d; OpenBLAS one thread a call on it); "
            "median of reps after a warm-up rep\n",
            o.quick ? " (--quick: small sizes, 1 rep)" : "", o.threads,
            ts_get_num_threads(ctx));

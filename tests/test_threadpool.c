@@ -158,46 +158,58 @@ static void test_sgemm(void) {
         }
 }
 
-/* ---- 4. several threads in ts_sgemm and the pool at once ---- */
+/* ---- 4. several threads in the BLAS at once ----
+ * OpenBLAS's serial build without locking hands two threads one packing
+ * buffer: products called at once came out wrong (a training run's losses
+ * changed from run to run). Many small and mid-sized products from 4
+ * threads, each checked against the same product made alone. */
+
+enum { STRESS_SHAPES = 5, STRESS_THREADS = 4 };
+static const int stress_n[STRESS_SHAPES] = {8, 33, 64, 100, 160};
 
 typedef struct {
-    const float *A, *B, *C0;
-    int n, bad;
+    const float *A, *B, *C0[STRESS_SHAPES];
+    int id, bad;
 } stress_job;
 
 static void *stress(void *p) {
     stress_job *j = p;
-    float *c = malloc(sizeof(float) * (size_t)j->n * j->n);
-    for (int r = 0; r < 40; r++) {
-        ts_sgemm(false, r & 1, j->n, j->n, j->n, 1.0f, j->A, j->n, j->B, j->n,
-                 0.0f, c, j->n);
-        if (!(r & 1))
-            j->bad += memcmp(c, j->C0, sizeof(float) * (size_t)j->n * j->n) !=
-                      0;
+    float *c = malloc(sizeof(float) * 160 * 160);
+    for (int r = 0; r < 400; r++) {
+        int s = (r * 7 + j->id * 3) % STRESS_SHAPES, n = stress_n[s];
+        /* alone on this thread: the call goes straight to the BLAS */
+        ts_sgemm(false, false, n, n, n, 1.0f, j->A, n, j->B, n, 0.0f, c, n);
+        j->bad += memcmp(c, j->C0[s], sizeof(float) * (size_t)n * n) != 0;
     }
     free(c);
     return NULL;
 }
 
 static void test_sgemm_concurrent(void) {
-    ts_threads_apply(2);
-    int n = 160;
-    float *A = random_matrix((size_t)n * n, 3), *B = random_matrix((size_t)n * n, 4);
-    float *C0 = malloc(sizeof(float) * (size_t)n * n);
-    ts_threads_apply(1);
-    ts_sgemm(false, false, n, n, n, 1.0f, A, n, B, n, 0.0f, C0, n);
-    ts_threads_apply(2);
-    stress_job j[3];
-    pthread_t t[3];
-    for (int i = 0; i < 3; i++) {
-        j[i] = (stress_job){A, B, C0, n, 0};
+    float *A = random_matrix(160 * 160, 3), *B = random_matrix(160 * 160, 4);
+    float *C0[STRESS_SHAPES];
+    ts_threads_apply(1); /* each thread's products unsliced, at once */
+    for (int s = 0; s < STRESS_SHAPES; s++) {
+        int n = stress_n[s];
+        C0[s] = malloc(sizeof(float) * (size_t)n * n);
+        ts_sgemm(false, false, n, n, n, 1.0f, A, n, B, n, 0.0f, C0[s], n);
+    }
+    stress_job j[STRESS_THREADS];
+    pthread_t t[STRESS_THREADS];
+    for (int i = 0; i < STRESS_THREADS; i++) {
+        j[i] = (stress_job){.A = A, .B = B, .id = i};
+        memcpy(j[i].C0, C0, sizeof C0);
         pthread_create(&t[i], NULL, stress, &j[i]);
     }
-    for (int i = 0; i < 3; i++) {
+    int bad = 0;
+    for (int i = 0; i < STRESS_THREADS; i++) {
         pthread_join(t[i], NULL);
-        CHECK(j[i].bad == 0);
+        bad += j[i].bad;
     }
-    free(A), free(B), free(C0);
+    CHECK(bad == 0);
+    for (int s = 0; s < STRESS_SHAPES; s++)
+        free(C0[s]);
+    free(A), free(B);
 }
 
 /* ---- 5. the default is the affinity mask ---- */

@@ -1,16 +1,20 @@
-/* blas.c — f32 matrix products on the thread pool: OpenBLAS's serial
- * sgemm run on slices of the output, one slice per pool chunk. Owns how a
- * product is cut; must not know about tensors.
+/* blas.c — f32 matrix products on the thread pool: OpenBLAS's sgemm, one
+ * thread per call, run on slices of the output, one slice per pool chunk.
+ * Owns how a product is cut; must not know about tensors.
  *
- * Debian's serial OpenBLAS (libopenblas0-serial, built with locking) is
- * safe to call from several threads at once and keeps no threads of its
- * own, so nothing spins between products (see threadpool.c). OpenBLAS's
+ * OpenBLAS is the pthread build held to one thread (openblas_set_num_threads
+ * once, below): its own workers then never get work and sleep, so nothing
+ * spins between products (see threadpool.c), and its buffer allocation is
+ * locked, so several pool threads may call it at once. (Debian's serial
+ * build has no such lock: concurrent calls shared a packing buffer and
+ * gave wrong products; test_threadpool checks.) OpenBLAS's
  * rounding depends on the slice an element falls in (edge tiles take other
  * kernels), so slices are cut by the shape alone: results are the same
  * bits at every thread count, within rounding of an uncut sgemm. */
 #include "core/core.h"
 
 #include <cblas.h>
+#include <pthread.h>
 
 typedef struct {
     bool ta, tb, split_n;
@@ -41,9 +45,17 @@ static void sgemm_slice(void *p, int64_t c) {
                 j->lda, B, j->ldb, j->beta, C, j->ldc);
 }
 
+static void blas_one_thread(void) { openblas_set_num_threads(1); }
+
+void ts_blas_init(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, blas_one_thread);
+}
+
 void ts_sgemm(bool ta, bool tb, int M, int N, int K, float alpha,
               const float *A, int lda, const float *B, int ldb, float beta,
               float *C, int ldc) {
+    ts_blas_init();
     if (M <= 0 || N <= 0)
         return;
     /* The cut depends on the shape alone, never on the thread count, so a

@@ -236,6 +236,9 @@ void ts_parallel_chunks(int64_t nchunks, ts_chunk_fn fn, void *arg);
  * (a few per thread); a loop with n < 2 * grain runs on the caller alone. */
 typedef void (*ts_range_fn)(void *arg, int64_t begin, int64_t end);
 void ts_parallel_for(int64_t n, int64_t grain, ts_range_fn fn, void *arg);
+/* OpenBLAS held to one thread a call (once; every context does it, so a
+ * BLAS call anywhere never wakes OpenBLAS's own threads) */
+void ts_blas_init(void);
 /* row-major C = alpha op(A) op(B) + beta C, OpenBLAS's serial sgemm on
  * slices of C run by the pool (blas.c) */
 void ts_sgemm(bool ta, bool tb, int M, int N, int K, float alpha,

@@ -153,6 +153,7 @@ static void pool_grow(int n) {
 }
 
 void ts_threads_apply(int n) {
+    ts_blas_init();
     n = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
     atomic_store(&P.threads, n);
 }
