@@ -107,37 +107,23 @@ typedef struct {
     float *out;
     float *lse;
     const float *kt;
-    bool ok;
-    int64_t H;
-    int64_t KV;
-    int64_t T;
-    int64_t S;
-    int64_t D;
-    int64_t G;
-    int64_t nqb;
 } attention_fwd_items_args;
 
 static void attention_fwd_items(void *p_, int64_t lo_, int64_t hi_) {
     const attention_fwd_items_args *a_ = p_;
     const cpu_attn_shape *p = a_->p;
+    int64_t H = p->H, KV = p->KV, T = p->T, S = p->S, D = p->D,
+            G = p->H / p->KV, nqb = (p->T + BQ - 1) / BQ;
     const float *q = a_->q;
     const float *v = a_->v;
     float *out = a_->out;
     float *lse = a_->lse;
     const float *kt = a_->kt;
-    bool ok = a_->ok;
-    int64_t H = a_->H;
-    int64_t KV = a_->KV;
-    int64_t T = a_->T;
-    int64_t S = a_->S;
-    int64_t D = a_->D;
-    int64_t G = a_->G;
-    int64_t nqb = a_->nqb;
     float *sb = malloc(sizeof(float) * BQ * BK);
     float *o = malloc(sizeof(float) * (size_t)(BQ * D));
     float m[BQ], l[BQ];
     for (int64_t item = lo_; item < hi_; item++) {
-        if (!sb || !o || !ok)
+        if (!sb || !o)
             continue;
         int64_t b = item / (H * nqb), h = item / nqb % H, qb = item % nqb;
         int64_t t0 = qb * BQ, bq = T - t0 < BQ ? T - t0 : BQ;
@@ -187,15 +173,11 @@ static void attention_fwd_items(void *p_, int64_t lo_, int64_t hi_) {
 
 void cpu_attention_fwd(const cpu_attn_shape *p, const float *q, const float *k,
                        const float *v, float *out, float *lse) {
-    int64_t B = p->B, H = p->H, KV = p->KV, T = p->T, S = p->S, D = p->D;
-    int64_t G = H / KV, nqb = (T + BQ - 1) / BQ;
+    int64_t nqb = (p->T + BQ - 1) / BQ;
     float *kt = transpose_heads(p, k);
-    bool ok = kt != NULL;
-    attention_fwd_items_args attention_fwd_items_a = {
-        p, q, v, out, lse, kt, ok, H, KV, T, S, D, G, nqb};
-    if (ok)
-        ts_parallel_for(B * H * nqb, 1, attention_fwd_items,
-                        &attention_fwd_items_a);
+    attention_fwd_items_args job = {p, q, v, out, lse, kt};
+    if (kt)
+        ts_parallel_for(p->B * p->H * nqb, 1, attention_fwd_items, &job);
     cpu_tmp_free(kt);
 }
 
@@ -250,16 +232,12 @@ typedef struct {
     int64_t vst_h;
     float *out;
     float *lse;
-    int64_t H;
-    int64_t T;
-    int64_t S;
-    int64_t D;
-    int64_t G;
 } attention_decode_items_args;
 
 static void attention_decode_items(void *p_, int64_t lo_, int64_t hi_) {
     const attention_decode_items_args *a_ = p_;
     const cpu_attn_shape *p = a_->p;
+    int64_t H = p->H, T = p->T, S = p->S, D = p->D, G = p->H / p->KV;
     const float *q = a_->q;
     const float *k = a_->k;
     int64_t kst_b = a_->kst_b;
@@ -269,11 +247,6 @@ static void attention_decode_items(void *p_, int64_t lo_, int64_t hi_) {
     int64_t vst_h = a_->vst_h;
     float *out = a_->out;
     float *lse = a_->lse;
-    int64_t H = a_->H;
-    int64_t T = a_->T;
-    int64_t S = a_->S;
-    int64_t D = a_->D;
-    int64_t G = a_->G;
     float *sc = malloc(sizeof(float) * (size_t)(S + 8));
     for (int64_t item = lo_; item < hi_; item++) {
         int64_t b = item / (H * T), h = item / T % H, t = item % T;
@@ -324,11 +297,10 @@ void cpu_attention_decode(const cpu_attn_shape *p, const float *q,
                           const float *k, int64_t kst_b, int64_t kst_h,
                           const float *v, int64_t vst_b, int64_t vst_h,
                           float *out, float *lse) {
-    int64_t B = p->B, H = p->H, T = p->T, S = p->S, D = p->D, G = p->H / p->KV;
-    attention_decode_items_args attention_decode_items_a = {
-        p, q, k, kst_b, kst_h, v, vst_b, vst_h, out, lse, H, T, S, D, G};
-    ts_parallel_for(B * H * T, cpu_grain(S * D, 16384), attention_decode_items,
-                    &attention_decode_items_a);
+    attention_decode_items_args job = {p, q,     k,     kst_b, kst_h,
+                                       v, vst_b, vst_h, out,   lse};
+    ts_parallel_for(p->B * p->H * p->T, cpu_grain(p->S * p->D, 16384),
+                    attention_decode_items, &job);
 }
 
 void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
@@ -387,19 +359,13 @@ typedef struct {
     float *dv;
     const float *kt;
     const float *vt;
-    bool ok;
-    int64_t H;
-    int64_t KV;
-    int64_t T;
-    int64_t S;
-    int64_t D;
-    int64_t G;
-    int64_t nqb;
 } attention_bwd_items_args;
 
 static void attention_bwd_items(void *p_, int64_t lo_, int64_t hi_) {
     const attention_bwd_items_args *a_ = p_;
     const cpu_attn_shape *p = a_->p;
+    int64_t H = p->H, KV = p->KV, T = p->T, S = p->S, D = p->D,
+            G = p->H / p->KV, nqb = (p->T + BQ - 1) / BQ;
     const float *q = a_->q;
     const float *k = a_->k;
     const float *out = a_->out;
@@ -410,20 +376,12 @@ static void attention_bwd_items(void *p_, int64_t lo_, int64_t hi_) {
     float *dv = a_->dv;
     const float *kt = a_->kt;
     const float *vt = a_->vt;
-    bool ok = a_->ok;
-    int64_t H = a_->H;
-    int64_t KV = a_->KV;
-    int64_t T = a_->T;
-    int64_t S = a_->S;
-    int64_t D = a_->D;
-    int64_t G = a_->G;
-    int64_t nqb = a_->nqb;
     float *sb = malloc(sizeof(float) * BQ * BK);
     float *dp = malloc(sizeof(float) * BQ * BK);
     float *tr = malloc(sizeof(float) * BQ * BK);
     float di[BQ];
     for (int64_t item = lo_; item < hi_; item++) {
-        if (!sb || !dp || !tr || !ok)
+        if (!sb || !dp || !tr)
             continue;
         int64_t b = item / KV, kvh = item % KV;
         const float *Kh = k + item * S * D, *Kt = kt + item * S * D;
@@ -480,19 +438,16 @@ void cpu_attention_bwd(const cpu_attn_shape *p, const float *q, const float *k,
                        const float *v, const float *out, const float *lse,
                        const float *dout, float *dq, float *dk, float *dv) {
     int64_t B = p->B, H = p->H, KV = p->KV, T = p->T, S = p->S, D = p->D;
-    int64_t G = H / KV, nqb = (T + BQ - 1) / BQ;
     memset(dq, 0, sizeof(float) * (size_t)(B * H * T * D));
     memset(dk, 0, sizeof(float) * (size_t)(B * KV * S * D));
     memset(dv, 0, sizeof(float) * (size_t)(B * KV * S * D));
     float *kt = transpose_heads(p, k), *vt = transpose_heads(p, v);
-    bool ok = kt && vt;
     /* one work item per (b, kv head): it owns dK, dV of that head and dQ of
      * the query heads in its group, so no two threads write one element */
-    attention_bwd_items_args attention_bwd_items_a = {
-        p,  q,  k, out, lse, dout, dq, dk, dv, kt,
-        vt, ok, H,   KV,  T,    S,  D,  G,  nqb};
-    if (ok)
-        ts_parallel_for(B * KV, 1, attention_bwd_items, &attention_bwd_items_a);
+    attention_bwd_items_args job = {p,  q,  k,  out, lse, dout,
+                                    dq, dk, dv, kt,  vt};
+    if (kt && vt)
+        ts_parallel_for(B * KV, 1, attention_bwd_items, &job);
     cpu_tmp_free(kt), cpu_tmp_free(vt);
 }
 
@@ -641,8 +596,9 @@ CPU_KERNEL(paged_attention) {
                        sizeof(float) * (size_t)D);
             }
         }
-    paged_items_args paged_items_a = {
-        q, K, V, out, seq_of, start, clen, table, scale, N, H, KV, BS, MB, D, G};
+    paged_items_args paged_items_a = {q,    K,     V,     out, seq_of, start,
+                                      clen, table, scale, N,   H,      KV,
+                                      BS,   MB,    D,     G};
     ts_parallel_for(N * H, 4, paged_items, &paged_items_a);
 #undef ROW_AT
     cpu_tmp_free(tq), cpu_tmp_free(tk), cpu_tmp_free(tv);
