@@ -142,7 +142,7 @@ def main():
                 isa = "+".join(x for x in ("avx2", "fma", "avx512f",
                                            "avx512_bf16", "amx_tile")
                                if x in fl)
-    print(f"bench_contention: {a.exe}, {a.threads} threads, {cpu}, "
+    print(f"bench_contention: {a.exe}, {a.threads} threads, {cpu} ({isa}), "
           f"{os.cpu_count()} cores; busy process pinned to core 0", flush=True)
     work = tempfile.mkdtemp(prefix="tessera_contention_")
     data = training_setup(work)
