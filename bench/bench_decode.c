@@ -6,9 +6,9 @@
  * decoding achieves reading the weights against a memcpy of the same size
  * measured in the same run.
  *   bench_decode [--f32] [--prefill N] [--decode N] [--small] */
+#include "core/core.h"
 #include "tessera.h"
 #include "tessera_nn.h"
-#include "core/core.h"
 
 #include "qwen3_06b.h"
 #include <immintrin.h>
@@ -45,8 +45,8 @@ static void read_chunk(void *arg, int64_t c) {
         a3 = _mm256_add_ps(a3, _mm256_loadu_ps(j->p + i + 24));
     }
     float lanes[8], total = 0;
-    _mm256_storeu_ps(lanes,
-                     _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    _mm256_storeu_ps(
+        lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     for (int k = 0; k < 8; k++)
         total += lanes[k];
     j->part[c] = total;

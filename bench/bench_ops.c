@@ -3,18 +3,16 @@
  *
  *   matmul     f32 N x N @ N x N, N = 512, 1024, 2048, in GFLOP/s:
  *              ts_matmul and ts_sgemm (the same OpenBLAS on the same
- *              thread pool, called directly) timed alternately rep by rep; torch.matmul at the
- *              same thread count from bench/torch_ops.py.
- *              Target: ts_matmul >= 95% of the BLAS called directly.
- *   attention  forward, B=1 H=16 KV=8 T=S=1024 D=128, causal and not:
- *              ts_attention against the straightforward PyTorch
- *              implementation in bench/torch_ops.py (repeat_interleave,
- *              q @ k^T * scale, masked_fill -inf, softmax, @ v).
- *              Target: faster than PyTorch (ratio torch/tessera > 1).
- *   rmsnorm,   in GB/s of bytes moved = bytes read + bytes written, against
- *   add        memcpy of the same number of bytes moved (memcpy of n bytes
- *              moves 2n), arrays of 64 MiB each, past the 32 MiB L3.
- *              Target: >= 70% of memcpy bandwidth.
+ *              thread pool, called directly) timed alternately rep by rep;
+ * torch.matmul at the same thread count from bench/torch_ops.py. Target:
+ * ts_matmul >= 95% of the BLAS called directly. attention  forward, B=1 H=16
+ * KV=8 T=S=1024 D=128, causal and not: ts_attention against the straightforward
+ * PyTorch implementation in bench/torch_ops.py (repeat_interleave, q @ k^T *
+ * scale, masked_fill -inf, softmax, @ v). Target: faster than PyTorch (ratio
+ * torch/tessera > 1). rmsnorm,   in GB/s of bytes moved = bytes read + bytes
+ * written, against add        memcpy of the same number of bytes moved (memcpy
+ * of n bytes moves 2n), arrays of 64 MiB each, past the 32 MiB L3. Target: >=
+ * 70% of memcpy bandwidth.
  *
  * Every figure is the median of several reps after one warm-up rep; a timed
  * Tessera rep is the op plus the ts_release of its result.
@@ -24,8 +22,8 @@
  *   --no-torch  skip the PyTorch figures.
  * Exit status: 0 when every op ran and its spot check passed (targets missed
  * are reported, not failed); 1 when an op failed or gave a wrong answer. */
-#include "tessera.h"
 #include "core/core.h"
+#include "tessera.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -213,7 +211,8 @@ static void bench_matmul(ts_ctx *ctx, const opts *o, const int *sizes,
     run_torch(o, args, &tr);
 
     printf("\n== matmul f32: (N,N) @ (N,N), GFLOP/s = 2*N^3 / time ==\n");
-    printf("ts_matmul and ts_sgemm (OpenBLAS on the pool, called directly) alternate "
+    printf("ts_matmul and ts_sgemm (OpenBLAS on the pool, called directly) "
+           "alternate "
            "rep by rep; torch.matmul at %d threads%s\n",
            o->threads, tr.ok ? "" : " (not run)");
     printf("%6s %12s %12s %9s %12s %10s  %-22s %s\n", "N", "tessera", "BLAS",
@@ -238,8 +237,7 @@ static void bench_matmul(ts_ctx *ctx, const opts *o, const int *sizes,
         const float *pa = ts_tensor_data(a), *pb = ts_tensor_data(b);
 
         /* Spot check: ts_matmul against the BLAS, once. */
-        ts_sgemm(false, false, n, n, n, 1.0f,
-                    pa, n, pb, n, 0.0f, c, n);
+        ts_sgemm(false, false, n, n, n, 1.0f, pa, n, pb, n, 0.0f, c, n);
         ts_tensor *ct = ts_matmul(a, b), *hold = NULL;
         if (!op_ok(ctx, ct, "ts_matmul")) {
             ts_release(a);
@@ -276,8 +274,8 @@ static void bench_matmul(ts_ctx *ctx, const opts *o, const int *sizes,
                     if (!y)
                         g_failed = 1;
                 } else {
-                    ts_sgemm(false, false, n, n,
-                                n, 1.0f, pa, n, pb, n, 0.0f, c, n);
+                    ts_sgemm(false, false, n, n, n, 1.0f, pa, n, pb, n, 0.0f, c,
+                             n);
                 }
                 double dt = now_s() - t0;
                 if (r >= 0)
@@ -673,7 +671,8 @@ int main(int argc, char **argv) {
                 o.threads, ts_status_name(st), ts_errmsg(ctx));
 
     double t_start = now_s();
-    printf("Tessera op benchmarks%s: threads %d (tessera's pool %d; OpenBLAS one thread a call on it); "
+    printf("Tessera op benchmarks%s: threads %d (tessera's pool %d; OpenBLAS "
+           "one thread a call on it); "
            "median of reps after a warm-up rep\n",
            o.quick ? " (--quick: small sizes, 1 rep)" : "", o.threads,
            ts_get_num_threads(ctx));

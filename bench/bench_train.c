@@ -23,11 +23,11 @@
  *   bench_train --check DIR   (run by train_torch.py --check)
  */
 #define _GNU_SOURCE
+#include "core/core.h"
 #include "tessera.h"
 #include "tessera_models.h"
 #include "tessera_nn.h"
 #include "tessera_train.h"
-#include "core/core.h"
 
 #include <errno.h>
 #include <math.h>
@@ -367,8 +367,7 @@ static double sgemm_now(int reps) {
         a[i] = (float)(i % 13) * 0.01f, b[i] = (float)(i % 7) * 0.02f;
     for (int r = 0; a && b && c && r < reps; r++) {
         double t = now();
-        ts_sgemm(false, false, N, N, N, 1.0f, a,
-                    N, b, N, 0.0f, c, N);
+        ts_sgemm(false, false, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
         t = now() - t;
         best = fmax(best, 2.0 * N * N * (double)N / t);
     }

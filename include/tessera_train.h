@@ -100,11 +100,12 @@ ts_status ts_prepare_data(ts_ctx *ctx, const char *const *files, int n_files,
 /* The MFU denominator, from the hardware: cores in use (the context's
  * threads, at most the CPUs this process may run on) x the clock
  * (measured now: a chain of dependent adds, the fastest of ~40 us trials
- * over 150 ms, before and after a 1024^3 sgemm that ramps the cores up) x f32 FLOPs per cycle of the ISA our matmuls run (AVX2+FMA:
- * 2 FMA pipes x 8 lanes x 2 = 32; AVX-512 where OpenBLAS uses it: 64).
- * A rate above it is impossible, so MFU against it stays <= 100%. With
- * sgemm, a 1024^3 OpenBLAS sgemm is timed too (best of 4): what this
- * machine achieves now, shown beside it, never the denominator. */
+ * over 150 ms, before and after a 1024^3 sgemm that ramps the cores up) x f32
+ * FLOPs per cycle of the ISA our matmuls run (AVX2+FMA: 2 FMA pipes x 8 lanes x
+ * 2 = 32; AVX-512 where OpenBLAS uses it: 64). A rate above it is impossible,
+ * so MFU against it stays <= 100%. With sgemm, a 1024^3 OpenBLAS sgemm is timed
+ * too (best of 4): what this machine achieves now, shown beside it, never the
+ * denominator. */
 typedef struct {
     char cpu[64];           /* cpuid's brand string */
     char isa[64];           /* e.g. "AVX2+FMA" */

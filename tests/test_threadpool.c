@@ -120,8 +120,7 @@ static void test_sgemm(void) {
         for (int t = 0; t < 4; t++) {
             bool ta = t & 1, tb = t & 2;
             int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-            int lda = ta ? M + 3 : K + 1, ldb = tb ? K + 2 : N + 5,
-                ldc = N + 4;
+            int lda = ta ? M + 3 : K + 1, ldb = tb ? K + 2 : N + 5, ldc = N + 4;
             float *A = random_matrix((size_t)(ta ? K : M) * lda, 1 + t);
             float *B = random_matrix((size_t)(tb ? N : K) * ldb, 7 + t);
             float *c0 = random_matrix((size_t)M * ldc, 99);

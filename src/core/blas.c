@@ -45,7 +45,9 @@ static void sgemm_slice(void *p, int64_t c) {
                 j->lda, B, j->ldb, j->beta, C, j->ldc);
 }
 
-static void blas_one_thread(void) { openblas_set_num_threads(1); }
+static void blas_one_thread(void) {
+    openblas_set_num_threads(1);
+}
 
 void ts_blas_init(void) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -76,7 +78,7 @@ void ts_sgemm(bool ta, bool tb, int M, int N, int K, float alpha,
     }
     int width = (int)((dim + nc - 1) / nc);
     width = (width + 15) / 16 * 16;
-    sgemm_job j = {ta, tb, split_n, M, N, K, lda, ldb, ldc, width, alpha,
-                   beta, A, B, C};
+    sgemm_job j = {ta,  tb,    split_n, M,    N, K, lda, ldb,
+                   ldc, width, alpha,   beta, A, B, C};
     ts_parallel_chunks((dim + width - 1) / width, sgemm_slice, &j);
 }

@@ -49,11 +49,11 @@ static struct {
     atomic_uint wake;    /* futex word: bumped when a job is published */
     atomic_int sleepers; /* workers in futex_wait on wake */
     atomic_int waiting;  /* the submitter sleeps on done */
-    int64_t spin_ns;
+    int64_t spin_ns;     /* TS_SPIN_US, read once before the first worker */
 } P = {.submit = PTHREAD_MUTEX_INITIALIZER,
        .grow = PTHREAD_MUTEX_INITIALIZER,
        .threads = 1,
-       .spin_ns = -1};
+       .spin_ns = 50000};
 
 static _Thread_local bool in_pool_task;
 
@@ -69,15 +69,6 @@ static int64_t now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-static int64_t spin_ns(void) {
-    if (P.spin_ns < 0) {
-        const char *e = getenv("TS_SPIN_US");
-        long us = e && *e ? strtol(e, NULL, 10) : 50;
-        P.spin_ns = (us < 0 ? 0 : us > 100000 ? 100000 : us) * 1000;
-    }
-    return P.spin_ns;
 }
 
 /* Claims and runs chunks of job `gen` until none are left or the job has
@@ -117,7 +108,7 @@ static void *worker_main(void *p) {
             continue;
         }
         /* spin briefly: the next op's loop usually comes within microseconds */
-        int64_t until = now_ns() + spin_ns();
+        int64_t until = now_ns() + P.spin_ns;
         bool fresh = false;
         for (int i = 0; !fresh; i++) {
             _mm_pause();
@@ -137,6 +128,11 @@ static void *worker_main(void *p) {
 /* Starts workers up to n - 1 (the submitter is participant 0). */
 static void pool_grow(int n) {
     pthread_mutex_lock(&P.grow);
+    if (P.started == 0) { /* no worker reads it yet */
+        const char *e = getenv("TS_SPIN_US");
+        long us = e && *e ? strtol(e, NULL, 10) : 50;
+        P.spin_ns = (us < 0 ? 0 : us > 100000 ? 100000 : us) * 1000;
+    }
     while (P.started < n - 1) {
         pthread_t t;
         pthread_attr_t a;
@@ -192,7 +188,7 @@ void ts_parallel_chunks(int64_t nchunks, ts_chunk_fn fn, void *arg) {
         futex_wake(&P.wake, INT_MAX);
     run_chunks(gen);
     /* wait for chunks other threads are running */
-    int64_t until = now_ns() + spin_ns();
+    int64_t until = now_ns() + P.spin_ns;
     for (int i = 0; atomic_load(&P.done) < (unsigned)nchunks; i++) {
         _mm_pause();
         if ((i & 15) != 15 || now_ns() < until)

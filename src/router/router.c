@@ -11,8 +11,8 @@
  * during I/O. Owns routing, proxying and health; tokens and blocks are the
  * servers'. */
 #define _GNU_SOURCE
-#include "tessera_router.h"
 #include "tessera_io.h"
+#include "tessera_router.h"
 
 #include "tessera_tokenizer.h"
 

@@ -8,8 +8,8 @@
  * so that a preempted trial cannot lower it. The sgemm rate is measured in
  * the same call and shown beside it as "achievable"; nothing is cached. */
 #define _GNU_SOURCE /* sched_getaffinity */
-#include "tessera_train.h"
 #include "core/core.h"
+#include "tessera_train.h"
 
 #include <cblas.h>
 #include <sched.h>

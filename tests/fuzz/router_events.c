@@ -66,9 +66,8 @@ int fuzz_router_events(const uint8_t *data, size_t size) {
             for (int w = 1; w <= 16 && !seen; w++)
                 for (int upper = 0; upper < 2 && !seen; upper++) {
                     char hx[24];
-                    snprintf(hx, sizeof hx,
-                             upper ? "\"%0*llX\"" : "\"%0*llx\"", w,
-                             zero ? 0ull : k);
+                    snprintf(hx, sizeof hx, upper ? "\"%0*llX\"" : "\"%0*llx\"",
+                             w, zero ? 0ull : k);
                     seen = memmem(data, size, hx, strlen(hx)) != NULL;
                 }
         if (!seen)

@@ -596,10 +596,9 @@ CPU_KERNEL(paged_attention) {
                        sizeof(float) * (size_t)D);
             }
         }
-    paged_items_args paged_items_a = {q,    K,     V,     out, seq_of, start,
-                                      clen, table, scale, N,   H,      KV,
-                                      BS,   MB,    D,     G};
-    ts_parallel_for(N * H, 4, paged_items, &paged_items_a);
+    paged_items_args job = {q,     K, V, out, seq_of, start, clen, table,
+                            scale, N, H, KV,  BS,     MB,    D,    G};
+    ts_parallel_for(N * H, 4, paged_items, &job);
 #undef ROW_AT
     cpu_tmp_free(tq), cpu_tmp_free(tk), cpu_tmp_free(tv);
     cpu_tmp_free(seq_of);

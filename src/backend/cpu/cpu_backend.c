@@ -261,9 +261,9 @@ void cpu_copy_strided(char *dst, ts_dtype ddt, const int64_t *dst_strides,
     size_t des = ts_dtype_size(ddt), ses = ts_dtype_size(sdt);
     int64_t ds = it.st[0][it.ndim - 1], ss = it.st[1][it.ndim - 1];
     bool ints = !ts_dtype_is_float(ddt) || !ts_dtype_is_float(sdt);
-    copy_rows_args copy_rows_a = {dst, src, ddt, sdt, &it, inner,
-                                  des, ses, ds,  ss,  ints};
-    ts_parallel_for(rows, cpu_grain(inner, 32768), copy_rows, &copy_rows_a);
+    copy_rows_args job = {dst, src, ddt, sdt, &it, inner,
+                          des, ses, ds,  ss,  ints};
+    ts_parallel_for(rows, cpu_grain(inner, 32768), copy_rows, &job);
 }
 
 /* Kernel temporaries: a few freed blocks per thread are kept and handed

@@ -100,7 +100,6 @@ static void run_chunk_items(void *p_, int64_t lo_, int64_t hi_) {
     }
 }
 
-
 static void run_chunks(ts_node *n, int nin, ts_tensor **ins, chunk_fn fn) {
     ts_tensor *out = n->out;
     int64_t st[CPU_ITER_MAX_OPS][TS_MAX_DIMS];
@@ -113,10 +112,9 @@ static void run_chunks(ts_node *n, int nin, ts_tensor **ins, chunk_fn fn) {
     int64_t per_row = (inner + CHUNK - 1) / CHUNK;
     int64_t items = rows * per_row;
     int last = it.ndim - 1;
-    run_chunk_items_args run_chunk_items_a = {n,       nin,   ins,  fn, &it,
-                                              per_row, inner, last, out};
-    ts_parallel_for(items, cpu_grain(CHUNK, 16384), run_chunk_items,
-                    &run_chunk_items_a);
+    run_chunk_items_args job = {n,       nin,   ins,  fn, &it,
+                                per_row, inner, last, out};
+    ts_parallel_for(items, cpu_grain(CHUNK, 16384), run_chunk_items, &job);
 }
 
 static void binary_chunk(const ts_node *n, float *y, const float **x,
@@ -346,9 +344,8 @@ static void select_elems(ts_node *n, int nin, ts_tensor **ins,
     int64_t rows = cpu_iter_rows(&it), inner = cpu_iter_inner(&it);
     int last = it.ndim - 1;
     size_t es = ts_dtype_size(out->dtype);
-    select_rows_args select_rows_a = {ins,  fill_value, &it, inner,
-                                      last, es,         out};
-    ts_parallel_for(rows, cpu_grain(inner, 16384), select_rows, &select_rows_a);
+    select_rows_args job = {ins, fill_value, &it, inner, last, es, out};
+    ts_parallel_for(rows, cpu_grain(inner, 16384), select_rows, &job);
 }
 
 CPU_KERNEL(where) {
@@ -488,9 +485,8 @@ CPU_KERNEL(embedding) {
     ts_status st = check_ids(ctx, ids, offs, w->shape[0]);
     size_t es = ts_dtype_size(w->dtype);
     if (st == TS_OK) {
-        embedding_rows_args embedding_rows_a = {ids, offs, w, y, C, es};
-        ts_parallel_for(N, cpu_grain(C, 32768), embedding_rows,
-                        &embedding_rows_a);
+        embedding_rows_args job = {ids, offs, w, y, C, es};
+        ts_parallel_for(N, cpu_grain(C, 32768), embedding_rows, &job);
     }
     free(offs);
     return st;

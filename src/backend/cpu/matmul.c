@@ -243,9 +243,8 @@ static void dot_rows_range(void *p, int64_t n0, int64_t n1) {
  * rows of K in out: bf16 by a shift, f16 by the F16C instruction */
 static void widen_rows(const uint16_t *W, int64_t ld, int64_t nb, int64_t K,
                        bool bf16, float *out) {
-    widen_rows_range_args widen_rows_range_a = {W, ld, K, bf16, out};
-    ts_parallel_for(nb, cpu_grain(K, 32768), widen_rows_range,
-                    &widen_rows_range_a);
+    widen_rows_range_args job = {W, ld, K, bf16, out};
+    ts_parallel_for(nb, cpu_grain(K, 32768), widen_rows_range, &job);
 }
 
 /* f32 activations x bf16/f16 weights. A weight shared by the batch and

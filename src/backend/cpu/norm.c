@@ -35,20 +35,20 @@ static float sum_squares(const float *x, int64_t n) {
     return s;
 }
 
+/* one job for the four norm kernels' row loops: x, g (backward), w, b;
+ * y; mean and rstd saved by the forward, read by the backward */
 typedef struct {
-    const float *xf;
-    const float *w;
-    float *yf;
-    float *rstd;
+    const float *x, *g, *w, *b;
+    float *y, *mean, *rstd;
     float eps;
     int64_t C;
-} rmsnorm_rows_args;
+} norm_job;
 
 static void rmsnorm_rows(void *p_, int64_t lo_, int64_t hi_) {
-    const rmsnorm_rows_args *a_ = p_;
-    const float *xf = a_->xf;
+    const norm_job *a_ = p_;
+    const float *xf = a_->x;
     const float *w = a_->w;
-    float *yf = a_->yf;
+    float *yf = a_->y;
     float *rstd = a_->rstd;
     float eps = a_->eps;
     int64_t C = a_->C;
@@ -84,30 +84,21 @@ CPU_KERNEL(rmsnorm) {
         cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
         return OOM("rmsnorm");
     }
-    rmsnorm_rows_args rmsnorm_rows_a = {xf, w, yf, rstd, eps, C};
-    ts_parallel_for(N, cpu_grain(C, 16384), rmsnorm_rows, &rmsnorm_rows_a);
+    norm_job job = {.x = xf, .w = w, .y = yf, .rstd = rstd, .eps = eps, .C = C};
+    ts_parallel_for(N, cpu_grain(C, 16384), rmsnorm_rows, &job);
     if (yt)
         cpu_store_out(y, yt);
     cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
     return TS_OK;
 }
 
-typedef struct {
-    const float *gf;
-    const float *xf;
-    const float *w;
-    const float *rstd;
-    float *yf;
-    int64_t C;
-} rmsnorm_backward_rows_args;
-
 static void rmsnorm_backward_rows(void *p_, int64_t lo_, int64_t hi_) {
-    const rmsnorm_backward_rows_args *a_ = p_;
-    const float *gf = a_->gf;
-    const float *xf = a_->xf;
+    const norm_job *a_ = p_;
+    const float *gf = a_->g;
+    const float *xf = a_->x;
     const float *w = a_->w;
     const float *rstd = a_->rstd;
-    float *yf = a_->yf;
+    float *yf = a_->y;
     int64_t C = a_->C;
     for (int64_t r = lo_; r < hi_; r++) {
         const float *gr = gf + r * C, *xr = xf + r * C;
@@ -128,7 +119,7 @@ CPU_KERNEL(rmsnorm_backward) {
     int64_t C = x->shape[x->ndim - 1], N = C ? ts_tensor_numel(x) / C : 0;
     float *gt = NULL, *xt = NULL, *wt = NULL, *yt = NULL;
     const float *gf = cpu_as_f32(n->in[0], &gt), *xf = cpu_as_f32(x, &xt);
-    const float *rstd = (const float *)ts_tensor_ptr(n->in[2]);
+    float *rstd = (float *)ts_tensor_ptr(n->in[2]);
     const float *w = n->n_in > 3 ? cpu_as_f32(n->in[3], &wt) : NULL;
     float *yf = y->dtype == TS_F32
                     ? (float *)ts_tensor_ptr(y)
@@ -137,33 +128,20 @@ CPU_KERNEL(rmsnorm_backward) {
         cpu_tmp_free(gt), cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
         return OOM("rmsnorm_backward");
     }
-    rmsnorm_backward_rows_args rmsnorm_backward_rows_a = {gf,   xf, w,
-                                                          rstd, yf, C};
-    ts_parallel_for(N, cpu_grain(C, 16384), rmsnorm_backward_rows,
-                    &rmsnorm_backward_rows_a);
+    norm_job job = {.g = gf, .x = xf, .w = w, .rstd = rstd, .y = yf, .C = C};
+    ts_parallel_for(N, cpu_grain(C, 16384), rmsnorm_backward_rows, &job);
     if (yt)
         cpu_store_out(y, yt);
     cpu_tmp_free(gt), cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
     return TS_OK;
 }
 
-typedef struct {
-    const float *xf;
-    const float *w;
-    const float *b;
-    float *yf;
-    float *mean;
-    float *rstd;
-    float eps;
-    int64_t C;
-} layernorm_rows_args;
-
 static void layernorm_rows(void *p_, int64_t lo_, int64_t hi_) {
-    const layernorm_rows_args *a_ = p_;
-    const float *xf = a_->xf;
+    const norm_job *a_ = p_;
+    const float *xf = a_->x;
     const float *w = a_->w;
     const float *b = a_->b;
-    float *yf = a_->yf;
+    float *yf = a_->y;
     float *mean = a_->mean;
     float *rstd = a_->rstd;
     float eps = a_->eps;
@@ -207,32 +185,29 @@ CPU_KERNEL(layernorm) {
         cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(bt), cpu_tmp_free(yt);
         return OOM("layernorm");
     }
-    layernorm_rows_args layernorm_rows_a = {xf, w, b, yf, mean, rstd, eps, C};
-    ts_parallel_for(N, cpu_grain(C, 16384), layernorm_rows, &layernorm_rows_a);
+    norm_job job = {.x = xf,
+                    .w = w,
+                    .b = b,
+                    .y = yf,
+                    .mean = mean,
+                    .rstd = rstd,
+                    .eps = eps,
+                    .C = C};
+    ts_parallel_for(N, cpu_grain(C, 16384), layernorm_rows, &job);
     if (yt)
         cpu_store_out(y, yt);
     cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(bt), cpu_tmp_free(yt);
     return TS_OK;
 }
 
-typedef struct {
-    const float *gf;
-    const float *xf;
-    const float *w;
-    const float *mean;
-    const float *rstd;
-    float *yf;
-    int64_t C;
-} layernorm_backward_rows_args;
-
 static void layernorm_backward_rows(void *p_, int64_t lo_, int64_t hi_) {
-    const layernorm_backward_rows_args *a_ = p_;
-    const float *gf = a_->gf;
-    const float *xf = a_->xf;
+    const norm_job *a_ = p_;
+    const float *gf = a_->g;
+    const float *xf = a_->x;
     const float *w = a_->w;
     const float *mean = a_->mean;
     const float *rstd = a_->rstd;
-    float *yf = a_->yf;
+    float *yf = a_->y;
     int64_t C = a_->C;
     for (int64_t r = lo_; r < hi_; r++) {
         const float *gr = gf + r * C, *xr = xf + r * C;
@@ -258,8 +233,8 @@ CPU_KERNEL(layernorm_backward) {
     int64_t C = x->shape[x->ndim - 1], N = C ? ts_tensor_numel(x) / C : 0;
     float *gt = NULL, *xt = NULL, *wt = NULL, *yt = NULL;
     const float *gf = cpu_as_f32(n->in[0], &gt), *xf = cpu_as_f32(x, &xt);
-    const float *mean = (const float *)ts_tensor_ptr(n->in[2]);
-    const float *rstd = (const float *)ts_tensor_ptr(n->in[3]);
+    float *mean = (float *)ts_tensor_ptr(n->in[2]);
+    float *rstd = (float *)ts_tensor_ptr(n->in[3]);
     const float *w = n->n_in > 4 ? cpu_as_f32(n->in[4], &wt) : NULL;
     float *yf = y->dtype == TS_F32
                     ? (float *)ts_tensor_ptr(y)
@@ -268,10 +243,9 @@ CPU_KERNEL(layernorm_backward) {
         cpu_tmp_free(gt), cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
         return OOM("layernorm_backward");
     }
-    layernorm_backward_rows_args layernorm_backward_rows_a = {gf,   xf, w, mean,
-                                                              rstd, yf, C};
-    ts_parallel_for(N, cpu_grain(C, 16384), layernorm_backward_rows,
-                    &layernorm_backward_rows_a);
+    norm_job job = {
+        .g = gf, .x = xf, .w = w, .mean = mean, .rstd = rstd, .y = yf, .C = C};
+    ts_parallel_for(N, cpu_grain(C, 16384), layernorm_backward_rows, &job);
     if (yt)
         cpu_store_out(y, yt);
     cpu_tmp_free(gt), cpu_tmp_free(xt), cpu_tmp_free(wt), cpu_tmp_free(yt);
@@ -377,7 +351,7 @@ CPU_KERNEL(rope) {
     int64_t xd = x->strides[x->ndim - 1], cd = st[2][x->ndim - 1],
             sd = st[3][x->ndim - 1];
     (void)ctx;
-    rope_rows_args rope_rows_a = {x, cs, sn, y, &it, h, xd, cd, sd, fwd};
-    ts_parallel_for(rows, cpu_grain(D, 16384), rope_rows, &rope_rows_a);
+    rope_rows_args job = {x, cs, sn, y, &it, h, xd, cd, sd, fwd};
+    ts_parallel_for(rows, cpu_grain(D, 16384), rope_rows, &job);
     return TS_OK;
 }
