@@ -415,6 +415,51 @@ ts_tensor *ts_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
 ts_tensor *ts_paged_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
                               ts_tensor *k_pool, ts_tensor *v_pool,
                               ts_tensor *meta, double scale);
+/* ts_attention with the options decoder families need. */
+typedef struct {
+    bool causal;   /* as ts_attention's */
+    double scale;  /* <= 0: 1/sqrt(D) */
+    int64_t window; /* > 0: query t (at position t + S - T) sees only the
+                       keys s with (t + S - T) - s < window, i.e. the last
+                       window positions, itself included (Mistral's and
+                       Gemma's sliding window); 0: no limit */
+    double softcap; /* > 0: each score (after scale) becomes
+                       softcap * tanh(score / softcap) before the softmax
+                       (Gemma 2); 0: none */
+} ts_attn_opts;
+ts_tensor *ts_attention_ex(ts_tensor *q, ts_tensor *k, ts_tensor *v,
+                           ts_tensor *mask, const ts_attn_opts *opts);
+/* ts_paged_attention with opts (causal is implied; window and softcap as
+ * above, positions counted within each sequence). */
+ts_tensor *ts_paged_attention_ex(ts_tensor *q, ts_tensor *k, ts_tensor *v,
+                                 ts_tensor *k_pool, ts_tensor *v_pool,
+                                 ts_tensor *meta, const ts_attn_opts *opts);
+
+/* ---- mixture of experts ------------------------------------------------- */
+
+/* Indices (i64) of the k largest entries along the last dim, largest
+ * first, ties to the lower index (torch.topk(x, k).indices); x (..., n)
+ * float, 1 <= k <= n -> (..., k). No gradient. */
+ts_tensor *ts_topk(ts_tensor *x, int64_t k);
+/* torch.gather(x, dim, index): out[i][j] = x[i][index[i][j]] along dim;
+ * index i32/i64 with x's dims (sizes <= x's except along dim). The
+ * gradient flows to x (scatter-added). */
+ts_tensor *ts_gather(ts_tensor *x, int dim, ts_tensor *index);
+/* idx (...) i32/i64 in [0, n) -> (...,  n) f32 of 0 and 1. No gradient. */
+ts_tensor *ts_one_hot(ts_tensor *idx, int64_t n);
+/* The MLP activations of the decoder families. */
+typedef enum { TS_ACT_SILU = 0, TS_ACT_GELU_TANH, TS_ACT_GELU } ts_act;
+/* A sparse mixture-of-experts MLP, tokens grouped by expert (each
+ * expert's rows gathered into one matrix product, not token by token):
+ *   out[n] = sum_j w[n, j] * down_e(act(gate_e x[n]) * (up_e x[n])),
+ *   e = idx[n, j]
+ * x (N, C) f32; idx (N, k) i32/i64 in [0, E); w (N, k) f32 routing
+ * weights; gate, up (E, F, C) and down (E, C, F), f32 or bf16 (read as
+ * f32). gate NULL: down_e(act(up_e x[n])). Gradients flow to x, w and
+ * the f32 weights. */
+ts_tensor *ts_moe_experts(ts_tensor *x, ts_tensor *idx, ts_tensor *w,
+                          ts_tensor *gate, ts_tensor *up, ts_tensor *down,
+                          ts_act act);
 typedef enum { TS_REDUCE_MEAN = 0, TS_REDUCE_SUM, TS_REDUCE_NONE } ts_reduction;
 /* Fused log-softmax + negative log-likelihood. logits (N, V) float,
  * targets (N) i32/i64; rows whose target == ignore_index count for nothing

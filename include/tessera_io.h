@@ -70,18 +70,52 @@ bool ts_file_is_gguf(const char *path);
 
 /* ---- config.json ------------------------------------------------------ */
 
+/* The causal LM families config.json may name (model_type, or the
+ * architectures entry). Each is one entry of config.c's family table: the
+ * fields it reads and its defaults, filling the description below. */
 typedef enum {
-    TS_ARCH_QWEN3 = 0,
-    TS_ARCH_QWEN2,
-    TS_ARCH_LLAMA,
-    TS_ARCH_GPT2
+    TS_ARCH_QWEN3 = 0, /* Qwen3ForCausalLM */
+    TS_ARCH_QWEN2,     /* Qwen2ForCausalLM */
+    TS_ARCH_LLAMA,     /* LlamaForCausalLM (Llama 1, 2, 3, 3.1, 3.2) */
+    TS_ARCH_GPT2,      /* GPT2LMHeadModel */
+    TS_ARCH_MISTRAL,   /* MistralForCausalLM */
+    TS_ARCH_GEMMA2,    /* Gemma2ForCausalLM */
+    TS_ARCH_GEMMA3,    /* Gemma3ForCausalLM (model_type gemma3_text) */
+    TS_ARCH_PHI3,      /* Phi3ForCausalLM */
+    TS_ARCH_QWEN3_MOE, /* Qwen3MoeForCausalLM */
+    TS_ARCH_MIXTRAL,   /* MixtralForCausalLM */
+    TS_ARCH_COUNT
 } ts_arch;
 
-/* A Hugging Face config.json read for one of the supported architectures,
- * with Hugging Face's defaults where a field may be absent. */
+/* Norms: RMSNorm x / rms(x) * w; Gemma's RMSNorm x / rms(x) * (1 + w);
+ * LayerNorm (x - mean) / std * w + b. */
+typedef enum { TS_NORM_RMS = 0, TS_NORM_RMS_1P, TS_NORM_LAYER } ts_norm_kind;
+/* Positions: rotary (rope_* below) or a learned table (GPT-2's wpe). */
+typedef enum { TS_POS_ROPE = 0, TS_POS_LEARNED } ts_pos_kind;
+/* rope_scaling's type: none ("default"), "linear" (positions / factor),
+ * "llama3" (Llama 3.1: long wavelengths / factor, a smooth blend),
+ * "longrope" (Phi-3: per-frequency short/long factors and an attention
+ * factor), "yarn" (NTK-by-parts with beta_fast/beta_slow, mscale). */
+typedef enum {
+    TS_ROPE_DEFAULT = 0,
+    TS_ROPE_LINEAR,
+    TS_ROPE_LLAMA3,
+    TS_ROPE_LONGROPE,
+    TS_ROPE_YARN
+} ts_rope_kind;
+
+#define TS_ROPE_MAX_FACTORS 512 /* longrope: one factor per frequency */
+#define TS_MAX_DENSE_LAYERS 64  /* mlp_only_layers entries */
+
+/* A Hugging Face config.json read for one of the supported families, with
+ * Hugging Face's defaults where a field may be absent: the sizes, and the
+ * description of the decoder that one code path (src/models/decoder.c)
+ * builds for every family. Filled by ts_config_load, or by hand from
+ * ts_model_config_preset. */
 typedef struct {
     ts_arch arch;
     char model_type[32];
+    /* sizes */
     int64_t vocab;         /* vocab_size */
     int64_t hidden;        /* hidden_size | n_embd */
     int64_t layers;        /* num_hidden_layers | n_layer */
@@ -91,17 +125,92 @@ typedef struct {
     int64_t intermediate;  /* intermediate_size | n_inner (GPT-2: 4 x hidden) */
     int64_t max_positions; /* max_position_embeddings | n_positions */
     double norm_eps;       /* rms_norm_eps | layer_norm_epsilon */
-    double rope_theta;     /* rope_theta (default 10000) */
+    /* norms */
+    ts_norm_kind norm;  /* every norm of the model */
+    bool sandwich_norm; /* Gemma 2/3: the attention and MLP outputs are
+                           normed too before the residual add (four norms
+                           a layer) */
+    /* positions */
+    ts_pos_kind pos;
+    double rope_theta; /* rope_theta (default 10000) */
+    ts_rope_kind rope;
+    double rope_factor; /* linear, llama3, yarn: factor */
+    double rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
+    int64_t rope_original_max_positions; /* llama3, longrope, yarn */
+    double rope_attention_factor; /* longrope, yarn: cos/sin scale (0: the
+                                     family's formula) */
+    double rope_beta_fast, rope_beta_slow; /* yarn (32, 1) */
+    int rope_n_factors;                    /* longrope: head_dim / 2 */
+    double rope_short_factor[TS_ROPE_MAX_FACTORS];
+    double rope_long_factor[TS_ROPE_MAX_FACTORS];
+    /* Gemma 3: sliding-window layers use the default rope with this base
+     * (rope_local_base_freq); 0: every layer uses rope_theta/rope */
+    double rope_local_theta;
+    /* attention */
+    bool qk_norm;        /* per-head norm of q and k (Qwen3, Gemma 3) */
+    bool attention_bias; /* q/k/v projections with biases (Qwen2, GPT-2) */
+    bool o_bias;         /* o_proj with a bias (GPT-2's c_proj) */
+    bool fused_qkv;      /* one q/k/v matrix (Phi-3's qkv_proj, GPT-2) */
+    double attn_scale;   /* 0: 1/sqrt(head_dim); Gemma: query_pre_attn_
+                            scalar^-0.5 */
+    double attn_softcap; /* 0: none; scores -> c * tanh(scores / c) */
+    /* sliding window: 0 none; else layer i attends to the last
+     * sliding_window positions (itself included) when i >= sliding_from
+     * and (sliding_pattern < 2 or (i + 1) % sliding_pattern != 0): every
+     * layer (Mistral, Phi-3, Mixtral), alternate ones (Gemma 2: pattern
+     * 2), five local to one global (Gemma 3: pattern 6) */
+    int64_t sliding_window;
+    int sliding_pattern;
+    int64_t sliding_from; /* Qwen2's max_window_layers */
+    /* MLP: act (hidden_act / hidden_activation / activation_function:
+     * silu; gelu_pytorch_tanh, gelu_new: tanh; gelu: erf); gated:
+     * act(gate(x)) * up(x) (SwiGLU, GeGLU), else act(up(x)) (GPT-2) */
+    ts_act act;
+    bool gated;         /* act(gate) * up; false: act(up) */
+    bool fused_gate_up; /* one (2F, C) matrix, gate rows first (Phi-3) */
+    bool mlp_bias;      /* up/down with biases (GPT-2's c_fc, c_proj) */
+    bool conv1d;        /* matrices stored (in, out): GPT-2's Conv1D */
+    /* mixture of experts: n_experts > 0 makes layer i's MLP a sparse one
+     * when (i + 1) % moe_step == 0 and i is not in dense_layers */
+    int64_t n_experts;       /* num_experts | num_local_experts */
+    int64_t experts_per_tok; /* num_experts_per_tok (top-k) */
+    int64_t moe_intermediate; /* moe_intermediate_size (Mixtral: intermediate) */
+    bool norm_topk_prob; /* top-k weights renormalized to sum 1 */
+    double router_aux_loss_coef; /* the load-balancing loss's weight */
+    int64_t moe_step;            /* decoder_sparse_step (1) */
+    int n_dense_layers;
+    int64_t dense_layers[TS_MAX_DENSE_LAYERS]; /* mlp_only_layers */
+    /* embeddings and head */
+    bool embed_scale; /* embeddings times sqrt(hidden) (Gemma) */
     bool tie_word_embeddings;
-    bool attention_bias; /* q/k/v biases (Qwen2: always; Llama: the field) */
-    bool qk_norm;        /* Qwen3 */
-    /* rope_scaling of type llama3 (Llama 3.1+) */
-    bool rope_llama3;
-    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
-    int64_t rope_original_max_positions;
+    double final_softcap; /* 0: none; logits -> c * tanh(logits / c) */
+    /* the rest */
     ts_dtype dtype;                     /* torch_dtype (default f32) */
     int64_t bos_token_id, eos_token_id; /* -1 when absent (first eos) */
 } ts_model_config;
+
+/* Whether layer i uses the sliding window / a mixture of experts. */
+static inline bool ts_model_layer_sliding(const ts_model_config *c,
+                                          int64_t i) {
+    return c->sliding_window > 0 && i >= c->sliding_from &&
+           (c->sliding_pattern < 2 || (i + 1) % c->sliding_pattern != 0);
+}
+static inline bool ts_model_layer_moe(const ts_model_config *c, int64_t i) {
+    if (c->n_experts <= 0 || c->moe_step < 1 || (i + 1) % c->moe_step)
+        return false;
+    for (int k = 0; k < c->n_dense_layers && k < TS_MAX_DENSE_LAYERS; k++)
+        if (c->dense_layers[k] == i)
+            return false;
+    return true;
+}
+
+/* A family's description with Hugging Face's defaults and no sizes (all
+ * zero: the caller sets vocab, hidden, layers, heads, kv_heads, head_dim,
+ * intermediate, max_positions, and the MoE sizes), for a model built by
+ * hand. model_type as config.json spells it ("qwen3", "gpt2",
+ * "gemma3_text", ...). An unknown one is an error listing the known. */
+ts_status ts_model_config_preset(ts_ctx *ctx, const char *model_type,
+                                 ts_model_config *out);
 
 /* Reads path (a config.json, or a folder holding one). An unsupported
  * model type is an error listing the supported ones; a missing or

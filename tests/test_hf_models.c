@@ -43,7 +43,7 @@ static void test_configs(ts_ctx *ctx) {
     CHECK_OK(ctx, ts_config_load(ctx, p, &c));
     CHECK(c.arch == TS_ARCH_LLAMA && c.hidden == 2048 && c.kv_heads == 8 &&
           c.head_dim == 64);
-    CHECK(c.rope_llama3 && c.rope_factor == 32.0 &&
+    CHECK(c.rope == TS_ROPE_LLAMA3 && c.rope_factor == 32.0 &&
           c.rope_original_max_positions == 8192);
     CHECK(c.rope_theta == 500000.0 && c.tie_word_embeddings &&
           c.dtype == TS_BF16);

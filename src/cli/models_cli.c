@@ -67,7 +67,7 @@ int tessera_info(int argc, char **argv) {
            (long long)c.max_positions);
     printf("tied embedding %s\nrope theta     %g%s\n",
            c.tie_word_embeddings ? "yes" : "no", c.rope_theta,
-           c.rope_llama3 ? " (llama3 scaling)" : "");
+           c.rope == TS_ROPE_LLAMA3 ? " (llama3 scaling)" : "");
     printf("parameters     %lld (%.1f M) in %d tensors\n", (long long)params,
            params / 1e6, ts_safetensors_count(st));
     printf("stored dtypes ");

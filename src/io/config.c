@@ -237,7 +237,7 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
             type = json_string_value(json_object_get(rs, "type"));
         if (type && !strcmp(type, "llama3")) {
             reader q = {ctx, file, rs, TS_OK};
-            out->rope_llama3 = true;
+            out->rope = TS_ROPE_LLAMA3;
             out->rope_factor = get_num(&q, "factor", 8.0);
             out->rope_low_freq_factor = get_num(&q, "low_freq_factor", 1.0);
             out->rope_high_freq_factor = get_num(&q, "high_freq_factor", 4.0);

@@ -24,7 +24,7 @@ ts_qwen3_config ts_decoder_config(const ts_model_config *mc) {
                              .max_positions = mc->max_positions,
                              .no_qk_norm = !mc->qk_norm,
                              .attention_bias = mc->attention_bias,
-                             .rope_llama3 = mc->rope_llama3,
+                             .rope_llama3 = mc->rope == TS_ROPE_LLAMA3,
                              .rope_factor = mc->rope_factor,
                              .rope_low_freq_factor = mc->rope_low_freq_factor,
                              .rope_high_freq_factor = mc->rope_high_freq_factor,
@@ -145,7 +145,7 @@ static ts_status load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out,
         return ts_set_error(ctx, TS_ERR_DTYPE,
                             "%s: weights can be kept in f32 or bf16, not %s",
                             dir, ts_dtype_name(weight_dtype));
-    if (mc.rope_llama3 &&
+    if (mc.rope == TS_ROPE_LLAMA3 &&
         !(mc.rope_factor > 0 && mc.rope_low_freq_factor > 0 &&
           mc.rope_high_freq_factor > mc.rope_low_freq_factor &&
           mc.rope_original_max_positions > 0))
