@@ -33,7 +33,9 @@ static ts_status review_checkpoint(ckpt_review *r, const ts_model_config *c,
         for (int64_t e = 0; e < p->parts && s == TS_OK; e++) {
             char name[DEC_NAME_LEN];
             dec_part_name(c, p, e, name, sizeof name);
-            s = ckpt_expect(r, find(r, name), name, stacked ? 2 : p->ndim,
+            int k = find(r, name); /* errors name the checkpoint's own */
+            s = ckpt_expect(r, k, k >= 0 ? ts_safetensors_name(r->st, k) : name,
+                            stacked ? 2 : p->ndim,
                             stacked ? p->shape + 1 : p->shape);
         }
     }
