@@ -13,7 +13,8 @@
  *   bench_compile [--steps N] [--small]
  *   TS_PASSES=-dce,-plan turns compiler passes off one by one. */
 #include "tessera.h"
-#include "tessera_nn.h"
+#include "tessera_models.h"
+#include "qwen3_06b.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +50,7 @@ typedef struct {
 /* One model, its optimizer and batch, in its own context and mode. */
 typedef struct {
     ts_ctx *ctx;
-    ts_qwen3_model *m;
+    ts_decoder *m;
     ts_adamw *opt;
     ts_tensor *ids, *targets;
     ts_mode mode;
@@ -58,17 +59,17 @@ typedef struct {
     result r;
 } runner;
 
-static void runner_init(runner *u, const ts_qwen3_config *cfg, int B, int T,
+static void runner_init(runner *u, const ts_model_config *cfg, int B, int T,
                         int steps, ts_mode mode, bool train) {
     memset(u, 0, sizeof *u);
     if (ts_ctx_new(&u->ctx, NULL) != TS_OK)
         exit(1);
-    if (ts_qwen3_new(u->ctx, cfg, 1, &u->m) != TS_OK)
+    if (ts_decoder_new(u->ctx, cfg, NULL, 1, &u->m) != TS_OK)
         die(u->ctx, "model");
     ts_adamw_options o = ts_adamw_default_options();
     o.lr = 1e-4;
-    if (train && ts_adamw_new(u->ctx, ts_qwen3_params(u->m),
-                              ts_qwen3_num_params(u->m), &o, &u->opt) != TS_OK)
+    if (train && ts_adamw_new(u->ctx, ts_decoder_params(u->m),
+                              ts_decoder_num_params(u->m), &o, &u->opt) != TS_OK)
         die(u->ctx, "adamw");
     int64_t shape[2] = {B, T};
     ts_tensor *ids =
@@ -93,12 +94,12 @@ static void runner_step(runner *u, int s) {
     /* gradients are dropped before the step starts, so both modes count
      * them as new memory of the step */
     if (u->train)
-        ts_zero_grads(ts_qwen3_params(u->m), ts_qwen3_num_params(u->m));
+        ts_zero_grads(ts_decoder_params(u->m), ts_decoder_num_params(u->m));
     ts_alloc_reset_peak(ctx);
     ts_alloc_get_stats(ctx, &before);
     double t0 = now(), loss = 0;
     if (u->train) {
-        ts_tensor *l = ts_qwen3_loss(u->m, u->ids, u->targets, NULL);
+        ts_tensor *l = ts_decoder_loss(u->m, u->ids, u->targets, NULL);
         if (!l || ts_backward(l, NULL) != TS_OK)
             die(ctx, "step");
         if (ts_adamw_step(u->opt) != TS_OK)
@@ -114,7 +115,7 @@ static void runner_step(runner *u, int s) {
             die(ctx, "loss");
         ts_release(lv);
     } else {
-        ts_tensor *lg = ts_qwen3_forward(u->m, u->ids, 0);
+        ts_tensor *lg = ts_decoder_forward(u->m, u->ids, 0);
         if (!lg || ts_sync(ctx) != TS_OK)
             die(ctx, "prefill");
         ts_release(lg);
@@ -132,8 +133,8 @@ static void runner_step(runner *u, int s) {
     u->r.graphs = cs.graphs_run - cs0.graphs_run;
     u->r.compiles = cs.compilations;
     u->r.grad_bytes = 0;
-    for (int i = 0; u->train && i < ts_qwen3_num_params(u->m); i++) {
-        ts_tensor *g = ts_grad(ts_qwen3_param(u->m, i));
+    for (int i = 0; u->train && i < ts_decoder_num_params(u->m); i++) {
+        ts_tensor *g = ts_grad(ts_decoder_param(u->m, i));
         if (g)
             u->r.grad_bytes += (size_t)ts_tensor_numel(g) * 4;
     }
@@ -146,14 +147,14 @@ static result runner_done(runner *u, int steps) {
     free(u->times);
     ts_release(u->ids), ts_release(u->targets);
     ts_adamw_free(u->opt);
-    ts_qwen3_free(u->m);
+    ts_decoder_free(u->m);
     ts_ctx_free(u->ctx);
     return u->r;
 }
 
 /* Eager and compiled side by side: their steps alternate, so both see the
  * same machine load. */
-static void run_pair(const ts_qwen3_config *cfg, int B, int T, int steps,
+static void run_pair(const ts_model_config *cfg, int B, int T, int steps,
                      bool train, result *e, result *c) {
     runner ue, uc;
     runner_init(&ue, cfg, B, T, steps, TS_MODE_EAGER, train);
@@ -205,17 +206,11 @@ int main(int argc, char **argv) {
     }
     if (steps < 1)
         steps = 1;
-    ts_qwen3_config cfg = {.vocab = 32000,
-                           .hidden = 512,
-                           .layers = 8,
-                           .heads = 8,
-                           .kv_heads = 4,
-                           .head_dim = 64,
-                           .intermediate = 1536,
-                           .rms_eps = 1e-6,
-                           .rope_theta = 1e6,
-                           .tie_word_embeddings = false,
-                           .max_positions = 4096};
+    ts_model_config cfg = bench_preset("qwen3");
+    cfg.vocab = 32000, cfg.hidden = 512, cfg.layers = 8, cfg.heads = 8;
+    cfg.kv_heads = 4, cfg.head_dim = 64, cfg.intermediate = 1536;
+    cfg.norm_eps = 1e-6, cfg.rope_theta = 1e6;
+    cfg.tie_word_embeddings = false, cfg.max_positions = 4096;
     int B = 8, T = 256, P = 512;
     if (small) {
         cfg.vocab = 1000, cfg.hidden = 128, cfg.layers = 2,

@@ -4,11 +4,13 @@
  * prefill of 512 tokens and decode of 128 tokens through the KV cache, in
  * tokens/s at the context's threads, resident memory, and the bandwidth
  * decoding achieves reading the weights against a memcpy of the same size
- * measured in the same run.
- *   bench_decode [--f32] [--prefill N] [--decode N] [--small] */
+ * measured in the same run. With --moe: a Qwen3-MoE-shaped model (8
+ * experts, top 2) against the dense model with the same active
+ * parameters (its MLP as wide as two experts), side by side.
+ *   bench_decode [--f32] [--prefill N] [--decode N] [--small] [--moe] */
 #include "core/core.h"
 #include "tessera.h"
-#include "tessera_nn.h"
+#include "tessera_models.h"
 
 #include "qwen3_06b.h"
 #include <immintrin.h>
@@ -73,25 +75,119 @@ static long rss_mib(void) {
     return kb / 1024;
 }
 
+/* prefill of P tokens then G decode steps of a model made from cfg;
+ * tokens/s of each (best of reps) */
+static int time_model(ts_ctx *ctx, const ts_model_config *cfg, int P, int G,
+                      int reps, double *prefill_tps, double *decode_tps) {
+    ts_decoder_options o = {.weight_dtype = TS_BF16};
+    ts_decoder *m;
+    ts_decoder_cache *kc;
+    if (ts_decoder_new(ctx, cfg, &o, 1, &m) != TS_OK ||
+        ts_decoder_cache_new(m, 1, P + G, &kc) != TS_OK) {
+        fprintf(stderr, "bench_decode: %s\n", ts_errmsg(ctx));
+        return 1;
+    }
+    for (int i = 0; i < ts_decoder_num_params(m); i++)
+        ts_set_requires_grad(ts_decoder_param(m, i), false);
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)P);
+    for (int i = 0; i < P; i++)
+        ids[i] = (i * 7919) % cfg->vocab;
+    int64_t shape[2] = {1, P}, one[2] = {1, 1};
+    *prefill_tps = *decode_tps = 0;
+    for (int r = 0; r < reps + 1; r++) { /* the first is a warm-up */
+        ts_decoder_cache_reset(kc);
+        ts_tensor *in = ts_from_data(ctx, TS_I64, 2, shape, ids);
+        double a = now();
+        ts_tensor *l = ts_decoder_forward_cached_last(m, kc, in);
+        double pf = now() - a;
+        ts_release(in), ts_release(l);
+        int64_t tok = 1;
+        a = now();
+        for (int g = 0; g < G; g++) {
+            ts_tensor *t = ts_from_data(ctx, TS_I64, 2, one, &tok);
+            ts_tensor *lg = ts_decoder_forward_cached_last(m, kc, t);
+            ts_tensor *best = ts_argmax(lg, -1, false);
+            double v = 0;
+            ts_item(best, &v);
+            tok = (int64_t)v;
+            ts_release(t), ts_release(lg), ts_release(best);
+        }
+        double dc = now() - a;
+        if (r > 0 && P / pf > *prefill_tps)
+            *prefill_tps = P / pf;
+        if (r > 0 && G / dc > *decode_tps)
+            *decode_tps = G / dc;
+    }
+    free(ids);
+    ts_decoder_cache_free(kc);
+    ts_decoder_free(m);
+    return 0;
+}
+
+/* --moe: the sparse model and its dense twin, alternately */
+static int bench_moe(bool small, int P, int G) {
+    ts_ctx *ctx;
+    if (ts_ctx_new(&ctx, NULL) != TS_OK)
+        return 1;
+    ts_set_grad_enabled(ctx, false);
+    ts_model_config moe = bench_preset("qwen3_moe");
+    moe.vocab = 32000, moe.hidden = 1024, moe.layers = small ? 2 : 8;
+    moe.heads = 16, moe.kv_heads = 8, moe.head_dim = 128;
+    moe.max_positions = 4096, moe.norm_eps = 1e-6, moe.rope_theta = 1e6;
+    moe.n_experts = 8, moe.experts_per_tok = 2, moe.moe_intermediate = 768;
+    moe.intermediate = 3072, moe.moe_step = 1, moe.norm_topk_prob = true;
+    ts_model_config dense = bench_preset("qwen3");
+    dense.vocab = moe.vocab, dense.hidden = moe.hidden;
+    dense.layers = moe.layers, dense.heads = moe.heads;
+    dense.kv_heads = moe.kv_heads, dense.head_dim = moe.head_dim;
+    dense.max_positions = moe.max_positions, dense.norm_eps = moe.norm_eps;
+    dense.rope_theta = moe.rope_theta;
+    dense.intermediate = moe.experts_per_tok * moe.moe_intermediate;
+    printf("MoE: hidden %lld, %lld layers, %lld experts of %lld, top %lld, "
+           "bf16 weights; dense twin: MLP %lld (the same active "
+           "parameters); %d threads\n",
+           (long long)moe.hidden, (long long)moe.layers,
+           (long long)moe.n_experts, (long long)moe.moe_intermediate,
+           (long long)moe.experts_per_tok, (long long)dense.intermediate,
+           ts_get_num_threads(ctx));
+    double mp = 0, md = 0, dp = 0, dd = 0;
+    if (time_model(ctx, &moe, P, G, 2, &mp, &md) ||
+        time_model(ctx, &dense, P, G, 2, &dp, &dd))
+        return 1;
+    printf("prefill %d tokens: MoE %.1f tokens/s, dense %.1f tokens/s: "
+           "ratio %.2f\n",
+           P, mp, dp, mp / dp);
+    printf("decode %d tokens: MoE %.2f tokens/s, dense %.2f tokens/s: ratio "
+           "%.2f\n",
+           G, md, dd, md / dd);
+    ts_ctx_free(ctx);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    bool f32 = false, small = false;
+    bool f32 = false, small = false, moe = false;
     int P = 512, G = 128;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--f32"))
             f32 = true;
         else if (!strcmp(argv[i], "--small"))
             small = true;
+        else if (!strcmp(argv[i], "--moe"))
+            moe = true;
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc)
             P = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc)
             G = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_decode [--f32] [--prefill N] "
-                            "[--decode N] [--small]\n");
+                            "[--decode N] [--small] [--moe]\n");
             return 2;
         }
     }
-    ts_qwen3_config cfg = qwen3_06b(f32 ? TS_F32 : TS_BF16, small);
+    if (moe)
+        return bench_moe(small, small ? 32 : P, small ? 8 : G / 2);
+    ts_model_config cfg = qwen3_06b(small);
+    ts_decoder_options dopt = {.weight_dtype = f32 ? TS_F32 : TS_BF16};
     if (small)
         P = 64, G = 16;
     ts_ctx *ctx;
@@ -99,14 +195,14 @@ int main(int argc, char **argv) {
         return 1;
     ts_set_grad_enabled(ctx, false);
     double t0 = now();
-    ts_qwen3_model *m;
-    if (ts_qwen3_new(ctx, &cfg, 1, &m) != TS_OK) {
+    ts_decoder *m;
+    if (ts_decoder_new(ctx, &cfg, &dopt, 1, &m) != TS_OK) {
         fprintf(stderr, "bench_decode: %s\n", ts_errmsg(ctx));
         return 1;
     }
     int64_t wbytes = 0, params = 0;
-    for (int i = 0; i < ts_qwen3_num_params(m); i++) {
-        ts_tensor *p = ts_qwen3_param(m, i);
+    for (int i = 0; i < ts_decoder_num_params(m); i++) {
+        ts_tensor *p = ts_decoder_param(m, i);
         ts_set_requires_grad(p, false);
         params += ts_tensor_numel(p);
         wbytes +=
@@ -122,8 +218,8 @@ int main(int argc, char **argv) {
            "built in %.1f s\n",
            small ? " (small)" : "", params / 1e6, wbytes / 1048576.0,
            f32 ? "f32" : "bf16", ts_get_num_threads(ctx), now() - t0);
-    ts_qwen3_cache *kc;
-    if (ts_qwen3_cache_new(m, 1, P + G, &kc) != TS_OK)
+    ts_decoder_cache *kc;
+    if (ts_decoder_cache_new(m, 1, P + G, &kc) != TS_OK)
         return 1;
     int64_t *ids = malloc(sizeof(int64_t) * (size_t)P);
     for (int i = 0; i < P; i++)
@@ -133,12 +229,12 @@ int main(int argc, char **argv) {
     /* a warm-up prefill first (as llama-bench does): the cold one also
      * pays the first touch of every activation buffer */
     double a = now();
-    ts_tensor *logits = ts_qwen3_forward_cached_last(m, kc, in);
+    ts_tensor *logits = ts_decoder_forward_cached_last(m, kc, in);
     double cold = now() - a;
     ts_release(logits);
-    ts_qwen3_cache_reset(kc);
+    ts_decoder_cache_reset(kc);
     a = now();
-    logits = ts_qwen3_forward_cached_last(m, kc, in); /* as generation does */
+    logits = ts_decoder_forward_cached_last(m, kc, in); /* as generation does */
     double prefill = now() - a;
     if (!logits) {
         fprintf(stderr, "bench_decode: %s\n", ts_errmsg(ctx));
@@ -150,7 +246,7 @@ int main(int argc, char **argv) {
     a = now();
     for (int g = 0; g < G; g++) {
         ts_tensor *t = ts_from_data(ctx, TS_I64, 2, one, &tok);
-        ts_tensor *l = ts_qwen3_forward_cached_last(m, kc, t);
+        ts_tensor *l = ts_decoder_forward_cached_last(m, kc, t);
         ts_tensor *best = ts_argmax(l, -1, false);
         double v = 0;
         ts_item(best, &v);
@@ -202,8 +298,8 @@ int main(int argc, char **argv) {
            "prefill and decode\n",
            rss_model, rss_run);
     free(src), free(dst), free(ids);
-    ts_qwen3_cache_free(kc);
-    ts_qwen3_free(m);
+    ts_decoder_cache_free(kc);
+    ts_decoder_free(m);
     ts_ctx_free(ctx);
     return 0;
 }

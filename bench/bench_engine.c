@@ -102,14 +102,15 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    ts_qwen3_config cfg = qwen3_06b(TS_BF16, small);
+    ts_model_config cfg = qwen3_06b(small);
+    ts_decoder_options dopt = {.weight_dtype = TS_BF16};
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
     ts_set_grad_enabled(ctx, false);
-    ts_qwen3_model *m;
+    ts_decoder *m;
     double t0 = now();
-    if (ts_qwen3_new(ctx, &cfg, 1, &m) != TS_OK)
+    if (ts_decoder_new(ctx, &cfg, &dopt, 1, &m) != TS_OK)
         return die(ctx);
     printf("Qwen3-0.6B architecture%s, bf16 weights, %d threads, built in "
            "%.1f s\n",
@@ -151,7 +152,7 @@ int main(int argc, char **argv) {
            best / cold);
     /* the batched-decode kernel alone: the LM head (vocab x 1024, bf16)
      * against R activation rows */
-    ts_tensor *head = ts_qwen3_find_param(m, "model.embed_tokens.weight");
+    ts_tensor *head = ts_decoder_find_param(m, "model.embed_tokens.weight");
     ts_tensor *ht = ts_transpose(head, 0, 1);
     for (int64_t R = 1; R <= 16; R *= 2) {
         int64_t xs[2] = {R, cfg.hidden};
@@ -189,7 +190,7 @@ int main(int argc, char **argv) {
            (long long)st.steps, (long long)st.batch_tokens,
            (long long)st.prefix_hit_tokens, (long long)st.prompt_tokens);
     ts_engine_free(e);
-    ts_qwen3_free(m);
+    ts_decoder_free(m);
     ts_ctx_free(ctx);
     return 0;
 }

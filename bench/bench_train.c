@@ -26,6 +26,7 @@
 #include "core/core.h"
 #include "tessera.h"
 #include "tessera_models.h"
+#include "qwen3_06b.h"
 #include "tessera_nn.h"
 #include "tessera_train.h"
 
@@ -78,41 +79,34 @@ typedef struct {
     model_kind kind;
     int64_t B, T;
     ts_model_config gpt2;  /* GPT2 */
-    ts_qwen3_config qwen3; /* QWEN3 */
+    ts_model_config qwen3; /* QWEN3 */
 } bench_model;
 
 static bench_model gpt2_model(bool small) {
     bench_model b = {.kind = GPT2, .B = 4, .T = 64};
     ts_model_config *c = &b.gpt2;
-    c->arch = TS_ARCH_GPT2;
-    snprintf(c->model_type, sizeof c->model_type, "gpt2");
+    *c = bench_preset("gpt2");
     c->vocab = 50257, c->hidden = 768, c->layers = 12, c->heads = 12;
     c->max_positions = 1024, c->norm_eps = 1e-5;
     if (small) /* train_torch.py's GPT2_SMALL */
         c->vocab = 512, c->hidden = 64, c->layers = 2, c->heads = 4,
         c->max_positions = 64, b.B = 2, b.T = 32;
     c->kv_heads = c->heads, c->head_dim = c->hidden / c->heads;
-    c->intermediate = 4 * c->hidden, c->tie_word_embeddings = true;
-    c->attention_bias = true, c->bos_token_id = c->eos_token_id = -1;
+    c->intermediate = 4 * c->hidden;
     return b;
 }
 
 /* bench_compile.c's model (train_torch.py's QWEN3) */
 static bench_model qwen3_model(bool small) {
     bench_model b = {.kind = QWEN3, .B = 8, .T = 256};
-    b.qwen3 = (ts_qwen3_config){.vocab = 32000,
-                                .hidden = 512,
-                                .layers = 8,
-                                .heads = 8,
-                                .kv_heads = 4,
-                                .head_dim = 64,
-                                .intermediate = 1536,
-                                .rms_eps = 1e-6,
-                                .rope_theta = 1e6,
-                                .tie_word_embeddings = false,
-                                .max_positions = 4096};
+    ts_model_config *q = &b.qwen3;
+    *q = bench_preset("qwen3");
+    q->vocab = 32000, q->hidden = 512, q->layers = 8, q->heads = 8;
+    q->kv_heads = 4, q->head_dim = 64, q->intermediate = 1536;
+    q->norm_eps = 1e-6, q->rope_theta = 1e6;
+    q->tie_word_embeddings = false, q->max_positions = 4096;
     if (small) { /* train_torch.py's QWEN3_SMALL */
-        ts_qwen3_config *c = &b.qwen3;
+        ts_model_config *c = &b.qwen3;
         c->vocab = 1000, c->hidden = 128, c->layers = 2, c->heads = 4;
         c->kv_heads = 2, c->head_dim = 32, c->intermediate = 384;
         b.B = 2, b.T = 32;
@@ -137,7 +131,7 @@ static double flops_per_token(const bench_model *b, bool with_head) {
                         (C * F + F) + (F * C + C);
         n = L * layer + 2 * C + (with_head ? V * C : 0);
     } else {
-        const ts_qwen3_config *c = &b->qwen3;
+        const ts_model_config *c = &b->qwen3;
         L = c->layers, H = c->heads, D = c->head_dim, V = c->vocab;
         C = c->hidden, F = c->intermediate;
         int64_t layer =
@@ -152,8 +146,7 @@ static double flops_per_token(const bench_model *b, bool with_head) {
 typedef struct {
     const bench_model *b;
     ts_ctx *ctx;
-    ts_gpt2_model *g;
-    ts_qwen3_model *q;
+    ts_decoder *q;
     ts_adamw *opt;
     ts_tensor *const *params;
     int n_params;
@@ -185,12 +178,12 @@ static void trainer_init(trainer *t, const bench_model *b, ts_mode mode,
     ts_ctx_options co = {.num_threads = g_threads};
     if (ts_ctx_new(&t->ctx, &co) != TS_OK)
         die(NULL, "context");
-    ts_status s = b->kind == GPT2 ? ts_gpt2_new(t->ctx, &b->gpt2, 1, &t->g)
-                                  : ts_qwen3_new(t->ctx, &b->qwen3, 1, &t->q);
+    ts_status s = ts_decoder_new(
+        t->ctx, b->kind == GPT2 ? &b->gpt2 : &b->qwen3, NULL, 1, &t->q);
     if (s != TS_OK)
         die(t->ctx, "model");
-    t->params = t->g ? ts_gpt2_params(t->g) : ts_qwen3_params(t->q);
-    t->n_params = t->g ? ts_gpt2_num_params(t->g) : ts_qwen3_num_params(t->q);
+    t->params = ts_decoder_params(t->q);
+    t->n_params = ts_decoder_num_params(t->q);
     ts_adamw_options o = {.lr = LR,
                           .beta1 = 0.9,
                           .beta2 = 0.95,
@@ -210,8 +203,7 @@ static void trainer_init(trainer *t, const bench_model *b, ts_mode mode,
 }
 
 static ts_tensor *model_loss(trainer *t, ts_tensor *ids, ts_tensor *tg) {
-    return t->g ? ts_gpt2_loss(t->g, ids, tg, NULL)
-                : ts_qwen3_loss(t->q, ids, tg, NULL);
+    return ts_decoder_loss(t->q, ids, tg, NULL);
 }
 
 /* train.c's train_step on a random batch; its time in seconds. In eager
@@ -258,8 +250,7 @@ static void trainer_free(trainer *t) {
     for (int k = 0; k < 4; k++)
         free(t->phase[k]);
     ts_adamw_free(t->opt);
-    ts_gpt2_free(t->g);
-    ts_qwen3_free(t->q);
+    ts_decoder_free(t->q);
     ts_ctx_free(t->ctx); /* TS_PROFILE=1 prints its kernel times here */
 }
 
@@ -523,11 +514,11 @@ static void check_mode(const char *dir, ts_mode mode, const char *mname) {
     ts_ctx_options co = {.num_threads = 2};
     if (ts_ctx_new(&ctx, &co) != TS_OK)
         die(NULL, "context");
-    ts_gpt2_model *m;
-    if (ts_gpt2_load(ctx, dir, &m) != TS_OK)
+    ts_decoder *m;
+    if (ts_decoder_load(ctx, dir, &m) != TS_OK)
         die(ctx, dir);
-    ts_tensor *const *params = ts_gpt2_params(m);
-    int n = ts_gpt2_num_params(m);
+    ts_tensor *const *params = ts_decoder_params(m);
+    int n = ts_decoder_num_params(m);
     for (int i = 0; i < n; i++)
         ts_set_requires_grad(params[i], true);
     char path[4200];
@@ -553,7 +544,7 @@ static void check_mode(const char *dir, ts_mode mode, const char *mname) {
     ts_set_mode(ctx, mode);
     ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, BT, buf);
     ts_tensor *tg = ts_from_data(ctx, TS_I64, 2, BT, buf + k);
-    ts_tensor *l = ts_gpt2_loss(m, ids, tg, NULL);
+    ts_tensor *l = ts_decoder_loss(m, ids, tg, NULL);
     double loss, gnorm, loss2;
     if (!l || ts_backward(l, NULL) != TS_OK || ts_item(l, &loss) != TS_OK)
         die(ctx, "step");
@@ -565,7 +556,7 @@ static void check_mode(const char *dir, ts_mode mode, const char *mname) {
     if (!names || !grads)
         die(NULL, "out of memory");
     for (int i = 0; i < n; i++)
-        names[i] = ts_gpt2_param_name(m, i), grads[i] = ts_grad(params[i]);
+        names[i] = ts_decoder_param_name(m, i), grads[i] = ts_grad(params[i]);
     snprintf(path, sizeof path, "%s/grads_%s.safetensors", dir, mname);
     if (ts_safetensors_save(ctx, path, n, names, grads, 0, NULL) != TS_OK)
         die(ctx, path);
@@ -575,19 +566,19 @@ static void check_mode(const char *dir, ts_mode mode, const char *mname) {
         int64_t cnt = g ? ts_tensor_numel(g) : 0;
         float *h = malloc(sizeof(float) * (size_t)(cnt ? cnt : 1));
         if (!g || !h || ts_tensor_read(g, h, TS_F32) != TS_OK)
-            die(ctx, ts_gpt2_param_name(m, i));
+            die(ctx, ts_decoder_param_name(m, i));
         double ss = 0;
         for (int64_t j = 0; j < cnt; j++)
             ss += (double)h[j] * h[j];
         free(h);
-        printf("%s grad %s %.9g\n", mname, ts_gpt2_param_name(m, i), sqrt(ss));
+        printf("%s grad %s %.9g\n", mname, ts_decoder_param_name(m, i), sqrt(ss));
     }
     if (ts_adamw_step_clipped(opt, CLIP, &gnorm) != TS_OK ||
         ts_sync(ctx) != TS_OK)
         die(ctx, "clip/adamw");
     printf("%s gnorm %.9g\n", mname, gnorm);
     bool old = ts_set_grad_enabled(ctx, false);
-    l = ts_gpt2_loss(m, ids, tg, NULL);
+    l = ts_decoder_loss(m, ids, tg, NULL);
     if (!l || ts_item(l, &loss2) != TS_OK)
         die(ctx, "loss after the step");
     ts_set_grad_enabled(ctx, old);
@@ -595,7 +586,7 @@ static void check_mode(const char *dir, ts_mode mode, const char *mname) {
     ts_release(l), ts_release(ids), ts_release(tg);
     free(buf);
     ts_adamw_free(opt);
-    ts_gpt2_free(m);
+    ts_decoder_free(m);
     ts_ctx_free(ctx);
 }
 

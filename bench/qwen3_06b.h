@@ -5,22 +5,32 @@
 #ifndef TS_BENCH_QWEN3_06B_H
 #define TS_BENCH_QWEN3_06B_H
 
-#include "tessera_nn.h"
+#include "tessera_models.h"
 
-static inline ts_qwen3_config qwen3_06b(ts_dtype weight_dtype, bool small) {
-    ts_qwen3_config cfg = {.vocab = small ? 4096 : 151936,
-                           .hidden = 1024,
-                           .layers = small ? 2 : 28,
-                           .heads = 16,
-                           .kv_heads = 8,
-                           .head_dim = 128,
-                           .intermediate = 3072,
-                           .rms_eps = 1e-6,
-                           .rope_theta = 1e6,
-                           .tie_word_embeddings = true,
-                           .max_positions = 40960,
-                           .weight_dtype = weight_dtype};
-    return cfg;
+#include <stdio.h>
+#include <stdlib.h>
+
+/* a family's description (ts_model_config_preset), sizes to be set */
+static inline ts_model_config bench_preset(const char *model_type) {
+    ts_model_config c;
+    ts_ctx *ctx = NULL;
+    if (ts_ctx_new(&ctx, NULL) != TS_OK ||
+        ts_model_config_preset(ctx, model_type, &c) != TS_OK) {
+        fprintf(stderr, "%s: %s\n", model_type, ctx ? ts_errmsg(ctx) : "?");
+        exit(1);
+    }
+    ts_ctx_free(ctx);
+    return c;
+}
+
+static inline ts_model_config qwen3_06b(bool small) {
+    ts_model_config c = bench_preset("qwen3");
+    c.vocab = small ? 4096 : 151936, c.hidden = 1024;
+    c.layers = small ? 2 : 28, c.heads = 16, c.kv_heads = 8;
+    c.head_dim = 128, c.intermediate = 3072, c.norm_eps = 1e-6;
+    c.rope_theta = 1e6, c.tie_word_embeddings = true;
+    c.max_positions = 40960;
+    return c;
 }
 
 #endif

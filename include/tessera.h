@@ -401,7 +401,8 @@ ts_status ts_rope_tables(ts_ctx *ctx, int64_t T, int64_t D, double theta,
  * q (B, H, T, D); k, v (B, KV, S, D) with H % KV == 0 (grouped-query).
  * mask: NULL or additive, broadcastable to (B, H, T, S).
  * causal: query t sees keys s <= t + (S - T) (the queries are the last T).
- * scale: <= 0 means 1/sqrt(D). No gradient flows to mask. */
+ * scale: <= 0 means 1/sqrt(D). No gradient flows to mask. The same as
+ * ts_attention_ex with {causal, scale} and no window or softcap. */
 ts_tensor *ts_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
                         ts_tensor *mask, bool causal, double scale);
 /* Attention over a paged KV cache, for serving: q (1, H, N, D) and the new
@@ -415,22 +416,34 @@ ts_tensor *ts_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
 ts_tensor *ts_paged_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
                               ts_tensor *k_pool, ts_tensor *v_pool,
                               ts_tensor *meta, double scale);
-/* ts_attention with the options decoder families need. */
+/* ts_attention with the options decoder families need; opts NULL: all
+ * zero (not causal, scale 1/sqrt(D), no window, no softcap). Shapes, mask
+ * and gradients as ts_attention's; the backward includes the softcap's
+ * derivative. Key blocks that a query block cannot see (the causal future,
+ * the positions before the window) are skipped, not computed and masked.
+ * A negative window, a negative or non-finite softcap, or a non-finite
+ * scale is TS_ERR_RANGE. */
 typedef struct {
-    bool causal;   /* as ts_attention's */
-    double scale;  /* <= 0: 1/sqrt(D) */
-    int64_t window; /* > 0: query t (at position t + S - T) sees only the
-                       keys s with (t + S - T) - s < window, i.e. the last
-                       window positions, itself included (Mistral's and
-                       Gemma's sliding window); 0: no limit */
+    bool causal;    /* as ts_attention's */
+    double scale;   /* <= 0: 1/sqrt(D) */
+    int64_t window; /* > 0: query t (at position p = t + S - T) sees only
+                       the keys s with p - s < window, i.e. the last window
+                       positions, itself included (Mistral's and Gemma's
+                       sliding window, Hugging Face's kv_idx > q_idx -
+                       sliding_window); with causal off the keys after p
+                       stay visible; 0: no limit */
     double softcap; /* > 0: each score (after scale) becomes
-                       softcap * tanh(score / softcap) before the softmax
-                       (Gemma 2); 0: none */
+                       softcap * tanh(score / softcap) before the mask and
+                       the softmax (Gemma 2's attn_logit_softcapping); 0:
+                       none */
 } ts_attn_opts;
 ts_tensor *ts_attention_ex(ts_tensor *q, ts_tensor *k, ts_tensor *v,
                            ts_tensor *mask, const ts_attn_opts *opts);
-/* ts_paged_attention with opts (causal is implied; window and softcap as
- * above, positions counted within each sequence). */
+/* ts_paged_attention with opts (causal is implied, opts->causal is not
+ * read; window and softcap as above, positions counted within each
+ * sequence: token i of a sequence with ctx_len cached positions sits at
+ * ctx_len + i); opts NULL: defaults. ts_paged_attention(..., scale) is
+ * this with {.scale = scale}. */
 ts_tensor *ts_paged_attention_ex(ts_tensor *q, ts_tensor *k, ts_tensor *v,
                                  ts_tensor *k_pool, ts_tensor *v_pool,
                                  ts_tensor *meta, const ts_attn_opts *opts);
@@ -441,11 +454,14 @@ ts_tensor *ts_paged_attention_ex(ts_tensor *q, ts_tensor *k, ts_tensor *v,
  * first, ties to the lower index (torch.topk(x, k).indices); x (..., n)
  * float, 1 <= k <= n -> (..., k). No gradient. */
 ts_tensor *ts_topk(ts_tensor *x, int64_t k);
-/* torch.gather(x, dim, index): out[i][j] = x[i][index[i][j]] along dim;
- * index i32/i64 with x's dims (sizes <= x's except along dim). The
- * gradient flows to x (scatter-added). */
+/* torch.gather(x, dim, index): out[i][j] = x[i][index[i][j]] along dim
+ * (dim 1 of a matrix here); x any dtype, index i32/i64 with x's number of
+ * dims and sizes <= x's except along dim -> index's shape, x's dtype. An
+ * index outside [0, x.shape[dim]) is TS_ERR_RANGE naming it (in compiled
+ * mode when the graph runs). The gradient flows to x (scatter-added). */
 ts_tensor *ts_gather(ts_tensor *x, int dim, ts_tensor *index);
-/* idx (...) i32/i64 in [0, n) -> (...,  n) f32 of 0 and 1. No gradient. */
+/* idx (...) i32/i64 in [0, n) -> (..., n) f32 of 0 and 1; n >= 1. An
+ * index outside is TS_ERR_RANGE. No gradient. */
 ts_tensor *ts_one_hot(ts_tensor *idx, int64_t n);
 /* The MLP activations of the decoder families. */
 typedef enum { TS_ACT_SILU = 0, TS_ACT_GELU_TANH, TS_ACT_GELU } ts_act;
@@ -453,10 +469,15 @@ typedef enum { TS_ACT_SILU = 0, TS_ACT_GELU_TANH, TS_ACT_GELU } ts_act;
  * expert's rows gathered into one matrix product, not token by token):
  *   out[n] = sum_j w[n, j] * down_e(act(gate_e x[n]) * (up_e x[n])),
  *   e = idx[n, j]
- * x (N, C) f32; idx (N, k) i32/i64 in [0, E); w (N, k) f32 routing
- * weights; gate, up (E, F, C) and down (E, C, F), f32 or bf16 (read as
- * f32). gate NULL: down_e(act(up_e x[n])). Gradients flow to x, w and
- * the f32 weights. */
+ * x (N, C) f32; idx (N, k) i32/i64 in [0, E), or -1 for a slot that
+ * routes nowhere (it adds nothing); w (N, k) f32 routing weights; gate,
+ * up (E, F, C) and down (E, C, F), each f32 or bf16 (read as f32).
+ * gate NULL: down_e(act(up_e x[n])). The activation is computed as
+ * ts_silu / ts_gelu compute it. The k terms of a token are added in j
+ * order: results do not depend on the thread count. Gradients flow to x,
+ * w and the f32 weights (none to bf16 weights or idx). An idx entry
+ * outside [-1, E) is TS_ERR_RANGE naming it (in compiled mode when the
+ * graph runs). */
 ts_tensor *ts_moe_experts(ts_tensor *x, ts_tensor *idx, ts_tensor *w,
                           ts_tensor *gate, ts_tensor *up, ts_tensor *down,
                           ts_act act);

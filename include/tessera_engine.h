@@ -6,7 +6,7 @@
 #define TESSERA_ENGINE_H
 
 #include "tessera.h"
-#include "tessera_nn.h"
+#include "tessera_models.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -119,7 +119,7 @@ typedef struct {
 typedef struct ts_engine ts_engine;
 /* The engine serves one decoder (qwen3, qwen2, llama); its KV pool is
  * allocated here, beside each layer. */
-ts_status ts_engine_new(ts_ctx *ctx, ts_qwen3_model *m,
+ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
                         const ts_engine_options *opt, ts_engine **out);
 void ts_engine_free(ts_engine *e);
 /* end-of-sequence ids (generation_config's), unless a request ignores them */
@@ -145,7 +145,7 @@ size_t ts_engine_drain_events(ts_engine *e, ts_kv_event *out, size_t cap);
 
 /* ---- KV transfer (prefill on one server, decode on another) ----
  * A block travels as its tokens and ts_engine_block_bytes of K and V (per
- * layer K then V, f32, as ts_qwen3_kv_pool_copy_block). */
+ * layer K then V, f32, as ts_kv_pool_copy_block). */
 int64_t ts_engine_block_size(const ts_engine *e);
 int64_t ts_engine_block_bytes(const ts_engine *e);
 /* Copies the K/V of the longest cached run of tokens' full blocks (at most

@@ -70,9 +70,11 @@ bool ts_file_is_gguf(const char *path);
 
 /* ---- config.json ------------------------------------------------------ */
 
-/* The causal LM families config.json may name (model_type, or the
- * architectures entry). Each is one entry of config.c's family table: the
- * fields it reads and its defaults, filling the description below. */
+/* The causal LM families config.json may name (model_type, or without
+ * one the architectures entry). Each is one entry of config.c's family
+ * table: the fields it reads, Hugging Face's defaults, which are required,
+ * and the description values no field sets. A "gemma3" config
+ * (Gemma3ForConditionalGeneration) is read through its text_config. */
 typedef enum {
     TS_ARCH_QWEN3 = 0, /* Qwen3ForCausalLM */
     TS_ARCH_QWEN2,     /* Qwen2ForCausalLM */
@@ -80,7 +82,8 @@ typedef enum {
     TS_ARCH_GPT2,      /* GPT2LMHeadModel */
     TS_ARCH_MISTRAL,   /* MistralForCausalLM */
     TS_ARCH_GEMMA2,    /* Gemma2ForCausalLM */
-    TS_ARCH_GEMMA3,    /* Gemma3ForCausalLM (model_type gemma3_text) */
+    TS_ARCH_GEMMA3,    /* Gemma3ForCausalLM (model_type gemma3_text; or
+                          gemma3's text_config) */
     TS_ARCH_PHI3,      /* Phi3ForCausalLM */
     TS_ARCH_QWEN3_MOE, /* Qwen3MoeForCausalLM */
     TS_ARCH_MIXTRAL,   /* MixtralForCausalLM */
@@ -114,14 +117,18 @@ typedef enum {
  * ts_model_config_preset. */
 typedef struct {
     ts_arch arch;
+    /* config.json's model_type: the family's, or "gemma3" for the
+     * multimodal wrapper whose text_config was read (its weights sit under
+     * language_model.) */
     char model_type[32];
     /* sizes */
-    int64_t vocab;         /* vocab_size */
-    int64_t hidden;        /* hidden_size | n_embd */
-    int64_t layers;        /* num_hidden_layers | n_layer */
-    int64_t heads;         /* num_attention_heads | n_head */
-    int64_t kv_heads;      /* num_key_value_heads (default: heads) */
-    int64_t head_dim;      /* head_dim (default: hidden / heads) */
+    int64_t vocab;    /* vocab_size */
+    int64_t hidden;   /* hidden_size | n_embd */
+    int64_t layers;   /* num_hidden_layers | n_layer */
+    int64_t heads;    /* num_attention_heads | n_head */
+    int64_t kv_heads; /* num_key_value_heads (default: heads; GPT-2: heads) */
+    int64_t head_dim; /* head_dim (default: Qwen3 128, Gemma 256, else
+                         hidden / heads) */
     int64_t intermediate;  /* intermediate_size | n_inner (GPT-2: 4 x hidden) */
     int64_t max_positions; /* max_position_embeddings | n_positions */
     double norm_eps;       /* rms_norm_eps | layer_norm_epsilon */
@@ -132,13 +139,19 @@ typedef struct {
                            a layer) */
     /* positions */
     ts_pos_kind pos;
-    double rope_theta; /* rope_theta (default 10000) */
-    ts_rope_kind rope;
-    double rope_factor; /* linear, llama3, yarn: factor */
+    double rope_theta;  /* rope_theta (default 10000; Mixtral, Gemma 3: 1e6) */
+    ts_rope_kind rope;  /* rope_scaling's type (Gemma 3: global layers) */
+    double rope_factor; /* linear, llama3, yarn: factor; longrope:
+                           max_positions / original (Phi-3) or factor */
     double rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
-    int64_t rope_original_max_positions; /* llama3, longrope, yarn */
-    double rope_attention_factor; /* longrope, yarn: cos/sin scale (0: the
-                                     family's formula) */
+    /* llama3, longrope, yarn: the pretrained length (longrope: Phi-3's
+     * top-level original_max_position_embeddings; yarn: max_positions
+     * when not given); longrope uses the long factors past it */
+    int64_t rope_original_max_positions;
+    /* longrope, yarn: cos/sin scale; ts_config_load fills the formula's
+     * value when the config gives none (longrope: sqrt(1 + ln(factor) /
+     * ln(original)); yarn: 0.1 ln(factor) + 1, or the mscale ratio) */
+    double rope_attention_factor;
     double rope_beta_fast, rope_beta_slow; /* yarn (32, 1) */
     int rope_n_factors;                    /* longrope: head_dim / 2 */
     double rope_short_factor[TS_ROPE_MAX_FACTORS];
@@ -148,34 +161,40 @@ typedef struct {
     double rope_local_theta;
     /* attention */
     bool qk_norm;        /* per-head norm of q and k (Qwen3, Gemma 3) */
-    bool attention_bias; /* q/k/v projections with biases (Qwen2, GPT-2) */
-    bool o_bias;         /* o_proj with a bias (GPT-2's c_proj) */
+    bool attention_bias; /* q/k/v projections with biases (Qwen2, GPT-2;
+                            attention_bias: true in Llama, Qwen3, Gemma) */
+    bool o_bias;         /* o_proj with a bias (GPT-2's c_proj; Llama,
+                            Qwen3, Gemma: attention_bias) */
     bool fused_qkv;      /* one q/k/v matrix (Phi-3's qkv_proj, GPT-2) */
     double attn_scale;   /* 0: 1/sqrt(head_dim); Gemma: query_pre_attn_
-                            scalar^-0.5 */
+                            scalar^-0.5; GPT-2 scale_attn_weights false: 1 */
     double attn_softcap; /* 0: none; scores -> c * tanh(scores / c) */
     /* sliding window: 0 none; else layer i attends to the last
      * sliding_window positions (itself included) when i >= sliding_from
      * and (sliding_pattern < 2 or (i + 1) % sliding_pattern != 0): every
      * layer (Mistral, Phi-3, Mixtral), alternate ones (Gemma 2: pattern
-     * 2), five local to one global (Gemma 3: pattern 6) */
+     * 2), five local to one global (Gemma 3: pattern 6), from
+     * max_window_layers on (Qwen with use_sliding_window). An explicit
+     * layer_types list is read into sliding_from and sliding_pattern. */
     int64_t sliding_window;
     int sliding_pattern;
-    int64_t sliding_from; /* Qwen2's max_window_layers */
+    int64_t sliding_from; /* Qwen's max_window_layers */
     /* MLP: act (hidden_act / hidden_activation / activation_function:
      * silu; gelu_pytorch_tanh, gelu_new: tanh; gelu: erf); gated:
      * act(gate(x)) * up(x) (SwiGLU, GeGLU), else act(up(x)) (GPT-2) */
     ts_act act;
     bool gated;         /* act(gate) * up; false: act(up) */
     bool fused_gate_up; /* one (2F, C) matrix, gate rows first (Phi-3) */
-    bool mlp_bias;      /* up/down with biases (GPT-2's c_fc, c_proj) */
+    bool mlp_bias;      /* every MLP matrix with a bias (GPT-2's c_fc,
+                           c_proj; Llama's mlp_bias) */
     bool conv1d;        /* matrices stored (in, out): GPT-2's Conv1D */
     /* mixture of experts: n_experts > 0 makes layer i's MLP a sparse one
      * when (i + 1) % moe_step == 0 and i is not in dense_layers */
-    int64_t n_experts;       /* num_experts | num_local_experts */
+    int64_t n_experts;       /* num_experts | num_local_experts (0: none) */
     int64_t experts_per_tok; /* num_experts_per_tok (top-k) */
-    int64_t moe_intermediate; /* moe_intermediate_size (Mixtral: intermediate) */
-    bool norm_topk_prob; /* top-k weights renormalized to sum 1 */
+    /* moe_intermediate_size (Mixtral: intermediate_size) */
+    int64_t moe_intermediate;
+    bool norm_topk_prob;         /* top-k weights renormalized to sum 1 */
     double router_aux_loss_coef; /* the load-balancing loss's weight */
     int64_t moe_step;            /* decoder_sparse_step (1) */
     int n_dense_layers;
@@ -185,13 +204,12 @@ typedef struct {
     bool tie_word_embeddings;
     double final_softcap; /* 0: none; logits -> c * tanh(logits / c) */
     /* the rest */
-    ts_dtype dtype;                     /* torch_dtype (default f32) */
+    ts_dtype dtype;                     /* dtype | torch_dtype (default f32) */
     int64_t bos_token_id, eos_token_id; /* -1 when absent (first eos) */
 } ts_model_config;
 
 /* Whether layer i uses the sliding window / a mixture of experts. */
-static inline bool ts_model_layer_sliding(const ts_model_config *c,
-                                          int64_t i) {
+static inline bool ts_model_layer_sliding(const ts_model_config *c, int64_t i) {
     return c->sliding_window > 0 && i >= c->sliding_from &&
            (c->sliding_pattern < 2 || (i + 1) % c->sliding_pattern != 0);
 }
@@ -213,10 +231,14 @@ ts_status ts_model_config_preset(ts_ctx *ctx, const char *model_type,
                                  ts_model_config *out);
 
 /* Reads path (a config.json, or a folder holding one). An unsupported
- * model type is an error listing the supported ones; a missing or
- * mistyped field, or a size outside what a model can have, is an error
- * naming the field and the allowed range. */
+ * model type is an error listing the supported ones; a missing required
+ * field names the field and the family; a mistyped field, or a value
+ * outside what a model can have, is an error naming the field and the
+ * allowed range; a feature no decoder here has (rope_scaling "dynamic",
+ * Phi-3's partial_rotary_factor, a layer_types list no pattern fits, ...)
+ * is TS_ERR_UNSUPPORTED naming it. */
 ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out);
+/* The family's model_type ("qwen3", ..., "gemma3_text"), or "unknown". */
 const char *ts_arch_name(ts_arch a);
 
 #ifdef __cplusplus

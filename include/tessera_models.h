@@ -10,26 +10,56 @@
 extern "C" {
 #endif
 
-/* A decoder's (qwen3, qwen2, llama) shape from its config.json. */
-ts_qwen3_config ts_decoder_config(const ts_model_config *mc);
+/* ---- the decoder ----------------------------------------------------------
+ * One decoder-only transformer for every family of ts_arch, built from the
+ * description in ts_model_config (config.c's family table reads it from
+ * config.json) and the family's Hugging Face parameter names (decoder.c's
+ * name table): norms, positions, attention, MLP or experts, embeddings and
+ * head are table data, not per-family forward code. Built from public ops
+ * only: eager now, recorded unchanged in compiled mode. */
+typedef struct ts_decoder ts_decoder;
 
-/* Builds the Qwen3 model that dir's config.json describes and fills its
- * parameters from dir's safetensors (one file or shards), converting the
- * stored dtype to the model's f32. dir must be a model folder
- * (ts_model_dir_check). Every parameter must be present with its exact
- * shape (lm_head.weight may be absent when embeddings are tied), checked
- * against the checkpoint's header before anything is allocated; errors
- * name the tensor, the file and both shapes. The weights are scanned for
- * NaN/Inf (see ts_load_options); tensors the model does not use are
- * reported as a warning. */
-ts_status ts_qwen3_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out);
-/* The same for any decoder the ts_qwen3 model covers: qwen3, qwen2 (q/k/v
- * biases, no qk-norm) and llama (no qk-norm, llama3 rope scaling). */
-ts_status ts_decoder_load(ts_ctx *ctx, const char *dir, ts_qwen3_model **out);
-/* ... keeping the embedding and projection matrices in weight_dtype (f32,
- * or bf16: half the memory, read and widened to f32 as they are used). */
-ts_status ts_decoder_load_as(ts_ctx *ctx, const char *dir,
-                             ts_dtype weight_dtype, ts_qwen3_model **out);
+/* How a model is built besides its config. */
+typedef struct {
+    /* dtype of the embedding and projection matrices: TS_F32 (0, the
+     * default) or TS_BF16 (kept in bf16, computed in f32); norms and
+     * biases stay f32 */
+    ts_dtype weight_dtype;
+    /* where the parameters (and KV cache) live: NULL for the current
+     * device; else a map of cfg->layers layers (copied). A forward moves
+     * the activations between devices where the map changes device. */
+    const ts_device_map *device_map;
+    /* parameters left uninitialized (a loader fills them from a
+     * checkpoint): no random init's time and temporaries */
+    bool no_init;
+} ts_decoder_options;
+
+/* TS_OK, or TS_ERR_INVALID_ARG with a message naming the bad field. */
+ts_status ts_decoder_config_check(ts_ctx *ctx, const ts_model_config *cfg);
+
+/* A new model (parameters with requires_grad), initialized as Hugging
+ * Face's *PreTrainedModel._init_weights does: Normal(0, 0.02) for
+ * embeddings and matrices (GPT-2's residual projections attn.c_proj and
+ * mlp.c_proj: 0.02 / sqrt(2 layers)), norm weights ones (Gemma's (1 + w)
+ * norms: zeros), biases zeros; each from a seed derived from seed and the
+ * parameter's index. opt may be NULL. On failure *out is NULL and
+ * ts_errmsg(ctx) says why. */
+ts_status ts_decoder_new(ts_ctx *ctx, const ts_model_config *cfg,
+                         const ts_decoder_options *opt, uint64_t seed,
+                         ts_decoder **out);
+void ts_decoder_free(ts_decoder *m); /* NULL is fine */
+const ts_model_config *ts_decoder_get_config(const ts_decoder *m);
+
+/* Builds the model dir's config.json describes and fills its parameters
+ * from dir's safetensors (one file or shards), converted to the model's
+ * dtype. dir must be a model folder (ts_model_dir_check). Every parameter
+ * must be present with its exact shape (lm_head.weight may be absent when
+ * tied), checked against the checkpoint's header before anything is
+ * allocated; errors name the tensor, the file and both shapes. The
+ * weights are scanned for NaN/Inf (see ts_load_options); tensors the model
+ * does not use are reported as a warning. Loaded parameters do not
+ * require grad. */
+ts_status ts_decoder_load(ts_ctx *ctx, const char *dir, ts_decoder **out);
 
 /* ... with options: weight dtype and a device_map string ("cpu", "auto",
  * "embed,0-13:cpu:0;14-27,head:cpu:1", see ts_device_map_parse). */
@@ -48,78 +78,139 @@ typedef struct {
     void *warn_user;
 } ts_load_options;
 ts_status ts_decoder_load_opts(ts_ctx *ctx, const char *dir,
-                               const ts_load_options *opt,
-                               ts_qwen3_model **out);
+                               const ts_load_options *opt, ts_decoder **out);
 
-/* GPT-2: learned positions, LayerNorm, fused q/k/v, Conv1D weights (in,
- * out), tanh GELU, tied LM head. */
-typedef struct ts_gpt2_model ts_gpt2_model;
-/* Loaded from a Hugging Face folder (inference: the parameters do not
- * require grad; set it on ts_gpt2_params to fine-tune). */
-ts_status ts_gpt2_load(ts_ctx *ctx, const char *dir, ts_gpt2_model **out);
-/* ... with options (weight_dtype must be f32 and device_map NULL: the
- * model is made on the current device; the checks and warnings as for
- * the decoders) */
-ts_status ts_gpt2_load_opts(ts_ctx *ctx, const char *dir,
-                            const ts_load_options *opt, ts_gpt2_model **out);
-/* A new model for training: cfg a gpt2 config (ts_config_load's, or filled
- * by hand: arch TS_ARCH_GPT2, vocab, hidden, layers, heads, head_dim =
- * hidden / heads, intermediate, max_positions, norm_eps); the LM head is
- * always tied. Parameters are f32 with requires_grad, initialized as
- * Hugging Face's GPT2PreTrainedModel does: Normal(0, 0.02), the residual
- * projections (attn.c_proj, mlp.c_proj weights) Normal(0, 0.02 /
- * sqrt(2 layers)), biases zeros, LayerNorm weights ones; each from a seed
- * derived from seed and its index. */
-ts_status ts_gpt2_new(ts_ctx *ctx, const ts_model_config *cfg, uint64_t seed,
-                      ts_gpt2_model **out);
-void ts_gpt2_free(ts_gpt2_model *m);
-const ts_model_config *ts_gpt2_get_config(const ts_gpt2_model *m);
-/* Parameters as (name, tensor) pairs in GPT2LMHeadModel's state_dict order
- * and names: transformer.wte.weight, transformer.wpe.weight; per layer i
- * transformer.h.{i}.ln_1.{weight,bias}, .attn.c_attn.{weight,bias},
- * .attn.c_proj.{weight,bias}, .ln_2.{weight,bias}, .mlp.c_fc.{weight,bias},
- * .mlp.c_proj.{weight,bias}; transformer.ln_f.{weight,bias} (lm_head.weight
- * is wte, not listed). Borrowed: they live as long as the model. */
-int ts_gpt2_num_params(const ts_gpt2_model *m);
-const char *ts_gpt2_param_name(const ts_gpt2_model *m, int i);
-ts_tensor *ts_gpt2_param(const ts_gpt2_model *m, int i);
-ts_tensor *const *ts_gpt2_params(const ts_gpt2_model *m);
+/* Parameters as (name, tensor) pairs in Hugging Face's state_dict order
+ * and names (Llama-style families: model.embed_tokens.weight,
+ * model.layers.{i}.self_attn.q_proj.weight, ..., model.norm.weight,
+ * lm_head.weight (absent when tied); GPT-2: transformer.wte.weight,
+ * transformer.h.{i}.attn.c_attn.weight, ...). A mixture of experts keeps
+ * each layer's experts stacked, one parameter per projection: (E, F, C)
+ * for gate and up, (E, C, F) for down, named model.layers.{i}.mlp.experts.
+ * gate_proj (Mixtral: ...block_sparse_moe.experts.w1); the checkpoint's
+ * per-expert tensors are their slices (ts_decoder_state_dict). Tensors and
+ * names are borrowed: they live as long as the model. */
+int ts_decoder_num_params(const ts_decoder *m);
+const char *ts_decoder_param_name(const ts_decoder *m, int i);
+ts_tensor *ts_decoder_param(const ts_decoder *m, int i);
+/* The borrowed parameter list, for optimizers and gradient clipping. */
+ts_tensor *const *ts_decoder_params(const ts_decoder *m);
 /* The parameter called name, or NULL (with no error recorded). */
-ts_tensor *ts_gpt2_find_param(const ts_gpt2_model *m, const char *name);
-/* ids (B, T) i32/i64 at positions pos0.. -> logits (B, T, V) */
-ts_tensor *ts_gpt2_forward(ts_gpt2_model *m, ts_tensor *ids, int64_t pos0);
-/* Activation checkpointing (ts_checkpoint per block): with a graph, each
- * block keeps its input only and is recomputed in backward; the same
- * values. Off by default. */
-ts_status ts_gpt2_set_checkpointing(ts_gpt2_model *m, bool on);
-/* Mixed precision: with TS_BF16 the blocks' and the head's matrices are
- * cast to bf16 where they are used (the gradients reach the f32 masters);
- * TS_F32 (the default) turns it off. */
-ts_status ts_gpt2_set_compute_dtype(ts_gpt2_model *m, ts_dtype dt);
-/* Mean cross-entropy of forward(ids, 0) against targets (B, T) i32/i64,
- * the next tokens already aligned with ids; targets of -100 are ignored.
- * The scalar loss; logits (may be NULL) receives the logits (B, T, V). */
-ts_tensor *ts_gpt2_loss(ts_gpt2_model *m, ts_tensor *ids, ts_tensor *targets,
-                        ts_tensor **logits);
-/* KV cache (batch 1): forward_cached runs ids (1, T) after the cached
- * positions and returns logits (1, T, V), or (1, 1, V) with last_only */
-typedef struct ts_gpt2_cache ts_gpt2_cache;
-ts_status ts_gpt2_cache_new(ts_gpt2_model *m, int64_t max_T,
-                            ts_gpt2_cache **out);
-void ts_gpt2_cache_free(ts_gpt2_cache *kc);
-int64_t ts_gpt2_cache_len(const ts_gpt2_cache *kc);
-void ts_gpt2_cache_truncate(ts_gpt2_cache *kc, int64_t len);
-ts_tensor *ts_gpt2_forward_cached(ts_gpt2_model *m, ts_gpt2_cache *kc,
-                                  ts_tensor *ids, bool last_only);
-/* greedy decoding with a KV cache: n_new tokens after the prompt */
-ts_status ts_gpt2_generate_greedy(ts_gpt2_model *m, const int64_t *prompt,
-                                  int64_t n_prompt, int64_t n_new,
-                                  int64_t *out);
+ts_tensor *ts_decoder_find_param(const ts_decoder *m, const char *name);
+/* Replaces parameter i by t (same dtype, shape and device), e.g. a view
+ * of a mapped checkpoint: the loader's zero-copy path. */
+ts_status ts_decoder_set_param(ts_decoder *m, int i, ts_tensor *t);
+
+/* The checkpoint's view of the parameters, in Hugging Face's names and
+ * layout: a stacked expert parameter is E tensors (views of its slices,
+ * model.layers.{i}.mlp.experts.{e}.gate_proj.weight), everything else
+ * itself. params: tensors standing for the model's parameters (same
+ * order and shapes, e.g. gathered copies of sharded ones), or NULL for
+ * the model's own. n receives the count; names (malloc'd array of
+ * malloc'd strings) and tensors (new references) are the caller's to free
+ * with ts_decoder_state_dict_free. */
+ts_status ts_decoder_state_dict(const ts_decoder *m, ts_tensor *const *params,
+                                int *n, char ***names, ts_tensor ***tensors);
+void ts_decoder_state_dict_free(int n, char **names, ts_tensor **tensors);
+/* Writes dir/model.safetensors (the state dict above, atomically) and, for
+ * a model loaded from a folder, a copy of its config.json: a folder
+ * ts_decoder_load (and Hugging Face) read back. */
+ts_status ts_decoder_save(ts_decoder *m, const char *dir);
+
+/* ids (B, T) i64 or i32, at positions pos0 .. pos0+T-1 -> logits (B, T, V).
+ * Causal self-attention over the T positions given (no KV cache). */
+ts_tensor *ts_decoder_forward(ts_decoder *m, ts_tensor *ids, int64_t pos0);
+/* Mean cross-entropy of forward(ids, 0) against targets (B, T) i64/i32,
+ * the next tokens already aligned with ids (no shift inside); targets of
+ * -100 are ignored. A mixture of experts adds router_aux_loss_coef times
+ * the load-balancing loss of Hugging Face's load_balancing_loss_func over
+ * every sparse layer's router logits. The scalar loss; when logits is not
+ * NULL it receives a new reference to the logits (B, T, V). */
+ts_tensor *ts_decoder_loss(ts_decoder *m, ts_tensor *ids, ts_tensor *targets,
+                           ts_tensor **logits);
+
+/* Activation checkpointing per layer (ts_checkpoint): forward with a graph
+ * keeps each layer's input only, backward recomputes the layer. Same
+ * values and gradients; less memory, one more forward. (Sparse layers are
+ * not checkpointed while the load-balancing loss needs their router
+ * logits.) */
+ts_status ts_decoder_set_checkpointing(ts_decoder *m, bool on);
+/* Mixed precision: with TS_BF16, every forward (and backward) multiplies
+ * by bf16 copies of the f32 matrices, cast where used, so their gradients
+ * arrive, bf16-rounded, in the f32 masters' .grad; activations, norms and
+ * the optimizer stay f32. TS_F32 (the default) uses the masters. */
+ts_status ts_decoder_set_compute_dtype(ts_decoder *m, ts_dtype dt);
+
+/* fn(arg, layer, before, backward) around each layer: before and after
+ * its forward (backward false), and, for a checkpointed layer, before its
+ * recompute and after its backward (backward true: its parameters'
+ * gradients are then complete). What fully sharded training uses to
+ * gather a layer's parameters just in time and release them after. NULL
+ * removes it. An error from fn fails the forward or backward. */
+typedef ts_status (*ts_layer_hook)(void *arg, int64_t layer, bool before,
+                                   bool backward);
+ts_status ts_decoder_set_layer_hook(ts_decoder *m, ts_layer_hook fn,
+                                    void *arg);
+/* The parameters layer i owns (indices into the parameter list): first
+ * and count, for sharding by layer; -1 for the embeddings (and learned
+ * positions), L for the final norm and head. */
+ts_status ts_decoder_layer_params(const ts_decoder *m, int64_t layer,
+                                  int *first, int *count);
+
+/* ---- KV cache and generation --------------------------------------------- */
+
+/* Keys and values of every layer for B sequences of up to max_T positions
+ * (f32, beside each layer). forward_cached runs ids (B, T) at the
+ * positions after those cached, attends to them too, appends its own, and
+ * returns the logits (B, T, V). */
+typedef struct ts_decoder_cache ts_decoder_cache;
+ts_status ts_decoder_cache_new(ts_decoder *m, int64_t B, int64_t max_T,
+                               ts_decoder_cache **out);
+void ts_decoder_cache_free(ts_decoder_cache *kc);
+int64_t ts_decoder_cache_len(const ts_decoder_cache *kc);
+void ts_decoder_cache_reset(ts_decoder_cache *kc);
+/* keeps the first len positions (a shorter len than cached only) */
+void ts_decoder_cache_truncate(ts_decoder_cache *kc, int64_t len);
+ts_tensor *ts_decoder_forward_cached(ts_decoder *m, ts_decoder_cache *kc,
+                                     ts_tensor *ids);
+/* The same, with the logits of the last position only (B, 1, V): what
+ * generation needs, without the LM head over the whole prompt. */
+ts_tensor *ts_decoder_forward_cached_last(ts_decoder *m, ts_decoder_cache *kc,
+                                          ts_tensor *ids);
+/* Greedy decoding: the prompt in one pass, then n_new tokens one at a time
+ * through the cache, written to out. */
+ts_status ts_decoder_generate_greedy(ts_decoder *m, const int64_t *prompt,
+                                     int64_t n_prompt, int64_t n_new,
+                                     int64_t *out);
+
+/* ---- paged KV cache (serving) ---------------------------------------------
+ * A pool of KV blocks shared by many sequences: per layer K and V (blocks,
+ * KV, block_size, D) f32, beside the layer. The engine (src/engine) owns
+ * which block holds what; the model only reads and writes through the
+ * block tables of ts_paged_attention's meta. */
+typedef struct ts_kv_pool ts_kv_pool;
+ts_status ts_kv_pool_new(ts_decoder *m, int64_t n_blocks, int64_t block_size,
+                         ts_kv_pool **out);
+void ts_kv_pool_free(ts_kv_pool *p);
+/* bytes of one block over all layers (K and V, f32) */
+int64_t ts_kv_block_bytes(const ts_model_config *c, int64_t block_size);
+/* Block `block` of every layer out of the pool into out, or from in into
+ * the pool: per layer K then V, each (KV, block_size, D) f32,
+ * ts_kv_block_bytes in all (what a KV transfer carries). */
+ts_status ts_kv_pool_read_block(ts_kv_pool *p, int64_t block, void *out);
+ts_status ts_kv_pool_write_block(ts_kv_pool *p, int64_t block,
+                                 const void *in);
+/* One engine step: ids (1, N) are the new tokens of several sequences
+ * (meta: ts_paged_attention's), positions[N] their positions; returns
+ * the logits (n_rows, V) of the tokens at rows[] (each sequence's last). */
+ts_tensor *ts_decoder_forward_paged(ts_decoder *m, ts_kv_pool *pool,
+                                    ts_tensor *ids, const int32_t *positions,
+                                    ts_tensor *meta, const int32_t *rows,
+                                    int64_t n_rows);
 
 /* ---- any causal LM --------------------------------------------------------
- * One handle over the architectures above, chosen by config.json: what
- * generation and serving drive without knowing the architecture. gpt2
- * takes a one-device map and f32 weights only. */
+ * A decoder and its single-sequence KV cache, chosen by config.json: what
+ * generation drives without knowing the family. */
 typedef struct ts_lm ts_lm;
 /* dir must be a model folder (ts_model_dir_check: config.json and the
  * safetensors); opt may be NULL (f32, one device, weights checked,
@@ -128,8 +219,8 @@ ts_status ts_lm_load(ts_ctx *ctx, const char *dir, const ts_load_options *opt,
                      ts_lm **out);
 void ts_lm_free(ts_lm *lm);
 const ts_model_config *ts_lm_config(const ts_lm *lm);
-/* the decoder (qwen3/qwen2/llama) inside, or NULL for gpt2 */
-ts_qwen3_model *ts_lm_decoder(ts_lm *lm);
+/* the decoder inside */
+ts_decoder *ts_lm_decoder(ts_lm *lm);
 /* KV cache for one sequence of up to max_T positions */
 typedef struct ts_lm_cache ts_lm_cache;
 ts_status ts_lm_cache_new(ts_lm *lm, int64_t max_T, ts_lm_cache **out);

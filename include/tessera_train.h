@@ -154,7 +154,7 @@ typedef struct {
     bool eager;                  /* else compiled */
     bool checkpoint_activations; /* recompute each layer in backward */
     bool bf16;   /* --dtype bf16: bf16 compute copies of the matrices, f32
-                    master weights and optimizer (ts_qwen3_set_compute_dtype) */
+                    master weights and optimizer (ts_decoder_set_compute_dtype) */
     bool resume; /* from out_dir's latest checkpoint */
     bool quiet;  /* no progress bar or lines on stderr */
     double peak; /* FLOP/s of one rank for MFU; 0: ts_peak_measure's

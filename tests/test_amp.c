@@ -1,9 +1,9 @@
 /* test_amp.c — bf16 mixed precision of a Qwen3 model
- * (ts_qwen3_set_compute_dtype): the loss is that of the same model with
+ * (ts_decoder_set_compute_dtype): the loss is that of the same model with
  * its matrices rounded to bf16; the matrices' gradients reach the f32
  * masters bf16-rounded and close to the rounded model's; norms keep f32
  * gradients; eager and compiled agree; a bad dtype is refused. */
-#include "tessera_nn.h"
+#include "tessera_models.h"
 
 #include "test_util.h"
 
@@ -11,11 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static ts_qwen3_config tiny(void) {
-    ts_qwen3_config c = {0};
+static ts_model_config tiny(void) {
+    ts_model_config c = tu_config("qwen3");
     c.vocab = 101, c.hidden = 32, c.intermediate = 48, c.layers = 2;
     c.heads = 4, c.kv_heads = 2, c.head_dim = 8;
-    c.rms_eps = 1e-6, c.rope_theta = 10000, c.max_positions = 64;
+    c.norm_eps = 1e-6, c.rope_theta = 10000, c.max_positions = 64;
     c.tie_word_embeddings = false;
     return c;
 }
@@ -33,12 +33,12 @@ static float round_bf16(float f) {
 }
 
 /* loss and gradients (concatenated) of one forward + backward */
-static double step(ts_ctx *ctx, ts_qwen3_model *m, ts_tensor *ids,
+static double step(ts_ctx *ctx, ts_decoder *m, ts_tensor *ids,
                    ts_tensor *tg, float *grads) {
-    ts_tensor *const *p = ts_qwen3_params(m);
-    int n = ts_qwen3_num_params(m);
+    ts_tensor *const *p = ts_decoder_params(m);
+    int n = ts_decoder_num_params(m);
     ts_zero_grads(p, n);
-    ts_tensor *loss = ts_qwen3_loss(m, ids, tg, NULL);
+    ts_tensor *loss = ts_decoder_loss(m, ids, tg, NULL);
     double v = NAN;
     CHECK(loss && ts_backward(loss, NULL) == TS_OK);
     CHECK(ts_sync(ctx) == TS_OK && ts_item(loss, &v) == TS_OK);
@@ -54,16 +54,16 @@ static double step(ts_ctx *ctx, ts_qwen3_model *m, ts_tensor *ids,
 int main(void) {
     ts_ctx *ctx = NULL;
     CHECK(ts_ctx_new(&ctx, NULL) == TS_OK);
-    ts_qwen3_config c = tiny();
-    ts_qwen3_model *m = NULL, *r = NULL; /* mixed; f32 with rounded weights */
-    CHECK_OK(ctx, ts_qwen3_new(ctx, &c, 21, &m));
-    CHECK_OK(ctx, ts_qwen3_new(ctx, &c, 21, &r));
-    int n = ts_qwen3_num_params(m);
+    ts_model_config c = tiny();
+    ts_decoder *m = NULL, *r = NULL; /* mixed; f32 with rounded weights */
+    CHECK_OK(ctx, ts_decoder_new(ctx, &c, NULL, 21, &m));
+    CHECK_OK(ctx, ts_decoder_new(ctx, &c, NULL, 21, &r));
+    int n = ts_decoder_num_params(m);
     size_t total = 0;
     for (int i = 0; i < n; i++) {
-        ts_tensor *p = ts_qwen3_param(r, i);
+        ts_tensor *p = ts_decoder_param(r, i);
         size_t k = (size_t)ts_tensor_numel(p);
-        if (is_matrix(ts_qwen3_param_name(r, i))) {
+        if (is_matrix(ts_decoder_param_name(r, i))) {
             float *d = ts_tensor_data(p);
             for (size_t e = 0; e < k; e++)
                 d[e] = round_bf16(d[e]);
@@ -78,7 +78,7 @@ int main(void) {
     ts_tensor *tg = ts_from_data(ctx, TS_I64, 2, shape, tv);
     float *gm = malloc(sizeof(float) * total), *gr = malloc(sizeof *gr * total);
     float *ge = malloc(sizeof(float) * total);
-    CHECK_OK(ctx, ts_qwen3_set_compute_dtype(m, TS_BF16));
+    CHECK_OK(ctx, ts_decoder_set_compute_dtype(m, TS_BF16));
 
     double lr = step(ctx, r, ids, tg, gr);
     double lm = step(ctx, m, ids, tg, gm);
@@ -87,8 +87,8 @@ int main(void) {
     int not_bf16 = 0, matrices = 0;
     double worst = 0;
     for (int i = 0; i < n; i++) {
-        size_t k = (size_t)ts_tensor_numel(ts_qwen3_param(m, i));
-        bool mat = is_matrix(ts_qwen3_param_name(m, i));
+        size_t k = (size_t)ts_tensor_numel(ts_decoder_param(m, i));
+        bool mat = is_matrix(ts_decoder_param_name(m, i));
         double amax = 0, d = 0;
         for (size_t e = at; e < at + k; e++) {
             if (mat) {
@@ -119,16 +119,16 @@ int main(void) {
         amax = fmax(amax, fabs(gm[e]));
     CHECK(dc <= 1e-2 * amax);
     /* back to f32: the masters' own loss, unlike the rounded one */
-    CHECK_OK(ctx, ts_qwen3_set_compute_dtype(m, TS_F32));
+    CHECK_OK(ctx, ts_decoder_set_compute_dtype(m, TS_F32));
     double lf = step(ctx, m, ids, tg, ge);
     CHECK(lf != lm && fabs(lf - lm) <= 1e-2 * fabs(lf));
-    CHECK(ts_qwen3_set_compute_dtype(m, TS_I64) == TS_ERR_DTYPE);
+    CHECK(ts_decoder_set_compute_dtype(m, TS_I64) == TS_ERR_DTYPE);
     CHECK_MSG(ctx, "f32 or bf16");
     ts_clear_error(ctx);
 
     ts_release(ids), ts_release(tg);
     free(gm), free(gr), free(ge);
-    ts_qwen3_free(m), ts_qwen3_free(r);
+    ts_decoder_free(m), ts_decoder_free(r);
     ts_ctx_free(ctx);
     return test_finish("test_amp");
 }

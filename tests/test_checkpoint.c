@@ -12,32 +12,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-static ts_qwen3_config tiny(void) {
-    ts_qwen3_config c = {0};
+static ts_model_config tiny(void) {
+    ts_model_config c = tu_config("qwen3");
     c.vocab = 97, c.hidden = 32, c.intermediate = 64, c.layers = 3;
     c.heads = 4, c.kv_heads = 2, c.head_dim = 8;
-    c.rms_eps = 1e-6, c.rope_theta = 10000, c.max_positions = 64;
+    c.norm_eps = 1e-6, c.rope_theta = 10000, c.max_positions = 64;
     c.tie_word_embeddings = true;
     return c;
 }
 
-/* a model under test: its parameters and its loss */
+/* a model under test */
 typedef struct {
-    ts_qwen3_model *q;
-    ts_gpt2_model *g;
+    ts_decoder *q;
 } model;
 
 /* loss and every gradient (concatenated) of one forward + backward;
  * *held the bytes alive after the forward (eager) */
 static double step(ts_ctx *ctx, model m, ts_tensor *ids, ts_tensor *tg,
                    float *grads, size_t *held) {
-    ts_tensor *const *p = m.g ? ts_gpt2_params(m.g) : ts_qwen3_params(m.q);
-    int n = m.g ? ts_gpt2_num_params(m.g) : ts_qwen3_num_params(m.q);
+    ts_tensor *const *p = ts_decoder_params(m.q);
+    int n = ts_decoder_num_params(m.q);
     ts_zero_grads(p, n);
     ts_alloc_stats a0, a1;
     ts_alloc_get_stats(ctx, &a0);
-    ts_tensor *loss = m.g ? ts_gpt2_loss(m.g, ids, tg, NULL)
-                          : ts_qwen3_loss(m.q, ids, tg, NULL);
+    ts_tensor *loss = ts_decoder_loss(m.q, ids, tg, NULL);
     ts_alloc_get_stats(ctx, &a1);
     *held = a1.bytes_in_use - a0.bytes_in_use;
     double v = NAN;
@@ -78,9 +76,9 @@ static ts_tensor *sq_plus(void *arg, int n, ts_tensor **in) {
 int main(void) {
     ts_ctx *ctx = NULL;
     CHECK(ts_ctx_new(&ctx, NULL) == TS_OK);
-    ts_qwen3_config c = tiny();
-    ts_qwen3_model *m = NULL;
-    CHECK_OK(ctx, ts_qwen3_new(ctx, &c, 11, &m));
+    ts_model_config c = tiny();
+    ts_decoder *m = NULL;
+    CHECK_OK(ctx, ts_decoder_new(ctx, &c, NULL, 11, &m));
     int64_t shape[2] = {2, 16};
     int64_t ids_v[32], tg_v[32];
     for (int i = 0; i < 32; i++)
@@ -88,18 +86,18 @@ int main(void) {
     ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, ids_v);
     ts_tensor *tg = ts_from_data(ctx, TS_I64, 2, shape, tg_v);
     size_t total = 0;
-    for (int i = 0; i < ts_qwen3_num_params(m); i++)
-        total += (size_t)ts_tensor_numel(ts_qwen3_param(m, i));
+    for (int i = 0; i < ts_decoder_num_params(m); i++)
+        total += (size_t)ts_tensor_numel(ts_decoder_param(m, i));
     float *g0 = malloc(sizeof(float) * total), *g1 = malloc(sizeof *g1 * total);
 
     for (int mode = 0; mode < 2; mode++) {
         ts_set_mode(ctx, mode ? TS_MODE_COMPILED : TS_MODE_EAGER);
         size_t held0 = 0, held1 = 0;
-        CHECK_OK(ctx, ts_qwen3_set_checkpointing(m, false));
+        CHECK_OK(ctx, ts_decoder_set_checkpointing(m, false));
         double l0 = step(ctx, (model){.q = m}, ids, tg, g0, &held0);
         ts_compile_stats s0, s1;
         ts_get_compile_stats(ctx, &s0);
-        CHECK_OK(ctx, ts_qwen3_set_checkpointing(m, true));
+        CHECK_OK(ctx, ts_decoder_set_checkpointing(m, true));
         double l1 = step(ctx, (model){.q = m}, ids, tg, g1, &held1);
         ts_get_compile_stats(ctx, &s1);
         CHECK(isfinite(l0) && fabs(l0 - l1) <= 1e-6 * fabs(l0));
@@ -118,29 +116,23 @@ int main(void) {
             CHECK(s1.planned_peak_bytes < s0.planned_peak_bytes);
     }
     ts_set_mode(ctx, TS_MODE_EAGER);
-    CHECK_OK(ctx, ts_qwen3_set_checkpointing(m, false));
+    CHECK_OK(ctx, ts_decoder_set_checkpointing(m, false));
 
     /* GPT-2, eager: the same loss and gradients, less held after forward */
-    ts_model_config gc = {.arch = TS_ARCH_GPT2,
-                          .vocab = 97,
-                          .hidden = 32,
-                          .layers = 3,
-                          .heads = 4,
-                          .kv_heads = 4,
-                          .head_dim = 8,
-                          .intermediate = 128,
-                          .max_positions = 64,
-                          .norm_eps = 1e-5};
-    ts_gpt2_model *g2 = NULL;
-    CHECK_OK(ctx, ts_gpt2_new(ctx, &gc, 12, &g2));
+    ts_model_config gc = tu_config("gpt2");
+    gc.vocab = 97, gc.hidden = 32, gc.layers = 3, gc.heads = 4;
+    gc.kv_heads = 4, gc.head_dim = 8, gc.intermediate = 128;
+    gc.max_positions = 64;
+    ts_decoder *g2 = NULL;
+    CHECK_OK(ctx, ts_decoder_new(ctx, &gc, NULL, 12, &g2));
     if (g2) {
         size_t gt = 0, h0 = 0, h1 = 0;
-        for (int i = 0; i < ts_gpt2_num_params(g2); i++)
-            gt += (size_t)ts_tensor_numel(ts_gpt2_param(g2, i));
+        for (int i = 0; i < ts_decoder_num_params(g2); i++)
+            gt += (size_t)ts_tensor_numel(ts_decoder_param(g2, i));
         float *a = malloc(sizeof(float) * gt), *b = malloc(sizeof(float) * gt);
-        double l0 = step(ctx, (model){.g = g2}, ids, tg, a, &h0);
-        CHECK_OK(ctx, ts_gpt2_set_checkpointing(g2, true));
-        double l1 = step(ctx, (model){.g = g2}, ids, tg, b, &h1);
+        double l0 = step(ctx, (model){.q = g2}, ids, tg, a, &h0);
+        CHECK_OK(ctx, ts_decoder_set_checkpointing(g2, true));
+        double l1 = step(ctx, (model){.q = g2}, ids, tg, b, &h1);
         CHECK(isfinite(l0) && fabs(l0 - l1) <= 1e-6 * fabs(l0));
         CHECK(worst_rel(a, b, gt) <= 1e-5);
         fprintf(stderr, "gpt2 eager: held after forward %zu -> %zu bytes\n", h0,
@@ -148,7 +140,7 @@ int main(void) {
         CHECK(h1 < h0 / 2);
         free(a), free(b);
     }
-    ts_gpt2_free(g2);
+    ts_decoder_free(g2);
 
     /* ts_checkpoint alone: d/dx sum(x*x + b) = 2x, d/db = 1 */
     int64_t s3[1] = {3};
@@ -181,11 +173,11 @@ int main(void) {
     ts_tensor *bad[2] = {x, NULL};
     CHECK(ts_checkpoint(sq_plus, NULL, 2, bad) == NULL);
     ts_clear_error(ctx);
-    CHECK(ts_qwen3_set_checkpointing(NULL, true) == TS_ERR_INVALID_ARG);
+    CHECK(ts_decoder_set_checkpointing(NULL, true) == TS_ERR_INVALID_ARG);
 
     ts_release(x), ts_release(b), ts_release(ids), ts_release(tg);
     free(g0), free(g1);
-    ts_qwen3_free(m);
+    ts_decoder_free(m);
     ts_ctx_free(ctx);
     return test_finish("test_checkpoint");
 }

@@ -18,13 +18,13 @@ static const int64_t IDS[2][5] = {{3, 14, 15, 42, 6}, {5, 35, 8, 9, 7}};
 static float *logits_for(ts_ctx *ctx, const char *dir, const char *map,
                          ts_dtype wdt, size_t *n) {
     ts_load_options o = {.weight_dtype = wdt, .device_map = map};
-    ts_qwen3_model *m = NULL;
+    ts_decoder *m = NULL;
     CHECK_OK(ctx, ts_decoder_load_opts(ctx, dir, &o, &m));
     if (!m)
         return NULL;
     int64_t shape[2] = {2, 5};
     ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, IDS);
-    ts_tensor *lg = ts_qwen3_forward(m, ids, 0);
+    ts_tensor *lg = ts_decoder_forward(m, ids, 0);
     float *out = NULL;
     if (lg) {
         *n = (size_t)ts_tensor_numel(lg);
@@ -36,7 +36,7 @@ static float *logits_for(ts_ctx *ctx, const char *dir, const char *map,
         fprintf(stderr, "  %s with \"%s\": %s\n", dir, map ? map : "(none)",
                 ts_errmsg(ctx));
     ts_release(lg), ts_release(ids);
-    ts_qwen3_free(m);
+    ts_decoder_free(m);
     return out;
 }
 
@@ -45,19 +45,19 @@ static float *logits_for(ts_ctx *ctx, const char *dir, const char *map,
 static float *cached_logits(ts_ctx *ctx, const char *dir, const char *map,
                             size_t *n) {
     ts_load_options o = {.device_map = map};
-    ts_qwen3_model *m = NULL;
-    ts_qwen3_cache *kc = NULL;
+    ts_decoder *m = NULL;
+    ts_decoder_cache *kc = NULL;
     CHECK_OK(ctx, ts_decoder_load_opts(ctx, dir, &o, &m));
     if (!m)
         return NULL;
-    CHECK_OK(ctx, ts_qwen3_cache_new(m, 1, 16, &kc));
+    CHECK_OK(ctx, ts_decoder_cache_new(m, 1, 16, &kc));
     float *out = NULL;
     size_t at = 0;
     for (int step = 0; kc && step < 4; step++) {
         int64_t T = step ? 1 : 5, shape[2] = {1, T};
         ts_tensor *ids =
             ts_from_data(ctx, TS_I64, 2, shape, step ? &IDS[1][step] : IDS[0]);
-        ts_tensor *lg = ts_qwen3_forward_cached_last(m, kc, ids);
+        ts_tensor *lg = ts_decoder_forward_cached_last(m, kc, ids);
         CHECK(lg != NULL);
         if (!lg)
             fprintf(stderr, "  cached %s with \"%s\": %s\n", dir, map,
@@ -71,8 +71,8 @@ static float *cached_logits(ts_ctx *ctx, const char *dir, const char *map,
         ts_release(lg), ts_release(ids);
     }
     *n = at;
-    ts_qwen3_cache_free(kc);
-    ts_qwen3_free(m);
+    ts_decoder_cache_free(kc);
+    ts_decoder_free(m);
     return out;
 }
 
@@ -134,13 +134,13 @@ static void test_memory_and_transfers(ts_ctx *ctx, const char *models) {
     ts_device_get_stats(ctx, d0, &a0);
     ts_device_get_stats(ctx, d1, &a1);
     ts_load_options o = {.device_map = "embed:cpu:4;0,1,head:cpu:5"};
-    ts_qwen3_model *m = NULL;
+    ts_decoder *m = NULL;
     CHECK_OK(ctx, ts_decoder_load_opts(ctx, dir, &o, &m));
     if (!m)
         return;
     ts_device_get_stats(ctx, d0, &b0);
     ts_device_get_stats(ctx, d1, &b1);
-    const ts_qwen3_config *c = ts_qwen3_get_config(m);
+    const ts_model_config *c = ts_decoder_get_config(m);
     size_t embed = (size_t)(c->vocab * c->hidden) * 4;
     /* cpu:4 holds the embedding table (f32) and nothing else */
     CHECK(b0.bytes_in_use - a0.bytes_in_use == embed);
@@ -148,7 +148,7 @@ static void test_memory_and_transfers(ts_ctx *ctx, const char *models) {
     CHECK(b1.bytes_in_use - a1.bytes_in_use > embed);
     int64_t shape[2] = {1, 5};
     ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, IDS[0]);
-    ts_tensor *lg = ts_qwen3_forward(m, ids, 0);
+    ts_tensor *lg = ts_decoder_forward(m, ids, 0);
     CHECK(lg && ts_tensor_device(lg).index == 5);
     ts_device_stats c0, c1;
     ts_device_get_stats(ctx, d0, &c0);
@@ -158,7 +158,7 @@ static void test_memory_and_transfers(ts_ctx *ctx, const char *models) {
     CHECK(c1.transfers_in == b1.transfers_in + 1 &&
           c1.bytes_in - b1.bytes_in == (size_t)(5 * c->hidden) * 4);
     ts_release(lg), ts_release(ids);
-    ts_qwen3_free(m);
+    ts_decoder_free(m);
     ts_device_get_stats(ctx, d0, &c0);
     CHECK(c0.bytes_in_use == a0.bytes_in_use); /* all returned */
 }
@@ -192,7 +192,7 @@ static void test_errors(ts_ctx *ctx, const char *models) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/gqa2_untied", models);
     ts_load_options o = {.device_map = "embed,0-5:cpu:0;head:cpu:1"};
-    ts_qwen3_model *m = NULL;
+    ts_decoder *m = NULL;
     CHECK(ts_decoder_load_opts(ctx, dir, &o, &m) != TS_OK && !m);
     CHECK_MSG(ctx, "outside the model's 0-1");
     ts_clear_error(ctx);

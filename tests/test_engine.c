@@ -102,7 +102,7 @@ static bool same_tokens(const result *a, const result *b, int n) {
     return true;
 }
 
-static ts_engine *engine(ts_ctx *ctx, ts_qwen3_model *m, int64_t blocks,
+static ts_engine *engine(ts_ctx *ctx, ts_decoder *m, int64_t blocks,
                          int max_seqs, int64_t batch_tokens) {
     ts_engine_options o = ts_engine_options_default();
     o.n_blocks = blocks;
@@ -122,7 +122,7 @@ static void check_no_blocks_held(ts_ctx *ctx, ts_engine *e) {
 }
 
 /* the engine's tokens equal the model's own KV-cache greedy generation */
-static void test_matches_reference(ts_ctx *ctx, ts_qwen3_model *m) {
+static void test_matches_reference(ts_ctx *ctx, ts_decoder *m) {
     req r[3];
     make_requests(r, 3, 5);
     ts_engine *e = engine(ctx, m, 256, 4, 64); /* chunked prefill too */
@@ -134,7 +134,7 @@ static void test_matches_reference(ts_ctx *ctx, ts_qwen3_model *m) {
         int64_t prompt[200], outv[200 + MAX_OUT];
         for (size_t t = 0; t < r[i].n; t++)
             prompt[t] = r[i].prompt[t];
-        CHECK_OK(ctx, ts_qwen3_generate_greedy(m, prompt, (int64_t)r[i].n,
+        CHECK_OK(ctx, ts_decoder_generate_greedy(m, prompt, (int64_t)r[i].n,
                                                r[i].max_tokens, outv));
         bool same = got[i].n == r[i].max_tokens;
         for (int k = 0; same && k < got[i].n; k++)
@@ -151,7 +151,7 @@ static void test_matches_reference(ts_ctx *ctx, ts_qwen3_model *m) {
     ts_engine_free(e);
 }
 
-static void test_batching_invariance(ts_ctx *ctx, ts_qwen3_model *m) {
+static void test_batching_invariance(ts_ctx *ctx, ts_decoder *m) {
     req r[N_REQ];
     make_requests(r, N_REQ, 11);
     result alone[N_REQ], together[N_REQ];
@@ -171,7 +171,7 @@ static void test_batching_invariance(ts_ctx *ctx, ts_qwen3_model *m) {
     ts_engine_free(e1), ts_engine_free(e2);
 }
 
-static void test_prefix_reuse(ts_ctx *ctx, ts_qwen3_model *m) {
+static void test_prefix_reuse(ts_ctx *ctx, ts_decoder *m) {
     req a, b;
     make_requests(&a, 1, 3);
     a.n = 150;
@@ -218,7 +218,7 @@ static void test_prefix_reuse(ts_ctx *ctx, ts_qwen3_model *m) {
 
 /* a pool of 24 blocks for 16 requests of up to 13 blocks each: the cache
  * is evicted, sequences are preempted and recomputed, answers unchanged */
-static void test_small_pool(ts_ctx *ctx, ts_qwen3_model *m) {
+static void test_small_pool(ts_ctx *ctx, ts_decoder *m) {
     req r[N_REQ];
     make_requests(r, N_REQ, 23);
     result big[N_REQ], small[N_REQ];
@@ -238,9 +238,9 @@ static void test_small_pool(ts_ctx *ctx, ts_qwen3_model *m) {
 
 /* a model split across devices (KV pools beside their layers) serves the
  * same tokens */
-static void test_device_split(ts_ctx *ctx, ts_qwen3_model *m, const char *dir) {
+static void test_device_split(ts_ctx *ctx, ts_decoder *m, const char *dir) {
     ts_load_options o = {.device_map = "embed,0:cpu:1;1,head:cpu:2"};
-    ts_qwen3_model *split = NULL;
+    ts_decoder *split = NULL;
     CHECK_OK(ctx, ts_decoder_load_opts(ctx, dir, &o, &split));
     if (!split)
         return;
@@ -255,10 +255,10 @@ static void test_device_split(ts_ctx *ctx, ts_qwen3_model *m, const char *dir) {
         CHECK(same_tokens(one, two, 6));
     }
     ts_engine_free(e1), ts_engine_free(e2);
-    ts_qwen3_free(split);
+    ts_decoder_free(split);
 }
 
-static void test_errors_and_abort(ts_ctx *ctx, ts_qwen3_model *m) {
+static void test_errors_and_abort(ts_ctx *ctx, ts_decoder *m) {
     ts_engine *e = engine(ctx, m, 64, 4, 64);
     if (!e)
         return;
@@ -312,7 +312,7 @@ int main(int argc, char **argv) {
     ts_ctx *ctx = test_ctx();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/gqa2_untied", argv[1]);
-    ts_qwen3_model *m = NULL;
+    ts_decoder *m = NULL;
     CHECK_OK(ctx, ts_decoder_load(ctx, dir, &m));
     if (m) {
         ts_set_grad_enabled(ctx, false);
@@ -323,7 +323,7 @@ int main(int argc, char **argv) {
         test_device_split(ctx, m, dir);
         test_errors_and_abort(ctx, m);
     }
-    ts_qwen3_free(m);
+    ts_decoder_free(m);
     ts_ctx_free(ctx);
     return test_finish("test_engine");
 }

@@ -123,9 +123,9 @@ static void *read_file(const char *path, size_t *n) {
 static void test_model(ts_ctx *ctx, const char *name, bool any_decoder) {
     char p[512];
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    ts_qwen3_model *m = NULL;
+    ts_decoder *m = NULL;
     CHECK_OK(ctx, any_decoder ? ts_decoder_load(ctx, p, &m)
-                              : ts_qwen3_load(ctx, p, &m));
+                              : ts_decoder_load(ctx, p, &m));
     if (!m)
         return;
     size_t ni, nl;
@@ -138,7 +138,7 @@ static void test_model(ts_ctx *ctx, const char *name, bool any_decoder) {
         return;
     int64_t shape[2] = {raw[0], raw[1]};
     ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, raw + 2);
-    ts_tensor *logits = ts_qwen3_forward(m, ids, 0);
+    ts_tensor *logits = ts_decoder_forward(m, ids, 0);
     CHECK(logits != NULL);
     if (logits) {
         int64_t n = ts_tensor_numel(logits);
@@ -160,7 +160,7 @@ static void test_model(ts_ctx *ctx, const char *name, bool any_decoder) {
     int64_t *ref = read_file(p, &ng);
     int64_t got[32];
     CHECK(ref && ng == sizeof got);
-    CHECK_OK(ctx, ts_qwen3_generate_greedy(m, raw + 2, 5, 32, got));
+    CHECK_OK(ctx, ts_decoder_generate_greedy(m, raw + 2, 5, 32, got));
     int same = 0;
     while (ref && same < 32 && got[same] == ref[same])
         same++;
@@ -169,36 +169,36 @@ static void test_model(ts_ctx *ctx, const char *name, bool any_decoder) {
         fprintf(stderr, "%s: greedy differs at token %d\n", name, same);
     free(ref);
     /* the cache: the prompt in two pieces gives the one-pass logits */
-    ts_qwen3_cache *kc;
-    CHECK_OK(ctx, ts_qwen3_cache_new(m, 1, 8, &kc));
+    ts_decoder_cache *kc;
+    CHECK_OK(ctx, ts_decoder_cache_new(m, 1, 8, &kc));
     int64_t s1[2] = {1, 3}, s2[2] = {1, 2}, s5[2] = {1, 5};
     ts_tensor *a = ts_from_data(ctx, TS_I64, 2, s1, raw + 2);
     ts_tensor *b = ts_from_data(ctx, TS_I64, 2, s2, raw + 5);
     ts_tensor *all = ts_from_data(ctx, TS_I64, 2, s5, raw + 2);
-    ts_tensor *la = ts_qwen3_forward_cached(m, kc, a);
-    ts_tensor *lb = ts_qwen3_forward_cached(m, kc, b);
-    ts_tensor *lall = ts_qwen3_forward(m, all, 0);
+    ts_tensor *la = ts_decoder_forward_cached(m, kc, a);
+    ts_tensor *lb = ts_decoder_forward_cached(m, kc, b);
+    ts_tensor *lall = ts_decoder_forward(m, all, 0);
     ts_tensor *tail = ts_slice(lall, 1, 3, 5, 1);
     test_allclose("cached logits", lb, tail, 1e-5, 1e-5);
-    CHECK(ts_qwen3_cache_len(kc) == 5);
+    CHECK(ts_decoder_cache_len(kc) == 5);
     ts_tensor *big = ts_from_data(ctx, TS_I64, 2, s5, raw + 2);
-    CHECK(ts_qwen3_forward_cached(m, kc, big) == NULL); /* 5 + 5 > 8 */
+    CHECK(ts_decoder_forward_cached(m, kc, big) == NULL); /* 5 + 5 > 8 */
     CHECK_MSG(ctx, "do not fit the cache");
     ts_clear_error(ctx);
     ts_release(a), ts_release(b), ts_release(all), ts_release(la),
         ts_release(lb);
     ts_release(lall), ts_release(tail), ts_release(big);
-    ts_qwen3_cache_free(kc);
+    ts_decoder_cache_free(kc);
     free(raw), free(want);
-    ts_qwen3_free(m);
+    ts_decoder_free(m);
 }
 
 /* GPT-2: logits and 20 greedy tokens against the reference */
 static void test_gpt2(ts_ctx *ctx, const char *name) {
     char p[512];
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    ts_gpt2_model *m = NULL;
-    CHECK_OK(ctx, ts_gpt2_load(ctx, p, &m));
+    ts_decoder *m = NULL;
+    CHECK_OK(ctx, ts_decoder_load(ctx, p, &m));
     if (!m)
         return;
     size_t ni, nl, ng;
@@ -212,7 +212,7 @@ static void test_gpt2(ts_ctx *ctx, const char *name) {
     if (raw && want && ref) {
         int64_t shape[2] = {raw[0], raw[1]};
         ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, raw + 2);
-        ts_tensor *logits = ts_gpt2_forward(m, ids, 0);
+        ts_tensor *logits = ts_decoder_forward(m, ids, 0);
         CHECK(logits && (size_t)ts_tensor_numel(logits) * 4 == nl);
         if (logits && (size_t)ts_tensor_numel(logits) * 4 == nl) {
             float *got = ts_tensor_data(logits);
@@ -227,23 +227,23 @@ static void test_gpt2(ts_ctx *ctx, const char *name) {
                 name, scale, err, err / scale);
         }
         int64_t out[20];
-        CHECK_OK(ctx, ts_gpt2_generate_greedy(m, raw + 2, 5, 20, out));
+        CHECK_OK(ctx, ts_decoder_generate_greedy(m, raw + 2, 5, 20, out));
         CHECK(!memcmp(out, ref, sizeof out));
         ts_release(ids), ts_release(logits);
     }
     free(raw), free(want), free(ref);
-    ts_gpt2_free(m);
+    ts_decoder_free(m);
 }
 
 static void test_bad_models(ts_ctx *ctx) {
     char p[1024];
-    ts_qwen3_model *m = NULL;
+    ts_decoder *m = NULL;
     snprintf(p, sizeof p, "%s/bad_missing_tensor", dir);
-    CHECK(ts_qwen3_load(ctx, p, &m) == TS_ERR_IO && !m);
+    CHECK(ts_decoder_load(ctx, p, &m) == TS_ERR_IO && !m);
     CHECK_MSG(ctx, "the checkpoint has no tensor \"model.norm.weight\"");
     ts_clear_error(ctx);
     snprintf(p, sizeof p, "%s/bad_wrong_shape", dir);
-    CHECK(ts_qwen3_load(ctx, p, &m) == TS_ERR_SHAPE && !m);
+    CHECK(ts_decoder_load(ctx, p, &m) == TS_ERR_SHAPE && !m);
     CHECK_MSG(ctx, "tensor \"model.layers.0.mlp.gate_proj.weight\" has shape "
                    "[80, 48] in the "
                    "checkpoint; the config needs [81, 48]");
@@ -256,7 +256,7 @@ static void test_bad_models(ts_ctx *ctx) {
                   "\"intermediate_size\": 96,"
                   " \"num_attention_heads\": 4, \"num_hidden_layers\": 1, "
                   "\"vocab_size\": 10}");
-    CHECK(ts_qwen3_load(ctx, d2, &m) == TS_ERR_UNSUPPORTED);
+    CHECK(ts_decoder_load(ctx, d2, &m) == TS_ERR_UNSUPPORTED);
     CHECK_MSG(ctx, "a llama model; ts_qwen3_load reads qwen3 ones");
     ts_clear_error(ctx);
 }
@@ -282,23 +282,25 @@ int main(int argc, char **argv) {
     {
         char p[512];
         snprintf(p, sizeof p, "%s/bf16_tied", dir);
-        ts_qwen3_model *m32 = NULL, *m16 = NULL;
+        ts_decoder *m32 = NULL, *m16 = NULL;
         CHECK_OK(ctx, ts_decoder_load(ctx, p, &m32));
-        CHECK_OK(ctx, ts_decoder_load_as(ctx, p, TS_BF16, &m16));
-        CHECK(m16 && ts_tensor_dtype(ts_qwen3_find_param(
+        ts_load_options bf = {.weight_dtype = TS_BF16};
+        CHECK_OK(ctx, ts_decoder_load_opts(ctx, p, &bf, &m16));
+        CHECK(m16 && ts_tensor_dtype(ts_decoder_find_param(
                          m16, "model.embed_tokens.weight")) == TS_BF16);
         int64_t ids[6] = {1, 5, 9, 2, 7, 3}, shape[2] = {1, 6};
         ts_tensor *t = ts_from_data(ctx, TS_I64, 2, shape, ids);
-        ts_tensor *a = ts_qwen3_forward(m32, t, 0),
-                  *b = ts_qwen3_forward(m16, t, 0);
+        ts_tensor *a = ts_decoder_forward(m32, t, 0),
+                  *b = ts_decoder_forward(m16, t, 0);
         test_allclose("bf16-kept weights", b, a, 1e-4, 1e-4);
         int64_t g32[12], g16[12];
-        CHECK_OK(ctx, ts_qwen3_generate_greedy(m32, ids, 6, 12, g32));
-        CHECK_OK(ctx, ts_qwen3_generate_greedy(m16, ids, 6, 12, g16));
+        CHECK_OK(ctx, ts_decoder_generate_greedy(m32, ids, 6, 12, g32));
+        CHECK_OK(ctx, ts_decoder_generate_greedy(m16, ids, 6, 12, g16));
         CHECK(!memcmp(g32, g16, sizeof g32));
         ts_release(t), ts_release(a), ts_release(b);
-        ts_qwen3_free(m32), ts_qwen3_free(m16);
-        CHECK(ts_decoder_load_as(ctx, p, TS_I32, &m16) == TS_ERR_DTYPE);
+        ts_decoder_free(m32), ts_decoder_free(m16);
+        ts_load_options i32 = {.weight_dtype = TS_I32};
+        CHECK(ts_decoder_load_opts(ctx, p, &i32, &m16) == TS_ERR_DTYPE);
         CHECK_MSG(ctx, "weights can be kept in f32 or bf16, not i32");
         ts_clear_error(ctx);
     }
@@ -311,17 +313,17 @@ int main(int argc, char **argv) {
         ts_alloc_empty_cache(ctx);
         ts_alloc_stats a0, a1;
         ts_alloc_get_stats(ctx, &a0);
-        ts_qwen3_model *m = NULL;
+        ts_decoder *m = NULL;
         CHECK_OK(ctx, ts_decoder_load(ctx, p, &m));
         ts_alloc_get_stats(ctx, &a1);
         int64_t wbytes = 0;
-        for (int i = 0; m && i < ts_qwen3_num_params(m); i++)
-            wbytes += ts_tensor_numel(ts_qwen3_param(m, i)) * 4;
+        for (int i = 0; m && i < ts_decoder_num_params(m); i++)
+            wbytes += ts_tensor_numel(ts_decoder_param(m, i)) * 4;
         CHECK(m && a1.bytes_in_use - a0.bytes_in_use < (size_t)wbytes / 10);
-        ts_tensor *w = m ? ts_qwen3_find_param(m, "model.norm.weight") : NULL;
+        ts_tensor *w = m ? ts_decoder_find_param(m, "model.norm.weight") : NULL;
         CHECK(w && ts_fill_(w, 2.0) == TS_OK &&
               ((float *)ts_tensor_data(w))[0] == 2.0f);
-        ts_qwen3_free(m);
+        ts_decoder_free(m);
     }
     test_gpt2(ctx, "gpt2_prefixed");
     test_gpt2(ctx, "gpt2_bare");

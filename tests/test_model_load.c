@@ -268,7 +268,7 @@ static void test_config_sizes(ts_ctx *ctx) {
      * model allocated first */
     variant more = {.key = "num_hidden_layers", .value = 3};
     make_variant(ctx, "gqa2_untied", "bad_size", &more, d, sizeof d);
-    ts_qwen3_model *m = NULL;
+    ts_decoder *m = NULL;
     CHECK(ts_decoder_load(ctx, d, &m) == TS_ERR_IO && !m);
     CHECK_MSG(ctx, "the checkpoint has no tensor "
                    "\"model.layers.2.self_attn.q_proj.weight\"");
@@ -334,7 +334,7 @@ static void test_weight_values(ts_ctx *ctx) {
     /* ... and loads when asked not to check */
     ts_load_options no = {.no_check_weights = true};
     CHECK_OK(ctx, ts_lm_load(ctx, d, &no, &lm));
-    ts_tensor *w = lm ? ts_qwen3_find_param(ts_lm_decoder(lm),
+    ts_tensor *w = lm ? ts_decoder_find_param(ts_lm_decoder(lm),
                                             "model.layers.1.mlp.up_proj.weight")
                       : NULL;
     CHECK(w && isnan(((float *)ts_tensor_data(w))[1234]));

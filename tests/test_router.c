@@ -37,7 +37,7 @@
 
 /* ---- hashing: router = engine ---- */
 
-static ts_engine *new_engine(ts_ctx *ctx, ts_qwen3_model *m, int64_t blocks) {
+static ts_engine *new_engine(ts_ctx *ctx, ts_decoder *m, int64_t blocks) {
     ts_engine_options o = ts_engine_options_default();
     o.n_blocks = blocks;
     ts_engine *e = NULL;
@@ -69,7 +69,7 @@ static int run_one(ts_ctx *ctx, ts_engine *e, const int32_t *p, size_t n,
     return got;
 }
 
-static void test_hashes_match_engine(ts_ctx *ctx, ts_qwen3_model *m) {
+static void test_hashes_match_engine(ts_ctx *ctx, ts_decoder *m) {
     ts_engine *e = new_engine(ctx, m, 64);
     if (!e)
         return;
@@ -335,7 +335,7 @@ static void test_frames(void) {
 typedef struct {
     ts_ctx *ctx;
     ts_engine *e;
-    ts_qwen3_model *m;
+    ts_decoder *m;
     int fd;
     int rc;
 } receiver;
@@ -343,7 +343,7 @@ typedef struct {
 static int adopt(void *arg, const ts_kvx_geometry *g, const ts_kvx_blocks *b,
                  uint32_t *adopted, char *err, size_t cap) {
     receiver *r = arg;
-    const ts_qwen3_config *c = ts_qwen3_get_config(r->m);
+    const ts_model_config *c = ts_decoder_get_config(r->m);
     if (g->block_size != ts_engine_block_size(r->e) || g->layers != c->layers ||
         g->kv_heads != c->kv_heads || g->head_dim != c->head_dim) {
         snprintf(err, cap, "another model");
@@ -385,7 +385,7 @@ static int transfer(receiver *r, const uint8_t *f, size_t len,
     return rc;
 }
 
-static void test_transfer(ts_ctx *ctx, ts_qwen3_model *m) {
+static void test_transfer(ts_ctx *ctx, ts_decoder *m) {
     ts_engine *a = new_engine(ctx, m, 64), *b = new_engine(ctx, m, 64),
               *full = new_engine(ctx, m, 12);
     if (!a || !b || !full)
@@ -401,7 +401,7 @@ static void test_transfer(ts_ctx *ctx, ts_qwen3_model *m) {
     void *kv = malloc(per * 8);
     size_t nb = ts_engine_export_prefix(a, p, 140, kv, 8);
     CHECK(nb == 8); /* 140 / 16 full blocks */
-    const ts_qwen3_config *c = ts_qwen3_get_config(m);
+    const ts_model_config *c = ts_decoder_get_config(m);
     ts_kvx_blocks blk = {.g = {.block_size = 16,
                                .layers = (uint32_t)c->layers,
                                .kv_heads = (uint32_t)c->kv_heads,
@@ -595,14 +595,14 @@ int main(int argc, char **argv) {
     ts_ctx *ctx = test_ctx();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/gqa2_untied", argv[1]);
-    ts_qwen3_model *m = NULL;
+    ts_decoder *m = NULL;
     CHECK_OK(ctx, ts_decoder_load(ctx, dir, &m));
     if (m) {
         ts_set_grad_enabled(ctx, false);
         test_hashes_match_engine(ctx, m);
         test_transfer(ctx, m);
     }
-    ts_qwen3_free(m);
+    ts_decoder_free(m);
     ts_ctx_free(ctx);
     return test_finish("test_router");
 }

@@ -938,20 +938,14 @@ static void check_losses_equal(const char *what, const train_log *a,
  * `step` (1-based) as the trainer's loader deals it */
 static double checkpoint_loss(ts_ctx *ctx, const char *dir,
                               const ts_train_options *o, int64_t step) {
-    ts_qwen3_model *m = NULL;
-    ts_gpt2_model *g = NULL;
+    ts_decoder *m = NULL;
     double v = NAN;
-    ts_model_config mc;
-    CHECK_OK(ctx, ts_config_load(ctx, dir, &mc));
-    if (mc.arch == TS_ARCH_GPT2)
-        CHECK_OK(ctx, ts_gpt2_load(ctx, dir, &g));
-    else
-        CHECK_OK(ctx, ts_decoder_load(ctx, dir, &m));
+    CHECK_OK(ctx, ts_decoder_load(ctx, dir, &m));
     ts_loader *l = NULL;
     CHECK_OK(ctx, ts_loader_open(ctx, o->data_dir, "train", o->seq, o->seed,
                                  true, &l));
-    if ((!m && !g) || !l) {
-        ts_qwen3_free(m), ts_gpt2_free(g), ts_loader_free(l);
+    if (!m || !l) {
+        ts_decoder_free(m), ts_loader_free(l);
         return v;
     }
     int64_t B = o->batch * o->grad_accum, T = o->seq;
@@ -963,8 +957,7 @@ static double checkpoint_loss(ts_ctx *ctx, const char *dir,
     int64_t shape[2] = {B, T};
     ts_tensor *i = ts_from_data(ctx, TS_I64, 2, shape, ids);
     ts_tensor *t = ts_from_data(ctx, TS_I64, 2, shape, tg);
-    ts_tensor *loss =
-        g ? ts_gpt2_loss(g, i, t, NULL) : ts_qwen3_loss(m, i, t, NULL);
+    ts_tensor *loss = ts_decoder_loss(m, i, t, NULL);
     CHECK(loss != NULL);
     if (loss)
         CHECK_OK(ctx, ts_item(loss, &v));
@@ -972,7 +965,7 @@ static double checkpoint_loss(ts_ctx *ctx, const char *dir,
     ts_set_grad_enabled(ctx, old);
     free(ids), free(tg);
     ts_loader_free(l);
-    ts_qwen3_free(m), ts_gpt2_free(g);
+    ts_decoder_free(m);
     return v;
 }
 
@@ -1203,24 +1196,24 @@ static void test_train_runs(ts_ctx *ctx) {
     CHECK(fabs(l4 - lcos.loss[3]) <= 1e-5 * lcos.loss[3] + 1e-6);
     /* ts_lm_load reads the same folder with the same logits */
     ts_lm *lm = NULL;
-    ts_qwen3_model *m = NULL;
+    ts_decoder *m = NULL;
     CHECK_OK(ctx, ts_lm_load(ctx, WORK "/run_cos/step_000006", NULL, &lm));
     CHECK_OK(ctx, ts_decoder_load(ctx, WORK "/run_cos/step_000006", &m));
     if (lm && m) {
         int64_t ids[12] = {1, 5, 9, 200, 399, 17, 3, 0, 256, 300, 42, 7};
         int64_t shape[2] = {1, 12};
         ts_tensor *x = ts_from_data(ctx, TS_I64, 2, shape, ids);
-        ts_tensor *a = ts_lm_forward(lm, x), *b = ts_qwen3_forward(m, x, 0);
+        ts_tensor *a = ts_lm_forward(lm, x), *b = ts_decoder_forward(m, x, 0);
         test_allclose("ts_lm_load vs ts_decoder_load logits", a, b, 0, 1e-6);
         CHECK(a && ts_tensor_dim(a, 2) == 400);
         ts_release(a), ts_release(b), ts_release(x);
         /* the trained weights, not a fresh model's */
-        ts_tensor *w = ts_qwen3_find_param(m, "model.norm.weight");
+        ts_tensor *w = ts_decoder_find_param(m, "model.norm.weight");
         double v = 1;
         int64_t at[1] = {0};
         CHECK(w && ts_get(w, at, &v) == TS_OK && v != 1.0);
     }
-    ts_lm_free(lm), ts_qwen3_free(m);
+    ts_lm_free(lm), ts_decoder_free(m);
 
     /* grad-accum 2 of batch 2 = batch 4: each step takes the same 4
      * windows (the loader deals `batch` per micro-batch), and the mean of

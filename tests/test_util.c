@@ -98,3 +98,16 @@ int test_finish(const char *name) {
     printf("%s: all %d checks passed\n", name, ts_test_checks);
     return 0;
 }
+
+ts_model_config tu_config(const char *model_type) {
+    ts_model_config c;
+    ts_ctx *ctx = NULL;
+    if (ts_ctx_new(&ctx, NULL) != TS_OK ||
+        ts_model_config_preset(ctx, model_type, &c) != TS_OK) {
+        fprintf(stderr, "tu_config(%s): %s\n", model_type,
+                ctx ? ts_errmsg(ctx) : "no context");
+        exit(2);
+    }
+    ts_ctx_free(ctx);
+    return c;
+}

@@ -55,6 +55,10 @@ extern int ts_test_checks;
     } while (0)
 
 ts_ctx *test_ctx(void);
+/* A family's description (ts_model_config_preset of model_type) with the
+ * sizes left to the caller; exits on an unknown family. */
+#include "tessera_io.h"
+ts_model_config tu_config(const char *model_type);
 /* Max |a-b| / (atol + rtol*|b|) over all elements (<= 1 passes); prints the
  * worst element when it fails. Both tensors are read as f64. */
 int test_allclose(const char *what, ts_tensor *a, ts_tensor *b, double rtol,

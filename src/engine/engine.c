@@ -2,7 +2,7 @@
  * cache with prefix reuse, as vLLM and SGLang do.
  *
  * Blocks: a pool of n_blocks blocks of block_size positions (K and V of
- * every layer, ts_qwen3_kv_pool); a block's reference count is the number
+ * every layer, ts_kv_pool); a block's reference count is the number
  * of sequences whose block table holds it, plus one while the prefix
  * cache holds it. Free blocks (count 0) are on a free list.
  *
@@ -67,8 +67,8 @@ typedef struct node {
 
 struct ts_engine {
     ts_ctx *ctx;
-    ts_qwen3_model *m;
-    ts_qwen3_kv_pool *pool;
+    ts_decoder *m;
+    ts_kv_pool *pool;
     ts_engine_options opt;
     int64_t bs, n_blocks, max_blocks_per_seq;
     int32_t *ref;  /* per block */
@@ -321,14 +321,14 @@ ts_engine_options ts_engine_options_default(void) {
         .block_size = 16, .max_seqs = 16, .max_batch_tokens = 512};
 }
 
-ts_status ts_engine_new(ts_ctx *ctx, ts_qwen3_model *m,
+ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
                         const ts_engine_options *opt, ts_engine **out) {
     if (!ctx)
         return TS_ERR_INVALID_ARG;
     if (!m || !opt || !out)
         return ts_set_error(ctx, TS_ERR_INVALID_ARG, "engine: NULL argument");
     *out = NULL;
-    const ts_qwen3_config *c = ts_qwen3_get_config(m);
+    const ts_model_config *c = ts_decoder_get_config(m);
     ts_engine_options o = *opt;
     if (o.block_size < 1 || o.block_size > 256)
         return ts_set_error(ctx, TS_ERR_RANGE,
@@ -341,7 +341,7 @@ ts_status ts_engine_new(ts_ctx *ctx, ts_qwen3_model *m,
         return ts_set_error(ctx, TS_ERR_RANGE,
                             "engine: max_batch_tokens %lld (want >= 1)",
                             (long long)o.max_batch_tokens);
-    int64_t per_block = ts_qwen3_kv_block_bytes(c, o.block_size);
+    int64_t per_block = ts_kv_block_bytes(c, o.block_size);
     int64_t nb = o.n_blocks;
     if (!nb)
         nb = o.kv_memory ? o.kv_memory / per_block : 512;
@@ -368,7 +368,7 @@ ts_status ts_engine_new(ts_ctx *ctx, ts_qwen3_model *m,
     }
     for (int64_t b = nb - 1; b >= 0; b--)
         e->free_list[e->n_free++] = (int32_t)b;
-    ts_status s = ts_qwen3_kv_pool_new(m, nb, e->bs, &e->pool);
+    ts_status s = ts_kv_pool_new(m, nb, e->bs, &e->pool);
     if (s != TS_OK) {
         ts_engine_free(e);
         return s;
@@ -390,7 +390,7 @@ void ts_engine_free(ts_engine *e) {
             free(e->map[i]->tokens), free(e->map[i]);
     free(e->running), free(e->waiting), free(e->map);
     free(e->ref), free(e->in_tree), free(e->free_list), free(e->events);
-    ts_qwen3_kv_pool_free(e->pool);
+    ts_kv_pool_free(e->pool);
     free(e);
 }
 
@@ -406,7 +406,7 @@ ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id) {
     if (!r || !id || (!r->prompt && r->n_prompt))
         return ts_set_error(e->ctx, TS_ERR_INVALID_ARG,
                             "engine_add: NULL argument");
-    const ts_qwen3_config *c = ts_qwen3_get_config(e->m);
+    const ts_model_config *c = ts_decoder_get_config(e->m);
     if (r->n_prompt < 1)
         return ts_set_error(e->ctx, TS_ERR_INVALID_ARG, "the prompt is empty");
     if (r->max_tokens < 1)
@@ -744,12 +744,12 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
         ts_tensor *in = ts_from_data(ctx, TS_I64, 2, ishape, ids);
         ts_tensor *mt = ts_from_data(ctx, TS_I32, 1, mshape, meta);
         if (in && mt && n_rows)
-            logits = ts_qwen3_forward_paged(e->m, e->pool, in, pos, mt, rows,
+            logits = ts_decoder_forward_paged(e->m, e->pool, in, pos, mt, rows,
                                             n_rows);
         else if (in && mt) { /* only prefill chunks: K/V, no logits needed */
             int32_t last = (int32_t)N - 1;
             logits =
-                ts_qwen3_forward_paged(e->m, e->pool, in, pos, mt, &last, 1);
+                ts_decoder_forward_paged(e->m, e->pool, in, pos, mt, &last, 1);
         }
         ctx->mode = mode;
         ts_set_grad_enabled(ctx, old);
@@ -821,7 +821,7 @@ int64_t ts_engine_block_size(const ts_engine *e) {
 }
 
 int64_t ts_engine_block_bytes(const ts_engine *e) {
-    return e ? ts_qwen3_kv_block_bytes(ts_qwen3_get_config(e->m), e->bs) : 0;
+    return e ? ts_kv_block_bytes(ts_decoder_get_config(e->m), e->bs) : 0;
 }
 
 size_t ts_engine_export_prefix(ts_engine *e, const int32_t *tokens,
@@ -834,7 +834,7 @@ size_t ts_engine_export_prefix(ts_engine *e, const int32_t *tokens,
         const int32_t *toks = tokens + k * (size_t)e->bs;
         uint64_t h = ts_block_hash(parent, toks, e->bs);
         node *n = tree_find(e, h, toks);
-        if (!n || ts_qwen3_kv_pool_read_block(e->pool, n->block,
+        if (!n || ts_kv_pool_read_block(e->pool, n->block,
                                               (char *)buf + k * per) != TS_OK)
             break;
         n->last_used = ++e->tick;
@@ -852,7 +852,7 @@ ts_status ts_engine_import_prefix(ts_engine *e, const int32_t *tokens,
         return ts_set_error(e->ctx, TS_ERR_INVALID_ARG,
                             "engine_import_prefix: NULL argument");
     *adopted = 0;
-    const ts_qwen3_config *c = ts_qwen3_get_config(e->m);
+    const ts_model_config *c = ts_decoder_get_config(e->m);
     for (size_t i = 0; i < n_blocks * (size_t)e->bs; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab)
             return ts_set_error(e->ctx, TS_ERR_RANGE,
@@ -882,7 +882,7 @@ ts_status ts_engine_import_prefix(ts_engine *e, const int32_t *tokens,
                 b = block_take(e);
             if (b < 0)
                 break; /* the pool is full of blocks in use: adopt less */
-            st = ts_qwen3_kv_pool_write_block(e->pool, b,
+            st = ts_kv_pool_write_block(e->pool, b,
                                               (const char *)buf + k * per);
             n = st == TS_OK ? tree_add(e, toks, parent, b) : NULL;
             block_release(e, b); /* the tree's reference remains */

@@ -550,34 +550,138 @@ ts_status ts_rope_tables(ts_ctx *ctx, int64_t T, int64_t D, double theta,
     return TS_OK;
 }
 
-ts_tensor *ts_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
-                        ts_tensor *mask, bool causal, double scale) {
-    if (q && !isfinite(scale))
-        return fail(q->ctx, TS_ERR_RANGE, "attention: scale %g is not finite",
-                    scale);
-    if (q && q->ndim == 4 && scale <= 0)
-        scale = 1.0 / sqrt((double)q->shape[3]);
-    ts_attrs a = {.i = {causal, mask != NULL}, .ni = 2, .f = {scale}};
+/* the options' checks, shared by both attention entry points; the scale
+ * defaulted from q's D */
+static bool attn_opts_ok(ts_tensor *q, const char *op, ts_attn_opts *o) {
+    if (!q) /* the op call reports it */
+        return true;
+    if (!isfinite(o->scale)) {
+        fail(q->ctx, TS_ERR_RANGE, "%s: scale %g is not finite", op, o->scale);
+        return false;
+    }
+    if (!(o->softcap >= 0) || !isfinite(o->softcap)) {
+        fail(q->ctx, TS_ERR_RANGE,
+             "%s: softcap %g (want 0 for none, or finite > 0)", op, o->softcap);
+        return false;
+    }
+    if (o->window < 0) {
+        fail(q->ctx, TS_ERR_RANGE, "%s: window %lld (want 0 for none, or > 0)",
+             op, (long long)o->window);
+        return false;
+    }
+    if (q->ndim == 4 && o->scale <= 0)
+        o->scale = 1.0 / sqrt((double)q->shape[3]);
+    return true;
+}
+
+ts_tensor *ts_attention_ex(ts_tensor *q, ts_tensor *k, ts_tensor *v,
+                           ts_tensor *mask, const ts_attn_opts *opts) {
+    ts_attn_opts o = opts ? *opts : (ts_attn_opts){0};
+    if (!attn_opts_ok(q, "attention", &o))
+        return NULL;
+    /* i: causal, has mask, window; f: scale, softcap (a rewrite in
+     * compile.c builds i[0..1], f[0] and leaves the rest zero) */
+    ts_attrs a = {.i = {o.causal, mask != NULL, o.window},
+                  .ni = 3,
+                  .f = {o.scale, o.softcap}};
     ts_tensor *in[4] = {q, k, v, mask};
     return call(TS_OP_ATTENTION, mask ? 4 : 3, in, &a);
 }
 
-ts_tensor *ts_paged_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
-                              ts_tensor *k_pool, ts_tensor *v_pool,
-                              ts_tensor *meta, double scale) {
+ts_tensor *ts_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
+                        ts_tensor *mask, bool causal, double scale) {
+    ts_attn_opts o = {.causal = causal, .scale = scale};
+    return ts_attention_ex(q, k, v, mask, &o);
+}
+
+ts_tensor *ts_paged_attention_ex(ts_tensor *q, ts_tensor *k, ts_tensor *v,
+                                 ts_tensor *k_pool, ts_tensor *v_pool,
+                                 ts_tensor *meta, const ts_attn_opts *opts) {
     ts_ctx *ctx = q ? q->ctx : NULL;
     if (ctx && ctx->mode == TS_MODE_COMPILED && !ctx->force_eager)
         return fail(ctx, TS_ERR_STATE,
                     "paged_attention writes the KV pools in place: call it in "
                     "eager mode");
-    if (q && !(isfinite(scale)))
-        return fail(ctx, TS_ERR_RANGE,
-                    "paged_attention: scale %g is not finite", scale);
-    if (q && q->ndim == 4 && scale <= 0)
-        scale = 1.0 / sqrt((double)q->shape[3]);
-    ts_attrs a = {.f = {scale}};
+    ts_attn_opts o = opts ? *opts : (ts_attn_opts){.causal = true};
+    if (!attn_opts_ok(q, "paged_attention", &o))
+        return NULL;
+    ts_attrs a = {.i = {o.window}, .ni = 1, .f = {o.scale, o.softcap}};
     ts_tensor *in[6] = {q, k, v, k_pool, v_pool, meta};
     return call(TS_OP_PAGED_ATTENTION, 6, in, &a);
+}
+
+ts_tensor *ts_paged_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
+                              ts_tensor *k_pool, ts_tensor *v_pool,
+                              ts_tensor *meta, double scale) {
+    ts_attn_opts o = {.causal = true, .scale = scale};
+    return ts_paged_attention_ex(q, k, v, k_pool, v_pool, meta, &o);
+}
+
+/* ---- mixture of experts ---- */
+
+ts_tensor *ts_topk(ts_tensor *x, int64_t k) {
+    if (!x)
+        return NULL;
+    if (x->ndim == 0)
+        return fail(x->ctx, TS_ERR_SHAPE,
+                    "topk: input is a scalar (want "
+                    "(..., n))");
+    int64_t n = x->shape[x->ndim - 1];
+    if (k < 1 || k > n)
+        return fail(x->ctx, TS_ERR_RANGE,
+                    "topk: k = %lld out of range for a last dim of %lld (want "
+                    "1 <= k <= n)",
+                    (long long)k, (long long)n);
+    ts_attrs a = {.i = {k}, .ni = 1};
+    return call1(TS_OP_TOPK, x, &a);
+}
+
+ts_tensor *ts_gather(ts_tensor *x, int dim, ts_tensor *index) {
+    if (!x || !index)
+        return null_input(ts_tensor_ctx(x ? x : index), "gather");
+    int d = ts_norm_dim(dim, x->ndim);
+    if (d < 0)
+        return fail(x->ctx, TS_ERR_RANGE,
+                    "gather: dim %d out of range for %d dims", dim, x->ndim);
+    ts_attrs a = {.i = {d}, .ni = 1};
+    return call2(TS_OP_GATHER, x, index, &a);
+}
+
+ts_tensor *ts_gather_backward(ts_tensor *g, ts_tensor *index, int dim, int ndim,
+                              const int64_t *shape) {
+    ts_attrs a = {.i = {dim}, .ni = 1 + ndim};
+    memcpy(a.i + 1, shape, sizeof(int64_t) * (size_t)ndim);
+    return call2(TS_OP_GATHER_BACKWARD, g, index, &a);
+}
+
+ts_tensor *ts_one_hot(ts_tensor *idx, int64_t n) {
+    if (!idx)
+        return NULL;
+    if (n < 1)
+        return fail(idx->ctx, TS_ERR_RANGE,
+                    "one_hot: n = %lld classes (want >= 1)", (long long)n);
+    ts_attrs a = {.i = {n}, .ni = 1};
+    return call1(TS_OP_ONE_HOT, idx, &a);
+}
+
+ts_tensor *ts_moe_experts(ts_tensor *x, ts_tensor *idx, ts_tensor *w,
+                          ts_tensor *gate, ts_tensor *up, ts_tensor *down,
+                          ts_act act) {
+    if (!x || !idx || !w || !up || !down)
+        return null_input(ts_ctx_of(5, (ts_tensor *[]){x, idx, w, up, down}),
+                          "moe_experts");
+    if ((unsigned)act > TS_ACT_GELU)
+        return fail(x->ctx, TS_ERR_INVALID_ARG,
+                    "moe_experts: unknown activation %d", (int)act);
+    /* i: activation, gated */
+    ts_attrs a = {.i = {act, gate != NULL}, .ni = 2};
+    ts_tensor *in[6] = {x, idx, w};
+    int n = 3;
+    if (gate)
+        in[n++] = gate;
+    in[n++] = up;
+    in[n++] = down;
+    return call(TS_OP_MOE_EXPERTS, n, in, &a);
 }
 
 ts_tensor *ts_cross_entropy(ts_tensor *logits, ts_tensor *targets,

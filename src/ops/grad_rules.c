@@ -409,3 +409,58 @@ TS_GRAD(cross_entropy) {
     return put(ctx, gin, 0,
                ts_op_n(TS_OP_CROSS_ENTROPY_BACKWARD, 4, in, &n->attrs));
 }
+
+TS_GRAD(gather) {
+    if (!want[0]) /* (the index has no gradient) */
+        return TS_OK;
+    const ts_tensor *x = n->in[0];
+    return put(
+        ctx, gin, 0,
+        ts_gather_backward(g, n->in[1], (int)n->attrs.i[0], x->ndim, x->shape));
+}
+
+/* One backward kernel for the wanted gradients (x, w, and the f32 expert
+ * weights; bf16 weights and idx get none), packed and cut apart here. */
+TS_GRAD(moe_experts) {
+    bool gated = n->attrs.i[1] != 0;
+    int i_gate = gated ? 3 : -1, i_up = gated ? 4 : 3, i_down = i_up + 1;
+    int64_t bits = 0;
+    if (want[0])
+        bits |= TS_MOE_WANT_X;
+    if (want[2])
+        bits |= TS_MOE_WANT_W;
+    if (gated && want[i_gate] && n->in[i_gate]->dtype == TS_F32)
+        bits |= TS_MOE_WANT_GATE;
+    if (want[i_up] && n->in[i_up]->dtype == TS_F32)
+        bits |= TS_MOE_WANT_UP;
+    if (want[i_down] && n->in[i_down]->dtype == TS_F32)
+        bits |= TS_MOE_WANT_DOWN;
+    if (!bits)
+        return TS_OK;
+    ts_attrs a = n->attrs;
+    a.i[2] = bits;
+    a.ni = 3;
+    ts_tensor *in[TS_MAX_INPUTS] = {g};
+    for (int i = 0; i < n->n_in; i++)
+        in[1 + i] = n->in[i];
+    ts_tensor *packed =
+        ts_op_n(TS_OP_MOE_EXPERTS_BACKWARD, n->n_in + 1, in, &a);
+    if (!packed)
+        return ctx->status;
+    /* the parts in the packed order: x, w, gate, up, down */
+    const int order[5] = {0, 2, i_gate, i_up, i_down};
+    int64_t off = 0;
+    ts_status st = TS_OK;
+    for (int p = 0; p < 5 && st == TS_OK; p++) {
+        if (!(bits & (1 << p)))
+            continue;
+        ts_tensor *x = n->in[order[p]];
+        int64_t len = ts_tensor_numel(x);
+        ts_tensor *part = ts_slice(packed, 0, off, off + len, 1);
+        st = put(ctx, gin, order[p], ts_reshape(part, x->ndim, x->shape));
+        ts_release(part);
+        off += len;
+    }
+    ts_release(packed);
+    return st;
+}

@@ -65,6 +65,13 @@ typedef enum {
     TS_OP_PAGED_ATTENTION,
     TS_OP_CROSS_ENTROPY,
     TS_OP_CROSS_ENTROPY_BACKWARD,
+    /* mixture of experts: routing and the grouped experts MLP */
+    TS_OP_TOPK,
+    TS_OP_GATHER,
+    TS_OP_GATHER_BACKWARD,
+    TS_OP_ONE_HOT,
+    TS_OP_MOE_EXPERTS,
+    TS_OP_MOE_EXPERTS_BACKWARD,
     /* in-place write of in[1] into in[0]'s memory (compiled mode's ts_copy_) */
     TS_OP_COPY_INTO,
     /* fused AdamW: updates in[0] (param), in[2] (m), in[3] (v) in place */
@@ -78,6 +85,16 @@ typedef enum {
     TS_OP_CHECKPOINT,
     TS_OP_COUNT
 } ts_op_id;
+
+/* What TS_OP_MOE_EXPERTS_BACKWARD computes: bits of its attrs.i[2]. Its
+ * packed f32 result holds the wanted parts in this order. */
+enum {
+    TS_MOE_WANT_X = 1,
+    TS_MOE_WANT_W = 2,
+    TS_MOE_WANT_GATE = 4,
+    TS_MOE_WANT_UP = 8,
+    TS_MOE_WANT_DOWN = 16
+};
 
 /* Attributes: small integer list (dims, shape, perm, ...) and scalars. */
 typedef struct {

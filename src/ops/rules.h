@@ -33,6 +33,12 @@ TS_INFER(attention_bwd);
 TS_INFER(paged_attention);
 TS_INFER(cross_entropy);
 TS_INFER(ce_bwd);
+TS_INFER(topk);
+TS_INFER(gather);
+TS_INFER(gather_bwd);
+TS_INFER(one_hot);
+TS_INFER(moe_experts);
+TS_INFER(moe_experts_bwd);
 TS_INFER(copy_into);
 TS_INFER(adamw);
 TS_INFER(checkpoint);
@@ -72,6 +78,8 @@ TS_GRAD(layernorm);
 TS_GRAD(rope);
 TS_GRAD(attention);
 TS_GRAD(cross_entropy);
+TS_GRAD(gather);
+TS_GRAD(moe_experts);
 
 ts_status ts_check_copy_shapes(ts_ctx *ctx, const ts_tensor *dst,
                                const ts_tensor *src);
@@ -90,5 +98,9 @@ ts_tensor *ts_slice_scatter(ts_tensor *g, const ts_attrs *slice_attrs, int ndim,
 ts_tensor *ts_rope_dir(ts_tensor *x, ts_tensor *cos, ts_tensor *sin,
                        double direction);
 ts_tensor *ts_op_n(ts_op_id op, int n, ts_tensor **in, const ts_attrs *a);
+/* zeros of (ndim, shape) with g scatter-added at index along dim (the
+ * gradient of ts_gather) */
+ts_tensor *ts_gather_backward(ts_tensor *g, ts_tensor *index, int dim, int ndim,
+                              const int64_t *shape);
 
 #endif

@@ -604,6 +604,145 @@ ts_status ts_infer_ce_bwd(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
     return TS_OK;
 }
 
+/* ---- mixture of experts ---- */
+
+/* x (..., n) float -> (..., k) i64 */
+ts_status ts_infer_topk(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                        int *ns) {
+    (void)s, (void)ns;
+    const ts_tensor *x = n->in[0];
+    if (need_float(ctx, "topk", 0, x))
+        return ctx->status;
+    desc_like(o, TS_I64, x->ndim, x->shape);
+    o->shape[x->ndim - 1] = n->attrs.i[0];
+    return TS_OK;
+}
+
+/* x (any dtype), index i32/i64 of x's dims, each <= x's but along dim ->
+ * index's shape, x's dtype */
+ts_status ts_infer_gather(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
+                          int *ns) {
+    (void)s, (void)ns;
+    const ts_tensor *x = n->in[0], *ix = n->in[1];
+    int dim = (int)n->attrs.i[0];
+    char sa[128], sb[128];
+    if (need_int(ctx, "gather", "index", ix))
+        return ctx->status;
+    bool fits = ix->ndim == x->ndim;
+    for (int d = 0; fits && d < x->ndim; d++)
+        fits = d == dim || ix->shape[d] <= x->shape[d];
+    if (!fits)
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "gather: index %s does not fit input %s along dim "
+                            "%d (same number of dims, sizes <= the input's "
+                            "but along dim)",
+                            SHP(ix, sa), SHP(x, sb), dim);
+    desc_like(o, x->dtype, ix->ndim, ix->shape);
+    return TS_OK;
+}
+
+/* g (index's shape), index -> attrs.i[1..] (the gathered input's shape) */
+ts_status ts_infer_gather_bwd(ts_ctx *ctx, const ts_node *n, ts_desc *o,
+                              ts_desc *s, int *ns) {
+    (void)ctx, (void)s, (void)ns;
+    desc_like(o, n->in[0]->dtype, n->attrs.ni - 1, n->attrs.i + 1);
+    return TS_OK;
+}
+
+/* idx (...) i32/i64 -> (..., n) f32 */
+ts_status ts_infer_one_hot(ts_ctx *ctx, const ts_node *n, ts_desc *o,
+                           ts_desc *s, int *ns) {
+    (void)s, (void)ns;
+    const ts_tensor *ix = n->in[0];
+    if (need_int(ctx, "one_hot", "idx", ix))
+        return ctx->status;
+    if (ix->ndim + 1 > TS_MAX_DIMS)
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "one_hot: idx has too many dims (%d)", ix->ndim);
+    desc_like(o, TS_F32, ix->ndim, ix->shape);
+    o->shape[o->ndim++] = n->attrs.i[0];
+    return TS_OK;
+}
+
+/* an expert weight (E, rows, cols) of f32 or bf16 */
+static ts_status check_expert_weight(ts_ctx *ctx, const char *what,
+                                     const ts_tensor *t, int64_t E,
+                                     int64_t rows, int64_t cols) {
+    char sa[128], sb[128];
+    int64_t want[3] = {E, rows, cols};
+    if (t->dtype != TS_F32 && t->dtype != TS_BF16)
+        return ts_set_error(ctx, TS_ERR_DTYPE,
+                            "moe_experts: %s has dtype %s (want f32 or bf16)",
+                            what, ts_dtype_name(t->dtype));
+    if (!ts_shape_equal(t->ndim, t->shape, 3, want))
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "moe_experts: %s has shape %s; want %s", what,
+                            SHP(t, sa), ts_shape_str(3, want, sb, sizeof sb));
+    return TS_OK;
+}
+
+/* x (N, C) f32, idx (N, k) i32/i64, w (N, k) f32, [gate (E, F, C)],
+ * up (E, F, C), down (E, C, F) -> (N, C) f32 */
+ts_status ts_infer_moe_experts(ts_ctx *ctx, const ts_node *n, ts_desc *o,
+                               ts_desc *s, int *ns) {
+    (void)s, (void)ns;
+    const ts_tensor *x = n->in[0], *ix = n->in[1], *w = n->in[2];
+    bool gated = n->attrs.i[1] != 0;
+    const ts_tensor *up = n->in[gated ? 4 : 3], *down = n->in[gated ? 5 : 4];
+    char sa[128], sb[128], sc[128];
+    if (x->dtype != TS_F32 || x->ndim != 2)
+        return ts_set_error(ctx, TS_ERR_DTYPE,
+                            "moe_experts: x must be f32 (N, C), got %s %s",
+                            ts_dtype_name(x->dtype), SHP(x, sa));
+    if (need_int(ctx, "moe_experts", "idx", ix))
+        return ctx->status;
+    if (w->dtype != TS_F32)
+        return ts_set_error(ctx, TS_ERR_DTYPE,
+                            "moe_experts: routing weights w have dtype %s "
+                            "(want f32)",
+                            ts_dtype_name(w->dtype));
+    int64_t N = x->shape[0], C = x->shape[1];
+    if (ix->ndim != 2 || ix->shape[0] != N || ix->shape[1] < 1 ||
+        !ts_shape_equal(ix->ndim, ix->shape, w->ndim, w->shape))
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "moe_experts: want idx and w (N, k) with k >= 1 "
+                            "for x %s; got idx %s, w %s",
+                            SHP(x, sa), SHP(ix, sb), SHP(w, sc));
+    if (up->ndim != 3 || up->shape[0] < 1)
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "moe_experts: up has shape %s; want (E, F, C) "
+                            "with E >= 1",
+                            SHP(up, sa));
+    int64_t E = up->shape[0], F = up->shape[1];
+    if (check_expert_weight(ctx, "up", up, E, F, C) ||
+        (gated && check_expert_weight(ctx, "gate", n->in[3], E, F, C)) ||
+        check_expert_weight(ctx, "down", down, E, C, F))
+        return ctx->status;
+    desc_like(o, TS_F32, 2, x->shape);
+    return TS_OK;
+}
+
+/* g, x, idx, w, [gate], up, down -> the wanted gradients (attrs.i[2]),
+ * packed in one f32 vector: dx | dw | dgate | dup | ddown */
+ts_status ts_infer_moe_experts_bwd(ts_ctx *ctx, const ts_node *n, ts_desc *o,
+                                   ts_desc *s, int *ns) {
+    (void)ctx, (void)s, (void)ns;
+    bool gated = n->attrs.i[1] != 0;
+    int64_t want = n->attrs.i[2], total = 0;
+    if (want & TS_MOE_WANT_X)
+        total += ts_tensor_numel(n->in[1]);
+    if (want & TS_MOE_WANT_W)
+        total += ts_tensor_numel(n->in[3]);
+    if (gated && (want & TS_MOE_WANT_GATE))
+        total += ts_tensor_numel(n->in[4]);
+    if (want & TS_MOE_WANT_UP)
+        total += ts_tensor_numel(n->in[gated ? 5 : 4]);
+    if (want & TS_MOE_WANT_DOWN)
+        total += ts_tensor_numel(n->in[gated ? 6 : 5]);
+    desc_like(o, TS_F32, 1, &total);
+    return TS_OK;
+}
+
 /* src must broadcast to dst's shape without growing it */
 ts_status ts_check_copy_shapes(ts_ctx *ctx, const ts_tensor *d,
                                const ts_tensor *src) {

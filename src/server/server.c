@@ -744,7 +744,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 /* ---- KV transfer ---- */
 
 static ts_kvx_geometry geometry(uint32_t n_blocks) {
-    const ts_qwen3_config *mc = ts_qwen3_get_config(ts_lm_decoder(S.lm));
+    const ts_model_config *mc = ts_decoder_get_config(ts_lm_decoder(S.lm));
     return (ts_kvx_geometry){.block_size = (uint32_t)S.block_size,
                              .layers = (uint32_t)mc->layers,
                              .kv_heads = (uint32_t)mc->kv_heads,
@@ -1461,14 +1461,6 @@ int ts_server_run(const ts_server_options *o) {
         ts_tokenizer_check_vocab(S.ctx, S.tok, ts_lm_config(S.lm)->vocab) !=
             TS_OK) {
         fprintf(stderr, "tessera serve: %s\n", ts_errmsg(S.ctx));
-        goto done;
-    }
-    if (!ts_lm_decoder(S.lm)) {
-        fprintf(stderr,
-                "tessera serve: %s: the engine serves qwen3, qwen2 "
-                "and llama models (paged attention); gpt2 runs with "
-                "`tessera run`\n",
-                o->model_dir);
         goto done;
     }
     if (ts_chat_load(S.ctx, o->model_dir, &S.chat) != TS_OK)

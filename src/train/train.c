@@ -93,8 +93,7 @@ static void remove_tree(const char *dir) {
 typedef struct {
     ts_ctx *ctx;
     const ts_train_options *o;
-    ts_qwen3_model *m; /* the model: a Qwen3-family decoder, */
-    ts_gpt2_model *g;  /* or GPT-2 (no layer hooks: no --shard full) */
+    ts_decoder *m; /* the model, whatever its family */
     ts_adamw *opt;
     ts_loader *train, *val;
     int n_params;
@@ -124,7 +123,7 @@ typedef struct {
 /* ---- distributed: host views, broadcast, gradient sync, sharding ---- */
 
 static const char *pname(const run *r, int i) {
-    return r->g ? ts_gpt2_param_name(r->g, i) : ts_qwen3_param_name(r->m, i);
+    return ts_decoder_param_name(r->m, i);
 }
 
 static int64_t numel_of(run *r, int i) {
@@ -531,10 +530,18 @@ static ts_status write_checkpoint(run *r, ts_tensor *const *pp,
                        : ts_set_error(ctx, TS_ERR_OOM, "out of memory");
     for (int i = 0; st == TS_OK && i < n; i++)
         names[i] = pname(r, i), ts[i] = pp[i];
+    /* the weights in Hugging Face's layout (experts one tensor each) */
     snprintf(p, sizeof p, "%s/model.safetensors", tmp);
     const char *meta[2] = {"format", "pt"};
+    int n_sd = 0;
+    char **sd_names = NULL;
+    ts_tensor **sd = NULL;
     if (st == TS_OK)
-        st = ts_safetensors_save(ctx, p, n, names, ts, 1, meta);
+        st = ts_decoder_state_dict(r->m, pp, &n_sd, &sd_names, &sd);
+    if (st == TS_OK)
+        st = ts_safetensors_save(ctx, p, n_sd, (const char *const *)sd_names,
+                                 sd, 1, meta);
+    ts_decoder_state_dict_free(n_sd, sd_names, sd);
     /* AdamW's moments, named after their parameters */
     for (int i = 0; st == TS_OK && i < n; i++) {
         if (asprintf(&owned[2 * i], "exp_avg.%s", names[i]) < 0 ||
@@ -635,7 +642,7 @@ static ts_status gather_layer(run *r, int64_t layer) {
         ts_tensor *p = r->params[i];
         ts_tensor *t =
             ts_empty(r->ctx, TS_F32, ts_tensor_ndim(p), ts_tensor_shape(p));
-        st = t ? ts_qwen3_set_param(r->m, i, t) : ts_ctx_status(r->ctx);
+        st = t ? ts_decoder_set_param(r->m, i, t) : ts_ctx_status(r->ctx);
         ts_release(t);
     }
     for (int i = 0; st == TS_OK && i < r->n_params; i++)
@@ -649,7 +656,7 @@ static ts_status release_layer(run *r, int64_t layer) {
     ts_status st = TS_OK;
     for (int i = 0; st == TS_OK && i < r->n_params; i++)
         if (r->layer_of[i] == layer && !owned(r, i))
-            st = ts_qwen3_set_param(r->m, i, r->released[i]);
+            st = ts_decoder_set_param(r->m, i, r->released[i]);
     return st;
 }
 
@@ -723,11 +730,16 @@ static ts_status shard_at_rest(run *r) {
     for (int d = 0; d < TS_MAX_DIMS; d++)
         ones[d] = 1;
     ts_tensor *zero = ts_zeros(r->ctx, TS_F32, 1, ones);
+    for (int i = 0; i < r->n_params; i++)
+        r->layer_of[i] = -1;
+    int64_t L = ts_decoder_get_config(r->m)->layers;
+    for (int64_t l = 0; l < L; l++) {
+        int first = 0, count = 0;
+        ts_decoder_layer_params(r->m, l, &first, &count);
+        for (int i = first; i < first + count; i++)
+            r->layer_of[i] = (int)l;
+    }
     for (int i = 0; st == TS_OK && i < r->n_params; i++) {
-        const char *nm = pname(r, i);
-        r->layer_of[i] = !strncmp(nm, "model.layers.", 13)
-                             ? (int)strtol(nm + 13, NULL, 10)
-                             : -1;
         if (r->layer_of[i] < 0 || owned(r, i))
             continue;
         ts_tensor *p = r->params[i]; /* one zero seen at every index */
@@ -739,13 +751,13 @@ static ts_status shard_at_rest(run *r) {
             st = ts_ctx_status(r->ctx) ? ts_ctx_status(r->ctx) : TS_ERR_OOM;
     }
     ts_release(zero);
-    for (int64_t l = 0; st == TS_OK && l < ts_qwen3_get_config(r->m)->layers;
+    for (int64_t l = 0; st == TS_OK && l < ts_decoder_get_config(r->m)->layers;
          l++)
         st = release_layer(r, l);
     if (st == TS_OK)
-        st = ts_qwen3_set_checkpointing(r->m, true);
+        st = ts_decoder_set_checkpointing(r->m, true);
     if (st == TS_OK)
-        st = ts_qwen3_set_layer_hook(r->m, fsdp_hook, r);
+        st = ts_decoder_set_layer_hook(r->m, fsdp_hook, r);
     return st;
 }
 
@@ -980,8 +992,14 @@ static ts_status resume(run *r) {
     for (int i = 0; st == TS_OK && i < n; i++)
         names[i] = pname(r, i), ts[i] = r->params[i];
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    int n_sd = 0;
+    char **sd_names = NULL;
+    ts_tensor **sd = NULL; /* views of the parameters, HF's names */
     if (st == TS_OK)
-        st = load_into(ctx, p, n, names, ts);
+        st = ts_decoder_state_dict(r->m, NULL, &n_sd, &sd_names, &sd);
+    if (st == TS_OK)
+        st = load_into(ctx, p, n_sd, (const char *const *)sd_names, sd);
+    ts_decoder_state_dict_free(n_sd, sd_names, sd);
     for (int i = 0; st == TS_OK && i < n; i++)
         if (asprintf(&owned[2 * i], "exp_avg.%s", names[i]) < 0 ||
             asprintf(&owned[2 * i + 1], "exp_avg_sq.%s", names[i]) < 0)
@@ -1020,9 +1038,7 @@ static ts_tensor *batch_loss(run *r, int64_t *ids, int64_t *tg, int64_t B) {
     int64_t shape[2] = {B, r->o->seq};
     ts_tensor *i = ts_from_data(r->ctx, TS_I64, 2, shape, ids);
     ts_tensor *t = ts_from_data(r->ctx, TS_I64, 2, shape, tg);
-    ts_tensor *l = !i || !t ? NULL
-                   : r->g   ? ts_gpt2_loss(r->g, i, t, NULL)
-                            : ts_qwen3_loss(r->m, i, t, NULL);
+    ts_tensor *l = !i || !t ? NULL : ts_decoder_loss(r->m, i, t, NULL);
     ts_release(i), ts_release(t);
     return l;
 }
@@ -1213,41 +1229,22 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
         st = ts_train_check_consistency(ctx, o, r.config_src, &arch,
                                         !o->quiet && r.rank == 0, r.tok_dir,
                                         sizeof r.tok_dir);
-    bool gpt2 = st == TS_OK && arch.arch == TS_ARCH_GPT2;
-    if (gpt2 && o->shard == 2 && r.world > 1)
-        st = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                          "train: --shard full is for qwen3, qwen2 and llama "
-                          "models (it needs their layer hooks); %s is gpt2",
-                          r.config_src);
     if (st == TS_OK && o->init_from) {
-        st = gpt2 ? ts_gpt2_load(ctx, o->init_from, &r.g)
-                  : ts_decoder_load(ctx, o->init_from, &r.m);
-        if (st == TS_OK && r.m) /* loaded weights are leaves that learn */
-            for (int i = 0; i < ts_qwen3_num_params(r.m); i++)
-                ts_set_requires_grad(ts_qwen3_param(r.m, i), true);
-        if (st == TS_OK && r.g)
-            for (int i = 0; i < ts_gpt2_num_params(r.g); i++)
-                ts_set_requires_grad(ts_gpt2_param(r.g, i), true);
-    } else if (st == TS_OK && gpt2) {
-        st = ts_gpt2_new(ctx, &arch, o->seed, &r.g);
+        st = ts_decoder_load(ctx, o->init_from, &r.m);
+        if (st == TS_OK) /* loaded weights are leaves that learn */
+            for (int i = 0; i < ts_decoder_num_params(r.m); i++)
+                ts_set_requires_grad(ts_decoder_param(r.m, i), true);
     } else if (st == TS_OK) {
-        ts_qwen3_config c = ts_decoder_config(&arch);
-        st = ts_qwen3_new(ctx, &c, o->seed, &r.m);
+        st = ts_decoder_new(ctx, &arch, NULL, o->seed, &r.m);
     }
     if (st == TS_OK && o->checkpoint_activations)
-        st = r.g ? ts_gpt2_set_checkpointing(r.g, true)
-                 : ts_qwen3_set_checkpointing(r.m, true);
+        st = ts_decoder_set_checkpointing(r.m, true);
     if (st == TS_OK && o->bf16)
-        st = r.g ? ts_gpt2_set_compute_dtype(r.g, TS_BF16)
-                 : ts_qwen3_set_compute_dtype(r.m, TS_BF16);
+        st = ts_decoder_set_compute_dtype(r.m, TS_BF16);
     int64_t layers = 0, heads = 0, head_dim = 0;
-    if (st == TS_OK && r.g) {
-        const ts_model_config *gc = ts_gpt2_get_config(r.g);
-        layers = gc->layers, heads = gc->heads;
-        head_dim = gc->hidden / gc->heads;
-    } else if (st == TS_OK) {
-        const ts_qwen3_config *qc = ts_qwen3_get_config(r.m);
-        layers = qc->layers, heads = qc->heads, head_dim = qc->head_dim;
+    if (st == TS_OK) {
+        const ts_model_config *mc = ts_decoder_get_config(r.m);
+        layers = mc->layers, heads = mc->heads, head_dim = mc->head_dim;
     }
     if (st == TS_OK)
         st = ts_loader_open(ctx, o->data_dir, "train", o->seq, o->seed, true,
@@ -1257,8 +1254,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                        &r.val) != TS_OK)
         st = ts_ctx_status(ctx);
     if (st == TS_OK) {
-        r.n_params = r.g ? ts_gpt2_num_params(r.g) : ts_qwen3_num_params(r.m);
-        r.params = r.g ? ts_gpt2_params(r.g) : ts_qwen3_params(r.m);
+        r.n_params = ts_decoder_num_params(r.m);
+        r.params = ts_decoder_params(r.m);
         r.opt_idx = malloc(sizeof *r.opt_idx * (size_t)r.n_params);
         int64_t total = 0;
         for (int i = 0; i < r.n_params; i++)
@@ -1530,8 +1527,7 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     free(ids), free(tg);
     ts_loader_free(r.train), ts_loader_free(r.val);
     ts_adamw_free(r.opt);
-    ts_qwen3_free(r.m);
-    ts_gpt2_free(r.g);
+    ts_decoder_free(r.m);
     free(r.opt_idx), free(r.owner), free(r.order), free(r.counts);
     for (int i = 0; r.released && i < r.n_params; i++)
         ts_release(r.released[i]);

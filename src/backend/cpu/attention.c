@@ -2,8 +2,11 @@
  * manner of FlashAttention-2: queries in blocks of BQ rows, keys in blocks
  * of BK, an online softmax (running max and sum per row), so no T x S score
  * matrix is ever stored. Grouped-query heads read their shared K/V head.
+ * Options (ts_attn_opts): a sliding window, whose key blocks wholly outside
+ * it are skipped like the causal future, and a tanh softcap on the scores.
  * The backward recomputes the probabilities from the saved log-sum-exp.
- * Also the slow reference kernel the tests hold the fast one against. */
+ * Also the paged serving kernel, and the slow reference kernels the tests
+ * hold the fast ones against. */
 #include "backend/cpu/cpu.h"
 
 #include <immintrin.h>
@@ -34,36 +37,69 @@ static float exp_sub_sum(float *row, int64_t n, float m) {
     return s;
 }
 
-/* scores of one (BQ x BK) block: scale, mask, causal limit */
+/* row[j] = cap tanh(row[j] / cap) for j < n, and (dcap non-NULL) the
+ * derivative 1 - tanh^2 in dcap[j]; the tail through a padded vector, so
+ * every element is computed alike */
+static void softcap_row(float *row, int64_t n, float cap, float *dcap) {
+    __m256 c = _mm256_set1_ps(cap), ic = _mm256_set1_ps(1.0f / cap),
+           one = _mm256_set1_ps(1.0f);
+    for (int64_t j = 0; j < n; j += 8) {
+        float buf[8] = {0};
+        int64_t m = n - j < 8 ? n - j : 8;
+        memcpy(buf, row + j, sizeof(float) * (size_t)m);
+        __m256 t = cpu_tanh8(_mm256_mul_ps(_mm256_loadu_ps(buf), ic));
+        _mm256_storeu_ps(buf, _mm256_mul_ps(c, t));
+        memcpy(row + j, buf, sizeof(float) * (size_t)m);
+        if (dcap) {
+            _mm256_storeu_ps(buf, _mm256_fnmadd_ps(t, t, one));
+            memcpy(dcap + j, buf, sizeof(float) * (size_t)m);
+        }
+    }
+}
+
+/* the keys query t sees: [key_lo, key_hi) (the mask may hide more) */
+static int64_t key_lo(const cpu_attn_shape *p, int64_t t) {
+    int64_t lo = t + p->S - p->T - p->window + 1;
+    return p->window > 0 && lo > 0 ? lo : 0;
+}
+static int64_t key_hi(const cpu_attn_shape *p, int64_t t) {
+    int64_t hi = t + p->S - p->T + 1;
+    return !p->causal || hi > p->S ? p->S : hi;
+}
+
+/* scores of one (BQ x BK) block: scale, softcap (its derivative into
+ * dcap when given), mask, causal and window limits */
 static void finish_scores(const cpu_attn_shape *p, float *sb, int64_t bq,
                           int64_t bk, int64_t b, int64_t h, int64_t t0,
-                          int64_t s0) {
+                          int64_t s0, float *dcap) {
     for (int64_t i = 0; i < bq; i++) {
         float *row = sb + i * BK;
         int64_t t = t0 + i;
         for (int64_t j = 0; j < bk; j++)
             row[j] *= p->scale;
+        if (p->softcap > 0)
+            softcap_row(row, bk, p->softcap, dcap ? dcap + i * BK : NULL);
         if (p->mask) {
             const float *mr = p->mask + b * p->mask_st[0] + h * p->mask_st[1] +
                               t * p->mask_st[2];
             for (int64_t j = 0; j < bk; j++)
                 row[j] += mr[(s0 + j) * p->mask_st[3]];
         }
-        if (p->causal) {
-            int64_t lim = t + p->S - p->T; /* last key this query sees */
-            for (int64_t j = lim - s0 + 1; j < bk; j++)
-                if (j >= 0)
-                    row[j] = -INFINITY;
-        }
+        int64_t lo = key_lo(p, t) - s0, hi = key_hi(p, t) - s0;
+        for (int64_t j = 0; j < lo && j < bk; j++)
+            row[j] = -INFINITY;
+        for (int64_t j = hi > 0 ? hi : 0; j < bk; j++)
+            row[j] = -INFINITY;
     }
 }
 
-/* keys a query block can see: [0, end) */
+/* keys a query block [t0, t0 + bq) can see: [key_begin, key_end); the
+ * blocks outside (the future, past the window) are never computed */
+static int64_t key_begin(const cpu_attn_shape *p, int64_t t0) {
+    return key_lo(p, t0);
+}
 static int64_t key_end(const cpu_attn_shape *p, int64_t t0, int64_t bq) {
-    if (!p->causal)
-        return p->S;
-    int64_t e = t0 + bq + p->S - p->T;
-    return e < p->S ? e : p->S;
+    return key_hi(p, t0 + bq - 1);
 }
 
 /* (rows x cols) src with leading dim lds -> dst (cols x rows), ldd */
@@ -135,10 +171,10 @@ static void attention_fwd_items(void *p_, int64_t lo_, int64_t hi_) {
         for (int64_t i = 0; i < bq; i++)
             m[i] = -INFINITY, l[i] = 0;
         int64_t s_end = key_end(p, t0, bq);
-        for (int64_t s0 = 0; s0 < s_end; s0 += BK) {
+        for (int64_t s0 = key_begin(p, t0); s0 < s_end; s0 += BK) {
             int64_t bk = s_end - s0 < BK ? s_end - s0 : BK;
             cpu_gemm_f32(bq, bk, D, Q, D, Kt + s0, S, sb, BK, false);
-            finish_scores(p, sb, bq, bk, b, h, t0, s0);
+            finish_scores(p, sb, bq, bk, b, h, t0, s0, NULL);
             for (int64_t i = 0; i < bq; i++) {
                 float *row = sb + i * BK, mx = m[i];
                 for (int64_t j = 0; j < bk; j++)
@@ -251,13 +287,11 @@ static void attention_decode_items(void *p_, int64_t lo_, int64_t hi_) {
     for (int64_t item = lo_; item < hi_; item++) {
         int64_t b = item / (H * T), h = item / T % H, t = item % T;
         const float *Q = q + ((b * H + h) * T + t) * D;
-        const float *K = k + b * kst_b + (h / G) * kst_h;
-        const float *V = v + b * vst_b + (h / G) * vst_h;
+        /* keys this query sees: [lo, lo + n) */
+        int64_t lo = key_lo(p, t), n = key_hi(p, t) - lo;
+        const float *K = k + b * kst_b + (h / G) * kst_h + lo * D;
+        const float *V = v + b * vst_b + (h / G) * vst_h + lo * D;
         float *O = out + ((b * H + h) * T + t) * D;
-        /* keys this query sees: all, or up to its own position */
-        int64_t n = p->causal ? t + S - T + 1 : S;
-        if (n > S)
-            n = S;
         float mx = -INFINITY;
         int64_t s = 0;
         for (; sc && s + 4 <= n; s += 4) {
@@ -267,10 +301,12 @@ static void attention_decode_items(void *p_, int64_t lo_, int64_t hi_) {
         }
         for (; sc && s < n; s++)
             sc[s] = dot8(Q, K + s * D, D);
-        for (s = 0; sc && s < n; s++) {
+        for (s = 0; sc && s < n; s++)
             sc[s] *= p->scale;
+        if (sc && p->softcap > 0 && n > 0)
+            softcap_row(sc, n, p->softcap, NULL);
+        for (s = 0; sc && s < n; s++)
             mx = sc[s] > mx ? sc[s] : mx;
-        }
         memset(O, 0, sizeof(float) * (size_t)D);
         if (!sc || n <= 0) {
             lse[(b * H + h) * T + t] = -INFINITY;
@@ -303,6 +339,32 @@ void cpu_attention_decode(const cpu_attn_shape *p, const float *q,
                     attention_decode_items, &job);
 }
 
+/* the reference's score of query t (row qr) and key s (row kr), in f64;
+ * *dcap (when given) gets the softcap's derivative 1 - tanh^2 */
+static double ref_score(const cpu_attn_shape *p, const float *qr,
+                        const float *kr, int64_t b, int64_t h, int64_t t,
+                        int64_t s, double *dcap) {
+    double d = 0;
+    for (int64_t i = 0; i < p->D; i++)
+        d += (double)qr[i] * kr[i];
+    d *= p->scale;
+    if (dcap)
+        *dcap = 1;
+    if (p->softcap > 0) {
+        double th = tanh(d / p->softcap);
+        d = p->softcap * th;
+        if (dcap)
+            *dcap = 1 - th * th;
+    }
+    if (p->mask)
+        d += p->mask[b * p->mask_st[0] + h * p->mask_st[1] + t * p->mask_st[2] +
+                     s * p->mask_st[3]];
+    int64_t pos = t + p->S - p->T;
+    if ((p->causal && s > pos) || (p->window > 0 && pos - s >= p->window))
+        d = -INFINITY;
+    return d;
+}
+
 void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
                              const float *k, const float *v, float *out,
                              float *lse) {
@@ -318,15 +380,7 @@ void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
                 const float *V = v + (b * p->KV + h / G) * S * D;
                 double mx = -INFINITY;
                 for (int64_t s = 0; s < S; s++) {
-                    double d = 0;
-                    for (int64_t i = 0; i < D; i++)
-                        d += (double)qr[i] * K[s * D + i];
-                    d *= p->scale;
-                    if (p->mask)
-                        d += p->mask[b * p->mask_st[0] + h * p->mask_st[1] +
-                                     t * p->mask_st[2] + s * p->mask_st[3]];
-                    if (p->causal && s > t + S - T)
-                        d = -INFINITY;
+                    double d = ref_score(p, qr, K + s * D, b, h, t, s, NULL);
                     sc[s] = d;
                     if (d > mx)
                         mx = d;
@@ -379,9 +433,10 @@ static void attention_bwd_items(void *p_, int64_t lo_, int64_t hi_) {
     float *sb = malloc(sizeof(float) * BQ * BK);
     float *dp = malloc(sizeof(float) * BQ * BK);
     float *tr = malloc(sizeof(float) * BQ * BK);
+    float *dcap = p->softcap > 0 ? malloc(sizeof(float) * BQ * BK) : NULL;
     float di[BQ];
     for (int64_t item = lo_; item < hi_; item++) {
-        if (!sb || !dp || !tr)
+        if (!sb || !dp || !tr || (p->softcap > 0 && !dcap))
             continue;
         int64_t b = item / KV, kvh = item % KV;
         const float *Kh = k + item * S * D, *Kt = kt + item * S * D;
@@ -401,10 +456,10 @@ static void attention_bwd_items(void *p_, int64_t lo_, int64_t hi_) {
                     di[i] = (float)s;
                 }
                 int64_t s_end = key_end(p, t0, bq);
-                for (int64_t s0 = 0; s0 < s_end; s0 += BK) {
+                for (int64_t s0 = key_begin(p, t0); s0 < s_end; s0 += BK) {
                     int64_t bk = s_end - s0 < BK ? s_end - s0 : BK;
                     cpu_gemm_f32(bq, bk, D, Q, D, Kt + s0, S, sb, BK, false);
-                    finish_scores(p, sb, bq, bk, b, h, t0, s0);
+                    finish_scores(p, sb, bq, bk, b, h, t0, s0, dcap);
                     for (int64_t i = 0; i < bq; i++) { /* P = exp(s - lse) */
                         float *row = sb + i * BK;
                         if (L[i] == -INFINITY)
@@ -416,13 +471,18 @@ static void attention_bwd_items(void *p_, int64_t lo_, int64_t hi_) {
                     transpose(sb, bq, bk, BK, tr, BQ);
                     cpu_gemm_f32(bk, D, bq, tr, BQ, dO, D, dV + s0 * D, D,
                                  true);
-                    /* dP = dO V^T;  dS = P (dP - Di) scale */
+                    /* dP = dO V^T;  dS = P (dP - Di) scale, times the
+                     * softcap's 1 - tanh^2 */
                     cpu_gemm_f32(bq, bk, D, dO, D, Vt + s0, S, dp, BK, false);
                     for (int64_t i = 0; i < bq; i++)
                         for (int64_t j = 0; j < bk; j++)
                             dp[i * BK + j] = sb[i * BK + j] *
                                              (dp[i * BK + j] - di[i]) *
                                              p->scale;
+                    if (dcap)
+                        for (int64_t i = 0; i < bq; i++)
+                            for (int64_t j = 0; j < bk; j++)
+                                dp[i * BK + j] *= dcap[i * BK + j];
                     /* dQ += dS K;  dK += dS^T Q */
                     cpu_gemm_f32(bq, D, bk, dp, BK, Kh + s0 * D, D, dQ, D,
                                  true);
@@ -431,7 +491,7 @@ static void attention_bwd_items(void *p_, int64_t lo_, int64_t hi_) {
                 }
             }
     }
-    cpu_tmp_free(sb), cpu_tmp_free(dp), cpu_tmp_free(tr);
+    cpu_tmp_free(sb), cpu_tmp_free(dp), cpu_tmp_free(tr), cpu_tmp_free(dcap);
 }
 
 void cpu_attention_bwd(const cpu_attn_shape *p, const float *q, const float *k,
@@ -470,6 +530,8 @@ static void attn_shape(const ts_node *n, cpu_attn_shape *p, int mask_index) {
     p->KV = k->shape[1], p->S = k->shape[2];
     p->causal = n->attrs.i[0] != 0;
     p->scale = (float)n->attrs.f[0];
+    p->window = n->attrs.i[2];
+    p->softcap = (float)n->attrs.f[1];
     p->mask = NULL;
     if (n->attrs.i[1])
         mask_strides(n->in[mask_index], p->mask_st);
@@ -487,7 +549,8 @@ typedef struct {
     const int32_t *start;
     const int32_t *clen;
     const int32_t *table;
-    float scale;
+    float scale, softcap;
+    int64_t window;
     int64_t N;
     int64_t H;
     int64_t KV;
@@ -507,7 +570,8 @@ static void paged_items(void *p_, int64_t lo_, int64_t hi_) {
     const int32_t *start = a_->start;
     const int32_t *clen = a_->clen;
     const int32_t *table = a_->table;
-    float scale = a_->scale;
+    float scale = a_->scale, softcap = a_->softcap;
+    int64_t window = a_->window;
     int64_t N = a_->N;
     int64_t H = a_->H;
     int64_t KV = a_->KV;
@@ -519,7 +583,10 @@ static void paged_items(void *p_, int64_t lo_, int64_t hi_) {
     float *sc = NULL;
     for (int64_t item = lo_; item < hi_; item++) {
         int64_t j = item / H, h = item % H, i = seq_of[j], kvh = h / G;
-        int64_t nvis = clen[i] + (j - start[i]) + 1; /* causal */
+        /* causal, within the window: positions [lo, lo + nvis) */
+        int64_t pos = clen[i] + (j - start[i]);
+        int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        int64_t nvis = pos + 1 - lo;
         if (nvis > cap) {
             free(sc);
             cap = nvis + 256;
@@ -534,19 +601,21 @@ static void paged_items(void *p_, int64_t lo_, int64_t hi_) {
         int64_t s = 0;
         for (; s + 4 <= nvis; s += 4) {
             const float *rows[4] = {
-                ROW_AT(K, i, s, kvh), ROW_AT(K, i, s + 1, kvh),
-                ROW_AT(K, i, s + 2, kvh), ROW_AT(K, i, s + 3, kvh)};
+                ROW_AT(K, i, lo + s, kvh), ROW_AT(K, i, lo + s + 1, kvh),
+                ROW_AT(K, i, lo + s + 2, kvh), ROW_AT(K, i, lo + s + 3, kvh)};
             dot8x4(Q, rows, D, sc + s);
         }
         for (; s < nvis; s++)
-            sc[s] = dot8(Q, ROW_AT(K, i, s, kvh), D);
-        for (s = 0; s < nvis; s++) {
+            sc[s] = dot8(Q, ROW_AT(K, i, lo + s, kvh), D);
+        for (s = 0; s < nvis; s++)
             sc[s] *= scale;
+        if (softcap > 0)
+            softcap_row(sc, nvis, softcap, NULL);
+        for (s = 0; s < nvis; s++)
             mx = sc[s] > mx ? sc[s] : mx;
-        }
         float inv = 1.0f / exp_sub_sum(sc, nvis, mx);
         for (int64_t s = 0; s < nvis; s++) {
-            const float *Vr = ROW_AT(V, i, s, kvh);
+            const float *Vr = ROW_AT(V, i, lo + s, kvh);
             float w = sc[s] * inv;
             __m256 wv = _mm256_set1_ps(w);
             int64_t d = 0;
@@ -561,10 +630,11 @@ static void paged_items(void *p_, int64_t lo_, int64_t hi_) {
     free(sc);
 }
 
-/* Paged attention (see ts_paged_attention): the new tokens' keys and
+/* Paged attention (see ts_paged_attention_ex): the new tokens' keys and
  * values go into their sequences' blocks, then each new token attends to
- * every position of its sequence up to its own, reading K/V rows through
- * the block table. */
+ * the positions of its sequence up to its own (the last `window` of them
+ * when attrs.i[0] > 0), reading K/V rows through the block table; attrs
+ * f[0] scale, f[1] softcap. */
 CPU_KERNEL(paged_attention) {
     (void)ctx;
     ts_tensor *qt = n->in[0], *kp = n->in[3], *vp = n->in[4];
@@ -578,7 +648,7 @@ CPU_KERNEL(paged_attention) {
                 *v = cpu_as_f32(n->in[2], &tv);
     float *K = (float *)ts_tensor_ptr(kp), *V = (float *)ts_tensor_ptr(vp);
     float *out = (float *)ts_tensor_ptr(n->out);
-    float scale = (float)n->attrs.f[0];
+    float scale = (float)n->attrs.f[0], softcap = (float)n->attrs.f[1];
     int32_t *seq_of = cpu_tmp_alloc(sizeof(int32_t) * (size_t)(N + 1));
     if (!q || !k || !v || !seq_of) {
         cpu_tmp_free(tq), cpu_tmp_free(tk), cpu_tmp_free(tv);
@@ -596,8 +666,24 @@ CPU_KERNEL(paged_attention) {
                        sizeof(float) * (size_t)D);
             }
         }
-    paged_items_args job = {q,     K, V, out, seq_of, start, clen, table,
-                            scale, N, H, KV,  BS,     MB,    D,    G};
+    paged_items_args job = {q,
+                            K,
+                            V,
+                            out,
+                            seq_of,
+                            start,
+                            clen,
+                            table,
+                            scale,
+                            softcap,
+                            n->attrs.i[0],
+                            N,
+                            H,
+                            KV,
+                            BS,
+                            MB,
+                            D,
+                            G};
     ts_parallel_for(N * H, 4, paged_items, &job);
 #undef ROW_AT
     cpu_tmp_free(tq), cpu_tmp_free(tk), cpu_tmp_free(tv);
@@ -693,10 +779,10 @@ void cpu_attention_bwd_reference(const cpu_attn_shape *p, const float *q,
     memset(dq, 0, sizeof(float) * (size_t)(p->B * H * T * D));
     memset(dk, 0, sizeof(float) * (size_t)(p->B * p->KV * S * D));
     memset(dv, 0, sizeof(float) * (size_t)(p->B * p->KV * S * D));
-    double *pr = malloc(sizeof(double) * (size_t)(2 * S + 1));
+    double *pr = malloc(sizeof(double) * (size_t)(3 * S + 1));
     if (!pr)
         return;
-    double *dpr = pr + S;
+    double *dpr = pr + S, *dcap = pr + 2 * S;
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t t = 0; t < T; t++) {
@@ -706,15 +792,8 @@ void cpu_attention_bwd_reference(const cpu_attn_shape *p, const float *q,
                 const float *K = k + kv * S * D, *V = v + kv * S * D;
                 double mx = -INFINITY, sum = 0, dot = 0;
                 for (int64_t s = 0; s < S; s++) {
-                    double d = 0;
-                    for (int64_t i = 0; i < D; i++)
-                        d += (double)qr[i] * K[s * D + i];
-                    d *= p->scale;
-                    if (p->mask)
-                        d += p->mask[b * p->mask_st[0] + h * p->mask_st[1] +
-                                     t * p->mask_st[2] + s * p->mask_st[3]];
-                    if (p->causal && s > t + S - T)
-                        d = -INFINITY;
+                    double d =
+                        ref_score(p, qr, K + s * D, b, h, t, s, &dcap[s]);
                     pr[s] = d;
                     mx = d > mx ? d : mx;
                 }
@@ -732,7 +811,7 @@ void cpu_attention_bwd_reference(const cpu_attn_shape *p, const float *q,
                 }
                 float *dqr = dq + ((b * H + h) * T + t) * D;
                 for (int64_t s = 0; s < S; s++) {
-                    double ds = pr[s] * (dpr[s] - dot) * p->scale;
+                    double ds = pr[s] * (dpr[s] - dot) * p->scale * dcap[s];
                     for (int64_t i = 0; i < D; i++) {
                         dv[kv * S * D + s * D + i] += (float)(pr[s] * dor[i]);
                         dqr[i] += (float)(ds * K[s * D + i]);

@@ -6,6 +6,7 @@
 
 #include "ops/ops.h"
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 /* e^x for 8 lanes: x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor series to
@@ -101,6 +102,33 @@ static inline void cpu_gelu_tanh_bwd(float *y, const float *g, const float *x,
     }
 }
 
+/* GELU with erf, its derivative, and silu's derivative, one float at a
+ * time: the unary kernels (elementwise.c) and the experts MLP (moe.c)
+ * share them, so both compute the same bits */
+static inline float cpu_gelu_erf(float x) {
+    return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2));
+}
+static inline float cpu_gelu_erf_grad(float x) {
+    const float inv_sqrt_2pi = 0.3989422804014327f;
+    float cdf = 0.5f * (1.0f + erff(x * (float)M_SQRT1_2));
+    return cdf + x * inv_sqrt_2pi * expf(-0.5f * x * x);
+}
+/* g * silu'(x) */
+static inline float cpu_silu_bwd(float g, float x) {
+    float s = 1.0f / (1.0f + expf(-x));
+    return g * s * (1.0f + x * (1.0f - s));
+}
+
+/* tanh for 8 lanes through cpu_exp8: sign(x) (e - 1) / (e + 1) with
+ * e = e^(2|x|) (clamped, so large |x| gives +-1); absolute error ~1e-7 */
+static inline __m256 cpu_tanh8(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    __m256 ax = _mm256_andnot_ps(sign, x);
+    __m256 e = cpu_exp8(_mm256_add_ps(ax, ax));
+    __m256 t = _mm256_div_ps(_mm256_sub_ps(e, one), _mm256_add_ps(e, one));
+    return _mm256_or_ps(t, _mm256_and_ps(sign, x));
+}
+
 typedef ts_status (*ts_cpu_kernel)(ts_ctx *ctx, ts_node *n);
 
 /* Iteration over a shape for up to 4 operands (operand 0 is usually the
@@ -174,13 +202,18 @@ void cpu_gemm_f32_reference(int64_t M, int64_t N, int64_t K, const float *A,
                             int64_t ldc, bool acc);
 
 /* Attention on contiguous f32 (q (B,H,T,D), k/v (B,KV,S,D), mask NULL or
- * with strides for (B,H,T,S)); out (B,H,T,D), lse (B,H,T). */
+ * with strides for (B,H,T,S)); out (B,H,T,D), lse (B,H,T). Query t sits
+ * at position p = t + S - T; causal: it sees keys s <= p; window > 0: only
+ * keys s > p - window; softcap > 0: scores (after scale, before the mask)
+ * become softcap tanh(score / softcap). */
 typedef struct {
     int64_t B, H, KV, T, S, D;
     bool causal;
     float scale;
     const float *mask;
     int64_t mask_st[4];
+    int64_t window;
+    float softcap;
 } cpu_attn_shape;
 void cpu_attention_fwd(const cpu_attn_shape *p, const float *q, const float *k,
                        const float *v, float *out, float *lse);
@@ -204,6 +237,18 @@ void cpu_attention_bwd_reference(const cpu_attn_shape *p, const float *q,
 void cpu_attention_bwd(const cpu_attn_shape *p, const float *q, const float *k,
                        const float *v, const float *out, const float *lse,
                        const float *dout, float *dq, float *dk, float *dv);
+
+/* Y (R, N) = A (R, K) @ W^T, A f32 rows lda apart, W (N, K) bf16 (bf16
+ * true) or f16 rows ldw apart, Y contiguous f32: few rows read each
+ * weight once, converting on the fly; more rows widen blocks of W to f32
+ * for the BLAS. false when out of memory. */
+bool cpu_gemm_f32_w16t(int64_t R, int64_t N, int64_t K, const float *A,
+                       int64_t lda, const uint16_t *W, int64_t ldw, bool bf16,
+                       float *Y);
+/* rows (nb, K) of 16-bit weights, row r at W + r * ld, widened to f32
+ * rows of K in out (bf16 by a shift, f16 by F16C) */
+void cpu_widen_rows(const uint16_t *W, int64_t ld, int64_t nb, int64_t K,
+                    bool bf16, float *out);
 
 bool cpu_fusable(int op);
 ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f);
@@ -243,5 +288,11 @@ CPU_KERNEL(cross_entropy);
 CPU_KERNEL(cross_entropy_backward);
 CPU_KERNEL(copy_into);
 CPU_KERNEL(adamw);
+CPU_KERNEL(topk);
+CPU_KERNEL(gather);
+CPU_KERNEL(gather_backward);
+CPU_KERNEL(one_hot);
+CPU_KERNEL(moe_experts);
+CPU_KERNEL(moe_experts_backward);
 
 #endif

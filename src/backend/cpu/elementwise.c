@@ -128,10 +128,6 @@ CPU_KERNEL(binary) {
     return TS_OK;
 }
 
-static inline float gelu_erf(float x) {
-    return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2));
-}
-
 static void unary_chunk(const ts_node *n, float *y, const float **xs,
                         int64_t len) {
     const float *x = xs[0];
@@ -193,7 +189,7 @@ static void unary_chunk(const ts_node *n, float *y, const float **xs,
             cpu_gelu_tanh(y, x, len);
         else
             for (int64_t i = 0; i < len; i++)
-                y[i] = gelu_erf(x[i]);
+                y[i] = cpu_gelu_erf(x[i]);
         break;
     default:
         break;
@@ -249,21 +245,15 @@ static void unary_bwd_chunk(const ts_node *n, float *y, const float **xs,
             y[i] = x[i] > 0 ? g[i] : 0.0f;
         break;
     case TS_OP_SILU:
-        for (int64_t i = 0; i < len; i++) {
-            float s = 1.0f / (1.0f + expf(-x[i]));
-            y[i] = g[i] * s * (1.0f + x[i] * (1.0f - s));
-        }
+        for (int64_t i = 0; i < len; i++)
+            y[i] = cpu_silu_bwd(g[i], x[i]);
         break;
     case TS_OP_GELU:
         if (n->attrs.i[0] == TS_GELU_TANH) {
             cpu_gelu_tanh_bwd(y, g, x, len);
         } else {
-            const float inv_sqrt_2pi = 0.3989422804014327f;
-            for (int64_t i = 0; i < len; i++) {
-                float v = x[i];
-                float cdf = 0.5f * (1.0f + erff(v * (float)M_SQRT1_2));
-                y[i] = g[i] * (cdf + v * inv_sqrt_2pi * expf(-0.5f * v * v));
-            }
+            for (int64_t i = 0; i < len; i++)
+                y[i] = g[i] * cpu_gelu_erf_grad(x[i]);
         }
         break;
     default:

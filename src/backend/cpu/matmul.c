@@ -239,10 +239,8 @@ static void dot_rows_range(void *p, int64_t n0, int64_t n1) {
         j->Y[nn] = dot_f32_bf16(j->A, j->W + nn * j->bsc, j->K);
 }
 
-/* rows (nb, K) of 16-bit weights, row r at W + r * ld, widened to f32
- * rows of K in out: bf16 by a shift, f16 by the F16C instruction */
-static void widen_rows(const uint16_t *W, int64_t ld, int64_t nb, int64_t K,
-                       bool bf16, float *out) {
+void cpu_widen_rows(const uint16_t *W, int64_t ld, int64_t nb, int64_t K,
+                    bool bf16, float *out) {
     widen_rows_range_args job = {W, ld, K, bf16, out};
     ts_parallel_for(nb, cpu_grain(K, 32768), widen_rows_range, &job);
 }
@@ -274,42 +272,46 @@ static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
     }
     if (!shared || !rows_of_k || !a_rows || y->dtype != TS_F32)
         return TS_ERR_UNSUPPORTED;
-    const float *A = (const float *)ts_tensor_ptr(a);
-    float *Y = (float *)ts_tensor_ptr(y);
-    if (R == 1 && b->dtype == TS_BF16) {
-        const uint16_t *W = (const uint16_t *)ts_tensor_ptr(b);
-        gemv_job j = {A, 0, 1, W, bsc, N, K, Y};
+    if (!cpu_gemm_f32_w16t(R, N, K, (const float *)ts_tensor_ptr(a),
+                           M == 1 && batch == 1 ? K : asr,
+                           (const uint16_t *)ts_tensor_ptr(b), bsc,
+                           b->dtype == TS_BF16, (float *)ts_tensor_ptr(y)))
+        return ts_set_error(ctx, TS_ERR_OOM, "matmul: out of memory");
+    return TS_OK;
+}
+
+bool cpu_gemm_f32_w16t(int64_t R, int64_t N, int64_t K, const float *A,
+                       int64_t lda, const uint16_t *W, int64_t ldw, bool bf16,
+                       float *Y) {
+    if (R == 1 && bf16) {
+        gemv_job j = {A, 0, 1, W, ldw, N, K, Y};
         ts_parallel_for(N, cpu_grain(K, 32768), dot_rows_range, &j);
-        return TS_OK;
+        return true;
     }
     /* a batch of decoding sequences: groups of 8 rows, each reading the
      * weights once (cheaper than widening a whole matrix per step) */
-    if (R <= 32 && b->dtype == TS_BF16) {
-        int64_t lda = M == 1 && batch == 1 ? K : asr;
+    if (R <= 32 && bf16) {
         for (int64_t r = 0; r < R; r += 8)
-            gemv_rows(A + r * lda, lda, R - r < 8 ? R - r : 8,
-                      (const uint16_t *)ts_tensor_ptr(b), bsc, N, K, Y + r * N);
-        return TS_OK;
+            gemv_rows(A + r * lda, lda, R - r < 8 ? R - r : 8, W, ldw, N, K,
+                      Y + r * N);
+        return true;
     }
     /* Y[:, n0:n0+nb] = A @ W[n0:n0+nb]^T block by block: each block of
      * weight rows widened to f32 (about 2 MiB, so it stays in cache for
-     * the sgemm that reads it) in a buffer from the caching allocator */
+     * the sgemm that reads it) */
     int64_t NB = ((int64_t)1 << 23) / K;
     NB = NB < 64 ? 64 : NB > N ? N : NB;
-    size_t bytes = sizeof(float) * (size_t)(NB * K);
-    float *wf = malloc(bytes);
+    float *wf = malloc(sizeof(float) * (size_t)(NB * K));
     if (!wf)
-        return ts_set_error(ctx, TS_ERR_OOM, "matmul: out of memory");
-    const uint16_t *W = (const uint16_t *)ts_tensor_ptr(b);
+        return false;
     for (int64_t n0 = 0; n0 < N; n0 += NB) {
         int64_t nb = N - n0 < NB ? N - n0 : NB;
-        widen_rows(W + n0 * bsc, bsc, nb, K, b->dtype == TS_BF16, wf);
-        ts_sgemm(false, true, (int)R, (int)nb, (int)K, 1.0f, A,
-                 (int)(M == 1 && batch == 1 ? K : asr), wf, (int)K, 0.0f,
-                 Y + n0, (int)N);
+        cpu_widen_rows(W + n0 * ldw, ldw, nb, K, bf16, wf);
+        ts_sgemm(false, true, (int)R, (int)nb, (int)K, 1.0f, A, (int)lda, wf,
+                 (int)K, 0.0f, Y + n0, (int)N);
     }
     free(wf);
-    return TS_OK;
+    return true;
 }
 
 typedef struct {

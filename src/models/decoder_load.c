@@ -1,0 +1,181 @@
+/* decoder_load.c — any family's decoder from a Hugging Face folder:
+ * config.json into the description (config.c); the checkpoint's header
+ * checked against the tensors that description needs (decoder_spec.c's
+ * names and shapes) before the model is allocated, and their values for
+ * NaN/Inf; then every parameter by its Hugging Face name, converted to the
+ * model's dtype (or the mapped file itself where it already is), the
+ * per-expert tensors of a mixture of experts into their stacked
+ * parameter's slices. */
+#include "decoder_spec.h"
+#include "load_check.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void dec_set_config_src(ts_decoder *m, const char *path);
+
+/* The checkpoint index of name (or its alternative spelling), or -1. */
+static int find(const ckpt_review *r, const char *name) {
+    int k = ckpt_find(r, name);
+    const char *alt = k < 0 ? dec_alt_name(name) : NULL;
+    return alt ? ckpt_find(r, alt) : k;
+}
+
+/* Every tensor the plan needs in the checkpoint with its shape, then
+ * finite: before anything the size of the config is allocated. */
+static ts_status review_checkpoint(ckpt_review *r, const ts_model_config *c,
+                                   const dec_param *plan, int n) {
+    ts_status s = TS_OK;
+    for (int i = 0; i < n && s == TS_OK; i++) {
+        const dec_param *p = &plan[i];
+        bool stacked = p->parts > 1;
+        for (int64_t e = 0; e < p->parts && s == TS_OK; e++) {
+            char name[DEC_NAME_LEN];
+            dec_part_name(c, p, e, name, sizeof name);
+            s = ckpt_expect(r, find(r, name), name, stacked ? 2 : p->ndim,
+                            stacked ? p->shape + 1 : p->shape);
+        }
+    }
+    return s;
+}
+
+/* stored by some checkpoints, read by no model (as Hugging Face's
+ * _keys_to_ignore_on_load_unexpected): a tied model's lm_head.weight, the
+ * rotary inv_freq buffers, GPT-2's causal-mask buffers */
+static bool ignored(const char *name) {
+    size_t n = strlen(name), k = strlen("rotary_emb.inv_freq");
+    const char *dot = strrchr(name, '.');
+    return !strcmp(name, "lm_head.weight") ||
+           (n >= k && !strcmp(name + n - k, "rotary_emb.inv_freq")) ||
+           (dot && (!strcmp(dot, ".bias") || !strcmp(dot, ".masked_bias")) &&
+            dot >= name + 5 && !strncmp(dot - 5, ".attn", 5));
+}
+
+static int64_t layer_of(const char *name) {
+    long long l;
+    if (sscanf(name, "model.layers.%lld.", &l) == 1 ||
+        sscanf(name, "transformer.h.%lld.", &l) == 1 ||
+        sscanf(name, "h.%lld.", &l) == 1)
+        return (int64_t)l;
+    return -1;
+}
+
+/* parameter i of m from the checkpoint: the mapping itself when dtype and
+ * layout match, else converted into the parameter; part by part for
+ * stacked experts */
+static ts_status fill_param(ts_ctx *ctx, const char *dir, ts_decoder *m,
+                            const dec_param *p, int i, ckpt_review *rv) {
+    ts_tensor *dst = ts_decoder_param(m, i);
+    ts_set_device(ctx, ts_tensor_device(dst)); /* read where it lives */
+    ts_status s = TS_OK;
+    for (int64_t e = 0; e < p->parts && s == TS_OK; e++) {
+        char name[DEC_NAME_LEN];
+        dec_part_name(ts_decoder_get_config(m), p, e, name, sizeof name);
+        int k = find(rv, name);
+        ts_tensor *src =
+            k >= 0 ? ts_safetensors_get(rv->st, ts_safetensors_name(rv->st, k))
+                   : NULL;
+        if (!src)
+            return ts_ctx_status(ctx) != TS_OK
+                       ? ts_ctx_status(ctx)
+                       : ts_set_error(ctx, TS_ERR_IO,
+                                      "%s: the checkpoint has no tensor "
+                                      "\"%s\"",
+                                      dir, name);
+        if (p->parts == 1 && ts_tensor_dtype(src) == ts_tensor_dtype(dst) &&
+            ts_tensor_is_contiguous(src) &&
+            ts_device_equal(ts_tensor_device(src), ts_tensor_device(dst)))
+            s = ts_decoder_set_param(m, i, src); /* the mapping, no copy */
+        else if (p->parts == 1)
+            s = ts_copy_(dst, src); /* converted to the model's dtype */
+        else {
+            ts_tensor *sl = ts_slice(dst, 0, e, e + 1, 1);
+            ts_tensor *part = sl ? ts_squeeze(sl, 0) : NULL;
+            s = part ? ts_copy_(part, src) : ts_ctx_status(ctx);
+            ts_release(sl), ts_release(part);
+        }
+        ts_release(src);
+    }
+    return s;
+}
+
+ts_status ts_decoder_load_opts(ts_ctx *ctx, const char *dir,
+                               const ts_load_options *opt, ts_decoder **out) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!dir || !out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "model load: NULL argument");
+    *out = NULL;
+    ts_load_options none = {.weight_dtype = TS_F32};
+    if (!opt)
+        opt = &none;
+    ts_status s =
+        ts_model_dir_check(ctx, dir, TS_MODEL_CONFIG | TS_MODEL_WEIGHTS);
+    ts_model_config mc; /* a folder with config.json, or an error saying */
+    if (s == TS_OK)
+        s = ts_config_load(ctx, dir, &mc);
+    if (s != TS_OK)
+        return s;
+    if (opt->weight_dtype != TS_F32 && opt->weight_dtype != TS_BF16)
+        return ts_set_error(ctx, TS_ERR_DTYPE,
+                            "%s: weights can be kept in f32 or bf16, not %s",
+                            dir, ts_dtype_name(opt->weight_dtype));
+    if ((s = ts_decoder_config_check(ctx, &mc)) != TS_OK)
+        return s;
+    int n = dec_plan(&mc, NULL, 0);
+    dec_param *plan = calloc((size_t)n + 1, sizeof *plan);
+    if (!plan)
+        return ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", dir);
+    dec_plan(&mc, plan, n);
+    ts_safetensors *st = NULL;
+    ckpt_review rv = {0};
+    ts_device_map dmap = {0};
+    ts_decoder *m = NULL;
+    if ((s = ts_safetensors_open(ctx, dir, &st)) == TS_OK &&
+        (s = ckpt_review_begin(&rv, ctx, dir, st, opt)) == TS_OK &&
+        (s = review_checkpoint(&rv, &mc, plan, n)) == TS_OK &&
+        (!opt->device_map ||
+         (s = ts_device_map_parse(ctx, opt->device_map, (int)mc.layers,
+                                  &dmap)) == TS_OK)) {
+        ts_decoder_options o = {.weight_dtype = opt->weight_dtype,
+                                .device_map =
+                                    opt->device_map ? &dmap : NULL,
+                                .no_init = true}; /* the checkpoint fills */
+        s = ts_decoder_new(ctx, &mc, &o, 0, &m);
+    }
+    ts_device_map_free(&dmap);
+    if (s == TS_OK) {
+        ts_device here = ts_get_device(ctx);
+        bool old = ts_set_grad_enabled(ctx, false);
+        for (int i = 0; i < n && s == TS_OK; i++)
+            s = fill_param(ctx, dir, m, &plan[i], i, &rv);
+        ts_set_grad_enabled(ctx, old);
+        ts_set_device(ctx, here);
+        for (int i = 0; s == TS_OK && i < n; i++) /* inference: no grads */
+            ts_set_requires_grad(ts_decoder_param(m, i), false);
+    }
+    if (s == TS_OK) {
+        ckpt_warn_unused(&rv, ignored, layer_of, mc.layers,
+                         mc.arch == TS_ARCH_GPT2 ? "n_layer"
+                                                 : "num_hidden_layers");
+        char cfg[4200];
+        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+        dec_set_config_src(m, cfg);
+    }
+    if (rv.ctx)
+        ckpt_review_end(&rv);
+    ts_safetensors_close(st);
+    free(plan);
+    if (s != TS_OK) {
+        ts_decoder_free(m);
+        return s;
+    }
+    *out = m;
+    return TS_OK;
+}
+
+ts_status ts_decoder_load(ts_ctx *ctx, const char *dir, ts_decoder **out) {
+    return ts_decoder_load_opts(ctx, dir, NULL, out);
+}
