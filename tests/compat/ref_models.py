@@ -286,10 +286,11 @@ def moe(d, p, pre, h):
     if d["norm_topk"]:
         w = w / w.sum(dim=-1, keepdim=True)
     out = torch.zeros_like(x)
+    # every expert runs, on no rows when it got no token, as the loop over
+    # range(num_experts) of the release code (transformers 4.51): its
+    # weights get a zero gradient (not None), so AdamW still decays them
     for e in range(d["n_experts"]):
         rows, slot = torch.where(sel == e)
-        if rows.numel() == 0:
-            continue
         y = gated(d, x[rows], ex(e, names[0]), ex(e, names[1]), ex(e, names[2]))
         out = out.index_add(0, rows, y * w[rows, slot, None])
     return out.view(B, T, C), logits
