@@ -332,6 +332,26 @@ static void test_llama(ts_ctx *ctx) {
     CHECK_OK(ctx, load(ctx, t3, &c));
     CHECK(c.rope == TS_ROPE_LINEAR && c.rope_factor == 4 && c.dtype == TS_F16);
     free(t), free(t2), free(t3);
+    /* transformers 5's one rope_parameters object */
+    t = edit(LLAMA32_1B, "rope_scaling", NULL);
+    t2 = edit(t, "rope_theta", NULL);
+    t3 = edit(t2, "rope_parameters",
+              "{'rope_type': 'llama3', 'rope_theta': 500000.0, 'factor': 32.0,"
+              " 'high_freq_factor': 4.0, 'low_freq_factor': 1.0,"
+              " 'original_max_position_embeddings': 8192}");
+    CHECK_OK(ctx, load(ctx, t3, &c));
+    CHECK(c.rope == TS_ROPE_LLAMA3 && c.rope_theta == 500000.0 &&
+          c.rope_factor == 32 && c.rope_original_max_positions == 8192);
+    free(t), free(t2), free(t3);
+    t = edit(LLAMA32_1B, "rope_scaling", NULL);
+    t2 = edit(t, "rope_parameters", "{'rope_type': 'dynamic', 'factor': 2}");
+    expect_error(ctx, t2, TS_ERR_UNSUPPORTED,
+                 "rope_parameters type \"dynamic\" is not supported");
+    free(t2);
+    t2 = edit(t, "rope_parameters", "{'rope_theta': 1000.0}");
+    CHECK_OK(ctx, load(ctx, t2, &c));
+    CHECK(c.rope == TS_ROPE_DEFAULT && c.rope_theta == 1000);
+    free(t), free(t2);
 }
 
 static void test_mistral(ts_ctx *ctx) {
@@ -530,6 +550,22 @@ static void test_gemma3(ts_ctx *ctx) {
              " 'x', 'x', 'x', 'x', 'x']");
     expect_error(ctx, t, TS_ERR_UNSUPPORTED,
                  "layer_types[0] is \"chunked_attention\"");
+    free(t);
+    /* transformers 5: rope_parameters per layer type */
+    t = edit(GEMMA3_1B, "rope_theta", NULL);
+    t2 = edit(t, "rope_local_base_freq", NULL);
+    char *t3 = edit(t2, "rope_parameters",
+                    "{'full_attention': {'rope_type': 'linear', 'factor': 8.0,"
+                    " 'rope_theta': 1000000.0}, 'sliding_attention':"
+                    " {'rope_type': 'default', 'rope_theta': 20000.0}}");
+    CHECK_OK(ctx, load(ctx, t3, &c));
+    CHECK(c.rope == TS_ROPE_LINEAR && c.rope_factor == 8 &&
+          c.rope_theta == 1e6 && c.rope_local_theta == 20000);
+    free(t), free(t2), free(t3);
+    t = edit(GEMMA3_1B, "rope_parameters",
+             "{'full_attention': {'rope_type': 'linear', 'factor': 0}}");
+    expect_error(ctx, t, TS_ERR_RANGE,
+                 "rope_parameters.full_attention.factor is 0");
     free(t);
     /* Gemma 3 4B's wrapper: its text_config with Gemma3TextConfig's
      * defaults; linear scaling on the global layers */
