@@ -3,6 +3,7 @@
  * logits of given token ids (any architecture, any device_map) written as
  * a .npy file (f32, (T, V)) for checking against other implementations. */
 #include "tessera.h"
+#include "tessera_io.h"
 #include "tessera_models.h"
 
 #include <errno.h>
@@ -14,6 +15,124 @@ static int fail(ts_ctx *ctx, const char *what) {
     fprintf(stderr, "tessera: %s: %s\n", what, ts_errmsg(ctx));
     ts_ctx_free(ctx);
     return 1;
+}
+
+static const char *act_name(ts_act a) {
+    return a == TS_ACT_SILU        ? "silu"
+           : a == TS_ACT_GELU_TANH ? "gelu (tanh)"
+                                   : "gelu (erf)";
+}
+
+static const char *ordinal(int n) {
+    return n % 100 / 10 == 1 ? "th"
+           : n % 10 == 2     ? "nd"
+           : n % 10 == 3     ? "rd"
+                             : "th";
+}
+
+/* The decoder description, one line a part: what differs between the
+ * families (ts_model_config's second half). */
+static void print_description(const ts_model_config *c) {
+    printf("norm           %s, eps %g%s%s\n",
+           c->norm == TS_NORM_LAYER    ? "LayerNorm with bias"
+           : c->norm == TS_NORM_RMS_1P ? "RMSNorm x (1 + w)"
+                                       : "RMSNorm",
+           c->norm_eps,
+           c->sandwich_norm ? "; attention and MLP outputs normed too" : "",
+           c->qk_norm ? "; q and k normed per head" : "");
+    if (c->pos == TS_POS_LEARNED)
+        printf("positions      learned (%lld)\n", (long long)c->max_positions);
+    else {
+        char scaling[160] = "";
+        if (c->rope == TS_ROPE_LINEAR)
+            snprintf(scaling, sizeof scaling, ", linear x%g", c->rope_factor);
+        else if (c->rope == TS_ROPE_LLAMA3)
+            snprintf(scaling, sizeof scaling,
+                     ", llama3 x%g (frequency factors %g..%g, from %lld)",
+                     c->rope_factor, c->rope_low_freq_factor,
+                     c->rope_high_freq_factor,
+                     (long long)c->rope_original_max_positions);
+        else if (c->rope == TS_ROPE_LONGROPE)
+            snprintf(scaling, sizeof scaling,
+                     ", longrope x%g (%d factors, long past %lld; attention "
+                     "x%.4g)",
+                     c->rope_factor, c->rope_n_factors,
+                     (long long)c->rope_original_max_positions,
+                     c->rope_attention_factor);
+        else if (c->rope == TS_ROPE_YARN)
+            snprintf(scaling, sizeof scaling,
+                     ", yarn x%g (from %lld, beta %g/%g; attention x%.4g)",
+                     c->rope_factor, (long long)c->rope_original_max_positions,
+                     c->rope_beta_fast, c->rope_beta_slow,
+                     c->rope_attention_factor);
+        char local[64] = "";
+        if (c->rope_local_theta > 0)
+            snprintf(local, sizeof local, "; sliding layers theta %g",
+                     c->rope_local_theta);
+        printf("positions      rope theta %g%s%s%s\n", c->rope_theta, scaling,
+               local[0] && c->rope != TS_ROPE_DEFAULT ? " on global layers"
+                                                      : "",
+               local);
+    }
+    char scale[48];
+    if (c->attn_scale > 0)
+        snprintf(scale, sizeof scale, "scale %g", c->attn_scale);
+    else
+        snprintf(scale, sizeof scale, "scale 1/sqrt(%lld)",
+                 (long long)c->head_dim);
+    char cap[40] = "";
+    if (c->attn_softcap > 0)
+        snprintf(cap, sizeof cap, "; scores capped at %g", c->attn_softcap);
+    printf("attention      %s%s%s%s%s\n", scale, cap,
+           c->fused_qkv ? "; one qkv matrix" : "",
+           c->attention_bias ? (c->o_bias ? "; biases on q, k, v and o"
+                                          : "; biases on q, k and v")
+                             : "",
+           c->conv1d ? "; Conv1D (in, out) matrices" : "");
+    if (c->sliding_window <= 0)
+        printf("sliding window none\n");
+    else {
+        int64_t n = 0;
+        for (int64_t i = 0; i < c->layers; i++)
+            n += ts_model_layer_sliding(c, i);
+        char which[96] = "every layer";
+        if (c->sliding_pattern >= 2 && c->sliding_from > 0)
+            snprintf(which, sizeof which, "layers from %lld but every %d%s",
+                     (long long)c->sliding_from, c->sliding_pattern,
+                     ordinal(c->sliding_pattern));
+        else if (c->sliding_pattern >= 2)
+            snprintf(which, sizeof which, "every layer but every %d%s",
+                     c->sliding_pattern, ordinal(c->sliding_pattern));
+        else if (c->sliding_from > 0)
+            snprintf(which, sizeof which, "layers from %lld",
+                     (long long)c->sliding_from);
+        printf("sliding window %lld tokens on %s (%lld of %lld layers)\n",
+               (long long)c->sliding_window, which, (long long)n,
+               (long long)c->layers);
+    }
+    printf("mlp act        %s%s%s%s\n", act_name(c->act),
+           c->gated ? ", gated (act(gate) x up)" : "",
+           c->fused_gate_up ? "; one gate_up matrix" : "",
+           c->mlp_bias ? "; biases" : "");
+    if (c->n_experts <= 0)
+        printf("experts        none\n");
+    else {
+        int64_t n = 0;
+        for (int64_t i = 0; i < c->layers; i++)
+            n += ts_model_layer_moe(c, i);
+        printf("experts        %lld, top %lld%s, each %lld wide, on %lld of "
+               "%lld layers; aux loss x%g\n",
+               (long long)c->n_experts, (long long)c->experts_per_tok,
+               c->norm_topk_prob ? " (weights renormalized)" : "",
+               (long long)c->moe_intermediate, (long long)n,
+               (long long)c->layers, c->router_aux_loss_coef);
+    }
+    char fcap[40] = "";
+    if (c->final_softcap > 0)
+        snprintf(fcap, sizeof fcap, "; logits capped at %g", c->final_softcap);
+    printf("embedding      %s%s%s\n",
+           c->tie_word_embeddings ? "tied" : "untied",
+           c->embed_scale ? "; inputs x sqrt(hidden)" : "", fcap);
 }
 
 int tessera_info(int argc, char **argv) {
@@ -65,9 +184,7 @@ int tessera_info(int argc, char **argv) {
            (long long)c.kv_heads, (long long)c.head_dim,
            (long long)c.intermediate, (long long)c.vocab,
            (long long)c.max_positions);
-    printf("tied embedding %s\nrope theta     %g%s\n",
-           c.tie_word_embeddings ? "yes" : "no", c.rope_theta,
-           c.rope == TS_ROPE_LLAMA3 ? " (llama3 scaling)" : "");
+    print_description(&c);
     printf("parameters     %lld (%.1f M) in %d tensors\n", (long long)params,
            params / 1e6, ts_safetensors_count(st));
     printf("stored dtypes ");
@@ -77,8 +194,9 @@ int tessera_info(int argc, char **argv) {
     printf("\nweights        %.1f MiB on disk; in memory %.1f MiB as f32, "
            "%.1f MiB as bf16 (--dtype bf16)\n",
            bytes / 1048576.0, params * 4 / 1048576.0, params * 2 / 1048576.0);
-    /* K and V of every layer, f32, per position */
-    int64_t kv_heads = c.arch == TS_ARCH_GPT2 ? c.heads : c.kv_heads;
+    /* K and V of every layer, f32, per position (sliding layers keep
+     * fewer past their window; not counted) */
+    int64_t kv_heads = c.kv_heads;
     double kv_tok =
         2.0 * (double)c.layers * (double)kv_heads * (double)c.head_dim * 4;
     int64_t ctx_len = c.max_positions < 4096 ? c.max_positions : 4096;

@@ -76,6 +76,7 @@ typedef struct {
     int64_t original_max_positions; /* Phi-3's top-level field (0: none) */
     bool heads_given;
     json_t *rope_scaling, *layer_types;
+    char rope_key[48]; /* where rope_scaling came from, for messages */
 } parsed;
 
 typedef struct {
@@ -869,17 +870,19 @@ static void apply_rope_scaling(reader *r, const family *fam, parsed *p) {
         return;
     reader q = *r;
     char prefix[64];
-    snprintf(prefix, sizeof prefix, "%srope_scaling.", r->prefix);
+    snprintf(prefix, sizeof prefix, "%s%s.", r->prefix, p->rope_key);
     q.prefix = prefix, q.root = rs, q.lenient = false;
     json_t *tv = value_of(&q, "rope_type");
     if (!tv)
         tv = value_of(&q, "type");
     const char *type = json_string_value(tv);
+    if (!tv && !strncmp(p->rope_key, "rope_parameters", 15))
+        return; /* transformers 5: no type is the default rope */
     if (!tv) {
         r->st = ts_set_error(r->ctx, TS_ERR_IO,
-                             "%s: %srope_scaling has no \"rope_type\" (or "
-                             "\"type\"); supported: %s",
-                             r->path, r->prefix, rope_types);
+                             "%s: %s%s has no \"rope_type\" (or \"type\"); "
+                             "supported: %s",
+                             r->path, r->prefix, p->rope_key, rope_types);
         return;
     }
     if (!type) {
@@ -962,12 +965,57 @@ static void apply_rope_scaling(reader *r, const family *fam, parsed *p) {
                                 r->path, prefix);
     } else {
         r->st = ts_set_error(r->ctx, TS_ERR_UNSUPPORTED,
-                             "%s: %srope_scaling type \"%s\" is not supported "
+                             "%s: %s%s type \"%s\" is not supported "
                              "(supported: %s)",
-                             r->path, r->prefix, type, rope_types);
+                             r->path, r->prefix, p->rope_key, type, rope_types);
         return;
     }
     r->st = q.st;
+}
+
+/* transformers 5 writes rope_theta and rope_scaling as one
+ * "rope_parameters" object; Gemma 3's holds one per layer type */
+static void apply_rope_parameters(reader *r, parsed *p) {
+    if (r->st || p->c.pos != TS_POS_ROPE || p->rope_scaling)
+        return;
+    json_t *rp = value_of(r, "rope_parameters");
+    if (!rp)
+        return;
+    if (!json_is_object(rp)) {
+        fail_type(r, "rope_parameters", "an object or null");
+        return;
+    }
+    snprintf(p->rope_key, sizeof p->rope_key, "rope_parameters");
+    json_t *full = json_object_get(rp, "full_attention");
+    json_t *local = json_object_get(rp, "sliding_attention");
+    reader q = *r;
+    char prefix[96];
+    q.prefix = prefix, q.lenient = false;
+    if (json_is_object(local)) {
+        snprintf(prefix, sizeof prefix, "%srope_parameters.sliding_attention.",
+                 r->prefix);
+        q.root = local;
+        const char *type =
+            json_string_value(json_object_get(local, "rope_type"));
+        if (type && strcmp(type, "default"))
+            q.st = ts_set_error(r->ctx, TS_ERR_UNSUPPORTED,
+                                "%s: %srope_type \"%s\" is not supported on "
+                                "sliding layers (supported: default)",
+                                r->path, prefix, type);
+        double t = get_num(&q, "rope_theta", false, p->c.rope_local_theta);
+        if (t != 0 && t != p->c.rope_theta)
+            p->c.rope_local_theta = t;
+    }
+    if (json_is_object(full)) {
+        rp = full;
+        snprintf(p->rope_key, sizeof p->rope_key,
+                 "rope_parameters.full_attention");
+    }
+    snprintf(prefix, sizeof prefix, "%s%s.", r->prefix, p->rope_key);
+    q.root = rp;
+    p->c.rope_theta = get_num(&q, "rope_theta", false, p->c.rope_theta);
+    r->st = q.st;
+    p->rope_scaling = rp;
 }
 
 /* ---- checks ------------------------------------------------------------ */
@@ -1022,9 +1070,15 @@ static ts_status check_num(reader *r, const char *name, double v, double lo,
 }
 
 /* the description: windows, rope, experts, soft caps */
+static const char *rope_name(const parsed *p, const char *key, char *buf) {
+    snprintf(buf, 96, "%s.%s", p->rope_key, key);
+    return buf;
+}
+
 static ts_status check_description(reader *r, const family *fam,
                                    const parsed *p) {
     const ts_model_config *c = &p->c;
+    char rn[96];
     ts_status s;
     if (c->sliding_window > MAX_POSITIONS)
         return range_error(r, "sliding_window", c->sliding_window, 0,
@@ -1047,27 +1101,28 @@ static ts_status check_description(reader *r, const family *fam,
                                 MAX_THETA);
     }
     if (c->rope != TS_ROPE_DEFAULT) {
-        if ((s = check_num(r, "rope_scaling.factor", c->rope_factor, 0, true)))
+        if ((s = check_num(r, rope_name(p, "factor", rn), c->rope_factor, 0,
+                           true)))
             return s;
         if (c->rope != TS_ROPE_LINEAR &&
             (c->rope_original_max_positions < 1 ||
              c->rope_original_max_positions > MAX_POSITIONS))
             return range_error(
-                r, "rope_scaling.original_max_position_embeddings",
+                r, rope_name(p, "original_max_position_embeddings", rn),
                 c->rope_original_max_positions, 1, MAX_POSITIONS);
     }
     if (c->rope == TS_ROPE_LLAMA3 &&
-        (s = check_num(r, "rope_scaling.low_freq_factor",
+        (s = check_num(r, rope_name(p, "low_freq_factor", rn),
                        c->rope_low_freq_factor, 0, true)))
         return s;
     if ((c->rope == TS_ROPE_LONGROPE || c->rope == TS_ROPE_YARN) &&
-        (s = check_num(r, "rope_scaling.attention_factor",
+        (s = check_num(r, rope_name(p, "attention_factor", rn),
                        c->rope_attention_factor, 0, true)))
         return s;
     if (c->rope == TS_ROPE_YARN &&
-        ((s = check_num(r, "rope_scaling.beta_fast", c->rope_beta_fast, 0,
+        ((s = check_num(r, rope_name(p, "beta_fast", rn), c->rope_beta_fast, 0,
                         true)) ||
-         (s = check_num(r, "rope_scaling.beta_slow", c->rope_beta_slow, 0,
+         (s = check_num(r, rope_name(p, "beta_slow", rn), c->rope_beta_slow, 0,
                         true))))
         return s;
     if ((s = check_num(r, "attn_logit_softcapping", c->attn_softcap, 0,
@@ -1135,6 +1190,7 @@ static void read_family(reader *r, const family *fam, parsed *p) {
     p->c.arch = fam->arch;
     snprintf(p->c.model_type, sizeof p->c.model_type, "%s", fam->model_type);
     p->c.rope = TS_ROPE_DEFAULT;
+    snprintf(p->rope_key, sizeof p->rope_key, "rope_scaling");
     for (const row *f = fam->rows; f->kind != K_END && !r->st; f++)
         read_row(r, f, p);
     if (!p->use_sliding_window)
@@ -1282,6 +1338,7 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
         if (!r.st)
             r.st = check_sizes(&r, fam, p);
         apply_layer_types(&r, p);
+        apply_rope_parameters(&r, p);
         apply_rope_scaling(&r, fam, p);
         if (!r.st)
             r.st = check_description(&r, fam, p);
