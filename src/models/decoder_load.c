@@ -15,11 +15,20 @@
 
 void dec_set_config_src(ts_decoder *m, const char *path);
 
-/* The checkpoint index of name (or its alternative spelling), or -1. */
+/* The checkpoint index of name, or of its other spellings (GPT-2's
+ * without "transformer."; a multimodal Gemma 3's text weights under
+ * "language_model."), or -1. */
 static int find(const ckpt_review *r, const char *name) {
     int k = ckpt_find(r, name);
     const char *alt = k < 0 ? dec_alt_name(name) : NULL;
-    return alt ? ckpt_find(r, alt) : k;
+    if (alt)
+        k = ckpt_find(r, alt);
+    if (k < 0) {
+        char lm[DEC_NAME_LEN + 16];
+        snprintf(lm, sizeof lm, "language_model.%s", name);
+        k = ckpt_find(r, lm);
+    }
+    return k;
 }
 
 /* Every tensor the plan needs in the checkpoint with its shape, then
