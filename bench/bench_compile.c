@@ -12,9 +12,9 @@
  *
  *   bench_compile [--steps N] [--small]
  *   TS_PASSES=-dce,-plan turns compiler passes off one by one. */
+#include "qwen3_06b.h"
 #include "tessera.h"
 #include "tessera_models.h"
-#include "qwen3_06b.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,8 +68,9 @@ static void runner_init(runner *u, const ts_model_config *cfg, int B, int T,
         die(u->ctx, "model");
     ts_adamw_options o = ts_adamw_default_options();
     o.lr = 1e-4;
-    if (train && ts_adamw_new(u->ctx, ts_decoder_params(u->m),
-                              ts_decoder_num_params(u->m), &o, &u->opt) != TS_OK)
+    if (train &&
+        ts_adamw_new(u->ctx, ts_decoder_params(u->m),
+                     ts_decoder_num_params(u->m), &o, &u->opt) != TS_OK)
         die(u->ctx, "adamw");
     int64_t shape[2] = {B, T};
     ts_tensor *ids =

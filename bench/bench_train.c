@@ -24,9 +24,9 @@
  */
 #define _GNU_SOURCE
 #include "core/core.h"
+#include "qwen3_06b.h"
 #include "tessera.h"
 #include "tessera_models.h"
-#include "qwen3_06b.h"
 #include "tessera_nn.h"
 #include "tessera_train.h"
 
@@ -178,8 +178,8 @@ static void trainer_init(trainer *t, const bench_model *b, ts_mode mode,
     ts_ctx_options co = {.num_threads = g_threads};
     if (ts_ctx_new(&t->ctx, &co) != TS_OK)
         die(NULL, "context");
-    ts_status s = ts_decoder_new(
-        t->ctx, b->kind == GPT2 ? &b->gpt2 : &b->qwen3, NULL, 1, &t->q);
+    ts_status s = ts_decoder_new(t->ctx, b->kind == GPT2 ? &b->gpt2 : &b->qwen3,
+                                 NULL, 1, &t->q);
     if (s != TS_OK)
         die(t->ctx, "model");
     t->params = ts_decoder_params(t->q);
@@ -571,7 +571,8 @@ static void check_mode(const char *dir, ts_mode mode, const char *mname) {
         for (int64_t j = 0; j < cnt; j++)
             ss += (double)h[j] * h[j];
         free(h);
-        printf("%s grad %s %.9g\n", mname, ts_decoder_param_name(m, i), sqrt(ss));
+        printf("%s grad %s %.9g\n", mname, ts_decoder_param_name(m, i),
+               sqrt(ss));
     }
     if (ts_adamw_step_clipped(opt, CLIP, &gnorm) != TS_OK ||
         ts_sync(ctx) != TS_OK)

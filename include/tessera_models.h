@@ -149,8 +149,7 @@ ts_status ts_decoder_set_compute_dtype(ts_decoder *m, ts_dtype dt);
  * removes it. An error from fn fails the forward or backward. */
 typedef ts_status (*ts_layer_hook)(void *arg, int64_t layer, bool before,
                                    bool backward);
-ts_status ts_decoder_set_layer_hook(ts_decoder *m, ts_layer_hook fn,
-                                    void *arg);
+ts_status ts_decoder_set_layer_hook(ts_decoder *m, ts_layer_hook fn, void *arg);
 /* The parameters layer i owns (indices into the parameter list): first
  * and count, for sharding by layer; -1 for the embeddings (and learned
  * positions), L for the final norm and head. */
@@ -198,8 +197,7 @@ int64_t ts_kv_block_bytes(const ts_model_config *c, int64_t block_size);
  * the pool: per layer K then V, each (KV, block_size, D) f32,
  * ts_kv_block_bytes in all (what a KV transfer carries). */
 ts_status ts_kv_pool_read_block(ts_kv_pool *p, int64_t block, void *out);
-ts_status ts_kv_pool_write_block(ts_kv_pool *p, int64_t block,
-                                 const void *in);
+ts_status ts_kv_pool_write_block(ts_kv_pool *p, int64_t block, const void *in);
 /* One engine step: ids (1, N) are the new tokens of several sequences
  * (meta: ts_paged_attention's), positions[N] their positions; returns
  * the logits (n_rows, V) of the tokens at rows[] (each sequence's last). */

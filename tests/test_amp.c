@@ -33,8 +33,8 @@ static float round_bf16(float f) {
 }
 
 /* loss and gradients (concatenated) of one forward + backward */
-static double step(ts_ctx *ctx, ts_decoder *m, ts_tensor *ids,
-                   ts_tensor *tg, float *grads) {
+static double step(ts_ctx *ctx, ts_decoder *m, ts_tensor *ids, ts_tensor *tg,
+                   float *grads) {
     ts_tensor *const *p = ts_decoder_params(m);
     int n = ts_decoder_num_params(m);
     ts_zero_grads(p, n);

@@ -390,9 +390,11 @@ static void test_param_names(ts_ctx *ctx) {
     ts_decoder *m = NULL;
     CHECK_OK(ctx, ts_decoder_new(ctx, &c, NULL, 7, &m));
     CHECK(ts_decoder_num_params(m) == 1 + 11 * 2 + 2);
-    CHECK(strcmp(ts_decoder_param_name(m, 0), "model.embed_tokens.weight") == 0);
+    CHECK(strcmp(ts_decoder_param_name(m, 0), "model.embed_tokens.weight") ==
+          0);
     CHECK(strcmp(ts_decoder_param_name(m, 24), "lm_head.weight") == 0);
-    CHECK(ts_decoder_param_name(m, 25) == NULL && ts_decoder_param(m, -1) == NULL);
+    CHECK(ts_decoder_param_name(m, 25) == NULL &&
+          ts_decoder_param(m, -1) == NULL);
     ts_tensor *kn =
         ts_decoder_find_param(m, "model.layers.1.self_attn.k_norm.weight");
     CHECK(kn && ts_tensor_ndim(kn) == 1 && ts_tensor_dim(kn, 0) == 16);
@@ -409,7 +411,8 @@ static void test_param_names(ts_ctx *ctx) {
     ts_tensor *d =
         ts_decoder_find_param(m, "model.layers.1.mlp.down_proj.weight");
     CHECK(d && ts_tensor_dim(d, 0) == 64 && ts_tensor_dim(d, 1) == 96);
-    CHECK(ts_decoder_find_param(m, "model.layers.2.mlp.up_proj.weight") == NULL);
+    CHECK(ts_decoder_find_param(m, "model.layers.2.mlp.up_proj.weight") ==
+          NULL);
     for (int i = 0; i < ts_decoder_num_params(m); i++)
         CHECK(ts_requires_grad(ts_decoder_param(m, i)));
     /* Normal(0, 0.02): the embedding's std is near 0.02 */

@@ -33,7 +33,6 @@ struct ts_decoder {
     int n_params;
     ts_tensor **params; /* owned references, state_dict order */
     dec_param *spec;    /* each parameter's role, name, parts */
-    int *layer_first;   /* per layer (+1): its first parameter's index */
     /* placement: embedding, each layer, head (final norm + LM head) */
     ts_device embed_dev, head_dev, *layer_dev;
     ts_tensor *head_copy;   /* tied LM head on another device than embed:
@@ -114,8 +113,8 @@ ts_status ts_decoder_config_check(ts_ctx *ctx, const ts_model_config *c) {
                  {"intermediate", c->intermediate},
                  {"max_positions", c->max_positions}};
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
-        if (sizes[i].v <= 0 && !(c->n_experts > 0 && !strcmp(sizes[i].name,
-                                                             "intermediate")))
+        if (sizes[i].v <= 0 &&
+            !(c->n_experts > 0 && !strcmp(sizes[i].name, "intermediate")))
             return ts_set_error(ctx, TS_ERR_INVALID_ARG,
                                 "%s config: %s is %" PRId64 " (want > 0)", fam,
                                 sizes[i].name, sizes[i].v);
@@ -160,8 +159,7 @@ ts_status ts_decoder_config_check(ts_ctx *ctx, const ts_model_config *c) {
     else if (c->pos == TS_POS_LEARNED && c->max_positions > (1 << 24))
         bad = "max_positions is above 16777216 with learned positions";
     if (bad)
-        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "%s config: %s", fam,
-                            bad);
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "%s config: %s", fam, bad);
     for (int64_t i = 0; i < c->layers; i++)
         if (!ts_model_layer_moe(c, i) && c->intermediate <= 0)
             return ts_set_error(ctx, TS_ERR_INVALID_ARG,
@@ -187,12 +185,12 @@ static ts_tensor *make_param(ts_decoder *m, const dec_param *p, ts_dtype wdt,
     double std = 0.02;
     if (p->init == INIT_RESIDUAL)
         std /= sqrt(2.0 * (double)m->cfg.layers);
-    ts_tensor *t = no_init ? ts_empty(m->ctx, dt, p->ndim, p->shape)
-                   : p->init == INIT_NORMAL || p->init == INIT_RESIDUAL
-                       ? ts_randn(m->ctx, dt, p->ndim, p->shape, std,
-                                  param_seed(seed, i))
-                       : ts_full(m->ctx, TS_F32, p->ndim, p->shape,
-                                 p->init == INIT_ONES ? 1.0 : 0.0);
+    ts_tensor *t =
+        no_init ? ts_empty(m->ctx, dt, p->ndim, p->shape)
+        : p->init == INIT_NORMAL || p->init == INIT_RESIDUAL
+            ? ts_randn(m->ctx, dt, p->ndim, p->shape, std, param_seed(seed, i))
+            : ts_full(m->ctx, TS_F32, p->ndim, p->shape,
+                      p->init == INIT_ONES ? 1.0 : 0.0);
     if (t)
         ts_set_requires_grad(t, true);
     return t;
@@ -236,13 +234,12 @@ ts_status ts_decoder_new(ts_ctx *ctx, const ts_model_config *cfg,
         m->layer = calloc((size_t)cfg->layers, sizeof *m->layer);
         m->params = calloc((size_t)n, sizeof *m->params);
         m->spec = calloc((size_t)n, sizeof *m->spec);
-        m->layer_first = calloc((size_t)cfg->layers + 2, sizeof(int));
         m->layer_dev = calloc((size_t)cfg->layers + 1, sizeof *m->layer_dev);
         m->router_logits =
             calloc((size_t)cfg->layers + 1, sizeof *m->router_logits);
     }
-    if (!m || !m->layer || !m->params || !m->spec || !m->layer_first ||
-        !m->layer_dev || !m->router_logits) {
+    if (!m || !m->layer || !m->params || !m->spec || !m->layer_dev ||
+        !m->router_logits) {
         ts_decoder_free(m);
         return ts_set_error(ctx, TS_ERR_OOM, "decoder_new: out of memory");
     }
@@ -263,17 +260,14 @@ ts_status ts_decoder_new(ts_ctx *ctx, const ts_model_config *cfg,
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {
         const dec_param *p = &m->spec[i];
-        if (p->layer >= 0 && m->layer_first[p->layer] == 0 &&
-            (i == 0 || m->spec[i - 1].layer != p->layer))
-            m->layer_first[p->layer] = i;
-        ts_set_device(ctx, p->layer >= 0             ? m->layer_dev[p->layer]
+        ts_set_device(ctx, p->layer >= 0 ? m->layer_dev[p->layer]
                            : p->role == R_FINAL_NORM ||
                                    p->role == R_FINAL_NORM_B ||
                                    p->role == R_HEAD
                                ? m->head_dev
                                : m->embed_dev);
-        ts_tensor *t = make_param(m, p, opt->weight_dtype, opt->no_init, seed,
-                                  i);
+        ts_tensor *t =
+            make_param(m, p, opt->weight_dtype, opt->no_init, seed, i);
         ok = t != NULL;
         m->params[i] = t;
         m->n_params = i + 1;
@@ -304,7 +298,6 @@ void ts_decoder_free(ts_decoder *m) {
     free(m->router_logits);
     free(m->params);
     free(m->spec);
-    free(m->layer_first);
     free(m->layer);
     free(m->ckpt);
     free(m->layer_dev);
@@ -372,10 +365,9 @@ ts_status ts_decoder_layer_params(const ts_decoder *m, int64_t layer,
     int a = 0, b = 0;
     for (int i = 0; i < m->n_params; i++) {
         const dec_param *p = &m->spec[i];
-        int64_t l = p->layer >= 0 ? p->layer
-                    : p->role == R_EMBED || p->role == R_POS
-                        ? -1
-                        : m->cfg.layers;
+        int64_t l = p->layer >= 0                            ? p->layer
+                    : p->role == R_EMBED || p->role == R_POS ? -1
+                                                             : m->cfg.layers;
         if (l == layer) {
             if (b == 0)
                 a = i;
@@ -480,9 +472,8 @@ static ts_tensor *activate(ts_tensor *x, ts_act act) {
 
 /* p (B, T, n*D) [borrowed] -> (B, n, T, D): per-head norm when norm_w is
  * set (q/k norm), heads to dim 1, rope when cos is set */
-static ts_tensor *to_heads(const ts_decoder *m, ts_tensor *p,
-                           ts_tensor *norm_w, int64_t n, ts_tensor *cos,
-                           ts_tensor *sin) {
+static ts_tensor *to_heads(const ts_decoder *m, ts_tensor *p, ts_tensor *norm_w,
+                           int64_t n, ts_tensor *cos, ts_tensor *sin) {
     int64_t B = ts_tensor_dim(p, 0), T = ts_tensor_dim(p, 1);
     int64_t shape[4] = {B, T, n, m->cfg.head_dim};
     ts_tensor *r = ts_reshape(p, 4, shape); /* (B, T, n, D) */
@@ -515,9 +506,9 @@ static ts_tensor *cache_append(ts_tensor *cache, ts_tensor *x, int64_t len) {
 /* h (B, T, C), the normed input -> the attention's output after o_proj
  * (B, T, C); with a cache slot, attends to the cached positions too and
  * appends its own; with pg, through the paged pool. */
-static ts_tensor *attention(const ts_decoder *m, const dec_layer *L,
-                            int64_t li, ts_tensor *h, const rope_set *rs,
-                            const kv_slot *kv, const paged_ref *pg) {
+static ts_tensor *attention(const ts_decoder *m, const dec_layer *L, int64_t li,
+                            ts_tensor *h, const rope_set *rs, const kv_slot *kv,
+                            const paged_ref *pg) {
     const ts_model_config *c = &m->cfg;
     int64_t B = ts_tensor_dim(h, 0), T = ts_tensor_dim(h, 1);
     int64_t HD = c->heads * c->head_dim, KVD = c->kv_heads * c->head_dim;
@@ -537,10 +528,10 @@ static ts_tensor *attention(const ts_decoder *m, const dec_layer *L,
         kp = project(m, h, L->p[R_K], L->p[R_K_B]);
         vp = project(m, h, L->p[R_V], L->p[R_V_B]);
     }
-    ts_tensor *q = qp ? to_heads(m, qp, L->p[R_Q_NORM], c->heads, cos, sin)
-                      : NULL;
-    ts_tensor *k = kp ? to_heads(m, kp, L->p[R_K_NORM], c->kv_heads, cos, sin)
-                      : NULL;
+    ts_tensor *q =
+        qp ? to_heads(m, qp, L->p[R_Q_NORM], c->heads, cos, sin) : NULL;
+    ts_tensor *k =
+        kp ? to_heads(m, kp, L->p[R_K_NORM], c->kv_heads, cos, sin) : NULL;
     ts_tensor *v = vp ? to_heads(m, vp, NULL, c->kv_heads, NULL, NULL) : NULL;
     ts_release(qp), ts_release(kp), ts_release(vp);
     if (kv) { /* keys and values of every position so far */
@@ -647,11 +638,11 @@ static ts_tensor *layer_body(ts_decoder *m, const dec_layer *L, int64_t li,
     }
     ts_tensor *x1 = a ? ts_add(x, a) : NULL;
     ts_release(x), ts_release(a);
-    ts_tensor *h2 = x1 ? norm(m, x1, L->p[R_MLP_NORM], L->p[R_MLP_NORM_B])
-                       : NULL;
-    ts_tensor *f = !h2                          ? NULL
+    ts_tensor *h2 =
+        x1 ? norm(m, x1, L->p[R_MLP_NORM], L->p[R_MLP_NORM_B]) : NULL;
+    ts_tensor *f = !h2                         ? NULL
                    : ts_model_layer_moe(c, li) ? moe(m, L, h2)
-                                                : mlp(m, L, h2);
+                                               : mlp(m, L, h2);
     ts_release(h2);
     if (f && c->sandwich_norm) {
         ts_tensor *fn = norm(m, f, L->p[R_POST_MLP_NORM], NULL);
@@ -692,8 +683,8 @@ static ts_tensor *layer_block(void *arg, int n, ts_tensor **in) {
         return NULL;
     rope_set rs = {n > 1 ? in[1] : NULL, n > 2 ? in[2] : NULL,
                    n > 3 ? in[3] : NULL, n > 4 ? in[4] : NULL};
-    return run_layer(r->m, r->index, ts_retain(in[0]), n > 1 ? &rs : NULL,
-                     NULL, NULL);
+    return run_layer(r->m, r->index, ts_retain(in[0]), n > 1 ? &rs : NULL, NULL,
+                     NULL);
 }
 
 static ts_status layer_done(void *arg) {
@@ -728,8 +719,8 @@ static void inv_freqs(const ts_model_config *c, bool local, int64_t max_pos,
                 inv[i] /= c->rope_factor;
             } else if (wl >= old / hi) {
                 double smooth = (old / wl - lo) / (hi - lo);
-                inv[i] = (1 - smooth) * inv[i] / c->rope_factor +
-                         smooth * inv[i];
+                inv[i] =
+                    (1 - smooth) * inv[i] / c->rope_factor + smooth * inv[i];
             }
         }
     } else if (kind == TS_ROPE_LONGROPE) {
@@ -742,9 +733,8 @@ static void inv_freqs(const ts_model_config *c, bool local, int64_t max_pos,
             inv[i] = 1.0 / (f[i] * pow(theta, (double)(2 * i) / (double)D));
         double factor = (double)c->max_positions / old;
         *att = c->rope_attention_factor > 0 ? c->rope_attention_factor
-               : factor <= 1.0
-                   ? 1.0
-                   : sqrt(1.0 + log(factor) / log(old));
+               : factor <= 1.0              ? 1.0
+                               : sqrt(1.0 + log(factor) / log(old));
     } else if (kind == TS_ROPE_YARN) {
         /* HF's _compute_yarn_parameters: NTK-by-parts between the
          * interpolated and extrapolated frequencies */
@@ -812,8 +802,8 @@ static void rope_release(rope_set *rs) {
 
 /* the rope tables a call at these positions needs (none with learned
  * positions) */
-static ts_status rope_tables(const ts_decoder *m, const int32_t *pos,
-                             int64_t n, rope_set *rs) {
+static ts_status rope_tables(const ts_decoder *m, const int32_t *pos, int64_t n,
+                             rope_set *rs) {
     memset(rs, 0, sizeof *rs);
     const ts_model_config *c = &m->cfg;
     if (c->pos != TS_POS_ROPE)
@@ -951,8 +941,7 @@ static ts_tensor *run_layers(ts_decoder *m, ts_tensor *ids, int64_t pos0,
         }
         bool keep_router = m->collect_router && ts_model_layer_moe(c, i);
         if (m->ckpt && !slots && !keep_router) { /* keeps the input only */
-            ts_tensor *in[5] = {x, rs.cos, rs.sin, rs.cos_local,
-                                rs.sin_local};
+            ts_tensor *in[5] = {x, rs.cos, rs.sin, rs.cos_local, rs.sin_local};
             int n = !rs.cos ? 1 : rs.cos_local ? 5 : 3;
             ts_tensor *y =
                 ts_checkpoint_ex(layer_block, layer_done, &m->ckpt[i], n, in);
@@ -1007,7 +996,7 @@ static ts_tensor *aux_loss(ts_decoder *m) {
     ts_tensor *idx = probs ? ts_topk(probs, c->experts_per_tok) : NULL;
     ts_tensor *hot = idx ? ts_one_hot(idx, c->n_experts) : NULL; /* LN,k,E */
     int d0 = 0;
-    ts_tensor *share = hot ? ts_mean(hot, 1, &d0, false) : NULL;     /* k,E */
+    ts_tensor *share = hot ? ts_mean(hot, 1, &d0, false) : NULL;      /* k,E */
     ts_tensor *mean_p = probs ? ts_mean(probs, 1, &d0, false) : NULL; /* E */
     ts_tensor *prod = share && mean_p ? ts_mul(share, mean_p) : NULL;
     ts_tensor *sum = prod ? ts_sum(prod, 0, NULL, false) : NULL;
@@ -1045,8 +1034,7 @@ ts_tensor *ts_decoder_loss(ts_decoder *m, ts_tensor *ids, ts_tensor *targets,
         return NULL;
     }
     drop_router(m);
-    m->collect_router =
-        m->cfg.n_experts > 0 && m->cfg.router_aux_loss_coef > 0;
+    m->collect_router = m->cfg.n_experts > 0 && m->cfg.router_aux_loss_coef > 0;
     ts_tensor *logits = ts_decoder_forward(m, ids, 0);
     m->collect_router = false;
     int64_t lshape[2] = {B * T, m->cfg.vocab}, tshape[1] = {B * T};
@@ -1286,8 +1274,7 @@ ts_status ts_kv_pool_read_block(ts_kv_pool *p, int64_t block, void *out) {
     return out ? kv_pool_copy(p, block, out, NULL) : TS_ERR_INVALID_ARG;
 }
 
-ts_status ts_kv_pool_write_block(ts_kv_pool *p, int64_t block,
-                                 const void *in) {
+ts_status ts_kv_pool_write_block(ts_kv_pool *p, int64_t block, const void *in) {
     return in ? kv_pool_copy(p, block, NULL, in) : TS_ERR_INVALID_ARG;
 }
 

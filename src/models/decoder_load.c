@@ -151,8 +151,7 @@ ts_status ts_decoder_load_opts(ts_ctx *ctx, const char *dir,
          (s = ts_device_map_parse(ctx, opt->device_map, (int)mc.layers,
                                   &dmap)) == TS_OK)) {
         ts_decoder_options o = {.weight_dtype = opt->weight_dtype,
-                                .device_map =
-                                    opt->device_map ? &dmap : NULL,
+                                .device_map = opt->device_map ? &dmap : NULL,
                                 .no_init = true}; /* the checkpoint fills */
         s = ts_decoder_new(ctx, &mc, &o, 0, &m);
     }

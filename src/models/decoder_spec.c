@@ -27,22 +27,20 @@ typedef struct {
     [R_K] = "self_attn.k_proj.weight", [R_K_B] = "self_attn.k_proj.bias",      \
     [R_V] = "self_attn.v_proj.weight", [R_V_B] = "self_attn.v_proj.bias",      \
     [R_QKV] = "self_attn.qkv_proj.weight",                                     \
-    [R_QKV_B] = "self_attn.qkv_proj.bias",                                     \
-    [R_O] = "self_attn.o_proj.weight", [R_O_B] = "self_attn.o_proj.bias",      \
-    [R_Q_NORM] = "self_attn.q_norm.weight",                                    \
+    [R_QKV_B] = "self_attn.qkv_proj.bias", [R_O] = "self_attn.o_proj.weight",  \
+    [R_O_B] = "self_attn.o_proj.bias", [R_Q_NORM] = "self_attn.q_norm.weight", \
     [R_K_NORM] = "self_attn.k_norm.weight"
 #define LLAMA_MODEL                                                            \
     [R_EMBED] = "model.embed_tokens.weight",                                   \
     [R_FINAL_NORM] = "model.norm.weight", [R_HEAD] = "lm_head.weight"
 #define LLAMA_MLP                                                              \
     [R_GATE] = "mlp.gate_proj.weight", [R_UP] = "mlp.up_proj.weight",          \
-    [R_GATE_UP] = "mlp.gate_up_proj.weight",                                   \
-    [R_DOWN] = "mlp.down_proj.weight"
+    [R_GATE_UP] = "mlp.gate_up_proj.weight", [R_DOWN] = "mlp.down_proj.weight"
 
 static const name_scheme llama = {
     .prefix = "model.layers.%lld.",
-    .name = {LLAMA_ATTN, LLAMA_MODEL, LLAMA_MLP,
-             [R_MLP_NORM] = "post_attention_layernorm.weight",
+    .name = {LLAMA_ATTN, LLAMA_MODEL,
+             LLAMA_MLP, [R_MLP_NORM] = "post_attention_layernorm.weight",
              [R_ROUTER] = "mlp.gate.weight",
              [R_EXP_GATE] = "mlp.experts.%lld.gate_proj.weight",
              [R_EXP_UP] = "mlp.experts.%lld.up_proj.weight",
@@ -50,15 +48,17 @@ static const name_scheme llama = {
     .stacked = {[R_EXP_GATE] = "mlp.experts.gate_proj",
                 [R_EXP_UP] = "mlp.experts.up_proj",
                 [R_EXP_DOWN] = "mlp.experts.down_proj"},
-    .order = {R_Q, R_Q_B, R_K, R_K_B, R_V, R_V_B, R_QKV, R_QKV_B, R_O, R_O_B,
-              R_Q_NORM, R_K_NORM, R_ROUTER, R_EXP_GATE, R_EXP_UP, R_EXP_DOWN,
-              R_GATE, R_UP, R_GATE_UP, R_DOWN, R_ATTN_NORM, R_MLP_NORM},
+    .order = {R_Q,         R_Q_B,     R_K,      R_K_B,      R_V,
+              R_V_B,       R_QKV,     R_QKV_B,  R_O,        R_O_B,
+              R_Q_NORM,    R_K_NORM,  R_ROUTER, R_EXP_GATE, R_EXP_UP,
+              R_EXP_DOWN,  R_GATE,    R_UP,     R_GATE_UP,  R_DOWN,
+              R_ATTN_NORM, R_MLP_NORM},
     .n_order = 22};
 
 static const name_scheme gemma = {
     .prefix = "model.layers.%lld.",
-    .name = {LLAMA_ATTN, LLAMA_MODEL, LLAMA_MLP,
-             [R_POST_ATTN_NORM] = "post_attention_layernorm.weight",
+    .name = {LLAMA_ATTN, LLAMA_MODEL,
+             LLAMA_MLP, [R_POST_ATTN_NORM] = "post_attention_layernorm.weight",
              [R_MLP_NORM] = "pre_feedforward_layernorm.weight",
              [R_POST_MLP_NORM] = "post_feedforward_layernorm.weight"},
     .order = {R_Q, R_K, R_V, R_O, R_Q_NORM, R_K_NORM, R_GATE, R_UP, R_DOWN,
@@ -67,8 +67,8 @@ static const name_scheme gemma = {
 
 static const name_scheme mixtral = {
     .prefix = "model.layers.%lld.",
-    .name = {LLAMA_ATTN, LLAMA_MODEL,
-             [R_MLP_NORM] = "post_attention_layernorm.weight",
+    .name = {LLAMA_ATTN,
+             LLAMA_MODEL, [R_MLP_NORM] = "post_attention_layernorm.weight",
              [R_ROUTER] = "block_sparse_moe.gate.weight",
              [R_EXP_GATE] = "block_sparse_moe.experts.%lld.w1.weight",
              [R_EXP_UP] = "block_sparse_moe.experts.%lld.w3.weight",
