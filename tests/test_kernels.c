@@ -2,7 +2,8 @@
  * beside it, on random inputs of awkward sizes: the register-blocked GEMM,
  * the fused attention forward and backward (GQA, causal with S > T, an
  * additive mask, sliding windows, softcaps), the paged attention against
- * the fused one, and the matmul op (BLAS with transposed views, bf16). */
+ * the fused one, the experts MLP's independence of the thread count, and
+ * the matmul op (BLAS with transposed views, bf16). */
 #include "backend/cpu/cpu.h"
 #include "test_util.h"
 
@@ -280,6 +281,79 @@ static void test_paged_attention(void) {
     ts_ctx_free(ctx);
 }
 
+/* the experts MLP's output and gradients, bit for bit the same on 1, 2
+ * and 3 threads (each token's slots are added in slot order; products cut
+ * by shape alone), with f32 and with bf16 weights */
+static void test_moe_threads(void) {
+    ts_ctx *ctx = test_ctx();
+    enum { N = 128, C = 256, F = 192, E = 4, K = 2 };
+    int64_t sx[2] = {N, C}, sk[2] = {N, K}, sw[3] = {E, F, C},
+            sd[3] = {E, C, F};
+    int64_t ids[N * K];
+    for (int n = 0; n < N; n++) /* uneven: expert 0 takes most tokens */
+        ids[n * K] = n % 3 ? 0 : n % E, ids[n * K + 1] = (n * 7 + 1) % E;
+    ids[5] = -1; /* a slot that routes nowhere */
+    for (int dt = 0; dt < 2; dt++) {
+        uint64_t ref[6] = {0};
+        for (int th = 1; th <= 3; th++) {
+            CHECK_OK(ctx, ts_set_num_threads(ctx, th));
+            ts_tensor *x = ts_randn(ctx, TS_F32, 2, sx, 1, 1);
+            ts_tensor *w = ts_rand(ctx, TS_F32, 2, sk, 0, 1, 2);
+            ts_tensor *ix = ts_from_data(ctx, TS_I64, 2, sk, ids);
+            ts_tensor *wt[3] = {ts_randn(ctx, TS_F32, 3, sw, 0.1, 3),
+                                ts_randn(ctx, TS_F32, 3, sw, 0.1, 4),
+                                ts_randn(ctx, TS_F32, 3, sd, 0.1, 5)};
+            for (int i = 0; i < 3 && dt; i++) {
+                ts_tensor *b = ts_cast(wt[i], TS_BF16);
+                ts_release(wt[i]);
+                wt[i] = b;
+            }
+            ts_set_requires_grad(x, true), ts_set_requires_grad(w, true);
+            for (int i = 0; i < 3 && !dt; i++)
+                ts_set_requires_grad(wt[i], true);
+            ts_tensor *y =
+                ts_moe_experts(x, ix, w, wt[0], wt[1], wt[2], TS_ACT_SILU);
+            ts_tensor *g = ts_randn(ctx, TS_F32, 2, sx, 1, 6);
+            CHECK(y != NULL);
+            CHECK_OK(ctx, ts_backward(y, g));
+            ts_tensor *res[6] = {y,
+                                 ts_grad(x),
+                                 ts_grad(w),
+                                 ts_grad(wt[0]),
+                                 ts_grad(wt[1]),
+                                 ts_grad(wt[2])};
+            for (int r = 0; r < (dt ? 3 : 6); r++) {
+                CHECK(res[r] != NULL);
+                if (!res[r])
+                    continue;
+                int64_t cnt = ts_tensor_numel(res[r]);
+                float *v = malloc(sizeof(float) * (size_t)cnt);
+                ts_tensor_read(res[r], v, TS_F32);
+                uint64_t h = 1469598103934665603ull;
+                for (int64_t i = 0; i < cnt; i++) {
+                    uint32_t u;
+                    memcpy(&u, &v[i], 4);
+                    h = (h ^ u) * 1099511628211ull;
+                }
+                free(v);
+                if (th == 1)
+                    ref[r] = h;
+                CHECK(h == ref[r]);
+                if (h != ref[r])
+                    fprintf(stderr,
+                            "moe %s weights: result %d differs on %d "
+                            "threads\n",
+                            dt ? "bf16" : "f32", r, th);
+            }
+            ts_release(x), ts_release(w), ts_release(ix), ts_release(y);
+            ts_release(g);
+            for (int i = 0; i < 3; i++)
+                ts_release(wt[i]);
+        }
+    }
+    ts_ctx_free(ctx);
+}
+
 /* matmul op (BLAS, views, bf16) against cpu_gemm_f32_reference */
 static void test_matmul_op(void) {
     ts_ctx *ctx = test_ctx();
@@ -359,6 +433,7 @@ int main(void) {
     test_gemm();
     test_attention();
     test_paged_attention();
+    test_moe_threads();
     test_matmul_op();
     return test_finish("test_kernels");
 }
