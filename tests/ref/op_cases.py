@@ -1182,6 +1182,17 @@ def moe_cases():
         case('moe_' + nm, 'moe_experts', [x, idx, routing_w(N, k)] + ws,
              moe_ref(act, gated), attrs={'act': act}, grads=grads,
              kind='mm')
+    # strided inputs: x, idx and w transposed views, up and down stored
+    # the other way round (each weight copied to contiguous inside)
+    N, C, Fh, E, k = 7, 12, 10, 5, 2
+    idx = routing(N, k, E, (2,), 1).T.contiguous()
+    case('moe_strided_views', 'moe_experts',
+         [randn(C, N), idx, routing_w(N, k).T.contiguous(),
+          randn(E, Fh, C, scale=0.3), randn(E, C, Fh, scale=0.3),
+          randn(E, Fh, C, scale=0.3)],
+         moe_ref(1, True), attrs={'act': 1},
+         views={0: 'T0,1', 1: 'T0,1', 2: 'T0,1', 4: 'T1,2', 5: 'T1,2'},
+         grads=[0, 2, 3, 4, 5], kind='mm')
     # many rows per expert (the bf16 kernel's widen-then-BLAS path past 32
     # rows, its one-row path, and its 2..32-row path in one call), and a
     # token sent to one expert twice
