@@ -1193,6 +1193,18 @@ def moe_cases():
          moe_ref(1, True), attrs={'act': 1},
          views={0: 'T0,1', 1: 'T0,1', 2: 'T0,1', 4: 'T1,2', 5: 'T1,2'},
          grads=[0, 2, 3, 4, 5], kind='mm')
+    # gate and up as the two halves of one fused (E, 2F, C) weight (rows
+    # read in place, 2F C apart per expert); their gradients add up in it
+    N, C, Fh, E, k = 9, 16, 12, 4, 2
+    for wdt in (F32, BF16):
+        case('moe_fused_gate_up_%s' % ('f32' if wdt == F32 else 'bf16'),
+             'moe_experts',
+             [randn(N, C), routing(N, k, E, (), 1), routing_w(N, k),
+              randn(E, 2 * Fh, C, dt=wdt, scale=0.3), 3,
+              randn(E, C, Fh, dt=wdt, scale=0.3)],
+             moe_ref(0, True), attrs={'act': 0},
+             views={3: 'S1,0,%d,1' % Fh, 4: 'S1,%d,%d,1' % (Fh, 2 * Fh)},
+             grads=[0, 2] + ([3, 5] if wdt == F32 else []), kind='mm')
     # many rows per expert (the bf16 kernel's widen-then-BLAS path past 32
     # rows, its one-row path, and its 2..32-row path in one call), and a
     # token sent to one expert twice
