@@ -11,7 +11,7 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-pthread-dev \
               libopenmpi-dev openmpi-bin bible-kjv bible-kjv-text \
               python3 python3-torch python3-numpy python3-jinja2
 
-.PHONY: run test deps build build-san fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train clean format
+.PHONY: run test deps build build-san fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe clean format
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -80,6 +80,10 @@ bench-decode: build
 bench-engine: build
 	./$(BUILD)/bench_engine --small
 	./$(BUILD)/bench_engine
+
+# the experts MLP (ts_moe_experts) against plain sgemm on the same FLOPs
+bench-moe: build
+	./$(BUILD)/bench_moe
 
 # training step (GPT-2 124M B4 T64, Qwen3-style 512x8 B8 T256) against PyTorch
 bench-train: build

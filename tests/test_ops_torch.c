@@ -31,6 +31,8 @@
  * dim + keepdim (max, argmax), dim (softmax, log_softmax, concat),
  * dim + sizes (split), dt (cast), eps (rmsnorm, layernorm),
  * T, D, theta, pos0 (rope_tables), causal + scale (attention),
+ * causal + scale + window + softcap (attention_ex), k (topk), dim (gather),
+ * n (one_hot), act (moe_experts: 6 inputs gated, 5 ungated),
  * ignore + red (cross_entropy). Optional inputs: rmsnorm's weight (in1),
  * attention's mask (in3). Op "id" returns the viewed input itself: it checks
  * the view ops (reshape, permute, transpose, slice, expand, squeeze,
@@ -440,6 +442,33 @@ static int run_op(ts_ctx *ctx, const tcase *c, ts_tensor **x, int nin,
                                attr_dbl(c, "scale", 0));
         return 1;
     }
+    if (strcmp(op, "attention_ex") == 0 && (nin == 3 || nin == 4)) {
+        ts_attn_opts o = {.causal = attr_int(c, "causal", 0) != 0,
+                          .scale = attr_dbl(c, "scale", 0),
+                          .window = attr_int(c, "window", 0),
+                          .softcap = attr_dbl(c, "softcap", 0)};
+        outs[0] = ts_attention_ex(x[0], x[1], x[2], nin == 4 ? x[3] : NULL, &o);
+        return 1;
+    }
+    if (strcmp(op, "topk") == 0 && nin == 1) {
+        outs[0] = ts_topk(x[0], attr_int(c, "k", 1));
+        return 1;
+    }
+    if (strcmp(op, "gather") == 0 && nin == 2) {
+        outs[0] = ts_gather(x[0], (int)attr_int(c, "dim", 0), x[1]);
+        return 1;
+    }
+    if (strcmp(op, "one_hot") == 0 && nin == 1) {
+        outs[0] = ts_one_hot(x[0], attr_int(c, "n", 1));
+        return 1;
+    }
+    if (strcmp(op, "moe_experts") == 0 && (nin == 5 || nin == 6)) {
+        bool gated = nin == 6;
+        outs[0] = ts_moe_experts(x[0], x[1], x[2], gated ? x[3] : NULL,
+                                 x[gated ? 4 : 3], x[gated ? 5 : 4],
+                                 (ts_act)attr_int(c, "act", 0));
+        return 1;
+    }
     if (strcmp(op, "cross_entropy") == 0 && nin == 2) {
         outs[0] = ts_cross_entropy(x[0], x[1], attr_int(c, "ignore", -100),
                                    (ts_reduction)attr_int(c, "red", 0));
@@ -827,6 +856,109 @@ static void error_paths(ts_ctx *ctx) {
     ts_release(ok);
 }
 
+/* a call that must fail with status st and a message naming needle */
+#define CHECK_FAILS(ctx, expr, st, needle)                                     \
+    do {                                                                       \
+        ts_tensor *r_ = (expr);                                                \
+        CHECK(r_ == NULL);                                                     \
+        CHECK(ts_ctx_status(ctx) == (st));                                     \
+        CHECK_MSG(ctx, needle);                                                \
+        ts_release(r_);                                                        \
+        ts_clear_error(ctx);                                                   \
+    } while (0)
+
+/* bad input to the attention options, top-k, gather, one-hot and the
+ * experts MLP: a status and a message naming what is wrong */
+static void moe_error_paths(ts_ctx *ctx) {
+    int64_t s_q[4] = {1, 2, 4, 8}, s_kv[4] = {1, 1, 4, 8};
+    ts_tensor *q = filled(ctx, TS_F32, 4, s_q),
+              *kv = filled(ctx, TS_F32, 4, s_kv);
+    ts_attn_opts o = {.causal = true, .window = -1};
+    CHECK_FAILS(ctx, ts_attention_ex(q, kv, kv, NULL, &o), TS_ERR_RANGE,
+                "window -1");
+    o = (ts_attn_opts){.softcap = NAN};
+    CHECK_FAILS(ctx, ts_attention_ex(q, kv, kv, NULL, &o), TS_ERR_RANGE,
+                "softcap");
+    o = (ts_attn_opts){.scale = INFINITY};
+    CHECK_FAILS(ctx, ts_attention_ex(q, kv, kv, NULL, &o), TS_ERR_RANGE,
+                "scale");
+    ts_tensor *r = ts_attention_ex(q, kv, kv, NULL, NULL); /* defaults */
+    CHECK(r != NULL);
+    ts_release(r);
+
+    /* top-k */
+    int64_t s_x[2] = {3, 5}, s_i[2] = {3, 2};
+    ts_tensor *x = filled(ctx, TS_F32, 2, s_x);
+    CHECK_FAILS(ctx, ts_topk(x, 0), TS_ERR_RANGE, "k = 0");
+    CHECK_FAILS(ctx, ts_topk(x, 6), TS_ERR_RANGE, "last dim of 5");
+    int64_t ids[6] = {0, 4, 1, 5, 2, 3};
+    ts_tensor *ix = ts_from_data(ctx, TS_I64, 2, s_i, ids);
+    CHECK_FAILS(ctx, ts_topk(ix, 1), TS_ERR_DTYPE, "i64");
+    ts_tensor *sc = ts_scalar(ctx, TS_F32, 1.0);
+    CHECK_FAILS(ctx, ts_topk(sc, 1), TS_ERR_SHAPE, "scalar");
+
+    /* gather: index 5 of a dim of 5, in compiled mode too (the kernel
+     * finds it when the graph runs) */
+    CHECK_FAILS(ctx, ts_gather(x, 1, ix), TS_ERR_RANGE, "index 5");
+    ts_set_mode(ctx, TS_MODE_COMPILED);
+    r = ts_gather(x, 1, ix);
+    CHECK(r != NULL);
+    CHECK(ts_sync(ctx) == TS_ERR_RANGE);
+    CHECK_MSG(ctx, "index 5 out of range [0, 5)");
+    ts_release(r);
+    ts_clear_error(ctx);
+    ts_set_mode(ctx, TS_MODE_EAGER);
+    ts_clear_error(ctx);
+    CHECK_FAILS(ctx, ts_gather(x, 2, ix), TS_ERR_RANGE, "dim 2");
+    CHECK_FAILS(ctx, ts_gather(x, 1, x), TS_ERR_DTYPE, "index");
+    int64_t s_big[2] = {4, 2};
+    ts_tensor *big = filled(ctx, TS_I64, 2, s_big);
+    CHECK_FAILS(ctx, ts_gather(x, 1, big), TS_ERR_SHAPE, "[4, 2]");
+
+    /* one-hot */
+    CHECK_FAILS(ctx, ts_one_hot(ix, 5), TS_ERR_RANGE, "index 5");
+    CHECK_FAILS(ctx, ts_one_hot(ix, 0), TS_ERR_RANGE, "n = 0");
+    CHECK_FAILS(ctx, ts_one_hot(x, 5), TS_ERR_DTYPE, "idx");
+
+    /* experts MLP: N 3, C 5, k 2, E 4, F 6 */
+    int64_t s_up[3] = {4, 6, 5}, s_down[3] = {4, 5, 6}, s_bad[3] = {4, 5, 5};
+    ts_tensor *up = filled(ctx, TS_F32, 3, s_up);
+    ts_tensor *down = filled(ctx, TS_F32, 3, s_down);
+    ts_tensor *bad = filled(ctx, TS_F32, 3, s_bad);
+    ts_tensor *w = filled(ctx, TS_F32, 2, s_i);
+    int64_t e_ok[6] = {0, 3, -1, 2, 1, 1}, e_bad[6] = {0, 3, 1, 4, 2, 2};
+    ts_tensor *eok = ts_from_data(ctx, TS_I64, 2, s_i, e_ok);
+    ts_tensor *ebad = ts_from_data(ctx, TS_I64, 2, s_i, e_bad);
+    r = ts_moe_experts(x, eok, w, up, up, down, TS_ACT_SILU);
+    CHECK(r != NULL);
+    ts_release(r);
+    CHECK_FAILS(ctx, ts_moe_experts(x, ebad, w, up, up, down, TS_ACT_SILU),
+                TS_ERR_RANGE, "idx[1, 1] = 4");
+    CHECK_FAILS(ctx, ts_moe_experts(x, eok, w, up, up, bad, TS_ACT_SILU),
+                TS_ERR_SHAPE, "down");
+    CHECK_FAILS(ctx, ts_moe_experts(x, eok, w, bad, up, down, TS_ACT_SILU),
+                TS_ERR_SHAPE, "gate");
+    CHECK_FAILS(ctx, ts_moe_experts(x, eok, eok, up, up, down, TS_ACT_SILU),
+                TS_ERR_DTYPE, "routing weights");
+    CHECK_FAILS(ctx, ts_moe_experts(x, w, w, up, up, down, TS_ACT_SILU),
+                TS_ERR_DTYPE, "idx");
+    CHECK_FAILS(ctx, ts_moe_experts(x, eok, w, up, up, down, (ts_act)7),
+                TS_ERR_INVALID_ARG, "activation 7");
+    ts_tensor *h = ts_cast(up, TS_F16);
+    CHECK_FAILS(ctx, ts_moe_experts(x, eok, w, NULL, h, down, TS_ACT_GELU),
+                TS_ERR_DTYPE, "f16");
+    ts_tensor *xb = ts_cast(x, TS_BF16);
+    CHECK_FAILS(ctx, ts_moe_experts(xb, eok, w, NULL, up, down, TS_ACT_GELU),
+                TS_ERR_DTYPE, "x must be f32");
+    CHECK_FAILS(ctx, ts_moe_experts(x, eok, w, NULL, NULL, down, TS_ACT_GELU),
+                TS_ERR_INVALID_ARG, "NULL");
+
+    ts_release(q), ts_release(kv), ts_release(x), ts_release(ix);
+    ts_release(sc), ts_release(big), ts_release(up), ts_release(down);
+    ts_release(bad), ts_release(w), ts_release(eok), ts_release(ebad);
+    ts_release(h), ts_release(xb);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s CASES.bin [NAME_SUBSTRING]\n", argv[0]);
@@ -884,6 +1016,7 @@ int main(int argc, char **argv) {
         ts_set_mode(ctx, TS_MODE_EAGER);
     }
     error_paths(ctx);
+    moe_error_paths(ctx);
     ts_ctx_free(ctx);
     free_cases(cs, n);
     return test_finish("test_ops_torch");

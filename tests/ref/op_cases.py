@@ -973,6 +973,255 @@ def more_cases():
          attrs={'dim': 1, 'keepdim': 1}, backward=False, exact=True)
 
 
+# ---- attention options (ts_attention_ex) ---------------------------------
+
+def attn_ex_ref(causal, scale, window, softcap):
+    """Hugging Face's order: scores scaled, softcapped, masked (additive,
+    then causal and sliding window: kv_idx > q_idx - window), softmax."""
+    def f(q, k, v, mask=None):
+        B, H, T, D = q.shape
+        KV, S = k.shape[1], k.shape[2]
+        k2 = k.repeat_interleave(H // KV, dim=1)
+        v2 = v.repeat_interleave(H // KV, dim=1)
+        sc = scale if scale > 0 else 1.0 / math.sqrt(D)
+        s = (q @ k2.transpose(-1, -2)) * sc
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        if mask is not None:
+            s = s + mask
+        pos = torch.arange(T)[:, None] + (S - T)
+        key = torch.arange(S)[None, :]
+        allowed = torch.ones(T, S, dtype=torch.bool)
+        if causal:
+            allowed &= key <= pos
+        if window > 0:
+            allowed &= pos - key < window
+        s = s.masked_fill(~allowed, float('-inf'))
+        return torch.softmax(s, -1) @ v2
+    return f
+
+
+def attention_ex_cases():
+    cfgs = [
+        # name, B, H, KV, T, S, D, causal, scale, window, softcap, mask,
+        # dt, qk scale (larger scores make the softcap bite)
+        ('win1', 1, 2, 2, 9, 9, 8, True, 0.0, 1, 0.0, False, F32, 1.0),
+        ('win3_blocks', 1, 2, 1, 70, 70, 16, True, 0.0, 3, 0.0, False, F32,
+         1.0),
+        ('win40_skip', 1, 2, 1, 130, 130, 16, True, 0.0, 40, 0.0, False,
+         F32, 1.0),
+        ('win_eq_S', 1, 2, 2, 12, 12, 8, True, 0.0, 12, 0.0, False, F32,
+         1.0),
+        ('win_gt_S', 2, 4, 2, 7, 7, 16, True, 0.0, 50, 0.0, False, F32, 1.0),
+        ('win_T_lt_S_gqa', 2, 4, 2, 5, 40, 8, True, 0.0, 7, 0.0, False, F32,
+         1.0),
+        ('win_T_lt_S_blocks', 1, 4, 1, 40, 150, 16, True, 0.0, 70, 0.0,
+         False, F32, 1.0),
+        ('win_decode_T1', 1, 4, 2, 1, 33, 16, True, 0.0, 8, 0.0, False, F32,
+         1.0),
+        ('win_decode_T3_cap', 2, 4, 1, 3, 20, 8, True, 0.0, 4, 30.0, False,
+         F32, 3.0),
+        ('win_noncausal', 1, 2, 1, 10, 10, 8, False, 0.0, 3, 0.0, False, F32,
+         1.0),
+        ('win_scale', 1, 2, 2, 9, 9, 8, True, 0.2, 4, 0.0, False, F32, 1.0),
+        ('win_mask', 2, 2, 1, 8, 11, 8, True, 0.0, 5, 0.0, True, F32, 1.0),
+        ('cap5', 1, 2, 2, 9, 9, 16, True, 0.0, 0, 5.0, False, F32, 3.0),
+        ('cap_noncausal_gqa', 2, 4, 2, 6, 10, 8, False, 0.0, 0, 2.0, False,
+         F32, 3.0),
+        ('cap_scale_mask', 1, 2, 1, 7, 7, 16, False, 0.0625, 0, 1.5, True,
+         F32, 4.0),
+        ('cap_win_blocks', 1, 2, 1, 100, 100, 8, True, 0.0, 33, 4.0, False,
+         F32, 3.0),
+        ('scale_gqa_T_lt_S', 1, 6, 2, 4, 9, 8, True, 0.3, 0, 0.0, False, F32,
+         1.0),
+        ('bf16_win_cap', 1, 4, 2, 16, 24, 16, True, 0.0, 6, 8.0, False, BF16,
+         2.0),
+    ]
+    for (nm, B, H, KV, T, S, D, causal, scale, window, cap, mask, dt,
+         amp) in cfgs:
+        ins = [randn(B, H, T, D, dt=dt, scale=amp),
+               randn(B, KV, S, D, dt=dt, scale=amp),
+               randn(B, KV, S, D, dt=dt)]
+        if mask:  # finite: a window may leave key 0 out, never a whole row
+            ins.append(randn(B, 1, T, S, dt=dt, scale=0.5))
+        case('attn_ex_' + nm, 'attention_ex', ins,
+             attn_ex_ref(causal, scale, window, cap),
+             attrs={'causal': causal, 'scale': scale, 'window': window,
+                    'softcap': cap},
+             grads=[0, 1, 2], kind='attn')
+
+
+# ---- mixture of experts: top-k, gather, one-hot, the experts MLP -----------
+
+def topk_cases():
+    def ref(k):
+        return lambda x: torch.sort(x, dim=-1, descending=True,
+                                    stable=True).indices[..., :k]
+    for nm, x, k, view in (
+            ('k3', distinct(2, 3, 10), 3, None),
+            ('k1', distinct(5, 8), 1, None),
+            ('k_eq_n', distinct(4, 6), 6, None),
+            ('1d', distinct(17), 4, None),
+            ('bf16', distinct(3, 64, dt=BF16), 2, None),
+            ('T_view', distinct(9, 4), 2, 'T0,1'),
+            ('router_128', distinct(33, 128), 8, None)):
+        case('topk_' + nm, 'topk', [x], ref(k), attrs={'k': k},
+             views={0: view} if view else None, backward=False, exact=True)
+    # ties go to the lower index
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0], [0.0, 0.0, 0.0, 0.0, 0.0],
+                      [5.0, -1.0, 5.0, 7.0, 7.0]])
+    case('topk_ties', 'topk', [x], ref(3), attrs={'k': 3}, backward=False,
+         exact=True)
+
+
+def gather_cases():
+    def ref(d):
+        return lambda x, i: torch.gather(x, d, i.long())
+    ix = torch.randint(0, 6, (4, 9), dtype=I64)  # repeats: grads add up
+    case('gather_d1_repeats', 'gather', [randn(4, 6), ix], ref(1),
+         attrs={'dim': 1}, grads=[0])
+    case('gather_d0', 'gather', [randn(5, 3), torch.randint(0, 5, (7, 3))],
+         ref(0), attrs={'dim': 0}, grads=[0])
+    case('gather_3d_neg_dim_i32', 'gather',
+         [randn(2, 3, 8), torch.randint(0, 8, (2, 3, 2), dtype=I32)],
+         ref(-1), attrs={'dim': -1}, grads=[0])
+    # index smaller than the input in the other dims
+    case('gather_smaller_index', 'gather',
+         [randn(4, 5, 6), torch.randint(0, 5, (2, 3, 4))], ref(1),
+         attrs={'dim': 1}, grads=[0])
+    case('gather_bf16', 'gather',
+         [randn(3, 10, dt=BF16), torch.randint(0, 10, (3, 4))], ref(1),
+         attrs={'dim': 1}, grads=[0])
+    case('gather_T_view', 'gather', [randn(6, 4), torch.randint(0, 6, (4, 2))],
+         ref(1), attrs={'dim': 1}, views={0: 'T0,1'}, grads=[0])
+    # the MoE use: the chosen experts' probabilities
+    p = torch.softmax(randn(8, 16, dt=torch.float64), -1).float()
+    top = torch.topk(p, 2).indices
+    case('gather_router_probs', 'gather', [p, top], ref(-1),
+         attrs={'dim': -1}, grads=[0])
+    case('gather_i64_values', 'gather',
+         [torch.randint(-50, 50, (3, 7)), torch.randint(0, 7, (3, 3))],
+         ref(1), attrs={'dim': 1}, backward=False, exact=True)
+
+
+def one_hot_cases():
+    def ref(n):
+        return lambda i: F.one_hot(i.long(), n).float()
+    case('one_hot_2d', 'one_hot', [torch.randint(0, 5, (2, 3))], ref(5),
+         attrs={'n': 5}, backward=False, exact=True)
+    case('one_hot_i32_1d', 'one_hot',
+         [torch.randint(0, 8, (6,), dtype=I32)], ref(8), attrs={'n': 8},
+         backward=False, exact=True)
+    case('one_hot_n1', 'one_hot', [torch.zeros(4, dtype=I64)], ref(1),
+         attrs={'n': 1}, backward=False, exact=True)
+
+
+ACTS = {0: F.silu, 1: lambda t: F.gelu(t, approximate='tanh'), 2: F.gelu}
+
+
+def moe_ref(act, gated):
+    """A loop over the experts, each with the rows routed to it."""
+    def f(x, idx, w, *ws):
+        ws = [t.to(x.dtype) for t in ws]
+        gate, up, down = ws if gated else [None] + ws
+        out = torch.zeros_like(x)
+        for e in range(up.shape[0]):
+            sel = (idx.long() == e).nonzero()
+            if len(sel) == 0:
+                continue
+            n, j = sel[:, 0], sel[:, 1]
+            xe = x[n]
+            u = xe @ up[e].T
+            h = ACTS[act](xe @ gate[e].T) * u if gated else ACTS[act](u)
+            out = out.index_add(0, n, w[n, j][:, None] * (h @ down[e].T))
+        return out
+    return f
+
+
+def moe_cases():
+    def routing(N, k, E, unused=(), none=0, idt=I64):
+        """idx (N, k) over E experts, never the experts in unused; the
+        first `none` tokens route nowhere (-1) in every slot, and token
+        none+1 in its last slot only."""
+        pool = [e for e in range(E) if e not in unused]
+        idx = torch.stack([torch.tensor(pool)[torch.randperm(len(pool))[:k]]
+                           for _ in range(N)])
+        idx[:none] = -1
+        if none < N - 1 and k > 1:
+            idx[none + 1, -1] = -1
+        return idx.to(idt)
+
+    def routing_w(N, k):
+        return torch.softmax(randn(N, k, dt=torch.float64), -1).float()
+
+    cfgs = [
+        # name, N, C, F, E, k, act, gated, weight dtype, unused, none, idt
+        ('silu_gated_E4_k2', 12, 16, 24, 4, 2, 0, True, F32, (), 0, I64),
+        ('silu_gated_E8_k2_idle_none', 20, 16, 12, 8, 2, 0, True, F32,
+         (3, 6), 2, I64),
+        ('gelu_tanh_gated_E6_k1', 15, 8, 20, 6, 1, 1, True, F32, (0,), 1,
+         I32),
+        ('gelu_ungated_E5_k2', 11, 16, 16, 5, 2, 2, False, F32, (4,), 1,
+         I64),
+        ('silu_gated_N1', 1, 32, 24, 8, 2, 0, True, F32, (), 0, I64),
+        ('bf16_silu_gated_E4_k2', 12, 16, 24, 4, 2, 0, True, BF16, (2,), 1,
+         I64),
+        ('bf16_gelu_tanh_gated_E8_k1', 9, 24, 16, 8, 1, 1, True, BF16, (),
+         0, I32),
+        ('bf16_gelu_ungated_E4_k2', 10, 16, 8, 4, 2, 2, False, BF16, (1,),
+         2, I64),
+    ]
+    for (nm, N, C, Fh, E, k, act, gated, wdt, unused, none, idt) in cfgs:
+        x = randn(N, C)
+        idx = routing(N, k, E, unused, none, idt)
+        ws = ([randn(E, Fh, C, dt=wdt, scale=0.3)] if gated else []) + \
+             [randn(E, Fh, C, dt=wdt, scale=0.3),
+              randn(E, C, Fh, dt=wdt, scale=0.3)]
+        grads = [0, 2] + ([] if wdt == BF16 else
+                          list(range(3, 3 + len(ws))))
+        case('moe_' + nm, 'moe_experts', [x, idx, routing_w(N, k)] + ws,
+             moe_ref(act, gated), attrs={'act': act}, grads=grads,
+             kind='mm')
+    # strided inputs: x, idx and w transposed views, up and down stored
+    # the other way round (each weight copied to contiguous inside)
+    N, C, Fh, E, k = 7, 12, 10, 5, 2
+    idx = routing(N, k, E, (2,), 1).T.contiguous()
+    case('moe_strided_views', 'moe_experts',
+         [randn(C, N), idx, routing_w(N, k).T.contiguous(),
+          randn(E, Fh, C, scale=0.3), randn(E, C, Fh, scale=0.3),
+          randn(E, Fh, C, scale=0.3)],
+         moe_ref(1, True), attrs={'act': 1},
+         views={0: 'T0,1', 1: 'T0,1', 2: 'T0,1', 4: 'T1,2', 5: 'T1,2'},
+         grads=[0, 2, 3, 4, 5], kind='mm')
+    # gate and up as the two halves of one fused (E, 2F, C) weight (rows
+    # read in place, 2F C apart per expert); their gradients add up in it
+    N, C, Fh, E, k = 9, 16, 12, 4, 2
+    for wdt in (F32, BF16):
+        case('moe_fused_gate_up_%s' % ('f32' if wdt == F32 else 'bf16'),
+             'moe_experts',
+             [randn(N, C), routing(N, k, E, (), 1), routing_w(N, k),
+              randn(E, 2 * Fh, C, dt=wdt, scale=0.3), 3,
+              randn(E, C, Fh, dt=wdt, scale=0.3)],
+             moe_ref(0, True), attrs={'act': 0},
+             views={3: 'S1,0,%d,1' % Fh, 4: 'S1,%d,%d,1' % (Fh, 2 * Fh)},
+             grads=[0, 2] + ([3, 5] if wdt == F32 else []), kind='mm')
+    # many rows per expert (the bf16 kernel's widen-then-BLAS path past 32
+    # rows, its one-row path, and its 2..32-row path in one call), and a
+    # token sent to one expert twice
+    N, C, Fh, E, k = 60, 40, 36, 4, 2
+    idx = torch.zeros(N, k, dtype=I64)
+    idx[:, 0] = 0
+    idx[:, 1] = torch.tensor([1] * 50 + [2] * 9 + [3])
+    idx[5, 1] = 0
+    for wdt in (F32, BF16):
+        ws = [randn(E, Fh, C, dt=wdt, scale=0.2) for _ in range(2)] + \
+             [randn(E, C, Fh, dt=wdt, scale=0.2)]
+        case('moe_many_rows_%s' % ('f32' if wdt == F32 else 'bf16'),
+             'moe_experts', [randn(N, C), idx.clone(), routing_w(N, k)] + ws,
+             moe_ref(0, True), attrs={'act': 0},
+             grads=[0, 2] + ([3, 4, 5] if wdt == F32 else []), kind='mm')
+
+
 # ---- serialization ----------------------------------------------------------
 
 def wstr(f, s):
@@ -1015,6 +1264,11 @@ def main():
     ce_cases()
     edge_cases()
     more_cases()
+    attention_ex_cases()
+    topk_cases()
+    gather_cases()
+    one_hot_cases()
+    moe_cases()
     with open(sys.argv[1], 'wb') as f:
         f.write(b'TSCASE01')
         f.write(struct.pack('<I', len(cases)))

@@ -97,19 +97,26 @@ static ts_status routing_build(ts_ctx *ctx, const char *op,
 
 /* ---- expert weights ---- */
 
-/* an (E, rows, cols) weight, f32 or bf16, contiguous (copied when not) */
+/* an (E, rows, cols) weight, f32 or bf16, read in place when its rows are
+ * contiguous (a slice of a fused gate_up weight, experts apart by any
+ * stride): expert e's row r at base + (e * se + r * ld) elements; copied
+ * to contiguous when not */
 typedef struct {
     const char *base;
     bool bf16;
-    int64_t rows, cols;
+    int64_t rows, cols, se, ld;
     void *tmp;
 } expert_w;
 
 static bool expert_w_init(expert_w *w, const ts_tensor *t) {
     *w = (expert_w){
         .bf16 = t->dtype == TS_BF16, .rows = t->shape[1], .cols = t->shape[2]};
-    if (ts_tensor_is_contiguous(t)) {
+    const int64_t *st = t->strides;
+    if ((w->cols == 1 || st[2] == 1) && (w->rows == 1 || st[1] >= w->cols) &&
+        st[0] >= 0) {
         w->base = ts_tensor_ptr(t);
+        w->se = st[0];
+        w->ld = w->rows == 1 ? w->cols : st[1];
         return true;
     }
     size_t es = ts_dtype_size(t->dtype);
@@ -121,11 +128,12 @@ static bool expert_w_init(expert_w *w, const ts_tensor *t) {
     cpu_copy_strided(w->tmp, t->dtype, cst, ts_tensor_ptr(t), t->dtype,
                      t->strides, t->ndim, t->shape);
     w->base = w->tmp;
+    w->se = w->rows * w->cols, w->ld = w->cols;
     return true;
 }
 
 static const void *expert_at(const expert_w *w, int64_t e) {
-    return w->base + (size_t)(e * w->rows * w->cols) * (w->bf16 ? 2 : 4);
+    return w->base + (size_t)(e * w->se) * (w->bf16 ? 2 : 4);
 }
 
 /* Y (M, rows) = A (M, cols) @ W_e^T */
@@ -133,12 +141,12 @@ static bool mul_t(const expert_w *w, int64_t e, const float *A, int64_t M,
                   float *Y) {
     if (!w->bf16) {
         ts_sgemm(false, true, (int)M, (int)w->rows, (int)w->cols, 1.0f, A,
-                 (int)w->cols, expert_at(w, e), (int)w->cols, 0.0f, Y,
+                 (int)w->cols, expert_at(w, e), (int)w->ld, 0.0f, Y,
                  (int)w->rows);
         return true;
     }
     return cpu_gemm_f32_w16t(M, w->rows, w->cols, A, w->cols, expert_at(w, e),
-                             w->cols, true, Y);
+                             w->ld, true, Y);
 }
 
 /* Y (M, cols) = beta Y + A (M, rows) @ W_e; a bf16 W_e is widened into
@@ -146,12 +154,13 @@ static bool mul_t(const expert_w *w, int64_t e, const float *A, int64_t M,
 static void mul(const expert_w *w, int64_t e, const float *A, int64_t M,
                 float *Y, float beta, float *wf) {
     const float *W = expert_at(w, e);
+    int64_t ld = w->ld;
     if (w->bf16) {
-        cpu_widen_rows(expert_at(w, e), w->cols, w->rows, w->cols, true, wf);
-        W = wf;
+        cpu_widen_rows(expert_at(w, e), w->ld, w->rows, w->cols, true, wf);
+        W = wf, ld = w->cols;
     }
     ts_sgemm(false, false, (int)M, (int)w->cols, (int)w->rows, 1.0f, A,
-             (int)w->rows, W, (int)w->cols, beta, Y, (int)w->cols);
+             (int)w->rows, W, (int)ld, beta, Y, (int)w->cols);
 }
 
 /* ---- row loops on the pool ---- */
