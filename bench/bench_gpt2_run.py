@@ -8,7 +8,8 @@ alternating, best of each), for prefill and decode tokens/s side by side.
 Default: ./build/tessera alone. What issue 17's "no regression" for GPT-2
 decode is measured with (the old GPT-2 code against the one decoder).
 The tokenizer is make_route_model.py's (printable ASCII, one token per
-character), so the prompt is 512 characters."""
+character, so the prompt is 512 characters) padded with filler entries to
+the model's 50257 ids."""
 import json
 import os
 import re
@@ -33,6 +34,9 @@ def make(d):
         return
     os.makedirs(d, exist_ok=True)
     tok, _, _ = tokenizer()
+    vocab = tok["model"]["vocab"]  # every id the model can emit decodes
+    for i in range(len(vocab) + 1, V):
+        vocab["~~%d" % i] = i
     with open(os.path.join(d, "tokenizer.json"), "w") as f:
         json.dump(tok, f, ensure_ascii=False)
     g = torch.Generator().manual_seed(17)

@@ -622,35 +622,38 @@ static ts_tensor *moe(ts_decoder *m, const dec_layer *L, ts_tensor *h) {
     return out;
 }
 
+/* x + y, y normed first where the family has sandwich norms (post_w);
+ * takes over y, borrows x */
+static ts_tensor *add_branch(const ts_decoder *m, ts_tensor *x, ts_tensor *y,
+                             ts_tensor *post_w) {
+    if (y && m->cfg.sandwich_norm) {
+        ts_tensor *yn = norm(m, y, post_w, NULL);
+        ts_release(y);
+        y = yn;
+    }
+    ts_tensor *sum = x && y ? ts_add(x, y) : NULL;
+    ts_release(y);
+    return sum;
+}
+
 /* x (B, T, C) -> x + attn(norm(x)) -> that + mlp(norm(that)), with the
  * sandwich norms where the family has them; takes over x. */
 static ts_tensor *layer_body(ts_decoder *m, const dec_layer *L, int64_t li,
                              ts_tensor *x, const rope_set *rs,
                              const kv_slot *kv, const paged_ref *pg) {
-    const ts_model_config *c = &m->cfg;
     ts_tensor *h = norm(m, x, L->p[R_ATTN_NORM], L->p[R_ATTN_NORM_B]);
     ts_tensor *a = h ? attention(m, L, li, h, rs, kv, pg) : NULL;
     ts_release(h);
-    if (a && c->sandwich_norm) {
-        ts_tensor *an = norm(m, a, L->p[R_POST_ATTN_NORM], NULL);
-        ts_release(a);
-        a = an;
-    }
-    ts_tensor *x1 = a ? ts_add(x, a) : NULL;
-    ts_release(x), ts_release(a);
+    ts_tensor *x1 = add_branch(m, x, a, L->p[R_POST_ATTN_NORM]);
+    ts_release(x);
     ts_tensor *h2 =
         x1 ? norm(m, x1, L->p[R_MLP_NORM], L->p[R_MLP_NORM_B]) : NULL;
-    ts_tensor *f = !h2                         ? NULL
-                   : ts_model_layer_moe(c, li) ? moe(m, L, h2)
-                                               : mlp(m, L, h2);
+    ts_tensor *f = !h2                               ? NULL
+                   : ts_model_layer_moe(&m->cfg, li) ? moe(m, L, h2)
+                                                     : mlp(m, L, h2);
     ts_release(h2);
-    if (f && c->sandwich_norm) {
-        ts_tensor *fn = norm(m, f, L->p[R_POST_MLP_NORM], NULL);
-        ts_release(f);
-        f = fn;
-    }
-    ts_tensor *x2 = f ? ts_add(x1, f) : NULL;
-    ts_release(x1), ts_release(f);
+    ts_tensor *x2 = add_branch(m, x1, f, L->p[R_POST_MLP_NORM]);
+    ts_release(x1);
     return x2;
 }
 
