@@ -26,6 +26,9 @@ void ts_safetensors_close(ts_safetensors *st); /* tensors stay valid */
 int ts_safetensors_count(const ts_safetensors *st);
 /* Names in the file's order (by offset; shards in index order). */
 const char *ts_safetensors_name(const ts_safetensors *st, int i);
+/* The index of the tensor called name (hashed: constant time, for
+ * checkpoints of many thousand tensors), or -1. */
+int ts_safetensors_find(const ts_safetensors *st, const char *name);
 /* The value of a "__metadata__" key, or NULL. */
 const char *ts_safetensors_metadata(const ts_safetensors *st, const char *key);
 /* A new reference to the named tensor: a view of the mapped file (no copy)

@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define MAX_HEADER 100000000ull
 
@@ -48,7 +49,55 @@ struct ts_safetensors {
     int n, cap;
     char **meta; /* key, value, key, value ... */
     int n_meta;
+    /* names to entries: open addressing on the names' hashes, entry index
+     * + 1 per slot (0: empty); n_slots a power of two >= 2 n */
+    int *slot;
+    size_t n_slots;
 };
+
+static size_t name_hash(const char *name) {
+    return (size_t)XXH3_64bits(name, strlen(name));
+}
+
+/* The index of the entry called name, or -1. */
+static int lookup(const ts_safetensors *st, const char *name) {
+    if (!st || !name || !st->n_slots)
+        return -1;
+    size_t mask = st->n_slots - 1;
+    for (size_t h = name_hash(name) & mask;; h = (h + 1) & mask) {
+        int k = st->slot[h] - 1;
+        if (k < 0)
+            return -1;
+        if (!strcmp(st->e[k].name, name))
+            return k;
+    }
+}
+
+/* The name index over every entry; an error naming a tensor that appears
+ * twice (across shards too). */
+static ts_status build_index(ts_safetensors *st, const char *path) {
+    size_t n = 16;
+    while (n < 2 * (size_t)st->n)
+        n *= 2;
+    st->slot = calloc(n, sizeof *st->slot);
+    if (!st->slot)
+        return ts_set_error(st->ctx, TS_ERR_OOM, "out of memory");
+    st->n_slots = n;
+    for (int i = 0; i < st->n; i++) {
+        size_t h = name_hash(st->e[i].name) & (n - 1);
+        for (; st->slot[h]; h = (h + 1) & (n - 1))
+            if (!strcmp(st->e[st->slot[h] - 1].name, st->e[i].name))
+                return ts_set_error(st->ctx, TS_ERR_IO,
+                                    "%s: tensor \"%s\" appears twice", path,
+                                    st->e[i].name);
+        st->slot[h] = i + 1;
+    }
+    return TS_OK;
+}
+
+int ts_safetensors_find(const ts_safetensors *st, const char *name) {
+    return lookup(st, name);
+}
 
 static void map_release(void *p) {
     file_map *m = p;
@@ -387,13 +436,13 @@ static ts_status open_index(ts_safetensors *st, const char *dir,
         if (!seen && (s = open_file(st, path)) != TS_OK)
             goto done;
     }
+    if ((s = build_index(st, index)) != TS_OK)
+        goto done;
     json_object_foreach(wm, name, v) { /* every listed tensor is in its shard */
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, json_string_value(v));
-        bool found = false;
-        for (int i = 0; i < st->n && !found; i++)
-            found = !strcmp(st->e[i].name, name) &&
-                    !strcmp(st->paths[st->e[i].file], path);
+        int k = lookup(st, name);
+        bool found = k >= 0 && !strcmp(st->paths[st->e[k].file], path);
         if (!found) {
             s = ts_set_error(ctx, TS_ERR_IO,
                              "%s: tensor \"%s\" is not in its shard %s", index,
@@ -436,13 +485,8 @@ ts_status ts_safetensors_open(ts_ctx *ctx, const char *path,
     } else {
         s = open_file(st, path);
     }
-    for (int i = 0; s == TS_OK && i < st->n;
-         i++) /* names unique across shards */
-        for (int j = i + 1; j < st->n && s == TS_OK; j++)
-            if (!strcmp(st->e[i].name, st->e[j].name))
-                s = ts_set_error(ctx, TS_ERR_IO,
-                                 "%s: tensor \"%s\" appears twice", path,
-                                 st->e[i].name);
+    if (s == TS_OK && !st->slot) /* names unique across shards */
+        s = build_index(st, path);
     if (s != TS_OK) {
         ts_safetensors_close(st);
         return s;
@@ -463,7 +507,7 @@ void ts_safetensors_close(ts_safetensors *st) {
     for (int k = 0; k < 2 * st->n_meta; k++)
         free(st->meta[k]);
     free(st->meta), free(st->e), free(st->maps), free(st->paths),
-        free(st->data_start);
+        free(st->data_start), free(st->slot);
     free(st);
 }
 
@@ -485,10 +529,8 @@ const char *ts_safetensors_metadata(const ts_safetensors *st, const char *key) {
 ts_tensor *ts_safetensors_get(ts_safetensors *st, const char *name) {
     if (!st)
         return NULL;
-    const entry *e = NULL;
-    for (int i = 0; name && i < st->n && !e; i++)
-        if (!strcmp(st->e[i].name, name))
-            e = &st->e[i];
+    int k = lookup(st, name);
+    const entry *e = k >= 0 ? &st->e[k] : NULL;
     if (!e) {
         ts_set_error(st->ctx, TS_ERR_INVALID_ARG, "%s: no tensor \"%s\"",
                      st->n_files ? st->paths[0] : "safetensors",
@@ -508,10 +550,8 @@ ts_tensor *ts_safetensors_get(ts_safetensors *st, const char *name) {
 }
 
 static const entry *find_entry(const ts_safetensors *st, const char *name) {
-    for (int i = 0; st && name && i < st->n; i++)
-        if (!strcmp(st->e[i].name, name))
-            return &st->e[i];
-    return NULL;
+    int k = lookup(st, name);
+    return k >= 0 ? &st->e[k] : NULL;
 }
 
 bool ts_safetensors_shape(const ts_safetensors *st, const char *name,

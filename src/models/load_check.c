@@ -24,10 +24,7 @@ void ckpt_review_end(ckpt_review *r) {
 }
 
 int ckpt_find(const ckpt_review *r, const char *name) {
-    for (int k = 0; k < ts_safetensors_count(r->st); k++)
-        if (!strcmp(ts_safetensors_name(r->st, k), name))
-            return k;
-    return -1;
+    return ts_safetensors_find(r->st, name);
 }
 
 static void shape_text(int ndim, const int64_t *shape, char *buf, size_t n) {
