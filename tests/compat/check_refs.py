@@ -129,6 +129,7 @@ def ablations(out):
              ("gemma3", "global layer (pattern)", all_global),
              ("phi3_longrope", "long factors", short_factors),
              ("llama31", "llama3 rope scaling", plain_rope),
+             ("qwen3_yarn", "yarn rope scaling", plain_rope),
              ("qwen3_moe", "mlp_only_layers", None),
              ("qwen3_moe", "norm_topk_prob", no_renorm)]
     for case, what, change in cases:

@@ -86,6 +86,15 @@ def configs():
                             max_window_layers=2, rope_theta=1000000.0,
                             sliding_window=None, tie_word_embeddings=True,
                             use_sliding_window=False)
+    # Qwen3's long-context recipe, rope_scaling "yarn" (factor 4 over an
+    # original 16 positions: max_position_embeddings = 4 x 16, as the
+    # published recipe keeps them consistent)
+    c["qwen3_yarn"] = llama_like("qwen3", "Qwen3ForCausalLM", 128, 48, 2, 4, 2, 16, 80,
+                                 max_window_layers=2, rope_theta=10000.0,
+                                 sliding_window=None, tie_word_embeddings=True,
+                                 use_sliding_window=False, max_position_embeddings=64,
+                                 rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                               "original_max_position_embeddings": 16})
     # the window (6) is shorter than the sequences (20, 24)
     c["mistral"] = llama_like("mistral", "MistralForCausalLM", 100, 48, 2, 4, 2, 12, 96,
                               sliding_window=6, rope_theta=1000000.0)

@@ -162,6 +162,30 @@ def rope_params(cfg, d, seq_len, local=False):
                            dtype=torch.float32)
         shape = torch.arange(0, D, 2, dtype=torch.int64).float() / D
         return 1.0 / (ext * base ** shape), att
+    if rt == "yarn":
+        # _compute_yarn_parameters: NTK-by-parts between the extrapolated
+        # (1 / pos_freqs) and interpolated (1 / (factor pos_freqs))
+        # frequencies, ramped over the dimensions between the correction
+        # range of beta_fast and beta_slow rotations at the original
+        # length; attention factor get_mscale(factor) = 0.1 ln(factor) + 1
+        factor = rs["factor"]
+        orig = rs.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
+        beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+        att = rs.get("attention_factor")
+        if att is None:
+            att = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+        def corr_dim(rot):
+            return (D * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+        low = max(math.floor(corr_dim(beta_fast)), 0)
+        high = min(math.ceil(corr_dim(beta_slow)), D - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(D // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+        extra = 1 - ramp
+        pos_freqs = base ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+        inv = (1.0 / (factor * pos_freqs)) * (1 - extra) + (1.0 / pos_freqs) * extra
+        return inv, att
     raise ValueError("rope type %s has no reference" % rt)
 
 
