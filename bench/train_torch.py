@@ -27,7 +27,7 @@ Modes:
   train_torch.py --check --bin BUILD/bench_train [--full] [--keep DIR]
       correctness: a random GPT-2 (small, or 124M with --full) is written
       as a Hugging Face folder (config.json, model.safetensors) with a
-      batch; `bench_train --check DIR` loads it with ts_gpt2_load and runs
+      batch; `bench_train --check DIR` loads it with ts_decoder_load and runs
       one training step eagerly and compiled; its loss, gradient norm
       (total and per parameter) and the loss after one AdamW step must
       equal PyTorch's. Exit status 0 when they do.

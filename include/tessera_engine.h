@@ -117,7 +117,7 @@ typedef struct {
 } ts_engine_stats;
 
 typedef struct ts_engine ts_engine;
-/* The engine serves one decoder (qwen3, qwen2, llama); its KV pool is
+/* The engine serves one decoder (any family); its KV pool is
  * allocated here, beside each layer. */
 ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
                         const ts_engine_options *opt, ts_engine **out);
@@ -145,7 +145,7 @@ size_t ts_engine_drain_events(ts_engine *e, ts_kv_event *out, size_t cap);
 
 /* ---- KV transfer (prefill on one server, decode on another) ----
  * A block travels as its tokens and ts_engine_block_bytes of K and V (per
- * layer K then V, f32, as ts_kv_pool_copy_block). */
+ * layer K then V, f32, as ts_kv_pool_read_block gives them). */
 int64_t ts_engine_block_size(const ts_engine *e);
 int64_t ts_engine_block_bytes(const ts_engine *e);
 /* Copies the K/V of the longest cached run of tokens' full blocks (at most

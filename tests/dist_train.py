@@ -164,6 +164,36 @@ r = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
 check(r.returncode != 0 and "multiple of the number of ranks" in r.stderr,
       "--batch 3 over 2 ranks: a clear error")
 
+# a mixture of experts whose load-balancing loss needs every sparse layer's
+# router logits cannot be fully sharded (its layers are not recomputed):
+# refused by name, not trained with unreduced gradients
+MOE = os.path.join(WORK, "moe.json")
+json.dump({"model_type": "qwen3_moe", "vocab_size": 256, "hidden_size": 32,
+           "intermediate_size": 64, "moe_intermediate_size": 16,
+           "num_hidden_layers": 2, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "head_dim": 16, "num_experts": 4,
+           "num_experts_per_tok": 2, "router_aux_loss_coef": 0.01}, open(MOE, "w"))
+r = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
+                    "2", EXE, "train", "--model-config", MOE, "--data",
+                    DATA, "--out", W("bad_moe"), "--batch", "4", "--seq",
+                    "32", "--steps", "1", "--shard", "full", "--quiet"],
+                   capture_output=True, text=True, timeout=120,
+                   env=dict(os.environ, ASAN_OPTIONS="detect_leaks=0"))
+check(r.returncode != 0 and "--shard full does not take a mixture of experts"
+      in r.stderr, "moe with --shard full over 2 ranks: a clear error")
+# and trains data parallel like one process: to 1e-5 without the
+# load-balancing term; with it each rank balances its own tokens (as a
+# micro-batch does in Hugging Face's), which is not the whole batch's term
+MOE0 = os.path.join(WORK, "moe0.json")
+json.dump(dict(json.load(open(MOE)), router_aux_loss_coef=0.0), open(MOE0, "w"))
+for cfg, name, bound in ((MOE0, "m0", 1e-5), (MOE, "m", 1e-3)):
+    train(W(name + "_one"), 4, 1, ("--model-config", cfg))
+    train(W(name + "_dp"), 4, 2, ("--model-config", cfg))
+    want, got = losses(W(name + "_one")), losses(W(name + "_dp"))
+    check(len(got) == 4 and rel(want, got) <= bound,
+          f"moe dp ({os.path.basename(cfg)}): 4 losses = one process's to "
+          f"{bound:g} (worst {rel(want, got):.1e})")
+
 # GPT-2 goes through the same decoder: data parallel, overlapped, and
 # --shard full (its layer hooks) train like one process
 GPT2 = os.path.join(WORK, "gpt2.json")

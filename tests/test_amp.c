@@ -126,6 +126,27 @@ int main(void) {
     CHECK_MSG(ctx, "f32 or bf16");
     ts_clear_error(ctx);
 
+    /* a mixture of experts under bf16 compute: the stacked experts stay
+     * f32 (the experts kernel reads them), and every parameter, experts
+     * and router included, gets its gradient */
+    ts_model_config e = tu_config("qwen3_moe");
+    e.vocab = 101, e.hidden = 32, e.layers = 2, e.heads = 4, e.kv_heads = 2;
+    e.head_dim = 8, e.intermediate = 48, e.max_positions = 64;
+    e.n_experts = 4, e.experts_per_tok = 2, e.moe_intermediate = 16;
+    ts_decoder *moe = NULL;
+    CHECK_OK(ctx, ts_decoder_new(ctx, &e, NULL, 5, &moe));
+    CHECK_OK(ctx, ts_decoder_set_compute_dtype(moe, TS_BF16));
+    ts_tensor *ml = ts_decoder_loss(moe, ids, tg, NULL);
+    CHECK(ml && ts_backward(ml, NULL) == TS_OK);
+    int no_grad = 0, experts = 0;
+    for (int i = 0; moe && i < ts_decoder_num_params(moe); i++) {
+        no_grad += ts_grad(ts_decoder_param(moe, i)) == NULL;
+        experts += strstr(ts_decoder_param_name(moe, i), "experts") != NULL;
+    }
+    CHECK(no_grad == 0 && experts == 2 * 3);
+    ts_release(ml);
+    ts_decoder_free(moe);
+
     ts_release(ids), ts_release(tg);
     free(gm), free(gr), free(ge);
     ts_decoder_free(m), ts_decoder_free(r);

@@ -491,6 +491,37 @@ static void test_matmul_epilogue(void) {
     }
 }
 
+/* silu(x Wg + bg) * (x Wu + bu): both operands of the mul grow from a
+ * matmul; each group keeps one matmul head (two heads in one group left
+ * the second matmul without a buffer: a crash) */
+static ts_tensor *gated_with_biases(ts_ctx *ctx) {
+    int64_t xs[2] = {24, C}, bs[1] = {F};
+    ts_tensor *x = ts_randn(ctx, TS_F32, 2, xs, 1.0, 71);
+    ts_tensor *wg = param(ctx, C, F, 72), *wu = param(ctx, C, F, 73);
+    ts_tensor *bg = ts_randn(ctx, TS_F32, 1, bs, 1.0, 74);
+    ts_tensor *bu = ts_randn(ctx, TS_F32, 1, bs, 1.0, 75);
+    ts_tensor *g0 = ts_matmul(x, wg), *u0 = ts_matmul(x, wu);
+    ts_tensor *g = ts_add(g0, bg), *u = ts_add(u0, bu);
+    ts_tensor *a = ts_silu(g);
+    ts_tensor *y = ts_mul(a, u);
+    ts_tensor *tmp[] = {x, wg, wu, bg, bu, g0, u0, g, u, a};
+    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++)
+        ts_release(tmp[i]);
+    return y;
+}
+
+static void test_two_matmul_groups(void) {
+    ts_ctx *ce = test_ctx(), *cc = test_ctx();
+    ts_set_grad_enabled(ce, false), ts_set_grad_enabled(cc, false);
+    ts_tensor *want = gated_with_biases(ce);
+    ts_set_mode(cc, TS_MODE_COMPILED);
+    ts_tensor *got = gated_with_biases(cc);
+    CHECK_OK(cc, ts_sync(cc));
+    test_allclose("silu(x Wg + bg) * (x Wu + bu)", got, want, 1e-6, 1e-6);
+    ts_release(want), ts_release(got);
+    ts_ctx_free(ce), ts_ctx_free(cc);
+}
+
 static void test_views_and_results_kept(void) {
     /* a view of an intermediate outlives the op that made it */
     ts_ctx *ctx = test_ctx();
@@ -616,6 +647,7 @@ int main(void) {
     test_rematerialization();
     test_constant_folding();
     test_fused_kernel_choice();
+    test_two_matmul_groups();
     test_matmul_epilogue();
     test_dump_and_force_eager();
     test_errors_surface_at_sync();

@@ -776,6 +776,54 @@ static void test_gpt2(ts_ctx *ctx) {
 
 /* ---- errors ------------------------------------------------------------ */
 
+/* review findings: what a field means beyond its value */
+static void test_family_rules(ts_ctx *ctx) {
+    ts_model_config c;
+    /* Gemma 3's sliding_window_pattern 1: (i + 1) % 1 is 0 for every
+     * layer, so no layer slides (Hugging Face); 0 is refused */
+    const char *g3 =
+        "{'model_type': 'gemma3_text', 'vocab_size': 64, 'hidden_size': 32,"
+        " 'intermediate_size': 64, 'num_hidden_layers': 4,"
+        " 'num_attention_heads': 2, 'num_key_value_heads': 1, 'head_dim': 16,"
+        " 'sliding_window': 8, 'sliding_window_pattern': %d}";
+    char text[512];
+    snprintf(text, sizeof text, g3, 1);
+    CHECK_OK(ctx, load(ctx, text, &c));
+    for (int64_t i = 0; i < c.layers; i++)
+        CHECK(!ts_model_layer_sliding(&c, i));
+    snprintf(text, sizeof text, g3, 6);
+    CHECK_OK(ctx, load(ctx, text, &c));
+    CHECK(ts_model_layer_sliding(&c, 0) && ts_model_layer_sliding(&c, 3));
+    snprintf(text, sizeof text, g3, 0);
+    expect_error(ctx, text, TS_ERR_IO, "sliding_window_pattern is 0");
+    /* rope_parameters whose sliding theta equals the full one */
+    CHECK_OK(ctx, load(ctx,
+                       "{'model_type': 'gemma3_text', 'vocab_size': 64,"
+                       " 'hidden_size': 32, 'intermediate_size': 64,"
+                       " 'num_hidden_layers': 2, 'num_attention_heads': 2,"
+                       " 'head_dim': 16, 'rope_parameters': {"
+                       " 'full_attention': {'rope_type': 'default',"
+                       " 'rope_theta': 1000000.0}, 'sliding_attention':"
+                       " {'rope_type': 'default', 'rope_theta': 1000000.0}}}",
+                       &c));
+    CHECK(c.rope_theta == 1e6 && c.rope_local_theta == 1e6);
+    /* Mixtral's layers are always sparse; Llama's mlp_bias is refused by
+     * name */
+    expect_error(ctx,
+                 "{'model_type': 'mixtral', 'vocab_size': 64,"
+                 " 'hidden_size': 32, 'intermediate_size': 64,"
+                 " 'num_hidden_layers': 2, 'num_attention_heads': 2,"
+                 " 'num_local_experts': 0, 'num_experts_per_tok': 1}",
+                 TS_ERR_IO, "num_local_experts is 0");
+    CHECK_OK(ctx, load(ctx,
+                       "{'model_type': 'llama', 'vocab_size': 64,"
+                       " 'hidden_size': 32, 'intermediate_size': 64,"
+                       " 'num_hidden_layers': 2, 'num_attention_heads': 2,"
+                       " 'mlp_bias': true}",
+                       &c));
+    CHECK(c.mlp_bias && c.gated);
+}
+
 static void test_errors(ts_ctx *ctx) {
     const char *types[] = {"qwen3",   "qwen2",     "llama",       "gpt2",
                            "mistral", "gemma2",    "gemma3_text", "gemma3",
@@ -1048,6 +1096,7 @@ int main(void) {
     test_qwen3_moe(ctx);
     test_mixtral(ctx);
     test_gpt2(ctx);
+    test_family_rules(ctx);
     test_errors(ctx);
     test_odd_values(ctx);
     test_presets(ctx);

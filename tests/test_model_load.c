@@ -334,9 +334,10 @@ static void test_weight_values(ts_ctx *ctx) {
     /* ... and loads when asked not to check */
     ts_load_options no = {.no_check_weights = true};
     CHECK_OK(ctx, ts_lm_load(ctx, d, &no, &lm));
-    ts_tensor *w = lm ? ts_decoder_find_param(ts_lm_decoder(lm),
-                                            "model.layers.1.mlp.up_proj.weight")
-                      : NULL;
+    ts_tensor *w =
+        lm ? ts_decoder_find_param(ts_lm_decoder(lm),
+                                   "model.layers.1.mlp.up_proj.weight")
+           : NULL;
     CHECK(w && isnan(((float *)ts_tensor_data(w))[1234]));
     ts_lm_free(lm);
     lm = NULL;
@@ -467,6 +468,80 @@ static void test_unused_tensors(ts_ctx *ctx) {
     ts_lm_free(lm);
 }
 
+/* A multimodal checkpoint's text weights, in both of Hugging Face's
+ * layouts ("language_model." before every name; "model." read as
+ * "model.language_model."): loaded with the same logits, and saved back
+ * in the layout they came in. */
+static void test_wrapper_layouts(ts_ctx *ctx) {
+    char src[600], tmp[600], p[700];
+    snprintf(src, sizeof src, "%s/gqa2_untied", dir);
+    ts_decoder *m = NULL;
+    CHECK_OK(ctx, ts_decoder_load(ctx, src, &m));
+    if (!m)
+        return;
+    int n = 0;
+    char **names = NULL;
+    ts_tensor **ts = NULL;
+    CHECK_OK(ctx, ts_decoder_state_dict(m, NULL, &n, &names, &ts));
+    int64_t ids[6] = {3, 1, 4, 1, 5, 9}, shape[2] = {1, 6};
+    ts_tensor *in = ts_from_data(ctx, TS_I64, 2, shape, ids);
+    ts_tensor *want = ts_decoder_forward(m, in, 0);
+    const char *spell[2][2] = {{"language_model.", ""},
+                               {"model.language_model.", "model."}};
+    for (int l = 0; l < 2; l++) {
+        snprintf(tmp, sizeof tmp, "%s/wrapper_%d", dir, l);
+        mkdir(tmp, 0755);
+        char **renamed = calloc((size_t)n, sizeof *renamed);
+        for (int i = 0; i < n; i++) {
+            const char *name = names[i];
+            size_t cut = strlen(spell[l][1]);
+            bool moves = !strncmp(name, spell[l][1], cut);
+            renamed[i] = malloc(strlen(name) + 32);
+            sprintf(renamed[i], "%s%s", moves ? spell[l][0] : "",
+                    moves ? name + cut : name);
+        }
+        snprintf(p, sizeof p, "%s/model.safetensors", tmp);
+        CHECK_OK(ctx,
+                 ts_safetensors_save(ctx, p, n, (const char *const *)renamed,
+                                     ts, 0, NULL));
+        char from[700];
+        snprintf(from, sizeof from, "%s/config.json", src);
+        snprintf(p, sizeof p, "%s/config.json", tmp);
+        FILE *fi = fopen(from, "rb"), *fo = fopen(p, "wb");
+        int ch;
+        while (fi && fo && (ch = fgetc(fi)) != EOF)
+            fputc(ch, fo);
+        if (fi)
+            fclose(fi);
+        if (fo)
+            fclose(fo);
+        ts_decoder *w = NULL;
+        CHECK_OK(ctx, ts_decoder_load(ctx, tmp, &w));
+        ts_tensor *got = w ? ts_decoder_forward(w, in, 0) : NULL;
+        CHECK(got && want &&
+              !memcmp(ts_tensor_data(got), ts_tensor_data(want),
+                      sizeof(float) * (size_t)ts_tensor_numel(want)));
+        /* saved back as it came */
+        snprintf(p, sizeof p, "%s/saved", tmp);
+        mkdir(p, 0755);
+        if (w)
+            CHECK_OK(ctx, ts_decoder_save(w, p));
+        ts_safetensors *st = NULL;
+        CHECK_OK(ctx, ts_safetensors_open(ctx, p, &st));
+        for (int i = 0; st && i < n; i++)
+            CHECK(ts_safetensors_find(st, renamed[i]) >= 0);
+        ts_safetensors_close(st);
+        ts_release(got);
+        ts_decoder_free(w);
+        for (int i = 0; i < n; i++)
+            free(renamed[i]);
+        free(renamed);
+    }
+    ts_release(in), ts_release(want);
+    ts_decoder_state_dict_free(n, names, ts);
+    ts_decoder_free(m);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s DIR (from tests/reference/hf_qwen3.py)\n",
@@ -481,6 +556,7 @@ int main(int argc, char **argv) {
     test_weight_values(ctx);
     test_check_finite(ctx);
     test_unused_tensors(ctx);
+    test_wrapper_layouts(ctx);
     ts_ctx_free(ctx);
     return test_finish("test_model_load");
 }

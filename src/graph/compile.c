@@ -1046,6 +1046,12 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
             /* a matmul may head the group (epilogue fusion), one per group */
             bool head = m->op == TS_OP_MATMUL && pass_on("epilogue") &&
                         ctx->backend->run_fused && !has_head[j];
+            /* one head per group: two groups that each grew from a
+             * matmul (SwiGLU with biases: add(mm) on both sides of the
+             * mul) stay apart, else the second matmul's result would
+             * have no buffer */
+            if (has_head[i] && has_head[j])
+                continue;
             if (!p->run[i] || p->folded[i] || p->rw_op[i] ||
                 p->fuse_root[i] >= 0 || readers[i] != 1 ||
                 (!head && !ctx->backend->fusable(m->op)) ||

@@ -752,6 +752,37 @@ static const char *field_name(const family *fam, size_t off,
     return fallback;
 }
 
+/* ---- what a family's fields mean beyond their values ------------------ */
+
+/* Gemma 3's sliding_window_pattern as Hugging Face reads it (layer i
+ * slides iff (i + 1) % pattern != 0: 1 means no sliding layer, 0 is no
+ * pattern at all); Mixtral's layers are always sparse; biases on a fused
+ * gate_up projection are refused by name. */
+static void apply_family_rules(reader *r, parsed *p) {
+    ts_model_config *c = &p->c;
+    if (r->st)
+        return;
+    if (c->arch == TS_ARCH_GEMMA3 && !p->layer_types) {
+        if (c->sliding_pattern == 0)
+            r->st = ts_set_error(r->ctx, TS_ERR_IO,
+                                 "%s: %ssliding_window_pattern is 0 (want >= "
+                                 "1: every n-th layer is global)",
+                                 r->path, r->prefix);
+        else if (c->sliding_pattern == 1)
+            c->sliding_window = 0; /* every layer global */
+    }
+    if (!r->st && c->arch == TS_ARCH_MIXTRAL && c->n_experts < 1)
+        r->st = ts_set_error(r->ctx, TS_ERR_IO,
+                             "%s: %snum_local_experts is %lld (a Mixtral "
+                             "layer is always sparse: want >= 1)",
+                             r->path, r->prefix, (long long)c->n_experts);
+    if (!r->st && c->gated && c->fused_gate_up && c->mlp_bias)
+        r->st = ts_set_error(r->ctx, TS_ERR_UNSUPPORTED,
+                             "%s: %smlp_bias true with a fused gate_up_proj "
+                             "is not supported",
+                             r->path, r->prefix);
+}
+
 /* ---- layer_types -> sliding_from, sliding_pattern ---------------------- */
 
 /* Layer i slides iff i >= from and (pattern < 2 or (i + 1) % pattern):
@@ -1003,7 +1034,8 @@ static void apply_rope_parameters(reader *r, parsed *p) {
                                 "sliding layers (supported: default)",
                                 r->path, prefix, type);
         double t = get_num(&q, "rope_theta", false, p->c.rope_local_theta);
-        if (t != 0 && t != p->c.rope_theta)
+        if (t != 0) /* the sliding layers' base, even when it equals the
+                       full layers' */
             p->c.rope_local_theta = t;
     }
     if (json_is_object(full)) {
@@ -1340,6 +1372,7 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
         apply_layer_types(&r, p);
         apply_rope_parameters(&r, p);
         apply_rope_scaling(&r, fam, p);
+        apply_family_rules(&r, p);
         if (!r.st)
             r.st = check_description(&r, fam, p);
         if (!r.st)

@@ -47,6 +47,7 @@ struct ts_decoder {
     ts_tensor **router_logits;
     int n_router;
     char config_src[4096]; /* the config.json a loaded model came from */
+    int layout;            /* its checkpoint's layout (DEC_LAYOUT_*) */
 };
 
 /* a layer as ts_checkpoint's block argument */
@@ -139,8 +140,16 @@ ts_status ts_decoder_config_check(ts_ctx *ctx, const ts_model_config *c) {
                c->rope_original_max_positions > 0))
         bad = "rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < "
               "high_freq_factor and original_max_position_embeddings > 0";
+    else if (c->vocab > 2147483647ll || c->hidden > (1 << 20) ||
+             c->heads > 4096 || c->kv_heads > 4096 || c->head_dim > 4096 ||
+             c->intermediate > (1 << 24) || c->moe_intermediate > (1 << 24) ||
+             c->n_experts > 65536 || c->max_positions > 2147483647ll)
+        bad = "a size is beyond what a model can have (vocab < 2^31, hidden "
+              "<= 2^20, heads and head_dim <= 4096, intermediate <= 2^24, "
+              "experts <= 65536, max_positions < 2^31)";
     else if (c->rope == TS_ROPE_LONGROPE &&
              (c->rope_n_factors != c->head_dim / 2 ||
+              c->rope_n_factors > TS_ROPE_MAX_FACTORS ||
               c->rope_original_max_positions < 1))
         bad = "longrope needs head_dim / 2 short and long factors and "
               "original_max_position_embeddings";
@@ -148,8 +157,9 @@ ts_status ts_decoder_config_check(ts_ctx *ctx, const ts_model_config *c) {
         bad = "a soft-capping value is negative";
     else if (c->sliding_window < 0)
         bad = "sliding_window is negative";
-    else if (c->gated && c->mlp_bias)
-        bad = "a gated MLP with biases is not a supported layout";
+    else if (c->gated && c->fused_gate_up && c->mlp_bias)
+        bad = "a fused gate_up projection with biases is not a supported "
+              "layout";
     else if (c->n_experts < 0 ||
              (c->n_experts > 0 &&
               (c->experts_per_tok < 1 || c->experts_per_tok > c->n_experts ||
@@ -244,14 +254,10 @@ ts_status ts_decoder_new(ts_ctx *ctx, const ts_model_config *cfg,
         return ts_set_error(ctx, TS_ERR_OOM, "decoder_new: out of memory");
     }
     dec_plan(cfg, m->spec, n);
-    for (int i = 0; i < n; i++)
-        if (strchr(m->spec[i].name, '?')) {
-            ts_decoder_free(m);
-            return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                                "%s: the family's name table has no name for "
-                                "a parameter this config needs (role %d)",
-                                ts_arch_name(cfg->arch), (int)m->spec[i].role);
-        }
+    if ((s = dec_plan_check(ctx, cfg, m->spec, n)) != TS_OK) {
+        ts_decoder_free(m);
+        return s;
+    }
     ts_device here = ts_get_device(ctx);
     m->embed_dev = dm ? dm->embed : here;
     m->head_dev = dm ? dm->head : here;
@@ -420,10 +426,13 @@ ts_status ts_decoder_set_checkpointing(ts_decoder *m, bool on) {
 /* ---- the forward pieces ---- */
 
 /* a f32 matrix cast to bf16 (recorded, so its gradient reaches the f32
- * master), else w itself; a new reference (NULL for NULL) */
+ * master), else w itself; a new reference (NULL for NULL). The stacked
+ * experts stay f32 (computed in f32 under bf16 compute too). */
 static ts_tensor *compute_copy(const ts_decoder *m, ts_tensor *w) {
+    /* 2-D only: the experts kernel reads its f32 weights itself and gives
+     * no gradient through a bf16 copy */
     if (!w || !m->compute_bf16 || ts_tensor_dtype(w) != TS_F32 ||
-        ts_tensor_ndim(w) < 2)
+        ts_tensor_ndim(w) != 2)
         return w ? ts_retain(w) : NULL;
     return ts_cast(w, TS_BF16);
 }
@@ -576,13 +585,13 @@ static ts_tensor *mlp(const ts_decoder *m, const dec_layer *L, ts_tensor *h) {
         gate = ts_slice(gu, 2, 0, c->intermediate, 1);
         up = ts_slice(gu, 2, c->intermediate, 2 * c->intermediate, 1);
         ts_release(gu);
-    } else {
-        gate = project(m, h, L->p[R_GATE], NULL);
-        up = project(m, h, L->p[R_UP], NULL);
+    } else { /* with Llama's mlp_bias, biases on all three */
+        gate = project(m, h, L->p[R_GATE], L->p[R_GATE_B]);
+        up = project(m, h, L->p[R_UP], L->p[R_UP_B]);
     }
     ts_tensor *a = activate(gate, c->act);
     ts_tensor *g = ts_mul(a, up);
-    ts_tensor *y = project(m, g, L->p[R_DOWN], NULL);
+    ts_tensor *y = project(m, g, L->p[R_DOWN], L->p[R_DOWN_B]);
     ts_release(gate), ts_release(up), ts_release(a), ts_release(g);
     return y;
 }
@@ -1384,9 +1393,10 @@ ts_status ts_decoder_state_dict(const ts_decoder *m, ts_tensor *const *params,
     for (int i = 0; i < m->n_params && s == TS_OK; i++) {
         const dec_param *p = &m->spec[i];
         for (int64_t e = 0; e < p->parts && s == TS_OK; e++, k++) {
-            char name[DEC_NAME_LEN];
+            char name[DEC_NAME_LEN], spelled[DEC_NAME_LEN + 32];
             dec_part_name(&m->cfg, p, e, name, sizeof name);
-            nm[k] = strdup(name);
+            dec_layout_name(m->layout, name, spelled, sizeof spelled);
+            nm[k] = strdup(spelled);
             if (p->parts == 1)
                 ts[k] = ts_retain(params[i]);
             else { /* expert e's slice as a 2-D view */
@@ -1407,6 +1417,13 @@ ts_status ts_decoder_state_dict(const ts_decoder *m, ts_tensor *const *params,
     }
     *n = k, *names = nm, *tensors = ts;
     return TS_OK;
+}
+
+/* the loader's: the checkpoint layout the state dict keeps */
+void dec_set_layout(ts_decoder *m, int layout);
+void dec_set_layout(ts_decoder *m, int layout) {
+    if (m)
+        m->layout = layout;
 }
 
 /* the loader's: where config.json came from, for ts_decoder_save */

@@ -15,20 +15,27 @@
 
 void dec_set_config_src(ts_decoder *m, const char *path);
 
+void dec_set_layout(ts_decoder *m, int layout);
+
 /* The checkpoint index of name, or of its other spellings (GPT-2's
- * without "transformer."; a multimodal Gemma 3's text weights under
- * "language_model."), or -1. */
-static int find(const ckpt_review *r, const char *name) {
+ * without "transformer."; a multimodal Gemma 3's text weights in either
+ * layout, *layout set to the one that matched), or -1. */
+static int find_in(const ckpt_review *r, const char *name, int *layout) {
     int k = ckpt_find(r, name);
     const char *alt = k < 0 ? dec_alt_name(name) : NULL;
     if (alt)
         k = ckpt_find(r, alt);
-    if (k < 0) {
-        char lm[DEC_NAME_LEN + 16];
-        snprintf(lm, sizeof lm, "language_model.%s", name);
-        k = ckpt_find(r, lm);
+    for (int l = DEC_LAYOUT_PLAIN + 1; k < 0 && l < DEC_LAYOUT_COUNT; l++) {
+        char spelled[DEC_NAME_LEN + 32];
+        dec_layout_name(l, name, spelled, sizeof spelled);
+        if ((k = ckpt_find(r, spelled)) >= 0 && layout)
+            *layout = l;
     }
     return k;
+}
+
+static int find(const ckpt_review *r, const char *name) {
+    return find_in(r, name, NULL);
 }
 
 /* Every tensor the plan needs in the checkpoint with its shape, then
@@ -140,6 +147,10 @@ ts_status ts_decoder_load_opts(ts_ctx *ctx, const char *dir,
     if (!plan)
         return ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", dir);
     dec_plan(&mc, plan, n);
+    if ((s = dec_plan_check(ctx, &mc, plan, n)) != TS_OK) {
+        free(plan);
+        return s;
+    }
     ts_safetensors *st = NULL;
     ckpt_review rv = {0};
     ts_device_map dmap = {0};
@@ -166,7 +177,10 @@ ts_status ts_decoder_load_opts(ts_ctx *ctx, const char *dir,
         for (int i = 0; s == TS_OK && i < n; i++) /* inference: no grads */
             ts_set_requires_grad(ts_decoder_param(m, i), false);
     }
-    if (s == TS_OK) {
+    if (s == TS_OK) { /* saved back in the layout it came in */
+        int layout = DEC_LAYOUT_PLAIN;
+        find_in(&rv, plan[0].name, &layout);
+        dec_set_layout(m, layout);
         ckpt_warn_unused(&rv, ignored, layer_of, mc.layers,
                          mc.arch == TS_ARCH_GPT2 ? "n_layer"
                                                  : "num_hidden_layers");

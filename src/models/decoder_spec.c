@@ -34,8 +34,10 @@ typedef struct {
     [R_EMBED] = "model.embed_tokens.weight",                                   \
     [R_FINAL_NORM] = "model.norm.weight", [R_HEAD] = "lm_head.weight"
 #define LLAMA_MLP                                                              \
-    [R_GATE] = "mlp.gate_proj.weight", [R_UP] = "mlp.up_proj.weight",          \
-    [R_GATE_UP] = "mlp.gate_up_proj.weight", [R_DOWN] = "mlp.down_proj.weight"
+    [R_GATE] = "mlp.gate_proj.weight", [R_GATE_B] = "mlp.gate_proj.bias",      \
+    [R_UP] = "mlp.up_proj.weight", [R_UP_B] = "mlp.up_proj.bias",              \
+    [R_GATE_UP] = "mlp.gate_up_proj.weight",                                   \
+    [R_DOWN] = "mlp.down_proj.weight", [R_DOWN_B] = "mlp.down_proj.bias"
 
 static const name_scheme llama = {
     .prefix = "model.layers.%lld.",
@@ -48,12 +50,12 @@ static const name_scheme llama = {
     .stacked = {[R_EXP_GATE] = "mlp.experts.gate_proj",
                 [R_EXP_UP] = "mlp.experts.up_proj",
                 [R_EXP_DOWN] = "mlp.experts.down_proj"},
-    .order = {R_Q,         R_Q_B,     R_K,      R_K_B,      R_V,
-              R_V_B,       R_QKV,     R_QKV_B,  R_O,        R_O_B,
-              R_Q_NORM,    R_K_NORM,  R_ROUTER, R_EXP_GATE, R_EXP_UP,
-              R_EXP_DOWN,  R_GATE,    R_UP,     R_GATE_UP,  R_DOWN,
-              R_ATTN_NORM, R_MLP_NORM},
-    .n_order = 22};
+    .order = {R_Q,        R_Q_B,    R_K,      R_K_B,       R_V,
+              R_V_B,      R_QKV,    R_QKV_B,  R_O,         R_O_B,
+              R_Q_NORM,   R_K_NORM, R_ROUTER, R_EXP_GATE,  R_EXP_UP,
+              R_EXP_DOWN, R_GATE,   R_GATE_B, R_UP,        R_UP_B,
+              R_GATE_UP,  R_DOWN,   R_DOWN_B, R_ATTN_NORM, R_MLP_NORM},
+    .n_order = 25};
 
 static const name_scheme gemma = {
     .prefix = "model.layers.%lld.",
@@ -61,9 +63,10 @@ static const name_scheme gemma = {
              LLAMA_MLP, [R_POST_ATTN_NORM] = "post_attention_layernorm.weight",
              [R_MLP_NORM] = "pre_feedforward_layernorm.weight",
              [R_POST_MLP_NORM] = "post_feedforward_layernorm.weight"},
-    .order = {R_Q, R_K, R_V, R_O, R_Q_NORM, R_K_NORM, R_GATE, R_UP, R_DOWN,
-              R_ATTN_NORM, R_POST_ATTN_NORM, R_MLP_NORM, R_POST_MLP_NORM},
-    .n_order = 13};
+    .order = {R_Q, R_Q_B, R_K, R_K_B, R_V, R_V_B, R_O, R_O_B, R_Q_NORM,
+              R_K_NORM, R_GATE, R_UP, R_DOWN, R_ATTN_NORM, R_POST_ATTN_NORM,
+              R_MLP_NORM, R_POST_MLP_NORM},
+    .n_order = 17};
 
 static const name_scheme mixtral = {
     .prefix = "model.layers.%lld.",
@@ -167,9 +170,11 @@ static bool has_role(const ts_model_config *c, int64_t layer, dec_role r) {
         return dense && gated && c->fused_gate_up;
     case R_DOWN:
         return dense;
+    case R_GATE_B:
+        return dense && gated && !c->fused_gate_up && c->mlp_bias;
     case R_UP_B:
     case R_DOWN_B:
-        return dense && c->mlp_bias;
+        return dense && c->mlp_bias && !(gated && c->fused_gate_up);
     case R_POS:
         return c->pos == TS_POS_LEARNED;
     case R_HEAD:
@@ -241,6 +246,7 @@ static void role_shape(const ts_model_config *c, dec_role r, dec_param *p) {
         nd = 1, s[0] = HD + 2 * KVD, init = INIT_ZEROS;
         break;
     case R_UP_B:
+    case R_GATE_B:
         nd = 1, s[0] = F, init = INIT_ZEROS;
         break;
     case R_O_B:
@@ -274,6 +280,69 @@ static void role_shape(const ts_model_config *c, dec_role r, dec_param *p) {
     p->parts = nd == 3 ? E : 1;
 }
 
+static const char *const role_names[R_COUNT] = {
+    [R_ATTN_NORM] = "the attention norm",
+    [R_ATTN_NORM_B] = "the attention norm's bias",
+    [R_Q] = "q_proj",
+    [R_Q_B] = "the q_proj bias",
+    [R_K] = "k_proj",
+    [R_K_B] = "the k_proj bias",
+    [R_V] = "v_proj",
+    [R_V_B] = "the v_proj bias",
+    [R_QKV] = "a fused qkv projection",
+    [R_QKV_B] = "a fused qkv bias",
+    [R_O] = "o_proj",
+    [R_O_B] = "the o_proj bias",
+    [R_Q_NORM] = "q_norm",
+    [R_K_NORM] = "k_norm",
+    [R_POST_ATTN_NORM] = "a post-attention norm",
+    [R_MLP_NORM] = "the MLP norm",
+    [R_MLP_NORM_B] = "the MLP norm's bias",
+    [R_POST_MLP_NORM] = "a post-MLP norm",
+    [R_ROUTER] = "an experts router",
+    [R_EXP_GATE] = "experts' gate projections",
+    [R_EXP_UP] = "experts' up projections",
+    [R_EXP_DOWN] = "experts' down projections",
+    [R_GATE] = "gate_proj",
+    [R_GATE_B] = "the gate_proj bias",
+    [R_UP] = "up_proj",
+    [R_UP_B] = "an up-projection bias",
+    [R_GATE_UP] = "a fused gate_up projection",
+    [R_DOWN] = "down_proj",
+    [R_DOWN_B] = "a down-projection bias",
+    [R_EMBED] = "the token embedding",
+    [R_POS] = "learned positions",
+    [R_FINAL_NORM] = "the final norm",
+    [R_FINAL_NORM_B] = "the final norm's bias",
+    [R_HEAD] = "an untied LM head"};
+
+ts_status dec_plan_check(ts_ctx *ctx, const ts_model_config *cfg,
+                         const dec_param *plan, int n) {
+    for (int i = 0; i < n; i++)
+        if (strchr(plan[i].name, '?'))
+            return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                                "%s: the config asks for %s (layer %lld), "
+                                "which the family's parameter table does not "
+                                "have",
+                                ts_arch_name(cfg->arch),
+                                dec_role_name(plan[i].role),
+                                (long long)plan[i].layer);
+    return TS_OK;
+}
+
+const char *dec_role_name(dec_role r) {
+    return (unsigned)r < R_COUNT && role_names[r] ? role_names[r] : "?";
+}
+
+/* a role the config asks for that the scheme's order leaves out: listed
+ * with a "?" name, which ts_decoder_new refuses by the role's name */
+static bool in_order(const name_scheme *ns, dec_role r) {
+    for (int k = 0; k < ns->n_order; k++)
+        if (ns->order[k] == r)
+            return true;
+    return false;
+}
+
 static void add(const ts_model_config *c, const name_scheme *ns, dec_role r,
                 int64_t layer, dec_param *out, int cap, int *n) {
     if (!has_role(c, layer, r))
@@ -300,9 +369,19 @@ int dec_plan(const ts_model_config *c, dec_param *out, int cap) {
     int n = 0;
     add(c, ns, R_EMBED, -1, out, cap, &n);
     add(c, ns, R_POS, -1, out, cap, &n);
-    for (int64_t l = 0; l < c->layers; l++)
+    for (int64_t l = 0; l < c->layers; l++) {
         for (int k = 0; k < ns->n_order; k++)
             add(c, ns, ns->order[k], l, out, cap, &n);
+        for (int r = 0; r < R_LAYER_COUNT; r++)
+            if (!in_order(ns, (dec_role)r) && has_role(c, l, (dec_role)r)) {
+                if (n < cap) {
+                    memset(&out[n], 0, sizeof out[n]);
+                    out[n].role = (dec_role)r, out[n].layer = l;
+                    snprintf(out[n].name, sizeof out[n].name, "?");
+                }
+                n++;
+            }
+    }
     add(c, ns, R_FINAL_NORM, -1, out, cap, &n);
     add(c, ns, R_FINAL_NORM_B, -1, out, cap, &n);
     add(c, ns, R_HEAD, -1, out, cap, &n);
@@ -320,6 +399,15 @@ void dec_part_name(const ts_model_config *c, const dec_param *p, int64_t part,
     snprintf(pre, sizeof pre, ns->prefix, (long long)p->layer);
     snprintf(suf, sizeof suf, ns->name[p->role], (long long)part);
     snprintf(out, cap, "%s%s", pre, suf);
+}
+
+void dec_layout_name(int layout, const char *name, char *out, size_t cap) {
+    if (layout == DEC_LAYOUT_LM_PREFIX)
+        snprintf(out, cap, "language_model.%s", name);
+    else if (layout == DEC_LAYOUT_MODEL_LM && !strncmp(name, "model.", 6))
+        snprintf(out, cap, "model.language_model.%s", name + 6);
+    else
+        snprintf(out, cap, "%s", name);
 }
 
 const char *dec_alt_name(const char *name) {

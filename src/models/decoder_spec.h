@@ -34,6 +34,7 @@ typedef enum {
     R_EXP_UP,
     R_EXP_DOWN,
     R_GATE,
+    R_GATE_B,
     R_UP,
     R_UP_B,
     R_GATE_UP,
@@ -59,7 +60,7 @@ typedef struct {
     int64_t layer; /* -1 for the model's own */
     int ndim;
     int64_t shape[3];
-    bool matrix;   /* kept in the weight dtype (else f32) */
+    bool matrix; /* kept in the weight dtype (else f32) */
     dec_init init;
     int64_t parts; /* checkpoint tensors: E for stacked experts, else 1 */
     char name[DEC_NAME_LEN];
@@ -70,8 +71,26 @@ typedef struct {
 int dec_plan(const ts_model_config *cfg, dec_param *out, int cap);
 /* The checkpoint name of part `part` of p (p->name itself when parts ==
  * 1). */
-void dec_part_name(const ts_model_config *cfg, const dec_param *p,
-                   int64_t part, char *out, size_t cap);
+void dec_part_name(const ts_model_config *cfg, const dec_param *p, int64_t part,
+                   char *out, size_t cap);
+/* TS_OK, or an error naming a parameter the config asks for that the
+ * family's table does not have (a "?" in the plan). */
+ts_status dec_plan_check(ts_ctx *ctx, const ts_model_config *cfg,
+                         const dec_param *plan, int n);
+/* What a role is, for messages ("the q_proj bias", ...). */
+const char *dec_role_name(dec_role r);
+/* A multimodal checkpoint's layout of the text weights (Gemma 3's
+ * *ForConditionalGeneration): none, "language_model." before every name
+ * (transformers 4.50), or "model." read as "model.language_model."
+ * (4.52 on; lm_head.weight stays at the top). */
+enum {
+    DEC_LAYOUT_PLAIN = 0,
+    DEC_LAYOUT_LM_PREFIX,
+    DEC_LAYOUT_MODEL_LM,
+    DEC_LAYOUT_COUNT
+};
+/* name as a checkpoint of that layout spells it */
+void dec_layout_name(int layout, const char *name, char *out, size_t cap);
 /* Other names a checkpoint may use for the tensor called name (GPT-2's
  * without "transformer."): the alternative, or NULL. */
 const char *dec_alt_name(const char *name);

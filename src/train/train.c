@@ -1245,6 +1245,16 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     if (st == TS_OK) {
         const ts_model_config *mc = ts_decoder_get_config(r.m);
         layers = mc->layers, heads = mc->heads, head_dim = mc->head_dim;
+        /* fully sharded layers hand their gradients over when their
+         * recompute ends; a sparse layer whose router logits feed the
+         * load-balancing loss is not recomputed, so it would not */
+        if (o->shard == 2 && r.world > 1 && mc->n_experts > 0 &&
+            mc->router_aux_loss_coef > 0)
+            st = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                              "train: --shard full does not take a mixture "
+                              "of experts with router_aux_loss_coef > 0 "
+                              "(%s: %g); use --shard grad-opt or none",
+                              r.config_src, mc->router_aux_loss_coef);
     }
     if (st == TS_OK)
         st = ts_loader_open(ctx, o->data_dir, "train", o->seq, o->seed, true,

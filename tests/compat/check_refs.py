@@ -100,6 +100,9 @@ def ablations(out):
     def short_factors(c):
         c["original_max_position_embeddings"] = 64
 
+    def no_biases(c):
+        c["attention_bias"] = c["mlp_bias"] = False
+
     def plain_rope(c):
         c["rope_scaling"] = None
 
@@ -130,6 +133,7 @@ def ablations(out):
              ("phi3_longrope", "long factors", short_factors),
              ("llama31", "llama3 rope scaling", plain_rope),
              ("qwen3_yarn", "yarn rope scaling", plain_rope),
+             ("llama_bias", "attention and MLP biases", no_biases),
              ("qwen3_moe", "mlp_only_layers", None),
              ("qwen3_moe", "norm_topk_prob", no_renorm)]
     for case, what, change in cases:

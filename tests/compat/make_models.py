@@ -71,6 +71,9 @@ def configs():
         "transformers_version": "4.51.0", "use_cache": True, "vocab_size": 96}
     c["llama"] = llama_like("llama", "LlamaForCausalLM", 100, 64, 2, 4, 2, 16, 96,
                             mlp_bias=False, pretraining_tp=1, rope_theta=500000.0)
+    # Llama with attention_bias (q, k, v and o) and mlp_bias (gate, up, down)
+    c["llama_bias"] = llama_like("llama", "LlamaForCausalLM", 100, 64, 2, 4, 2, 16, 96,
+                                 attention_bias=True, mlp_bias=True, pretraining_tp=1)
     # Llama 3.1's rope_scaling, original length 16 < the 20..24 positions used
     c["llama31"] = llama_like(
         "llama", "LlamaForCausalLM", 100, 64, 2, 4, 4, 16, 96, mlp_bias=False,
@@ -179,6 +182,8 @@ def make_params(cfg, g):
                 if d["qkv_bias"]:
                     p[pre + "self_attn.%s.bias" % n] = rnd(rows)
         p[pre + "self_attn.o_proj.weight"] = rnd(C, H * D)
+        if d.get("o_bias"):
+            p[pre + "self_attn.o_proj.bias"] = rnd(C)
         if d["qk_norm"]:
             p[pre + "self_attn.q_norm.weight"] = nw(D)
             p[pre + "self_attn.k_norm.weight"] = nw(D)
@@ -209,6 +214,9 @@ def make_params(cfg, g):
             p[pre + "mlp.gate_proj.weight"] = rnd(Fi, C)
             p[pre + "mlp.up_proj.weight"] = rnd(Fi, C)
             p[pre + "mlp.down_proj.weight"] = rnd(C, Fi)
+            if d.get("mlp_bias"):
+                for n, rows in (("gate_proj", Fi), ("up_proj", Fi), ("down_proj", C)):
+                    p[pre + "mlp.%s.bias" % n] = rnd(rows)
     p["model.norm.weight"] = nw(C)
     if not d["tie"]:
         p["lm_head.weight"] = rnd(V, C, std=0.2)

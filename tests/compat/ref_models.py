@@ -49,6 +49,10 @@ def describe(cfg):
              act="gelu_tanh" if mt in GEMMA else "silu")
     d["qk_norm"] = mt in ("qwen3", "qwen3_moe", "gemma3_text")
     d["qkv_bias"] = mt == "qwen2" or bool(cfg.get("attention_bias"))
+    # LlamaAttention (and Qwen3's, Gemma's): o_proj bias=attention_bias too;
+    # Qwen2Attention keeps o_proj bias-free. LlamaMLP: bias=mlp_bias on all
+    d["o_bias"] = mt != "qwen2" and bool(cfg.get("attention_bias"))
+    d["mlp_bias"] = bool(cfg.get("mlp_bias"))
     d["sandwich"] = mt in GEMMA
     d["embed_scale"] = mt in GEMMA
     # Gemma2Attention / Gemma3Attention: scaling = query_pre_attn_scalar**-0.5
@@ -261,7 +265,8 @@ def attention(cfg, d, p, pre, h, i):
     a = a.transpose(1, 2).reshape(B, T, H * D)
     if d["model_type"] == "gpt2":
         return a @ p[pre + "attn.c_proj.weight"] + p[pre + "attn.c_proj.bias"]
-    return a @ p[pre + "self_attn.o_proj.weight"].T
+    o = a @ p[pre + "self_attn.o_proj.weight"].T
+    return o + p[pre + "self_attn.o_proj.bias"] if d.get("o_bias") else o
 
 
 # ---- MLPs -----------------------------------------------------------------
@@ -285,6 +290,11 @@ def mlp(d, p, pre, h):
         gu = h @ p[pre + "mlp.gate_up_proj.weight"].T
         g, u = gu.chunk(2, dim=-1)
         return (u * act(d, g)) @ p[pre + "mlp.down_proj.weight"].T
+    if d.get("mlp_bias"):  # LlamaMLP with mlp_bias: nn.Linear(bias=True)
+        b = lambda n: p[pre + "mlp.%s.bias" % n]  # noqa: E731
+        g = h @ p[pre + "mlp.gate_proj.weight"].T + b("gate_proj")
+        u = h @ p[pre + "mlp.up_proj.weight"].T + b("up_proj")
+        return (act(d, g) * u) @ p[pre + "mlp.down_proj.weight"].T + b("down_proj")
     return gated(d, h, p[pre + "mlp.gate_proj.weight"], p[pre + "mlp.up_proj.weight"],
                  p[pre + "mlp.down_proj.weight"])
 

@@ -60,6 +60,7 @@ CASES = {
     "gpt2": "GPT-2: learned positions, LayerNorm, fused Conv1D c_attn (in, out), gelu_new, tied head",
     "llama": "Llama: GQA 4:2, head_dim 16, rope_theta 5e5, untied",
     "qwen3_yarn": "Qwen3 rope_scaling \"yarn\" (factor 4 over an original 16 positions, attention factor 0.1 ln 4 + 1)",
+    "llama_bias": "Llama with attention_bias (q, k, v and o_proj) and mlp_bias (gate, up and down_proj)",
     "llama31": "Llama 3.1 rope_scaling \"llama3\" (factor 8, original 16 < 20..24 positions), tied",
     "qwen2": "Qwen2: q/k/v biases, tied",
     "qwen3": "Qwen3: q/k RMSNorm per head, head_dim 16 != hidden/heads",
