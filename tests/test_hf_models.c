@@ -107,19 +107,6 @@ static void test_configs(ts_ctx *ctx) {
     ts_clear_error(ctx);
 }
 
-static void *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *b = malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, f);
-    fclose(f);
-    return b;
-}
-
 static void test_model(ts_ctx *ctx, const char *name, bool any_decoder) {
     char p[512];
     snprintf(p, sizeof p, "%s/%s", dir, name);
@@ -130,9 +117,9 @@ static void test_model(ts_ctx *ctx, const char *name, bool any_decoder) {
         return;
     size_t ni, nl;
     snprintf(p, sizeof p, "%s/%s.ids", dir, name);
-    int64_t *raw = read_file(p, &ni);
+    int64_t *raw = tu_read_file(p, &ni);
     snprintf(p, sizeof p, "%s/%s.logits", dir, name);
-    float *want = read_file(p, &nl);
+    float *want = tu_read_file(p, &nl);
     CHECK(raw && want);
     if (!raw || !want)
         return;
@@ -157,7 +144,7 @@ static void test_model(ts_ctx *ctx, const char *name, bool any_decoder) {
     /* greedy decoding through the KV cache: the reference's 32 tokens */
     size_t ng;
     snprintf(p, sizeof p, "%s/%s.greedy", dir, name);
-    int64_t *ref = read_file(p, &ng);
+    int64_t *ref = tu_read_file(p, &ng);
     int64_t got[32];
     CHECK(ref && ng == sizeof got);
     CHECK_OK(ctx, ts_decoder_generate_greedy(m, raw + 2, 5, 32, got));
@@ -203,11 +190,11 @@ static void test_gpt2(ts_ctx *ctx, const char *name) {
         return;
     size_t ni, nl, ng;
     snprintf(p, sizeof p, "%s/%s.ids", dir, name);
-    int64_t *raw = read_file(p, &ni);
+    int64_t *raw = tu_read_file(p, &ni);
     snprintf(p, sizeof p, "%s/%s.logits", dir, name);
-    float *want = read_file(p, &nl);
+    float *want = tu_read_file(p, &nl);
     snprintf(p, sizeof p, "%s/%s.greedy", dir, name);
-    int64_t *ref = read_file(p, &ng);
+    int64_t *ref = tu_read_file(p, &ng);
     CHECK(raw && want && ref && ng == 20 * sizeof(int64_t));
     if (raw && want && ref) {
         int64_t shape[2] = {raw[0], raw[1]};

@@ -28,19 +28,6 @@ static void write_bytes(const char *path, const void *p, size_t n) {
         fwrite(p, 1, n, f), fclose(f);
 }
 
-static void *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *p = malloc((size_t)len + 1);
-    *n = p ? fread(p, 1, (size_t)len, f) : 0;
-    fclose(f);
-    return p;
-}
-
 /* A variant of model src in folder name: config.json with key set to
  * value (key NULL: as it is), the checkpoint's tensors (as a new
  * model.safetensors) plus n_extra tensors (extra_names[i] a copy of
@@ -281,9 +268,9 @@ static void check_reference_logits(ts_ctx *ctx, ts_lm *lm, const char *ref) {
     char p[600];
     size_t ni = 0, nl = 0;
     snprintf(p, sizeof p, "%s/%s.ids", dir, ref);
-    int64_t *raw = read_file(p, &ni);
+    int64_t *raw = tu_read_file(p, &ni);
     snprintf(p, sizeof p, "%s/%s.logits", dir, ref);
-    float *want = read_file(p, &nl);
+    float *want = tu_read_file(p, &nl);
     CHECK(raw && want);
     if (!raw || !want || !lm) {
         free(raw), free(want);

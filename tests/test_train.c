@@ -50,22 +50,6 @@ static void write_text(const char *path, const char *text) {
     write_bytes(path, text, strlen(text));
 }
 
-static char *read_all(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    size_t k = fread(b, 1, (size_t)len, f);
-    fclose(f);
-    b[k] = 0;
-    if (n)
-        *n = k;
-    return b;
-}
-
 static bool exists(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0;
@@ -78,7 +62,7 @@ static off_t file_size(const char *path) {
 
 static void copy_file(const char *from, const char *to) {
     size_t n;
-    char *b = read_all(from, &n);
+    char *b = tu_read_file(from, &n);
     if (b)
         write_bytes(to, b, n);
     free(b);
@@ -215,7 +199,7 @@ static void test_shards(ts_ctx *ctx) {
     }
     /* the header as documented: magic, version, width, count */
     size_t n;
-    unsigned char *raw = (unsigned char *)read_all(p2, &n);
+    unsigned char *raw = (unsigned char *)tu_read_file(p2, &n);
     uint32_t h32[4];
     uint64_t cnt;
     memcpy(h32, raw, 16), memcpy(&cnt, raw + 16, 8);
@@ -603,13 +587,13 @@ static void test_bpe_train(ts_ctx *ctx) {
     /* merges compress: the training text and an unseen one of its kind
      * take far fewer tokens than bytes */
     size_t len;
-    char *text = read_all(files[0], &len);
+    char *text = tu_read_file(files[0], &len);
     size_t n_train = count_ids(ctx, tok, text, len);
     CHECK(n_train > 0 && (double)len / (double)n_train > 2.5);
     check_round_trip(ctx, tok, text);
     free(text);
     gen_text(WORK "/heldout.txt", 5000, 99);
-    text = read_all(WORK "/heldout.txt", &len);
+    text = tu_read_file(WORK "/heldout.txt", &len);
     size_t n_held = count_ids(ctx, tok, text, len);
     CHECK(n_held > 0 && (double)len / (double)n_held > 2.5);
     free(text);
@@ -617,8 +601,8 @@ static void test_bpe_train(ts_ctx *ctx) {
 
     /* deterministic: the same files give the same tokenizer.json */
     CHECK_OK(ctx, ts_bpe_train(ctx, files, 2, &o, WORK "/tok2", NULL));
-    char *t1 = read_all(WORK "/tok/tokenizer.json", NULL);
-    char *t2 = read_all(WORK "/tok2/tokenizer.json", NULL);
+    char *t1 = tu_read_file(WORK "/tok/tokenizer.json", NULL);
+    char *t2 = tu_read_file(WORK "/tok2/tokenizer.json", NULL);
     CHECK(t1 && t2 && !strcmp(t1, t2));
     free(t1), free(t2);
 
@@ -662,7 +646,7 @@ static void test_bpe_train(ts_ctx *ctx) {
 static int32_t *doc_ids(ts_ctx *ctx, ts_tokenizer *tok, const char *path,
                         size_t *n) {
     size_t len;
-    char *text = read_all(path, &len);
+    char *text = tu_read_file(path, &len);
     int32_t *ids = NULL;
     CHECK_OK(ctx, ts_tokenizer_encode(tok, text, len, false, &ids, n));
     free(text);
@@ -742,8 +726,8 @@ static void test_prepare(ts_ctx *ctx) {
     CHECK_OK(ctx, ts_tokenizer_file_hash(ctx, WORK "/tok", th, NULL, 0));
     CHECK(!strcmp(json_string_value(json_object_get(m, "tokenizer_hash")), th));
     json_decref(m);
-    char *t1 = read_all(WORK "/tok/tokenizer.json", NULL);
-    char *t2 = read_all(WORK "/data/tokenizer.json", NULL);
+    char *t1 = tu_read_file(WORK "/tok/tokenizer.json", NULL);
+    char *t2 = tu_read_file(WORK "/data/tokenizer.json", NULL);
     CHECK(t1 && t2 && !strcmp(t1, t2));
     free(t1), free(t2);
     CHECK(exists(WORK "/data/tokenizer_config.json"));
@@ -1045,7 +1029,7 @@ static void test_loss_falls(ts_ctx *ctx) {
     for (int i = 1; i < lg.n; i++)
         falls += lg.loss[i] < lg.loss[i - 1];
     CHECK(falls >= 6);
-    char *text = read_all(WORK "/run_rep/log.jsonl", NULL);
+    char *text = tu_read_file(WORK "/run_rep/log.jsonl", NULL);
     CHECK(text && strstr(text, "\"val_loss\"")); /* steps 4 and 8 */
     free(text);
 }
@@ -1110,7 +1094,7 @@ static void test_train_runs(ts_ctx *ctx) {
     check_same_tensors(ctx, WORK "/run_6/step_000006/optimizer.safetensors",
                        WORK "/run_3_3/step_000006/optimizer.safetensors", 0,
                        1e-30);
-    char *latest = read_all(WORK "/run_3_3/latest", NULL);
+    char *latest = tu_read_file(WORK "/run_3_3/latest", NULL);
     CHECK(latest && !strcmp(latest, "step_000006\n"));
     free(latest);
     /* resuming a finished run does nothing more */
@@ -1160,7 +1144,7 @@ static void test_train_runs(ts_ctx *ctx) {
                        WORK "/run_killed/step_000003/model.safetensors", 0,
                        1e-30);
     CHECK(!exists(WORK "/run_killed/.tmp-step_000006"));
-    latest = read_all(WORK "/run_killed/latest", NULL);
+    latest = tu_read_file(WORK "/run_killed/latest", NULL);
     CHECK(latest && !strcmp(latest, "step_000006\n"));
     free(latest);
 
@@ -1170,7 +1154,7 @@ static void test_train_runs(ts_ctx *ctx) {
         snprintf(a, sizeof a, WORK "/run_cos/step_000006/%s", files[i]);
         CHECK(exists(a));
     }
-    latest = read_all(WORK "/run_cos/latest", NULL);
+    latest = tu_read_file(WORK "/run_cos/latest", NULL);
     CHECK(latest && !strcmp(latest, "step_000006\n"));
     free(latest);
     json_t *ts =
@@ -1178,8 +1162,8 @@ static void test_train_runs(ts_ctx *ctx) {
     CHECK(json_integer_value(json_object_get(ts, "step")) == 3);
     CHECK(json_integer_value(json_object_get(ts, "loader_position")) == 12);
     json_decref(ts);
-    char *c1 = read_all(WORK "/qwen3.json", NULL);
-    char *c2 = read_all(WORK "/run_cos/step_000003/config.json", NULL);
+    char *c1 = tu_read_file(WORK "/qwen3.json", NULL);
+    char *c2 = tu_read_file(WORK "/run_cos/step_000003/config.json", NULL);
     CHECK(c1 && c2 && !strcmp(c1, c2));
     free(c1), free(c2);
     json_t *gen = json_load_file(
@@ -1287,7 +1271,7 @@ static void test_resume_truncates_log(ts_ctx *ctx) {
     o.constant_lr = true, o.steps = 6, o.save_every = 2, o.keep_last = 0;
     CHECK_OK(ctx, ts_train_run(ctx, &o, NULL));
     size_t n_full;
-    char *full = read_all(WORK "/run_trunc/log.jsonl", &n_full);
+    char *full = tu_read_file(WORK "/run_trunc/log.jsonl", &n_full);
     /* killed after step 6's log line, before its save, in the middle of a
      * line of step 7 (as if from a longer run) */
     rm_rf(WORK "/run_trunc/step_000006");
@@ -1303,7 +1287,7 @@ static void test_resume_truncates_log(ts_ctx *ctx) {
     o.resume = true;
     CHECK_OK(ctx, ts_train_run(ctx, &o, NULL));
     size_t n_new;
-    char *now = read_all(WORK "/run_trunc/log.jsonl", &n_new);
+    char *now = tu_read_file(WORK "/run_trunc/log.jsonl", &n_new);
     CHECK(full && now && n_kept > 0 && n_new > n_kept &&
           !memcmp(full, now, n_kept));
     train_log lg, ref;
@@ -1404,7 +1388,7 @@ static void test_train_consistency(ts_ctx *ctx) {
     /* another tokenizer: the same one with a byte more (still JSON) */
     mkdir(WORK "/tok_alt", 0755);
     size_t n;
-    char *tj = read_all(WORK "/tok/tokenizer.json", &n);
+    char *tj = tu_read_file(WORK "/tok/tokenizer.json", &n);
     if (tj) {
         FILE *f = fopen(WORK "/tok_alt/tokenizer.json", "wb");
         if (f)
@@ -1468,8 +1452,9 @@ static void test_train_consistency(ts_ctx *ctx) {
     /* with its own tokenizer it is the data's: accepted */
     copy_file(WORK "/data/tokenizer.json", WORK "/init_alt/tokenizer.json");
     CHECK_OK(ctx, ts_train_run(ctx, &o, NULL));
-    char *t1 = read_all(WORK "/run_cons_init/step_000001/tokenizer.json", NULL);
-    char *t2 = read_all(WORK "/data/tokenizer.json", NULL);
+    char *t1 =
+        tu_read_file(WORK "/run_cons_init/step_000001/tokenizer.json", NULL);
+    char *t2 = tu_read_file(WORK "/data/tokenizer.json", NULL);
     CHECK(t1 && t2 && !strcmp(t1, t2));
     free(t1), free(t2);
 }

@@ -111,3 +111,24 @@ ts_model_config tu_config(const char *model_type) {
     ts_ctx_free(ctx);
     return c;
 }
+
+void *tu_read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    long len = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 &&
+        fseek(f, 0, SEEK_SET) == 0)
+        buf = malloc((size_t)len + 1);
+    size_t k = buf ? fread(buf, 1, (size_t)len, f) : 0;
+    fclose(f);
+    if (!buf || k != (size_t)len) {
+        free(buf);
+        return NULL;
+    }
+    buf[len] = 0;
+    if (n)
+        *n = k;
+    return buf;
+}

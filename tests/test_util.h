@@ -59,6 +59,9 @@ ts_ctx *test_ctx(void);
  * sizes left to the caller; exits on an unknown family. */
 #include "tessera_io.h"
 ts_model_config tu_config(const char *model_type);
+/* The whole file, NUL-terminated (malloc'd), its length in *n (n may be
+ * NULL); NULL when it cannot be read. */
+void *tu_read_file(const char *path, size_t *n);
 /* Max |a-b| / (atol + rtol*|b|) over all elements (<= 1 passes); prints the
  * worst element when it fails. Both tensors are read as f64. */
 int test_allclose(const char *what, ts_tensor *a, ts_tensor *b, double rtol,

@@ -63,27 +63,6 @@ typedef struct {
 
 /* ---- reading make_models.py's files ------------------------------------- */
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)len + 1);
-    if (buf && fread(buf, 1, (size_t)len, f) != (size_t)len) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[len] = 0;
-        if (n)
-            *n = (size_t)len;
-    }
-    return buf;
-}
-
 /* the value after "key": in a flat JSON object (no nesting that repeats
  * the key), or NULL */
 static const char *json_at(const char *js, const char *key) {
@@ -132,7 +111,7 @@ static void *read_raw(const char *name, const char *ext, size_t want) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s.%s", DIR_, name, ext);
     size_t n = 0;
-    char *buf = slurp(path, &n);
+    char *buf = tu_read_file(path, &n);
     if (buf && n != want) {
         fprintf(stderr, "%s: %zu bytes, expected %zu\n", path, n, want);
         free(buf);
@@ -146,7 +125,7 @@ static void *read_raw(const char *name, const char *ext, size_t want) {
 static bool load_case(ref_case *c) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s.json", DIR_, c->name);
-    char *js = slurp(path, NULL);
+    char *js = tu_read_file(path, NULL);
     if (!js) {
         fprintf(stderr, "cannot read %s\n", path);
         return false;
