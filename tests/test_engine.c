@@ -135,7 +135,7 @@ static void test_matches_reference(ts_ctx *ctx, ts_decoder *m) {
         for (size_t t = 0; t < r[i].n; t++)
             prompt[t] = r[i].prompt[t];
         CHECK_OK(ctx, ts_decoder_generate_greedy(m, prompt, (int64_t)r[i].n,
-                                               r[i].max_tokens, outv));
+                                                 r[i].max_tokens, outv));
         bool same = got[i].n == r[i].max_tokens;
         for (int k = 0; same && k < got[i].n; k++)
             same = got[i].tok[k] == outv[k]; /* out: the new tokens */

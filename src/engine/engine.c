@@ -745,7 +745,7 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
         ts_tensor *mt = ts_from_data(ctx, TS_I32, 1, mshape, meta);
         if (in && mt && n_rows)
             logits = ts_decoder_forward_paged(e->m, e->pool, in, pos, mt, rows,
-                                            n_rows);
+                                              n_rows);
         else if (in && mt) { /* only prefill chunks: K/V, no logits needed */
             int32_t last = (int32_t)N - 1;
             logits =
@@ -835,7 +835,7 @@ size_t ts_engine_export_prefix(ts_engine *e, const int32_t *tokens,
         uint64_t h = ts_block_hash(parent, toks, e->bs);
         node *n = tree_find(e, h, toks);
         if (!n || ts_kv_pool_read_block(e->pool, n->block,
-                                              (char *)buf + k * per) != TS_OK)
+                                        (char *)buf + k * per) != TS_OK)
             break;
         n->last_used = ++e->tick;
         parent = h;
@@ -882,8 +882,8 @@ ts_status ts_engine_import_prefix(ts_engine *e, const int32_t *tokens,
                 b = block_take(e);
             if (b < 0)
                 break; /* the pool is full of blocks in use: adopt less */
-            st = ts_kv_pool_write_block(e->pool, b,
-                                              (const char *)buf + k * per);
+            st =
+                ts_kv_pool_write_block(e->pool, b, (const char *)buf + k * per);
             n = st == TS_OK ? tree_add(e, toks, parent, b) : NULL;
             block_release(e, b); /* the tree's reference remains */
             if (!n)
