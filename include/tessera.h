@@ -51,13 +51,18 @@ typedef enum {
     TS_DTYPE_COUNT
 } ts_dtype;
 
-typedef enum { TS_DEVICE_CPU = 0 } ts_device_kind;
+typedef enum {
+    TS_DEVICE_CPU = 0,
+    TS_DEVICE_VULKAN, /* a GPU (or Mesa's lavapipe) through Vulkan compute */
+    TS_DEVICE_KINDS
+} ts_device_kind;
 
-/* A device: a kind and an index ("cpu:0"). Each has its own memory and
- * tensors move between devices only by ts_to_device. This build has the
- * CPU backend; its TS_MAX_DEVICES indices are separate memory pools of the
- * host (accounted apart, copied between explicitly), so that a model split
- * across devices runs and is tested as it will be on accelerators. */
+/* A device: a kind and an index ("cpu:0", "vulkan:1"). Each has its own
+ * memory and tensors move between devices only by ts_to_device. The CPU's
+ * TS_MAX_DEVICES indices are separate memory pools of the host (accounted
+ * apart, copied between explicitly), so that a model split across devices
+ * runs and is tested the same way as on accelerators. vulkan:N is the N-th
+ * device vkEnumeratePhysicalDevices lists (when the build has Vulkan). */
 typedef struct {
     ts_device_kind kind;
     int index;
@@ -109,8 +114,9 @@ void ts_alloc_empty_cache(ts_ctx *ctx);
  * devices are an error that names both. */
 ts_status ts_set_device(ts_ctx *ctx, ts_device d);
 ts_device ts_get_device(const ts_ctx *ctx);
-/* "cpu" or "cpu:N"; an unknown kind or index is an error naming the
- * devices this build has. */
+/* "cpu", "cpu:N", "vulkan" (vulkan:0) or "vulkan:N"; an unknown kind or
+ * index, or a Vulkan device this machine lacks, is an error naming the
+ * devices there are. */
 ts_status ts_device_parse(ts_ctx *ctx, const char *s, ts_device *out);
 /* "cpu:1" into buf (at least 16 bytes); returns buf */
 const char *ts_device_name(ts_device d, char *buf);
@@ -125,6 +131,23 @@ typedef struct {
     size_t bytes_in;
 } ts_device_stats;
 void ts_device_get_stats(const ts_ctx *ctx, ts_device d, ts_device_stats *out);
+/* How many devices of a kind this process can use: TS_MAX_DEVICES CPU
+ * pools; the Vulkan devices found (0 when the build has no Vulkan or the
+ * machine no driver or device: ts_errmsg then says which). */
+int ts_device_count(ts_ctx *ctx, ts_device_kind kind);
+/* What `tessera devices` prints for one device. */
+typedef struct {
+    char name[256];      /* "llvmpipe (LLVM 15.0.6, 256 bits)", the CPU model */
+    char driver[128];    /* driver name and version; "" for the CPU */
+    char type[32];       /* "cpu", "discrete-gpu", "integrated-gpu", ... */
+    size_t total_bytes;  /* device-local memory (the host's RAM for the CPU) */
+    size_t free_bytes;   /* as the driver reports it (budget), else total */
+    char features[512];  /* space-separated: bf16 coopmat subgroup=32 ... */
+} ts_device_info;
+ts_status ts_device_info_get(ts_ctx *ctx, ts_device d, ts_device_info *out);
+/* Waits until every kernel queued on d has finished (a no-op on the CPU);
+ * reports a device error (lost device) as TS_ERR_STATE. */
+ts_status ts_device_sync(ts_ctx *ctx, ts_device d);
 
 /* device_map: where each part of a decoder lives, as Hugging Face's
  * device_map places modules. Strings: "cpu" (or any one device: all
