@@ -60,8 +60,7 @@ static void dims_push(dimset *s, int nst, int64_t size, int64_t st0,
     s->n++;
 }
 
-static void dims_to_i32(const dimset *s, int k, int32_t *shape,
-                        int32_t *st) {
+static void dims_to_i32(const dimset *s, int k, int32_t *shape, int32_t *st) {
     for (int d = 0; d < s->n; d++) {
         shape[d] = (int32_t)s->shape[d];
         st[d] = (int32_t)s->st[k][d];
@@ -112,8 +111,12 @@ static ts_status launch(ts_ctx *ctx, vk_dev *d, const char *shader,
 #define LAUNCH(shader, p, groups)                                              \
     launch(ctx, d, shader, &(p), sizeof(p), groups)
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
+static int64_t min64(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
 
 /* rd_fill.comp: n f32 at addr = value, or n f32 from src stored as dt */
 typedef struct {
@@ -126,8 +129,8 @@ _Static_assert(sizeof(rd_fill_params) == 32, "rd_fill_params vs rd_fill");
 
 static ts_status fill_f32(ts_ctx *ctx, vk_dev *d, uint64_t addr, int64_t n,
                           float value) {
-    rd_fill_params p = {.addr = addr, .n = (int32_t)n, .dt = TS_F32,
-                        .value = value};
+    rd_fill_params p = {
+        .addr = addr, .n = (int32_t)n, .dt = TS_F32, .value = value};
     return LAUNCH("rd_fill", p, vk_groups_for(d, n, 256));
 }
 
@@ -193,11 +196,19 @@ static ts_status reduce_launch(ts_ctx *ctx, vk_dev *d, rd_reduce_params *p,
     if (!q.y || LAUNCH(shader, q, groups))
         return ctx->status;
     /* partials (K, S): the same op over S, the scale applied once */
-    rd_reduce_params r = {.x = q.y, .y = p->y, .xdt = TS_F32, .ydt = p->ydt,
-                          .nk = K > 1, .nr = 1, .kshape = {(int32_t)K},
-                          .kst = {(int32_t)S}, .rshape = {(int32_t)S},
-                          .rst = {1}, .kcount = (int32_t)K,
-                          .rcount = (int32_t)S, .op = p->op,
+    rd_reduce_params r = {.x = q.y,
+                          .y = p->y,
+                          .xdt = TS_F32,
+                          .ydt = p->ydt,
+                          .nk = K > 1,
+                          .nr = 1,
+                          .kshape = {(int32_t)K},
+                          .kst = {(int32_t)S},
+                          .rshape = {(int32_t)S},
+                          .rst = {1},
+                          .kcount = (int32_t)K,
+                          .rcount = (int32_t)S,
+                          .op = p->op,
                           .scale = p->scale};
     return reduce_launch(ctx, d, &r, false);
 }
@@ -412,8 +423,7 @@ static ts_status scatter_rows(ts_ctx *ctx, vk_dev *d, uint64_t acc, int64_t V,
         return TS_OK;
     rd_scatter_params p = {
         .acc = acc, .N = (int32_t)N, .C = (int32_t)C, .V = (int32_t)V};
-    if (desc_rows(ctx, src, &p.src, &p.src_cs) ||
-        desc_flat(ctx, ids, &p.ids))
+    if (desc_rows(ctx, src, &p.src, &p.src_cs) || desc_flat(ctx, ids, &p.ids))
         return ctx->status;
     /* (column, vocabulary range) owners: ~16k of them, so that a narrow
      * table still fills the device */
@@ -449,8 +459,8 @@ ts_status vk_k_index_add(ts_ctx *ctx, vk_dev *d, ts_node *n) {
         return TS_OK;
     if (vk_desc(ctx, dst, &dd))
         return ctx->status;
-    return scatter_rows(ctx, d, dd.addr, dst->shape[0], dst->shape[1],
-                        n->in[1], n->in[2]);
+    return scatter_rows(ctx, d, dd.addr, dst->shape[0], dst->shape[1], n->in[1],
+                        n->in[2]);
 }
 
 /* ---- AdamW ---- */
@@ -490,8 +500,7 @@ typedef struct {
     uint64_t dst;
     int32_t rows, n, k, xs;
 } rd_topk_params;
-_Static_assert(sizeof(rd_topk_params) == 104,
-               "rd_topk_params vs rd_topk.comp");
+_Static_assert(sizeof(rd_topk_params) == 104, "rd_topk_params vs rd_topk.comp");
 
 /* x (..., n) float -> (..., k) i64, best first */
 ts_status vk_k_topk(ts_ctx *ctx, vk_dev *d, ts_node *n) {
@@ -549,9 +558,8 @@ ts_status vk_k_gather_backward(ts_ctx *ctx, vk_dev *d, ts_node *n) {
     int64_t ny = ts_tensor_numel(y), J = ix->shape[dim];
     if (ny == 0)
         return TS_OK;
-    rd_gscatter_params p = {.dim = dim,
-                            .lines = (int32_t)(J ? ts_tensor_numel(ix) / J
-                                                 : 0)};
+    rd_gscatter_params p = {
+        .dim = dim, .lines = (int32_t)(J ? ts_tensor_numel(ix) / J : 0)};
     if (vk_desc(ctx, g, &p.g) || vk_desc(ctx, ix, &p.ix) ||
         vk_desc(ctx, y, &p.acc))
         return ctx->status;

@@ -38,7 +38,8 @@ void main() {
         if (only_count) continue;
         precise float yv = BufF32(p.lse.addr).v[r] - comp;
         precise float t = acc + yv;
-        comp = (t - acc) - yv;
+        bool finite = (floatBitsToUint(t) & 0x7f800000u) != 0x7f800000u;
+        comp = finite ? (t - acc) - yv : 0.0; // no inf - inf
         acc = t;
     }
     float sg = subgroupAdd(float(acc));

@@ -26,6 +26,7 @@ layout(buffer_reference, std430, buffer_reference_align = 8) buffer Params {
 #define OP_ARGMAX 2
 
 bool is_nan(float v) { return (floatBitsToUint(v) & 0x7fffffffu) > 0x7f800000u; }
+bool is_finite(float v) { return (floatBitsToUint(v) & 0x7f800000u) != 0x7f800000u; }
 
 int kept_offset(Params p, int o) {
     int off = 0;
@@ -66,7 +67,8 @@ void main() {
                 float v = ts_load(x, xdt, base + (nr == 1 ? r * rst0 : red_offset(p, r)));
                 precise float yv = v - comp;
                 precise float t = acc + yv;
-                comp = (t - acc) - yv;
+                // an infinite sum stays infinite (inf - inf would be NaN)
+                comp = is_finite(t) ? (t - acc) - yv : 0.0;
                 acc = t;
             }
             res = acc;

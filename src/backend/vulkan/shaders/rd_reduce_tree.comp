@@ -33,6 +33,7 @@ shared int sh_i[256];
 shared int sh_n[256];
 
 bool is_nan(float v) { return (floatBitsToUint(v) & 0x7fffffffu) > 0x7f800000u; }
+bool is_finite(float v) { return (floatBitsToUint(v) & 0x7f800000u) != 0x7f800000u; }
 float neg_inf() { return uintBitsToFloat(0xff800000u); }
 float qnan() { return uintBitsToFloat(0x7fc00000u); }
 
@@ -133,7 +134,8 @@ void main() {
                 float v = ts_load(x, xdt, base + (nr == 1 ? r * rst0 : red_offset(p, r)));
                 precise float yv = v - comp;
                 precise float t = acc + yv;
-                comp = (t - acc) - yv;
+                // an infinite sum stays infinite (inf - inf would be NaN)
+                comp = is_finite(t) ? (t - acc) - yv : 0.0;
                 acc = t;
             }
             float total = wg_sum(acc);
