@@ -13,6 +13,10 @@
 #include <stddef.h>
 #include <string.h>
 
+/* k_matmul.c may not be linked in yet: a group with a matmul head then
+ * reports that the kernel is missing */
+#pragma weak vk_k_matmul
+
 #define EW_GROUP 256 /* local_size_x of the ew_* shaders */
 
 /* ew_fused.comp's op codes */
@@ -130,41 +134,73 @@ static int64_t desc_numel(const vk_tdesc *t) {
 static int ew_code(const ts_node *n) {
     bool tanh_gelu = n->attrs.i[0] == TS_GELU_TANH;
     switch (n->op) {
-    case TS_OP_ADD: return EW_ADD;
-    case TS_OP_SUB: return EW_SUB;
-    case TS_OP_MUL: return EW_MUL;
-    case TS_OP_DIV: return EW_DIV;
-    case TS_OP_EQ: return EW_EQ;
-    case TS_OP_ADD_SCALAR: return EW_ADD_SCALAR;
-    case TS_OP_MUL_SCALAR: return EW_MUL_SCALAR;
-    case TS_OP_NEG: return EW_NEG;
-    case TS_OP_EXP: return EW_EXP;
-    case TS_OP_LOG: return EW_LOG;
-    case TS_OP_SQRT: return EW_SQRT;
-    case TS_OP_RSQRT: return EW_RSQRT;
-    case TS_OP_ABS: return EW_ABS;
-    case TS_OP_POW_SCALAR: return EW_POW;
-    case TS_OP_TANH: return EW_TANH;
-    case TS_OP_SIGMOID: return EW_SIGMOID;
-    case TS_OP_RELU: return EW_RELU;
-    case TS_OP_SILU: return EW_SILU;
-    case TS_OP_GELU: return tanh_gelu ? EW_GELU_TANH : EW_GELU_ERF;
+    case TS_OP_ADD:
+        return EW_ADD;
+    case TS_OP_SUB:
+        return EW_SUB;
+    case TS_OP_MUL:
+        return EW_MUL;
+    case TS_OP_DIV:
+        return EW_DIV;
+    case TS_OP_EQ:
+        return EW_EQ;
+    case TS_OP_ADD_SCALAR:
+        return EW_ADD_SCALAR;
+    case TS_OP_MUL_SCALAR:
+        return EW_MUL_SCALAR;
+    case TS_OP_NEG:
+        return EW_NEG;
+    case TS_OP_EXP:
+        return EW_EXP;
+    case TS_OP_LOG:
+        return EW_LOG;
+    case TS_OP_SQRT:
+        return EW_SQRT;
+    case TS_OP_RSQRT:
+        return EW_RSQRT;
+    case TS_OP_ABS:
+        return EW_ABS;
+    case TS_OP_POW_SCALAR:
+        return EW_POW;
+    case TS_OP_TANH:
+        return EW_TANH;
+    case TS_OP_SIGMOID:
+        return EW_SIGMOID;
+    case TS_OP_RELU:
+        return EW_RELU;
+    case TS_OP_SILU:
+        return EW_SILU;
+    case TS_OP_GELU:
+        return tanh_gelu ? EW_GELU_TANH : EW_GELU_ERF;
     case TS_OP_UNARY_BACKWARD:
         switch ((ts_op_id)n->attrs.i[8]) { /* the forward op */
-        case TS_OP_EXP: return EW_BW_EXP;
-        case TS_OP_LOG: return EW_BW_LOG;
-        case TS_OP_SQRT: return EW_BW_SQRT;
-        case TS_OP_RSQRT: return EW_BW_RSQRT;
-        case TS_OP_ABS: return EW_BW_ABS;
-        case TS_OP_POW_SCALAR: return EW_BW_POW;
-        case TS_OP_TANH: return EW_BW_TANH;
-        case TS_OP_SIGMOID: return EW_BW_SIGMOID;
-        case TS_OP_RELU: return EW_BW_RELU;
-        case TS_OP_SILU: return EW_BW_SILU;
-        case TS_OP_GELU: return tanh_gelu ? EW_BW_GELU_TANH : EW_BW_GELU_ERF;
-        default: return EW_BW_NAN; /* the CPU's answer too */
+        case TS_OP_EXP:
+            return EW_BW_EXP;
+        case TS_OP_LOG:
+            return EW_BW_LOG;
+        case TS_OP_SQRT:
+            return EW_BW_SQRT;
+        case TS_OP_RSQRT:
+            return EW_BW_RSQRT;
+        case TS_OP_ABS:
+            return EW_BW_ABS;
+        case TS_OP_POW_SCALAR:
+            return EW_BW_POW;
+        case TS_OP_TANH:
+            return EW_BW_TANH;
+        case TS_OP_SIGMOID:
+            return EW_BW_SIGMOID;
+        case TS_OP_RELU:
+            return EW_BW_RELU;
+        case TS_OP_SILU:
+            return EW_BW_SILU;
+        case TS_OP_GELU:
+            return tanh_gelu ? EW_BW_GELU_TANH : EW_BW_GELU_ERF;
+        default:
+            return EW_BW_NAN; /* the CPU's answer too */
         }
-    default: return -1;
+    default:
+        return -1;
     }
 }
 
@@ -215,12 +251,11 @@ static ts_status run_group(ts_ctx *ctx, vk_dev *d, const ts_fused *f) {
     p.n_members = f->n_members;
     int64_t numel = desc_numel(&p.dst);
     p.numel = (int32_t)numel;
-    vk_launch_desc l = {
-        .shader = "ew_fused",
-        .params = &p,
-        .params_bytes = offsetof(ew_fused_params, ext) +
-                        sizeof(vk_tdesc) * (size_t)f->n_ext,
-        .groups = {vk_groups_for(d, numel, EW_GROUP), 1, 1}};
+    vk_launch_desc l = {.shader = "ew_fused",
+                        .params = &p,
+                        .params_bytes = offsetof(ew_fused_params, ext) +
+                                        sizeof(vk_tdesc) * (size_t)f->n_ext,
+                        .groups = {vk_groups_for(d, numel, EW_GROUP), 1, 1}};
     return vk_launch(ctx, d, &l);
 }
 
@@ -278,6 +313,10 @@ static ts_status run_headed(ts_ctx *ctx, vk_dev *d, const ts_fused *f) {
                       .storage = &st};
     memcpy(prod.shape, out->shape, sizeof prod.shape);
     ts_contiguous_strides(prod.ndim, prod.shape, prod.strides);
+    if (!vk_k_matmul)
+        return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                            "the Vulkan backend has no kernel for op matmul "
+                            "(the head of a fused group)");
     ts_node mm = *f->head;
     mm.out = &prod;
     if (vk_k_matmul(ctx, d, &mm))
@@ -299,8 +338,8 @@ ts_status vk_run_fused(ts_ctx *ctx, const ts_fused *f) {
 
 /* dst (its own strides) = src read with strides in dst's shape, or = the
  * element `fill` when src is NULL */
-static ts_status run_copy(ts_ctx *ctx, vk_dev *d, vk_tdesc *dst,
-                          vk_tdesc *src, uint64_t fill) {
+static ts_status run_copy(ts_ctx *ctx, vk_dev *d, vk_tdesc *dst, vk_tdesc *src,
+                          uint64_t fill) {
     ew_copy_params p;
     memset(&p, 0, sizeof p);
     p.dst = *dst;
@@ -393,8 +432,7 @@ ts_status vk_k_slice_scatter(ts_ctx *ctx, vk_dev *d, ts_node *n) {
     for (int k = 0; k < g->ndim; k++)
         dst.shape[k] = (int32_t)g->shape[k];
     dst.stride[dim] = (int32_t)(whole.stride[dim] * step);
-    dst.addr += (uint64_t)(start * whole.stride[dim]) *
-                ts_dtype_size(y->dtype);
+    dst.addr += (uint64_t)(start * whole.stride[dim]) * ts_dtype_size(y->dtype);
     return run_copy(ctx, d, &dst, &src, 0);
 }
 
