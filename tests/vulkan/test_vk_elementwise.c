@@ -11,6 +11,9 @@
 #include "ops/rules.h"
 #include "vk_test.h"
 
+/* k_matmul.c may not be linked in yet */
+#pragma weak vk_k_matmul
+
 #include <math.h>
 
 static ts_ctx *ctx;
@@ -643,16 +646,55 @@ static void check_fused(const char *what, op_fn chain, int n, ts_tensor **in,
         ts_release(u[k]);
 }
 
+/* silu(x @ w + bias) * y: a matmul heading the group (epilogue) */
+static ts_tensor *chain3(ts_tensor **x) {
+    ts_tensor *mm = ts_matmul(x[0], x[1]);
+    ts_tensor *b = ts_add(mm, x[2]), *h = ts_silu(b), *y = ts_mul(h, x[3]);
+    ts_release(mm), ts_release(b), ts_release(h);
+    return y;
+}
+
 static void test_fused(void) {
-    int64_t s[2] = {13, 77}, sd[1] = {77};
+    int64_t s[2] = {13, 77}, st[2] = {77, 13}, sd[1] = {77};
     ts_tensor *in[4] = {randn(TS_F32, 2, s, 130), randn(TS_F32, 2, s, 131),
-                        randn(TS_F32, 2, s, 132), randn(TS_F32, 1, sd, 133)};
+                        randn(TS_F32, 2, st, 132), randn(TS_F32, 1, sd, 133)};
+    /* c as a transposed view: an outside input with strides */
+    ts_tensor *c = in[2];
+    in[2] = ts_transpose(c, 0, 1);
+    ts_release(c);
     check_fused("fused (a*b+c).silu()*d", chain1, 4, in, 3);
     ts_tensor *in2[2] = {randn(TS_BF16, 2, s, 134), randn(TS_F32, 1, sd, 135)};
     check_fused("fused gelu(tanh(a)/2 + exp(-b)) - a/3", chain2, 2, in2, 5);
     for (int k = 0; k < 4; k++)
         ts_release(in[k]);
     ts_release(in2[0]), ts_release(in2[1]);
+    if (!vk_k_matmul) {
+        printf("test_vk_elementwise: no vulkan matmul linked: the "
+               "matmul-headed group is not tested\n");
+        return;
+    }
+    int64_t sx[2] = {9, 24}, sw[2] = {24, 40}, sb[1] = {40}, sy[2] = {9, 40};
+    ts_tensor *in3[4] = {randn(TS_F32, 2, sx, 140), randn(TS_F32, 2, sw, 141),
+                         randn(TS_F32, 1, sb, 142), randn(TS_F32, 2, sy, 143)};
+    check_fused("fused matmul epilogue", chain3, 4, in3, 3);
+    ts_compile_stats cs;
+    ts_get_compile_stats(ctx, &cs);
+    CHECK(cs.matmul_epilogues >= 1);
+    for (int k = 0; k < 4; k++)
+        ts_release(in3[k]);
+}
+
+/* more elements than one dispatch has invocations on lavapipe (65535
+ * groups of 256): the grid-stride loop covers the rest. ~10 s on lavapipe,
+ * so only with TS_VK_TEST_LARGE=1 in the environment. */
+static ts_tensor *u_big(ts_tensor **x) {
+    return ts_mul_scalar(x[0], 3.0);
+}
+static void test_large(void) {
+    int64_t n = 65535LL * 256 + 37;
+    ts_tensor *x = ts_rand(ctx, TS_F32, 1, &n, -1.0, 1.0, 150);
+    check_op("mul_scalar over 16.8M elements", u_big, 1, &x, NULL, 0, 0);
+    ts_release(x);
 }
 
 /* what the compiler may put in a fused group on vulkan (this direct call
@@ -679,6 +721,8 @@ int main(void) {
     test_slice_scatter();
     test_slice_backward();
     test_fused();
+    if (getenv("TS_VK_TEST_LARGE"))
+        test_large();
     ts_ctx_free(ctx);
     return test_finish("test_vk_elementwise");
 }

@@ -252,6 +252,8 @@ static ts_status run_group(ts_ctx *ctx, vk_dev *d, const ts_fused *f) {
     int64_t numel = desc_numel(&p.dst);
     p.numel = (int32_t)numel;
     vk_launch_desc l = {.shader = "ew_fused",
+                        .spec = {(uint32_t)f->n_ext, (uint32_t)f->n_members},
+                        .nspec = 2,
                         .params = &p,
                         .params_bytes = offsetof(ew_fused_params, ext) +
                                         sizeof(vk_tdesc) * (size_t)f->n_ext,

@@ -9,16 +9,22 @@
 // are computed here because GLSL's are too coarse near 1 / 0.
 #include "common.glsl"
 
+#extension GL_EXT_control_flow_attributes : require
+
 layout(local_size_x = 256) in;
 
 #define MAX_MEMBERS 16
 #define MAX_EXT     11
+// the group's size, so that its loops unroll and its values live in
+// registers: one pipeline per (inputs, members) pair met
+layout(constant_id = 0) const int NEXT = 1; // outside inputs, <= MAX_EXT
+layout(constant_id = 1) const int NMEM = 1; // members, <= MAX_MEMBERS
 
 // k_elementwise.c's ew_params: ext[] last, only n_ext of them are copied
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer Params {
     TDesc dst; // shape: the (coalesced) iteration shape, shared by ext[]
-    int n_ext;
-    int n_members;
+    int n_ext;     // = NEXT
+    int n_members; // = NMEM
     int numel;
     int pad;
     int op[MAX_MEMBERS];
@@ -207,35 +213,41 @@ float ew_apply(int op, float a, float b, float c, float f) {
 
 void main() {
     Params p = Params(pc.params);
-    int nd = p.dst.ndim, n = p.numel, n_ext = p.n_ext, nm = p.n_members;
+    int nd = p.dst.ndim, n = p.numel;
     int stride = int(gl_NumWorkGroups.x * gl_WorkGroupSize.x);
     for (int i = int(gl_GlobalInvocationID.x); i < n; i += stride) {
         // offsets of element i in the output and every outside input
         int oo = 0;
-        int eo[MAX_EXT];
-        for (int k = 0; k < n_ext; k++) eo[k] = 0;
+        int eo[NEXT];
+        [[unroll]] for (int k = 0; k < NEXT; k++) eo[k] = 0;
         int rest = i;
         for (int d = nd - 1; d >= 0; d--) {
             int s = p.dst.shape[d];
             int c = rest % s;
             rest /= s;
             oo += c * p.dst.stride[d];
-            for (int k = 0; k < n_ext; k++) eo[k] += c * p.ext[k].stride[d];
+            [[unroll]] for (int k = 0; k < NEXT; k++)
+                eo[k] += c * p.ext[k].stride[d];
         }
-        float ev[MAX_EXT];
-        for (int k = 0; k < n_ext; k++)
+        float ev[NEXT];
+        [[unroll]] for (int k = 0; k < NEXT; k++)
             ev[k] = ts_load(p.ext[k].addr, p.ext[k].dtype, eo[k]);
-        float r[MAX_MEMBERS];
-        float y = 0.0;
-        for (int m = 0; m < nm; m++) {
+        float r[NMEM];
+        [[unroll]] for (int m = 0; m < NMEM; m++) {
             float x[3];
-            for (int j = 0; j < 3; j++) {
+            [[unroll]] for (int j = 0; j < 3; j++) {
+                // selects over constant indices: the registers stay
+                // registers (a dynamic index would put them in memory)
                 int a = p.arg[m * 3 + j];
-                x[j] = a >= 0 ? ev[min(a, MAX_EXT - 1)] : r[min(-a - 1, MAX_MEMBERS - 1)];
+                float v = 0.0;
+                [[unroll]] for (int k = 0; k < NEXT; k++)
+                    v = a == k ? ev[k] : v;
+                [[unroll]] for (int q = 0; q < m; q++)
+                    v = a == -(q + 1) ? r[q] : v;
+                x[j] = v;
             }
-            y = ew_apply(p.op[m], x[0], x[1], x[2], p.scal[m]);
-            r[m] = y;
+            r[m] = ew_apply(p.op[m], x[0], x[1], x[2], p.scal[m]);
         }
-        ts_store(p.dst.addr, p.dst.dtype, oo, y);
+        ts_store(p.dst.addr, p.dst.dtype, oo, r[NMEM - 1]);
     }
 }
