@@ -130,10 +130,13 @@ ts_status vk_k_attention(ts_ctx *ctx, vk_dev *d, ts_node *n) {
     p.window = clamp_window(n->attrs.i[2], S);
     p.scale = (float)n->attrs.f[0], p.softcap = (float)n->attrs.f[1];
 
-    static const at_tile cands[] = {{32, 32}, {16, 32}, {16, 16}, {8, 16},
-                                    {8, 8},   {4, 8},   {4, 4}};
+    /* wide key tiles for few queries (decoding) */
+    static const at_tile cands[] = {{32, 32}, {16, 32}, {16, 16}, {8, 32},
+                                    {8, 16},  {8, 8},   {4, 64},  {4, 32},
+                                    {4, 16},  {4, 8},   {4, 4}};
     at_tile t;
-    if (!pick_tile(d, (int)D, cands, 7, fwd_shared, pow2_at_least(T, 4), 1, &t))
+    if (!pick_tile(d, (int)D, cands, (int)(sizeof cands / sizeof *cands),
+                   fwd_shared, pow2_at_least(T, 4), 1, &t))
         return no_tile(ctx, "attention", (int)D);
     int64_t nqb = (T + t.rows - 1) / t.rows;
     if (!groups_fit(d, nqb, H, B))
@@ -222,14 +225,17 @@ ts_status vk_k_attention_backward(ts_ctx *ctx, vk_dev *d, ts_node *n) {
     p.scale = (float)n->attrs.f[0], p.softcap = (float)n->attrs.f[1];
 
     static const at_tile dq_cands[] = {{16, 32}, {16, 16}, {16, 8},
-                                       {8, 8},   {4, 8},   {4, 4}};
+                                       {8, 16},  {8, 8},   {4, 32},
+                                       {4, 16},  {4, 8},   {4, 4}};
     static const at_tile kv_cands[] = {{32, 16}, {16, 16}, {16, 8},
                                        {8, 8},   {8, 4},   {4, 4}};
     at_tile tq, tk;
-    if (!pick_tile(d, (int)D, dq_cands, 6, dq_shared, pow2_at_least(T, 4), 1,
-                   &tq) ||
-        !pick_tile(d, (int)D, kv_cands, 6, dkdv_shared, pow2_at_least(S, 4), 2,
-                   &tk))
+    if (!pick_tile(d, (int)D, dq_cands,
+                   (int)(sizeof dq_cands / sizeof *dq_cands), dq_shared,
+                   pow2_at_least(T, 4), 1, &tq) ||
+        !pick_tile(d, (int)D, kv_cands,
+                   (int)(sizeof kv_cands / sizeof *kv_cands), dkdv_shared,
+                   pow2_at_least(S, 4), 2, &tk))
         return no_tile(ctx, "attention_backward", (int)D);
     int64_t nqb = (T + tq.rows - 1) / tq.rows,
             nkb = (S + tk.rows - 1) / tk.rows;
