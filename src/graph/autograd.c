@@ -120,9 +120,12 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad) {
             ts_shape_str(root->ndim, root->shape, sb, sizeof sb));
     }
     bool old_mode = ts_set_grad_enabled(ctx, false);
+    ts_device here = ctx->device; /* the seed goes where root is */
+    ctx->device = root->storage->device;
     ts_tensor *seed =
         grad ? ts_retain(grad)
              : ts_full(ctx, root->dtype, root->ndim, root->shape, 1.0);
+    ctx->device = here;
     ts_status st = seed ? TS_OK : ctx->status;
     if (st == TS_OK && !root->grad_fn) { /* a leaf */
         st = accumulate(ctx, &root->grad, seed, root->dtype);

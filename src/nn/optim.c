@@ -99,8 +99,11 @@ ts_status ts_adamw_new(ts_ctx *ctx, ts_tensor *const *params, int n,
         const int64_t *sh = ts_tensor_shape(params[i]);
         a->params[i] = ts_retain(params[i]);
         a->n = i + 1;
+        ts_device here = ts_get_device(ctx); /* moments beside the param */
+        ts_set_device(ctx, ts_tensor_device(params[i]));
         a->m[i] = ts_zeros(ctx, TS_F32, nd, sh);
         a->v[i] = ts_zeros(ctx, TS_F32, nd, sh);
+        ts_set_device(ctx, here);
         if (!a->m[i] || !a->v[i]) {
             ts_adamw_free(a);
             return ts_ctx_status(ctx);
@@ -167,7 +170,10 @@ static ts_status adamw_update(ts_ctx *ctx, const ts_adamw_options *o,
                   (float)(1.0 - pow(o->beta1, (double)t)),
                   (float)(1.0 - pow(o->beta2, (double)t))};
     int64_t seven = 7;
+    ts_device here = ts_get_device(ctx); /* on p's device */
+    ts_set_device(ctx, ts_tensor_device(p));
     ts_tensor *hyper = ts_from_data(ctx, TS_F32, 1, &seven, h);
+    ts_set_device(ctx, here);
     if (hyper && gscale) { /* [8]: the scale stays a device value */
         int64_t one = 1;
         ts_tensor *s1 = ts_reshape(gscale, 1, &one);
@@ -223,7 +229,11 @@ static ts_tensor *min_one(ts_tensor *c) {
     int64_t one[1] = {1};
     ts_tensor *nc = ts_mul_scalar(c, -1.0);
     ts_tensor *nc1 = ts_reshape(nc, 1, one);
-    ts_tensor *m1 = ts_full(ts_tensor_ctx(c), TS_F32, 1, one, -1.0);
+    ts_ctx *ctx = ts_tensor_ctx(c);
+    ts_device here = ts_get_device(ctx); /* beside c */
+    ts_set_device(ctx, ts_tensor_device(c));
+    ts_tensor *m1 = ts_full(ctx, TS_F32, 1, one, -1.0);
+    ts_set_device(ctx, here);
     ts_tensor *both[2] = {nc1, m1};
     ts_tensor *cat = ts_concat(2, both, 0);
     ts_tensor *mx = ts_amax(cat, 0, NULL, false);

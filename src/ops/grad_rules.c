@@ -130,7 +130,10 @@ TS_GRAD(unary) {
 }
 
 TS_GRAD(where) {
+    ts_device here = ctx->device; /* beside g */
+    ctx->device = g->storage->device;
     ts_tensor *zero = ts_scalar(ctx, g->dtype, 0.0);
+    ctx->device = here;
     for (int i = 1; i <= 2; i++) {
         if (!want[i])
             continue;

@@ -8,32 +8,7 @@
 
 /* weak while the kernel files are written one family at a time: a missing
  * one is NULL, reported as "no kernel" at run time */
-#pragma weak vk_k_binary
-#pragma weak vk_k_unary
-#pragma weak vk_k_unary_backward
-#pragma weak vk_k_where
-#pragma weak vk_k_masked_fill
-#pragma weak vk_k_copy
-#pragma weak vk_k_copy_into
-#pragma weak vk_k_concat
-#pragma weak vk_k_slice_scatter
-#pragma weak vk_k_reduce
-#pragma weak vk_k_argmax
-#pragma weak vk_k_softmax
-#pragma weak vk_k_cross_entropy
-#pragma weak vk_k_cross_entropy_backward
-#pragma weak vk_k_embedding
-#pragma weak vk_k_embedding_backward
-#pragma weak vk_k_index_add
-#pragma weak vk_k_adamw
-#pragma weak vk_k_topk
-#pragma weak vk_k_gather
-#pragma weak vk_k_gather_backward
-#pragma weak vk_k_one_hot
 #pragma weak vk_k_matmul
-#pragma weak vk_k_attention
-#pragma weak vk_k_attention_backward
-#pragma weak vk_k_paged_attention
 #pragma weak vk_k_rmsnorm
 #pragma weak vk_k_rmsnorm_backward
 #pragma weak vk_k_layernorm
@@ -211,9 +186,7 @@ static ts_status vk_info(ts_ctx *ctx, int dev, ts_device_info *out) {
     return TS_OK;
 }
 
-#pragma weak vk_fusable
-#pragma weak vk_run_fused
-static bool vk_fusable_any(int op) { return vk_fusable && vk_fusable(op); }
+static bool vk_fusable_any(int op) { return vk_fusable(op); }
 
 const ts_backend ts_vulkan_backend = {
     .name = "vulkan",
