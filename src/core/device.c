@@ -199,6 +199,12 @@ ts_tensor *ts_to_device(ts_tensor *t, ts_device d) {
         ts_release(c);
         return NULL;
     }
+    if (from.kind == TS_DEVICE_CPU && d.kind != TS_DEVICE_CPU &&
+        bytes <= 65536) { /* small host data: keep the host's bytes */
+        out->storage->shadow = malloc(bytes);
+        if (out->storage->shadow)
+            memcpy(out->storage->shadow, ts_tensor_ptr(c), bytes);
+    }
     ctx->dev_stats[d.kind][d.index].transfers_in++;
     ctx->dev_stats[d.kind][d.index].bytes_in += bytes;
     ts_release(c);
