@@ -14,6 +14,11 @@ layout(constant_id = 0) const uint B_NFAST = 0;
 layout(constant_id = 1) const uint ROWS = 1; // M, 1..8
 layout(local_size_x = 256) in;
 
+// the dtypes (DT_*), so that loads and stores are straight-line code
+layout(constant_id = 2) const int A_DT = DT_F32;
+layout(constant_id = 3) const int B_DT = DT_F32;
+layout(constant_id = 4) const int Y_DT = DT_F32;
+
 // struct mm_params in k_matmul.c (same in mm_tiled.comp)
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer Params {
     uint64_t a, b, y;
@@ -44,7 +49,6 @@ void main() {
         col = t / KS;
     }
     uint64_t a = p.a, b = p.b, y = p.y;
-    int a_dt = p.a_dt, b_dt = p.b_dt, y_dt = p.y_dt;
     int N = p.N, K = p.K;
     int asr = p.asr, asc = p.asc, bsr = p.bsr, bsc = p.bsc;
     int blocks = (N + int(CN) - 1) / int(CN);
@@ -66,9 +70,9 @@ void main() {
                 acc[m] = 0.0;
             if (n < N)
                 for (int k = int(ks); k < K; k += int(KS)) {
-                    float bv = ts_load(b, b_dt, bo + k * bsr + n * bsc);
+                    float bv = ts_load(b, B_DT, bo + k * bsr + n * bsc);
                     for (uint m = 0; m < ROWS; m++)
-                        acc[m] = fma(ts_load(a, a_dt,
+                        acc[m] = fma(ts_load(a, A_DT,
                                              ao + int(m) * asr + k * asc),
                                      bv, acc[m]);
                 }
@@ -84,7 +88,7 @@ void main() {
                              (B_NFAST != 0 ? j * CN + c : c * KS + j)];
                 int nn = cb * int(CN) + int(c);
                 if (nn < N)
-                    ts_store(y, y_dt, (bi * int(ROWS) + int(m)) * N + nn, s);
+                    ts_store(y, Y_DT, (bi * int(ROWS) + int(m)) * N + nn, s);
             }
             barrier();
         }

@@ -1,9 +1,9 @@
 // mm_tiled.comp — Y (batch, M, N) = A (batch, M, K) @ B (batch, K, N), the
 // general tiled GEMM of k_matmul.c. A workgroup computes a TILE_M x TILE_N
 // tile of Y through shared-memory tiles of A and B, TILE_K deep; each
-// invocation holds a 4 x 4 register block (rows ty + i*TILE_M/4, columns
-// tx + j*TILE_N/4: neighbours read neighbouring shared words and write
-// neighbouring Y columns). A and B are read through their own strides (a
+// invocation holds a REG_M x REG_N register block (rows ty + i*TILE_M/REG_M,
+// columns tx + j*TILE_N/REG_N: neighbours read neighbouring shared words
+// and write neighbouring Y columns). A and B are read through their own strides (a
 // transposed weight is a view, not a copy), as f32/bf16/f16, summed in f32;
 // Y is contiguous, stored in its dtype. Edges are bounds-checked (zero
 // padding); grid-stride over tiles and batch elements.
@@ -13,8 +13,17 @@
 layout(constant_id = 0) const uint TILE_M = 64;
 layout(constant_id = 1) const uint TILE_N = 64;
 layout(constant_id = 2) const uint TILE_K = 16;
-// must be (TILE_M / 4) * (TILE_N / 4): k_matmul.c sets it
+// must be (TILE_M / REG_M) * (TILE_N / REG_N): k_matmul.c sets it
 layout(local_size_x_id = 3) in;
+// each invocation's register block of Y: REG_M x REG_N (one constant for
+// both: vk_launch takes 8)
+layout(constant_id = 4) const uint REG = 4;
+const uint REG_M = REG, REG_N = REG;
+
+// the dtypes (DT_*), so that loads and stores are straight-line code
+layout(constant_id = 5) const int A_DT = DT_F32;
+layout(constant_id = 6) const int B_DT = DT_F32;
+layout(constant_id = 7) const int Y_DT = DT_F32;
 
 // struct mm_params in k_matmul.c (same in mm_gemv.comp)
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer Params {
@@ -38,12 +47,11 @@ shared float Bs[TILE_K * LDB]; // [k][n]
 
 void main() {
     Params p = Params(pc.params);
-    const uint NT = (TILE_M / 4) * (TILE_N / 4);
-    const uint SM = TILE_M / 4, SN = TILE_N / 4;
+    const uint SM = TILE_M / REG_M, SN = TILE_N / REG_N;
+    const uint NT = SM * SN;
     uint t = gl_LocalInvocationID.x;
     uint tx = t % SN, ty = t / SN;
     uint64_t a = p.a, b = p.b, y = p.y;
-    int a_dt = p.a_dt, b_dt = p.b_dt, y_dt = p.y_dt;
     int M = p.M, N = p.N, K = p.K;
     int asr = p.asr, asc = p.asc, bsr = p.bsr, bsc = p.bsc;
     bool a_kfast = p.a_kfast != 0, b_nfast = p.b_nfast != 0;
@@ -64,9 +72,9 @@ void main() {
             for (int tn = int(gl_WorkGroupID.x); tn < tilesN;
                  tn += int(gl_NumWorkGroups.x)) {
                 int m0 = tm * int(TILE_M), n0 = tn * int(TILE_N);
-                float acc[4][4];
-                for (uint i = 0; i < 4; i++)
-                    for (uint j = 0; j < 4; j++)
+                float acc[REG_M][REG_N];
+                for (uint i = 0; i < REG_M; i++)
+                    for (uint j = 0; j < REG_N; j++)
                         acc[i][j] = 0.0;
                 for (int k0 = 0; k0 < K; k0 += int(TILE_K)) {
                     for (uint i = t; i < TILE_M * TILE_K; i += NT) {
@@ -81,7 +89,7 @@ void main() {
                         int gm = m0 + int(mm), gk = k0 + int(kk);
                         float v = 0.0;
                         if (gm < M && gk < K)
-                            v = ts_load(a, a_dt, ao + gm * asr + gk * asc);
+                            v = ts_load(a, A_DT, ao + gm * asr + gk * asc);
                         As[kk * LDA + mm] = v;
                     }
                     for (uint i = t; i < TILE_N * TILE_K; i += NT) {
@@ -96,31 +104,31 @@ void main() {
                         int gn = n0 + int(nn), gk = k0 + int(kk);
                         float v = 0.0;
                         if (gn < N && gk < K)
-                            v = ts_load(b, b_dt, bo + gk * bsr + gn * bsc);
+                            v = ts_load(b, B_DT, bo + gk * bsr + gn * bsc);
                         Bs[kk * LDB + nn] = v;
                     }
                     barrier();
                     for (uint kk = 0; kk < TILE_K; kk++) {
-                        float av[4], bv[4];
-                        for (uint i = 0; i < 4; i++)
+                        float av[REG_M], bv[REG_N];
+                        for (uint i = 0; i < REG_M; i++)
                             av[i] = As[kk * LDA + ty + i * SM];
-                        for (uint j = 0; j < 4; j++)
+                        for (uint j = 0; j < REG_N; j++)
                             bv[j] = Bs[kk * LDB + tx + j * SN];
-                        for (uint i = 0; i < 4; i++)
-                            for (uint j = 0; j < 4; j++)
+                        for (uint i = 0; i < REG_M; i++)
+                            for (uint j = 0; j < REG_N; j++)
                                 acc[i][j] = fma(av[i], bv[j], acc[i][j]);
                     }
                     barrier();
                 }
                 int yo = bi * M * N;
-                for (uint i = 0; i < 4; i++) {
+                for (uint i = 0; i < REG_M; i++) {
                     int gm = m0 + int(ty + i * SM);
                     if (gm >= M)
                         continue;
-                    for (uint j = 0; j < 4; j++) {
+                    for (uint j = 0; j < REG_N; j++) {
                         int gn = n0 + int(tx + j * SN);
                         if (gn < N)
-                            ts_store(y, y_dt, yo + gm * N + gn, acc[i][j]);
+                            ts_store(y, Y_DT, yo + gm * N + gn, acc[i][j]);
                     }
                 }
             }
