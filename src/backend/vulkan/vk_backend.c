@@ -8,7 +8,6 @@
 
 /* weak while the kernel files are written one family at a time: a missing
  * one is NULL, reported as "no kernel" at run time */
-#pragma weak vk_k_matmul
 #pragma weak vk_k_rmsnorm
 #pragma weak vk_k_rmsnorm_backward
 #pragma weak vk_k_layernorm
