@@ -176,7 +176,7 @@ static void test_errors(ts_ctx *ctx, const char *models) {
         {"embed,0,1,head:cpu:9", "the index must be 0..7"},
         {"embed,0,1,head", "has no \":DEVICE\""},
         {"embed,zero,1,head:cpu:0", "\"zero\" is not embed, head"},
-        {"gpu", "expected cpu or cpu:N"},
+        {"gpu", "expected cpu, cpu:N"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         CHECK(ts_device_map_parse(ctx, bad[i].spec, 2, &dm) != TS_OK);

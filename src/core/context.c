@@ -8,6 +8,22 @@
 #include <unistd.h>
 
 extern const ts_backend ts_cpu_backend;
+#ifdef TS_HAVE_VULKAN
+extern const ts_backend ts_vulkan_backend;
+#endif
+
+const ts_backend *ts_backend_of(ts_device_kind kind) {
+    switch (kind) {
+    case TS_DEVICE_CPU:
+        return &ts_cpu_backend;
+#ifdef TS_HAVE_VULKAN
+    case TS_DEVICE_VULKAN:
+        return &ts_vulkan_backend;
+#endif
+    default:
+        return NULL;
+    }
+}
 
 static const char *const status_names[] = {
     "TS_OK",        "TS_ERR_INVALID_ARG", "TS_ERR_SHAPE",
@@ -75,7 +91,7 @@ ts_status ts_ctx_new(ts_ctx **out, const ts_ctx_options *opt) {
     ctx->alloc.no_cache = opt ? opt->no_alloc_cache : false;
     if (getenv("TS_NO_ALLOC_CACHE"))
         ctx->alloc.no_cache = true;
-    ctx->backend = &ts_cpu_backend;
+    ctx->device = (ts_device){TS_DEVICE_CPU, 0};
     const char *pe = getenv("TS_PROFILE");
     ctx->profile = pe && *pe && strcmp(pe, "0") != 0;
     const char *fe = getenv("TS_FORCE_EAGER");
@@ -93,6 +109,11 @@ void ts_ctx_free(ts_ctx *ctx) {
     if (ctx->profile)
         ts_profile_report(ctx, stderr);
     ts_trace_destroy(ctx);
+    for (int k = 0; k < TS_DEVICE_KINDS; k++) {
+        const ts_backend *b = ts_backend_of((ts_device_kind)k);
+        if (b && b->ctx_free)
+            b->ctx_free(ctx);
+    }
     ts_allocator_destroy(&ctx->alloc);
     free(ctx);
 }

@@ -11,23 +11,52 @@
 struct ts_node;
 struct ts_fused;
 
-/* A device backend: memory and kernels behind one small vtable. The CPU is
- * the only one so far; model code never sees which one runs it. */
+/* A device backend: memory and kernels behind one small vtable. The CPU
+ * and Vulkan backends fill it (src/backend/); nothing outside src/backend/
+ * sees more of a backend than this. Memory is named by a pointer that only
+ * the backend may dereference (on the CPU a host address, on Vulkan a
+ * device address); dev is the device's index within its kind. */
 typedef struct ts_backend {
     const char *name;
     ts_device_kind kind;
-    void *(*alloc)(ts_ctx *ctx, size_t bytes);
-    void (*free)(ts_ctx *ctx, void *p, size_t bytes);
-    /* bytes between two buffers of this device */
-    void (*copy)(ts_ctx *ctx, void *dst, const void *src, size_t bytes);
+    /* NULL with the error set when the device is full (TS_ERR_OOM naming
+     * the bytes asked and free) or missing */
+    void *(*alloc)(ts_ctx *ctx, int dev, size_t bytes);
+    void (*free)(ts_ctx *ctx, int dev, void *p, size_t bytes);
+    /* bytes between two buffers of the same device (queued, in order) */
+    ts_status (*copy)(ts_ctx *ctx, int dev, void *dst, const void *src,
+                      size_t bytes);
+    /* host memory to the device (queued after earlier work) and back (waits
+     * for the work that writes src) */
+    ts_status (*upload)(ts_ctx *ctx, int dev, void *dst, const void *host,
+                        size_t bytes);
+    ts_status (*download)(ts_ctx *ctx, int dev, void *host, const void *src,
+                          size_t bytes);
+    /* count elements of elem_bytes set to the bytes at pattern */
+    ts_status (*fill)(ts_ctx *ctx, int dev, void *dst, size_t count,
+                      const void *pattern, size_t elem_bytes);
     ts_status (*run_node)(ts_ctx *ctx, struct ts_node *n);
-    ts_status (*sync)(ts_ctx *ctx);
+    /* waits for every queued kernel of the device */
+    ts_status (*sync)(ts_ctx *ctx, int dev);
     /* fusion: which ops this backend can run inside a fused group */
     bool (*fusable)(int op);
     ts_status (*run_fused)(ts_ctx *ctx, const struct ts_fused *f);
-    /* constant folding: a fusable op on one element of each input */
+    /* constant folding: a fusable op on one element of each input (host
+     * arithmetic, the CPU's; NULL: the CPU backend's is used) */
     float (*eval_scalar)(const struct ts_node *n, const float *args);
+    /* devices of this kind (0 with the reason in the error when none) */
+    int (*count)(ts_ctx *ctx);
+    ts_status (*info)(ts_ctx *ctx, int dev, ts_device_info *out);
+    /* the context is going away: release the backend's state */
+    void (*ctx_free)(ts_ctx *ctx);
 } ts_backend;
+
+/* The backend of a device kind; NULL when this build has none. */
+const ts_backend *ts_backend_of(ts_device_kind kind);
+/* The backend that runs (or holds) a storage / a node. */
+#define ts_storage_backend(s) ts_backend_of((s)->device.kind)
+/* true when s's data is host memory the caller may read and write */
+#define ts_storage_on_host(s) ((s)->device.kind == TS_DEVICE_CPU)
 
 /* Size-class caching allocator: freed blocks go to a free list per size
  * class and are handed out again before asking the system. */
@@ -51,9 +80,9 @@ struct ts_ctx {
     int num_threads;
     bool grad_enabled;
     ts_allocator alloc;
-    const ts_backend *backend; /* the CPU backend for now */
-    int device_index;          /* where new tensors go (ts_set_device) */
-    ts_device_stats dev_stats[TS_MAX_DEVICES];
+    ts_device device; /* where new tensors go (ts_set_device) */
+    ts_device_stats dev_stats[TS_DEVICE_KINDS][TS_MAX_DEVICES];
+    void *backend_state[TS_DEVICE_KINDS]; /* owned by each backend */
     ts_mode mode;
     bool force_eager;
     bool syncing;
@@ -139,6 +168,14 @@ ts_tensor *ts_tensor_new(ts_ctx *ctx, ts_dtype dt, int ndim,
 ts_tensor *ts_tensor_wrap(ts_ctx *ctx, ts_dtype dt, int ndim,
                           const int64_t *shape, void *data, void *owner,
                           void (*owner_release)(void *));
+/* A new contiguous tensor on cpu:0 whatever the current device (data the
+ * host makes: random numbers, ranges, tables), then moved to the current
+ * device (host released; NULL on failure). */
+ts_tensor *ts_tensor_new_host(ts_ctx *ctx, ts_dtype dt, int ndim,
+                              const int64_t *shape);
+ts_tensor *ts_tensor_to_current(ts_ctx *ctx, ts_tensor *host);
+/* t itself when its data is on the host, else a host copy (new ref) */
+ts_tensor *ts_host_copy(ts_tensor *t);
 /* A tensor whose storage is allocated later (compiled mode). */
 ts_tensor *ts_tensor_new_pending(ts_ctx *ctx, ts_dtype dt, int ndim,
                                  const int64_t *shape);

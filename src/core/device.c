@@ -10,24 +10,84 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* a kind this build has and an index within TS_MAX_DEVICES (whether the
+ * machine has the device is the backend's to say) */
 static bool device_valid(ts_device d) {
-    return d.kind == TS_DEVICE_CPU && d.index >= 0 && d.index < TS_MAX_DEVICES;
+    return (unsigned)d.kind < TS_DEVICE_KINDS && ts_backend_of(d.kind) &&
+           d.index >= 0 && d.index < TS_MAX_DEVICES;
+}
+
+static const char *const kind_names[TS_DEVICE_KINDS] = {"cpu", "vulkan"};
+
+/* d exists on this machine; else the error names the devices there are */
+static ts_status device_check(ts_ctx *ctx, ts_device d) {
+    if ((unsigned)d.kind >= TS_DEVICE_KINDS || !ts_backend_of(d.kind))
+        return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                            "device kind %d: this build has no such backend",
+                            (int)d.kind);
+    if (d.index < 0 || d.index >= TS_MAX_DEVICES)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "device %s:%d: the index must be 0..%d",
+                            kind_names[d.kind], d.index, TS_MAX_DEVICES - 1);
+    if (d.kind == TS_DEVICE_CPU)
+        return TS_OK;
+    int n = ts_device_count(ctx, d.kind);
+    if (n == 0)
+        return ctx->status; /* the backend said why */
+    if (d.index >= n)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "device %s:%d: this machine has %s:0..%s:%d",
+                            kind_names[d.kind], d.index, kind_names[d.kind],
+                            kind_names[d.kind], n - 1);
+    return TS_OK;
+}
+
+int ts_device_count(ts_ctx *ctx, ts_device_kind kind) {
+    if (!ctx)
+        return 0;
+    const ts_backend *b =
+        (unsigned)kind < TS_DEVICE_KINDS ? ts_backend_of(kind) : NULL;
+    if (!b) {
+        ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                     "this build has no %s backend (built without %s)",
+                     (unsigned)kind < TS_DEVICE_KINDS ? kind_names[kind] : "?",
+                     kind == TS_DEVICE_VULKAN ? "libvulkan-dev and glslc"
+                                              : "it");
+        return 0;
+    }
+    return b->count(ctx);
+}
+
+ts_status ts_device_info_get(ts_ctx *ctx, ts_device d, ts_device_info *out) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "device info: NULL");
+    ts_status st = device_check(ctx, d);
+    return st ? st : ts_backend_of(d.kind)->info(ctx, d.index, out);
+}
+
+ts_status ts_device_sync(ts_ctx *ctx, ts_device d) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!device_valid(d))
+        return device_check(ctx, d);
+    ts_status st = ts_sync(ctx); /* recorded work first */
+    return st ? st : ts_backend_of(d.kind)->sync(ctx, d.index);
 }
 
 ts_status ts_set_device(ts_ctx *ctx, ts_device d) {
     if (!ctx)
         return TS_ERR_INVALID_ARG;
-    if (!device_valid(d))
-        return ts_set_error(ctx, TS_ERR_RANGE,
-                            "device %d:%d is not available (this build has "
-                            "cpu:0..cpu:%d)",
-                            (int)d.kind, d.index, TS_MAX_DEVICES - 1);
-    ctx->device_index = d.index;
+    ts_status st = device_check(ctx, d);
+    if (st != TS_OK)
+        return st;
+    ctx->device = d;
     return TS_OK;
 }
 
 ts_device ts_get_device(const ts_ctx *ctx) {
-    return (ts_device){TS_DEVICE_CPU, ctx ? ctx->device_index : 0};
+    return ctx ? ctx->device : (ts_device){TS_DEVICE_CPU, 0};
 }
 
 bool ts_device_equal(ts_device a, ts_device b) {
@@ -35,7 +95,9 @@ bool ts_device_equal(ts_device a, ts_device b) {
 }
 
 const char *ts_device_name(ts_device d, char *buf) {
-    snprintf(buf, 16, "cpu:%d", d.index);
+    snprintf(buf, 16, "%s:%d",
+             (unsigned)d.kind < TS_DEVICE_KINDS ? kind_names[d.kind] : "?",
+             d.index);
     return buf;
 }
 
@@ -46,15 +108,21 @@ ts_status ts_device_parse(ts_ctx *ctx, const char *s, ts_device *out) {
         return ts_set_error(ctx, TS_ERR_INVALID_ARG, "device: NULL argument");
     const char *colon = strchr(s, ':');
     size_t kl = colon ? (size_t)(colon - s) : strlen(s);
-    if (kl != 3 || strncmp(s, "cpu", 3)) {
+    int kind = -1;
+    for (int k = 0; k < TS_DEVICE_KINDS; k++)
+        if (kl == strlen(kind_names[k]) && !strncmp(s, kind_names[k], kl))
+            kind = k;
+    if (kind < 0) {
         if ((kl == 4 && !strncmp(s, "cuda", 4)) ||
             (kl == 3 && !strncmp(s, "tpu", 3)))
             return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
                                 "device \"%s\": this build has no %.*s "
-                                "backend (devices: cpu:0..cpu:%d)",
+                                "backend (devices: cpu:0..cpu:%d, vulkan:N)",
                                 s, (int)kl, s, TS_MAX_DEVICES - 1);
         return ts_set_error(ctx, TS_ERR_INVALID_ARG,
-                            "device \"%s\": expected cpu or cpu:N", s);
+                            "device \"%s\": expected cpu, cpu:N, vulkan or "
+                            "vulkan:N",
+                            s);
     }
     int idx = 0;
     if (colon) {
@@ -66,7 +134,11 @@ ts_status ts_device_parse(ts_ctx *ctx, const char *s, ts_device *out) {
                                 TS_MAX_DEVICES - 1);
         idx = (int)v;
     }
-    *out = (ts_device){TS_DEVICE_CPU, idx};
+    ts_device d = {(ts_device_kind)kind, idx};
+    ts_status st = device_check(ctx, d);
+    if (st != TS_OK)
+        return st;
+    *out = d;
     return TS_OK;
 }
 
@@ -74,36 +146,61 @@ void ts_device_get_stats(const ts_ctx *ctx, ts_device d, ts_device_stats *out) {
     if (!ctx || !out)
         return;
     memset(out, 0, sizeof *out);
-    if (device_valid(d))
-        *out = ctx->dev_stats[d.index];
+    if ((unsigned)d.kind < TS_DEVICE_KINDS && d.index >= 0 &&
+        d.index < TS_MAX_DEVICES)
+        *out = ctx->dev_stats[d.kind][d.index];
 }
 
 ts_tensor *ts_to_device(ts_tensor *t, ts_device d) {
     if (!t)
         return NULL;
     ts_ctx *ctx = t->ctx;
-    if (!device_valid(d)) {
-        ts_set_device(ctx, d); /* sets the error */
+    if (device_check(ctx, d) != TS_OK)
         return NULL;
-    }
     if (ts_device_equal(ts_tensor_device(t), d))
         return ts_retain(t);
     ts_tensor *c = ts_contiguous(t); /* on t's device */
-    const void *src = c ? ts_tensor_data(c) : NULL;
-    if (!src) {
+    if (!c || ts_materialize(c) != TS_OK) {
         ts_release(c);
         return NULL;
     }
-    int old = ctx->device_index;
-    ctx->device_index = d.index;
+    ts_device from = c->storage->device;
+    ts_device old = ctx->device;
+    ctx->device = d;
     ts_tensor *out = ts_tensor_new(ctx, t->dtype, t->ndim, t->shape);
-    ctx->device_index = old;
-    if (out) {
-        size_t bytes = (size_t)ts_tensor_numel(out) * ts_dtype_size(t->dtype);
-        ctx->backend->copy(ctx, ts_tensor_data(out), src, bytes);
-        ctx->dev_stats[d.index].transfers_in++;
-        ctx->dev_stats[d.index].bytes_in += bytes;
+    ctx->device = old;
+    size_t bytes = (size_t)ts_tensor_numel(c) * ts_dtype_size(t->dtype);
+    ts_status st = out ? TS_OK : ctx->status;
+    if (st == TS_OK && bytes) {
+        const ts_backend *src = ts_backend_of(from.kind),
+                         *dst = ts_backend_of(d.kind);
+        if (from.kind == TS_DEVICE_CPU) /* host to device (or host pool) */
+            st = dst->upload(ctx, d.index, out->storage->data, ts_tensor_ptr(c),
+                             bytes);
+        else if (d.kind == TS_DEVICE_CPU) /* device to host */
+            st = src->download(ctx, from.index, out->storage->data,
+                               ts_tensor_ptr(c), bytes);
+        else if (from.kind == d.kind && from.index == d.index)
+            st = dst->copy(ctx, d.index, out->storage->data, ts_tensor_ptr(c),
+                           bytes);
+        else { /* between two devices: through the host */
+            void *tmp = malloc(bytes);
+            st = tmp ? src->download(ctx, from.index, tmp, ts_tensor_ptr(c),
+                                     bytes)
+                     : ts_set_error(ctx, TS_ERR_OOM,
+                                    "ts_to_device: out of host memory");
+            if (st == TS_OK)
+                st = dst->upload(ctx, d.index, out->storage->data, tmp, bytes);
+            free(tmp);
+        }
     }
+    if (st != TS_OK) {
+        ts_release(out);
+        ts_release(c);
+        return NULL;
+    }
+    ctx->dev_stats[d.kind][d.index].transfers_in++;
+    ctx->dev_stats[d.kind][d.index].bytes_in += bytes;
     ts_release(c);
     return out;
 }
@@ -118,13 +215,15 @@ void ts_device_map_free(ts_device_map *m) {
 }
 
 int ts_device_map_count(const ts_device_map *m) {
-    bool used[TS_MAX_DEVICES] = {0};
-    used[m->embed.index] = used[m->head.index] = true;
+    bool used[TS_DEVICE_KINDS][TS_MAX_DEVICES] = {{0}};
+    used[m->embed.kind][m->embed.index] = true;
+    used[m->head.kind][m->head.index] = true;
     for (int i = 0; i < m->n_layers; i++)
-        used[m->layer[i].index] = true;
+        used[m->layer[i].kind][m->layer[i].index] = true;
     int n = 0;
-    for (int i = 0; i < TS_MAX_DEVICES; i++)
-        n += used[i];
+    for (int k = 0; k < TS_DEVICE_KINDS; k++)
+        for (int i = 0; i < TS_MAX_DEVICES; i++)
+            n += used[k][i];
     return n;
 }
 

@@ -101,9 +101,30 @@ static void put_dim(strbuf *sb, const print_opts *o, int64_t *idx, int d,
     sb_put(sb, "]");
 }
 
+static char *host_string(ts_tensor *t);
+
+/* a device tensor prints from a host copy, tagged with its device as
+ * PyTorch tags it */
 char *ts_to_string(ts_tensor *t) {
     if (!t || ts_materialize(t) != TS_OK)
         return NULL;
+    if (ts_storage_on_host(t->storage))
+        return host_string(t);
+    ts_tensor *h = ts_host_copy(t);
+    char *s = h ? host_string(h) : NULL;
+    ts_release(h);
+    char dev[16], *out = NULL;
+    ts_device_name(t->storage->device, dev);
+    size_t n = s ? strlen(s) + sizeof dev + 16 : 0;
+    if (s && (out = malloc(n)) != NULL)
+        snprintf(out, n, "%s, device='%s'", s, dev);
+    free(s);
+    if (!out && t->ctx->status == TS_OK)
+        ts_set_error(t->ctx, TS_ERR_OOM, "ts_to_string: out of memory");
+    return out;
+}
+
+static char *host_string(ts_tensor *t) {
     print_opts o = {.t = t};
     int64_t numel = ts_tensor_numel(t);
     o.summarize = numel > 1000;

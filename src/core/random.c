@@ -44,7 +44,7 @@ static double rng_uniform(rng *r) {
 static ts_tensor *fill_random(ts_ctx *ctx, ts_dtype dt, int ndim,
                               const int64_t *shape, uint64_t seed, bool normal,
                               double a, double b) {
-    ts_tensor *t = ts_tensor_new(ctx, dt, ndim, shape);
+    ts_tensor *t = ts_tensor_new_host(ctx, dt, ndim, shape);
     if (!t)
         return NULL;
     rng r;
@@ -67,7 +67,7 @@ static ts_tensor *fill_random(ts_ctx *ctx, ts_dtype dt, int ndim,
         if (i + 1 < n)
             ts_store_f64(p + (size_t)(i + 1) * es, dt, v1);
     }
-    return t;
+    return ts_tensor_to_current(ctx, t);
 }
 
 ts_tensor *ts_randn(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape,

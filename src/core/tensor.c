@@ -69,7 +69,7 @@ int ts_norm_dim(int dim, int ndim) {
 
 /* s's bytes join its device's memory stats (released with it) */
 static void count_on_device(ts_storage *s, size_t bytes) {
-    ts_device_stats *ds = &s->ctx->dev_stats[s->device.index];
+    ts_device_stats *ds = &s->ctx->dev_stats[s->device.kind][s->device.index];
     s->counted = bytes;
     ds->bytes_in_use += bytes;
     if (ds->bytes_in_use > ds->peak_bytes_in_use)
@@ -80,7 +80,8 @@ static ts_storage *storage_new(ts_ctx *ctx, size_t bytes) {
     ts_storage *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    s->data = ctx->backend->alloc(ctx, bytes);
+    const ts_backend *be = ts_backend_of(ctx->device.kind);
+    s->data = be ? be->alloc(ctx, ctx->device.index, bytes) : NULL;
     if (!s->data) {
         free(s);
         return NULL;
@@ -88,8 +89,7 @@ static ts_storage *storage_new(ts_ctx *ctx, size_t bytes) {
     s->refcount = 1;
     s->bytes = bytes;
     s->ctx = ctx;
-    s->device.kind = ctx->backend->kind;
-    s->device.index = ctx->device_index;
+    s->device = ctx->device;
     count_on_device(s, bytes);
     return s;
 }
@@ -103,8 +103,10 @@ void ts_storage_release(ts_storage *s) {
     if (!s || --s->refcount > 0)
         return;
     if (!s->external && s->data)
-        s->ctx->backend->free(s->ctx, s->data, s->bytes);
-    s->ctx->dev_stats[s->device.index].bytes_in_use -= s->counted;
+        ts_storage_backend(s)->free(s->ctx, s->device.index, s->data,
+                                    s->bytes);
+    s->ctx->dev_stats[s->device.kind][s->device.index].bytes_in_use -=
+        s->counted;
     if (s->owner_release)
         s->owner_release(s->owner);
     free(s);
@@ -134,8 +136,7 @@ static ts_tensor *header_and_storage(ts_ctx *ctx, ts_dtype dt, int ndim,
     s->refcount = 1;
     s->bytes = bytes;
     s->ctx = ctx;
-    s->device.kind = ctx->backend->kind;
-    s->device.index = ctx->device_index;
+    s->device = ctx->device;
     t->refcount = 1;
     t->ctx = ctx;
     t->dtype = dt;
@@ -222,8 +223,9 @@ ts_tensor *ts_tensor_new(ts_ctx *ctx, ts_dtype dt, int ndim,
         t->storage = storage_new(ctx, bytes);
     if (!t || !t->storage) {
         free(t);
-        ts_set_error(ctx, TS_ERR_OOM, "out of memory allocating %zu bytes",
-                     bytes);
+        if (ctx->device.kind == TS_DEVICE_CPU || ctx->status == TS_OK)
+            ts_set_error(ctx, TS_ERR_OOM, "out of memory allocating %zu bytes",
+                         bytes);
         return NULL;
     }
     t->refcount = 1;
@@ -277,16 +279,21 @@ ts_tensor *ts_full(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape,
         return NULL;
     }
     if (t) { /* the value as stored (rounded to dt) */
+        char one[8];
+        ts_store_f64(one, dt, value);
         t->storage->uniform = true;
-        t->storage->uniform_value = ts_load_f64(t->storage->data, dt);
+        t->storage->uniform_value = ts_load_f64(one, dt);
     }
     return t;
 }
 
 ts_tensor *ts_zeros(ts_ctx *ctx, ts_dtype dt, int ndim, const int64_t *shape) {
     ts_tensor *t = ts_tensor_new(ctx, dt, ndim, shape);
+    if (t && fill_raw(t, 0.0) != TS_OK) {
+        ts_release(t);
+        return NULL;
+    }
     if (t) {
-        memset(t->storage->data, 0, t->storage->bytes);
         t->storage->uniform = true;
         t->storage->uniform_value = 0;
     }
@@ -304,9 +311,36 @@ ts_tensor *ts_from_data(ts_ctx *ctx, ts_dtype dt, int ndim,
         return NULL;
     }
     ts_tensor *t = ts_tensor_new(ctx, dt, ndim, shape);
-    if (t)
-        memcpy(t->storage->data, data, t->storage->bytes);
+    if (t && ts_storage_backend(t->storage)->upload(
+                 ctx, t->storage->device.index, t->storage->data, data,
+                 t->storage->bytes) != TS_OK) {
+        ts_release(t);
+        return NULL;
+    }
     return t;
+}
+
+ts_tensor *ts_tensor_new_host(ts_ctx *ctx, ts_dtype dt, int ndim,
+                              const int64_t *shape) {
+    ts_device old = ctx->device;
+    ctx->device = (ts_device){TS_DEVICE_CPU, 0};
+    ts_tensor *t = ts_tensor_new(ctx, dt, ndim, shape);
+    ctx->device = old;
+    return t;
+}
+
+ts_tensor *ts_tensor_to_current(ts_ctx *ctx, ts_tensor *host) {
+    if (!host || ts_device_equal(host->storage->device, ctx->device))
+        return host;
+    ts_tensor *t = ts_to_device(host, ctx->device);
+    ts_release(host);
+    return t;
+}
+
+ts_tensor *ts_host_copy(ts_tensor *t) {
+    if (ts_storage_on_host(t->storage))
+        return ts_retain(t);
+    return ts_to_device(t, (ts_device){TS_DEVICE_CPU, 0});
 }
 
 ts_tensor *ts_arange(ts_ctx *ctx, ts_dtype dt, double start, double end,
@@ -322,14 +356,14 @@ ts_tensor *ts_arange(ts_ctx *ctx, ts_dtype dt, double start, double end,
     }
     double count = ceil((end - start) / step);
     int64_t n = count > 0 ? (int64_t)count : 0;
-    ts_tensor *t = ts_tensor_new(ctx, dt, 1, &n);
+    ts_tensor *t = ts_tensor_new_host(ctx, dt, 1, &n);
     if (!t)
         return NULL;
     size_t es = ts_dtype_size(dt);
     for (int64_t i = 0; i < n; i++)
         ts_store_f64((char *)t->storage->data + (size_t)i * es, dt,
                      start + (double)i * step);
-    return t;
+    return ts_tensor_to_current(ctx, t);
 }
 
 ts_tensor *ts_retain(ts_tensor *t) {
@@ -418,6 +452,12 @@ ts_status ts_tensor_read(ts_tensor *t, void *dst, ts_dtype dst_dt) {
                             "ts_tensor_read: NULL destination or bad dtype");
     if (ts_materialize(t) != TS_OK)
         return t->ctx->status;
+    if (!ts_storage_on_host(t->storage)) { /* through a host copy */
+        ts_tensor *h = ts_host_copy(t);
+        ts_status st = h ? ts_tensor_read(h, dst, dst_dt) : t->ctx->status;
+        ts_release(h);
+        return st;
+    }
     int64_t n = ts_tensor_numel(t);
     size_t es = ts_dtype_size(t->dtype), ds = ts_dtype_size(dst_dt);
     const char *base = ts_tensor_ptr(t);
@@ -468,7 +508,52 @@ static ts_status element_ptr(ts_tensor *t, const int64_t *idx, char **p,
     return TS_OK;
 }
 
+/* one element of a device tensor, through a one-element view */
+static ts_status device_element(ts_tensor *t, const int64_t *idx, double *get,
+                                const double *set, const char *fn) {
+    int64_t off = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (!idx || idx[d] < 0 || idx[d] >= t->shape[d]) {
+            char sb[128];
+            return ts_set_error(
+                t->ctx, TS_ERR_RANGE,
+                "%s: index %lld out of range for dim %d of shape %s", fn,
+                idx ? (long long)idx[d] : -1LL, d,
+                ts_shape_str(t->ndim, t->shape, sb, 128));
+        }
+        off += idx[d] * t->strides[d];
+    }
+    ts_tensor *v = ts_tensor_view_of(t, 0, NULL, NULL, t->offset + off);
+    if (!v)
+        return t->ctx->status;
+    ts_status st;
+    if (set) {
+        char one[8];
+        ts_store_f64(one, t->dtype, *set);
+        st = ts_storage_backend(t->storage)
+                 ->upload(t->ctx, t->storage->device.index, ts_tensor_ptr(v),
+                          one, ts_dtype_size(t->dtype));
+        t->storage->uniform = false;
+    } else {
+        char one[8];
+        st = ts_tensor_read(v, one, t->dtype);
+        if (st == TS_OK)
+            *get = ts_load_f64(one, t->dtype);
+    }
+    ts_release(v);
+    return st;
+}
+
 ts_status ts_get(ts_tensor *t, const int64_t *idx, double *out) {
+    if (t && !ts_storage_on_host(t->storage)) {
+        double v = 0;
+        ts_status st = ts_materialize(t);
+        if (st == TS_OK)
+            st = device_element(t, idx, &v, NULL, "ts_get");
+        if (st == TS_OK && out)
+            *out = v;
+        return st;
+    }
     char *p;
     ts_status s = element_ptr(t, idx, &p, "ts_get");
     if (s == TS_OK && out)
@@ -477,6 +562,11 @@ ts_status ts_get(ts_tensor *t, const int64_t *idx, double *out) {
 }
 
 ts_status ts_set(ts_tensor *t, const int64_t *idx, double value) {
+    if (t && !ts_storage_on_host(t->storage)) {
+        ts_status st = ts_materialize(t);
+        return st == TS_OK ? device_element(t, idx, NULL, &value, "ts_set")
+                           : st;
+    }
     char *p;
     ts_status s = element_ptr(t, idx, &p, "ts_set");
     if (s == TS_OK)
@@ -505,6 +595,17 @@ static ts_status fill_raw(ts_tensor *dst, double value) {
     size_t es = ts_dtype_size(dst->dtype);
     char one[8];
     ts_store_f64(one, dst->dtype, value);
+    if (!ts_storage_on_host(dst->storage)) {
+        if (ts_tensor_is_contiguous(dst))
+            return ts_storage_backend(dst->storage)
+                ->fill(dst->ctx, dst->storage->device.index, ts_tensor_ptr(dst),
+                       (size_t)n, one, es);
+        /* a strided view: a constant expanded over it, by the copy kernel */
+        ts_tensor *v = ts_full(dst->ctx, dst->dtype, 0, NULL, value);
+        ts_status st = v ? ts_copy_(dst, v) : dst->ctx->status;
+        ts_release(v);
+        return st;
+    }
     char *base = ts_tensor_ptr(dst);
     int64_t idx[TS_MAX_DIMS] = {0};
     for (int64_t i = 0; i < n; i++) {

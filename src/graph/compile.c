@@ -25,7 +25,9 @@ typedef struct plan {
     int64_t *out_off;   /* per node: arena offset, -1 own allocation */
     int64_t *saved_off; /* per node x TS_MAX_SAVED */
     size_t arena_bytes;
-    size_t kept_bytes; /* results that outlive the graph */
+    ts_device dev;     /* the arena's device (the first result's) */
+    size_t kept_bytes; /* results that outlive the graph, and those on
+                          other devices than the arena's */
     int n_bufs;        /* arena buffers: for poisoning dead ones */
     int64_t *buf_off;
     size_t *buf_bytes;
@@ -60,6 +62,7 @@ typedef struct ts_trace {
     int n_plans;
     void *arena;
     size_t arena_cap;
+    ts_device arena_dev;
 } ts_trace;
 
 static ts_trace *trace_of(ts_ctx *ctx) {
@@ -121,7 +124,8 @@ void ts_trace_destroy(ts_ctx *ctx) {
     }
     free(t->nodes);
     if (t->arena)
-        ctx->backend->free(ctx, t->arena, t->arena_cap);
+        ts_backend_of(t->arena_dev.kind)
+            ->free(ctx, t->arena_dev.index, t->arena, t->arena_cap);
     free(t);
     ctx->trace = NULL;
 }
@@ -574,11 +578,14 @@ static bool fold_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
     p->fold_value = calloc((size_t)t->n + 1, sizeof(double));
     if (!p->folded || !p->fold_value)
         return false;
-    if (!pass_on("fold") || !ctx->backend->eval_scalar)
+    (void)ctx;
+    /* folding is host arithmetic, the CPU's, whatever the device */
+    const ts_backend *cpu = ts_backend_of(TS_DEVICE_CPU);
+    if (!pass_on("fold"))
         return true;
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
-        if (!p->run[i] || !produces(n) || !ctx->backend->fusable(n->op))
+        if (!p->run[i] || !produces(n) || !cpu->fusable(n->op))
             continue;
         float args[3];
         bool constant = true;
@@ -598,8 +605,7 @@ static bool fold_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
             continue;
         /* as eager: computed in f32, stored in the output's dtype */
         char one[8];
-        ts_store_f32(one, n->out_desc.dtype,
-                     ctx->backend->eval_scalar(n, args));
+        ts_store_f32(one, n->out_desc.dtype, cpu->eval_scalar(n, args));
         p->fold_value[i] = ts_load_f64(one, n->out_desc.dtype);
         p->folded[i] = 1;
         p->n_folded++;
@@ -1003,6 +1009,7 @@ static ts_status run_rewrite(ts_ctx *ctx, ts_trace *t, const plan *p, int j,
  * Groups are bounded (TS_FUSE_MAX nodes, TS_FUSE_MAX_EXT outside inputs). */
 
 static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
+    (void)ctx; /* each node's backend decides what fuses */
     p->fuse_root = malloc(sizeof(int) * (size_t)(t->n + 1));
     p->group_first = malloc(sizeof(int) * (size_t)(t->n + 1));
     int *readers = calloc((size_t)t->n + 1, sizeof(int));
@@ -1014,7 +1021,7 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
     }
     for (int i = 0; i < t->n; i++)
         p->fuse_root[i] = p->group_first[i] = -1, size[i] = 1;
-    if (!pass_on("fuse") || !ctx->backend->fusable) {
+    if (!pass_on("fuse")) {
         free(readers), free(size), free(has_head);
         return true;
     }
@@ -1033,8 +1040,9 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
     }
     for (int j = 0; j < t->n; j++) {
         ts_node *n = t->nodes[j];
+        const ts_backend *be = ts_storage_backend(n->out_st);
         if (!p->run[j] || p->folded[j] || p->rw_op[j] || !produces(n) ||
-            !ctx->backend->fusable(n->op))
+            !be->fusable || !be->fusable(n->op))
             continue;
         for (int k = 0; k < n->n_in; k++) {
             ts_tensor *x = n->in[k];
@@ -1045,7 +1053,7 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
             ts_node *m = t->nodes[i];
             /* a matmul may head the group (epilogue fusion), one per group */
             bool head = m->op == TS_OP_MATMUL && pass_on("epilogue") &&
-                        ctx->backend->run_fused && !has_head[j];
+                        be->run_fused && !has_head[j];
             /* one head per group: two groups that each grew from a
              * matmul (SwiGLU with biases: add(mm) on both sides of the
              * mul) stay apart, else the second matmul's result would
@@ -1054,7 +1062,7 @@ static bool fuse_pass(ts_ctx *ctx, ts_trace *t, plan *p) {
                 continue;
             if (!p->run[i] || p->folded[i] || p->rw_op[i] ||
                 p->fuse_root[i] >= 0 || readers[i] != 1 ||
-                (!head && !ctx->backend->fusable(m->op)) ||
+                (!head && !be->fusable(m->op)) ||
                 (m->out_st->scratch2 & LIVE_AFTER) ||
                 m->out_desc.dtype != TS_F32 || x->offset != 0 ||
                 !ts_tensor_is_contiguous(x) ||
@@ -1415,6 +1423,11 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
         }
     }
     int nb = 0;
+    for (int i = 0; i < t->n; i++)
+        if (run[i] && produces(t->nodes[i])) {
+            p->dev = t->nodes[i]->out_st->device;
+            break;
+        }
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
         p->out_off[i] = -1;
@@ -1427,7 +1440,8 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
                 continue;
             ts_storage *s = slot == 0 ? n->out_st : n->saved[slot - 1]->storage;
             size_t sz = slot_bytes(n, slot);
-            if (s->scratch2 & LIVE_AFTER) {
+            if ((s->scratch2 & LIVE_AFTER) ||
+                !ts_device_equal(s->device, p->dev)) {
                 p->kept_bytes += sz;
                 continue;
             }
@@ -1481,7 +1495,8 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
         for (int slot = 0; slot < 1 + n->n_saved; slot++) {
             int id = (src >= 0 ? src : i) * SLOTS + slot;
             ts_storage *s = slot == 0 ? n->out_st : n->saved[slot - 1]->storage;
-            if ((slot == 0 && !produces(n)) || (s->scratch2 & LIVE_AFTER))
+            if ((slot == 0 && !produces(n)) || (s->scratch2 & LIVE_AFTER) ||
+                !ts_device_equal(s->device, p->dev))
                 continue;
             int64_t off = off_of[find_root(root, id)];
             if (slot == 0)
@@ -1642,7 +1657,8 @@ static ts_status bind(ts_ctx *ctx, ts_trace *t, ts_storage *s, int64_t off,
         s->data = (char *)t->arena + off;
         s->external = true; /* the arena owns it */
     } else {
-        s->data = ctx->backend->alloc(ctx, bytes ? bytes : 1);
+        s->data = ts_storage_backend(s)->alloc(ctx, s->device.index,
+                                               bytes ? bytes : 1);
         if (!s->data)
             return ts_set_error(ctx, TS_ERR_OOM,
                                 "compiled graph: out of memory for a %zu-byte "
@@ -1655,12 +1671,16 @@ static ts_status bind(ts_ctx *ctx, ts_trace *t, ts_storage *s, int64_t off,
 }
 
 static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
-    if (p->arena_bytes > t->arena_cap) {
+    if (p->arena_bytes > t->arena_cap ||
+        (t->arena && !ts_device_equal(t->arena_dev, p->dev))) {
         /* through the backend's allocator, so its stats count the arena */
         if (t->arena)
-            ctx->backend->free(ctx, t->arena, t->arena_cap);
+            ts_backend_of(t->arena_dev.kind)
+                ->free(ctx, t->arena_dev.index, t->arena, t->arena_cap);
         t->arena_cap = align64(p->arena_bytes);
-        t->arena = ctx->backend->alloc(ctx, t->arena_cap);
+        t->arena_dev = p->dev;
+        t->arena = ts_backend_of(p->dev.kind)
+                       ->alloc(ctx, p->dev.index, t->arena_cap);
         if (!t->arena) {
             t->arena_cap = 0;
             return ts_set_error(ctx, TS_ERR_OOM,
@@ -1738,27 +1758,31 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
             st = run_rewrite(ctx, t, p, i, &hdr);
         } else if (p->folded[i]) { /* a constant: fill, no kernel */
             char one[8];
-            size_t es = ts_dtype_size(hdr.dtype);
             ts_store_f64(one, hdr.dtype, p->fold_value[i]);
-            int64_t count = ts_tensor_numel(&hdr);
-            for (int64_t e = 0; e < count; e++)
-                memcpy((char *)n->out_st->data + e * (int64_t)es, one, es);
+            st = ts_storage_backend(n->out_st)
+                     ->fill(ctx, n->out_st->device.index, n->out_st->data,
+                            (size_t)ts_tensor_numel(&hdr), one,
+                            ts_dtype_size(hdr.dtype));
             n->out_st->uniform = true;
             n->out_st->uniform_value = p->fold_value[i];
         } else if (root) {
             ts_fused f;
             build_group(t, p, i, &f);
             f.out = &hdr;
-            st = ctx->backend->run_fused(ctx, &f);
+            st = ts_storage_backend(n->out_st)->run_fused(ctx, &f);
         } else {
             st = ts_run_kernel(ctx, n);
         }
         n->out = keep;
         if (poison) /* arena buffers whose last user just ran: NaN them */
             for (int b = 0; b < p->n_bufs; b++)
-                if (p->buf_end[b] == i)
-                    memset((char *)t->arena + p->buf_off[b], 0xff,
-                           p->buf_bytes[b]);
+                if (p->buf_end[b] == i) {
+                    uint32_t nan = 0xffffffffu; /* sizes are 64-aligned */
+                    ts_backend_of(t->arena_dev.kind)
+                        ->fill(ctx, t->arena_dev.index,
+                               (char *)t->arena + p->buf_off[b],
+                               p->buf_bytes[b] / 4, &nan, 4);
+                }
     }
     return st;
 }

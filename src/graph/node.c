@@ -67,12 +67,19 @@ void ts_node_forget_out(ts_node *n, const ts_tensor *out) {
 
 _Static_assert(TS_OP_COUNT <= TS_PROFILE_SLOTS, "TS_PROFILE_SLOTS too small");
 
+/* the backend of the device n runs on: its output's (in place: input 0's) */
+static const ts_backend *node_backend(const ts_node *n) {
+    const ts_tensor *t = n->out ? n->out : n->in[0];
+    return ts_storage_backend(t->storage);
+}
+
 ts_status ts_run_kernel(ts_ctx *ctx, ts_node *n) {
+    const ts_backend *be = node_backend(n);
     if (!ctx->profile)
-        return ctx->backend->run_node(ctx, n);
+        return be->run_node(ctx, n);
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
-    ts_status st = ctx->backend->run_node(ctx, n);
+    ts_status st = be->run_node(ctx, n);
     clock_gettime(CLOCK_MONOTONIC, &b);
     ctx->prof_seconds[n->op] +=
         (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
@@ -116,25 +123,29 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
         ctx = ts_ctx_of(n_in, in);
     if (!ctx)
         return NULL;
-    int dev = -1;
+    bool have = false;
+    ts_device dev = {TS_DEVICE_CPU, 0};
     for (int i = 0; i < n_in; i++) {
         if (!in[i] || in[i]->ctx != ctx)
             continue; /* op_call reports these */
-        int d = in[i]->storage->device.index;
-        if (dev >= 0 && d != dev) {
+        ts_device d = in[i]->storage->device;
+        if (have && !ts_device_equal(d, dev)) {
+            char a[16], b[16];
             ts_set_error(ctx, TS_ERR_INVALID_ARG,
-                         "%s: inputs on different devices (cpu:%d and "
-                         "cpu:%d); move one with ts_to_device",
-                         ts_op_table[op].name, dev, d);
+                         "%s: inputs on different devices (%s and %s); move "
+                         "one with ts_to_device",
+                         ts_op_table[op].name, ts_device_name(dev, a),
+                         ts_device_name(d, b));
             return NULL;
         }
         dev = d;
+        have = true;
     }
-    int old = ctx->device_index;
-    if (dev >= 0)
-        ctx->device_index = dev;
+    ts_device old = ctx->device;
+    if (have)
+        ctx->device = dev;
     ts_tensor *out = op_call(ctx, op, n_in, in, attrs);
-    ctx->device_index = old;
+    ctx->device = old;
     return out;
 }
 

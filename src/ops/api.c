@@ -529,8 +529,8 @@ ts_status ts_rope_tables(ts_ctx *ctx, int64_t T, int64_t D, double theta,
                             "(want T >= 0, D even > 0, theta > 0, pos0 >= 0)",
                             (long long)T, (long long)D, theta, (long long)pos0);
     int64_t shape[2] = {T, D};
-    *cos = ts_tensor_new(ctx, TS_F32, 2, shape);
-    *sin = ts_tensor_new(ctx, TS_F32, 2, shape);
+    *cos = ts_tensor_new_host(ctx, TS_F32, 2, shape);
+    *sin = ts_tensor_new_host(ctx, TS_F32, 2, shape);
     if (!*cos || !*sin) {
         ts_release(*cos), ts_release(*sin);
         *cos = *sin = NULL;
@@ -546,6 +546,13 @@ ts_status ts_rope_tables(ts_ctx *ctx, int64_t T, int64_t D, double theta,
             c[t * D + i] = c[t * D + i + half] = cosf(ang);
             s[t * D + i] = s[t * D + i + half] = sinf(ang);
         }
+    }
+    *cos = ts_tensor_to_current(ctx, *cos);
+    *sin = ts_tensor_to_current(ctx, *sin);
+    if (!*cos || !*sin) {
+        ts_release(*cos), ts_release(*sin);
+        *cos = *sin = NULL;
+        return ctx->status;
     }
     return TS_OK;
 }
@@ -724,7 +731,8 @@ ts_status ts_copy_(ts_tensor *dst, ts_tensor *src) {
     if (!dst || !src)
         return TS_ERR_INVALID_ARG;
     ts_ctx *ctx = dst->ctx;
-    if (ctx->mode == TS_MODE_COMPILED) { /* recorded, runs in order */
+    /* compiled: recorded, runs in order; on a device: its kernel */
+    if (ctx->mode == TS_MODE_COMPILED || !ts_storage_on_host(dst->storage)) {
         ts_tensor *in[2] = {dst, src};
         bool old = ts_set_grad_enabled(ctx, false);
         ts_tensor *r = ts_op_call(ctx, TS_OP_COPY_INTO, 2, in, NULL);

@@ -495,6 +495,45 @@ ts_status ts_infer_attention(ts_ctx *ctx, const ts_node *n, ts_desc *o,
     return TS_OK;
 }
 
+/* the block tables' values: within the pools, sequences in order */
+static ts_status check_paged_meta(ts_ctx *ctx, const ts_tensor *meta,
+                                  const int32_t *m, int64_t N, int64_t BS,
+                                  int64_t NB) {
+    int64_t S = m ? m[0] : -1, MB = m ? m[1] : -1;
+    if (S < 1 || MB < 1 || meta->shape[0] != 2 + (S + 1) + S + S * MB)
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "paged_attention: meta of %lld values does not "
+                            "hold %lld sequences of %lld blocks",
+                            (long long)meta->shape[0], (long long)S,
+                            (long long)MB);
+    const int32_t *start = m + 2, *ctx_len = start + S + 1,
+                  *table = ctx_len + S;
+    if (start[0] != 0 || start[S] != N)
+        return ts_set_error(ctx, TS_ERR_SHAPE,
+                            "paged_attention: sequence starts must run from 0 "
+                            "to the %lld tokens",
+                            (long long)N);
+    for (int64_t i = 0; i < S; i++) {
+        int64_t last = ctx_len[i] + (start[i + 1] - start[i]); /* positions */
+        if (start[i + 1] < start[i] || ctx_len[i] < 0 || last > MB * BS)
+            return ts_set_error(ctx, TS_ERR_RANGE,
+                                "paged_attention: sequence %lld: %d cached + "
+                                "%d new positions do not fit %lld blocks of "
+                                "%lld",
+                                (long long)i, ctx_len[i],
+                                start[i + 1] - start[i], (long long)MB,
+                                (long long)BS);
+        for (int64_t b = 0; b < (last + BS - 1) / BS; b++)
+            if (table[i * MB + b] < 0 || table[i * MB + b] >= NB)
+                return ts_set_error(ctx, TS_ERR_RANGE,
+                                    "paged_attention: sequence %lld names "
+                                    "block %d of a pool of %lld",
+                                    (long long)i, table[i * MB + b],
+                                    (long long)NB);
+    }
+    return TS_OK;
+}
+
 /* q (1, H, N, D), new k, v (1, KV, N, D), pools (NB, KV, BS, D) f32 and
  * meta (i32): n_seqs, max_blocks, seq_start[n_seqs + 1], ctx_len[n_seqs],
  * block_table[n_seqs x max_blocks]; the values are checked here too, so
@@ -529,39 +568,13 @@ ts_status ts_infer_paged_attention(ts_ctx *ctx, const ts_node *n, ts_desc *o,
             ctx, TS_ERR_DTYPE,
             "paged_attention: meta must be a contiguous 1-D i32 "
             "tensor");
-    const int32_t *m = ts_tensor_data((ts_tensor *)meta);
-    int64_t S = m ? m[0] : -1, MB = m ? m[1] : -1;
-    if (S < 1 || MB < 1 || meta->shape[0] != 2 + (S + 1) + S + S * MB)
-        return ts_set_error(ctx, TS_ERR_SHAPE,
-                            "paged_attention: meta of %lld values does not "
-                            "hold %lld sequences of %lld blocks",
-                            (long long)meta->shape[0], (long long)S,
-                            (long long)MB);
-    const int32_t *start = m + 2, *ctx_len = start + S + 1,
-                  *table = ctx_len + S;
-    if (start[0] != 0 || start[S] != N)
-        return ts_set_error(ctx, TS_ERR_SHAPE,
-                            "paged_attention: sequence starts must run from 0 "
-                            "to the %lld tokens",
-                            (long long)N);
-    for (int64_t i = 0; i < S; i++) {
-        int64_t last = ctx_len[i] + (start[i + 1] - start[i]); /* positions */
-        if (start[i + 1] < start[i] || ctx_len[i] < 0 || last > MB * BS)
-            return ts_set_error(ctx, TS_ERR_RANGE,
-                                "paged_attention: sequence %lld: %d cached + "
-                                "%d new positions do not fit %lld blocks of "
-                                "%lld",
-                                (long long)i, ctx_len[i],
-                                start[i + 1] - start[i], (long long)MB,
-                                (long long)BS);
-        for (int64_t b = 0; b < (last + BS - 1) / BS; b++)
-            if (table[i * MB + b] < 0 || table[i * MB + b] >= NB)
-                return ts_set_error(ctx, TS_ERR_RANGE,
-                                    "paged_attention: sequence %lld names "
-                                    "block %d of a pool of %lld",
-                                    (long long)i, table[i * MB + b],
-                                    (long long)NB);
-    }
+    /* the values as the host sees them (a device's copy comes back) */
+    ts_tensor *mh = ts_host_copy((ts_tensor *)meta);
+    ts_status st = check_paged_meta(ctx, meta, mh ? ts_tensor_data(mh) : NULL,
+                                    N, BS, NB);
+    ts_release(mh);
+    if (st != TS_OK)
+        return st;
     desc_like(o, TS_F32, 4, q->shape);
     return TS_OK;
 }

@@ -4,6 +4,8 @@
 #include "backend/cpu/cpu.h"
 
 #include <malloc.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,16 +81,95 @@ static ts_status cpu_sync(ts_ctx *ctx) {
     return TS_OK; /* kernels run synchronously */
 }
 
-static void cpu_copy_bytes(ts_ctx *ctx, void *dst, const void *src,
-                           size_t bytes) {
-    (void)ctx;
-    memcpy(dst, src, bytes);
+static void *cpu_alloc(ts_ctx *ctx, int dev, size_t bytes) {
+    (void)dev; /* the host's pools share one allocator */
+    return ts_alloc_bytes(ctx, bytes);
 }
 
-const ts_backend ts_cpu_backend = {
-    "cpu",          TS_DEVICE_CPU,  ts_alloc_bytes, ts_free_bytes,
-    cpu_copy_bytes, cpu_run_node,   cpu_sync,       cpu_fusable,
-    cpu_run_fused,  cpu_eval_scalar};
+static void cpu_free(ts_ctx *ctx, int dev, void *p, size_t bytes) {
+    (void)dev;
+    ts_free_bytes(ctx, p, bytes);
+}
+
+static ts_status cpu_copy_bytes(ts_ctx *ctx, int dev, void *dst,
+                                const void *src, size_t bytes) {
+    (void)ctx, (void)dev;
+    if (bytes)
+        memcpy(dst, src, bytes);
+    return TS_OK;
+}
+
+static ts_status cpu_fill(ts_ctx *ctx, int dev, void *dst, size_t count,
+                          const void *pattern, size_t elem_bytes) {
+    (void)ctx, (void)dev;
+    char *p = dst;
+    for (size_t i = 0; i < count; i++)
+        memcpy(p + i * elem_bytes, pattern, elem_bytes);
+    return TS_OK;
+}
+
+static ts_status cpu_sync_dev(ts_ctx *ctx, int dev) {
+    (void)dev;
+    return cpu_sync(ctx);
+}
+
+static int cpu_count(ts_ctx *ctx) {
+    (void)ctx;
+    return TS_MAX_DEVICES;
+}
+
+/* the processor's model name from /proc/cpuinfo */
+static void cpu_model(char *buf, size_t n) {
+    snprintf(buf, n, "x86-64 CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10)) {
+            char *c = strchr(line, ':');
+            if (c) {
+                c += 1 + (c[1] == ' ');
+                c[strcspn(c, "\n")] = 0;
+                snprintf(buf, n, "%s", c);
+            }
+            break;
+        }
+    fclose(f);
+}
+
+static ts_status cpu_info(ts_ctx *ctx, int dev, ts_device_info *out) {
+    (void)dev;
+    memset(out, 0, sizeof *out);
+    cpu_model(out->name, sizeof out->name);
+    snprintf(out->type, sizeof out->type, "cpu");
+    long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES),
+         psz = sysconf(_SC_PAGESIZE);
+    out->total_bytes = pages > 0 ? (size_t)pages * (size_t)psz : 0;
+    out->free_bytes = avail > 0 ? (size_t)avail * (size_t)psz : 0;
+    snprintf(out->features, sizeof out->features, "threads=%d%s%s%s%s",
+             ctx->num_threads, __builtin_cpu_supports("avx2") ? " avx2" : "",
+             __builtin_cpu_supports("fma") ? " fma" : "",
+             __builtin_cpu_supports("avx512f") ? " avx512f" : "",
+             __builtin_cpu_supports("avx512bf16") ? " avx512bf16" : "");
+    return TS_OK;
+}
+
+const ts_backend ts_cpu_backend = {.name = "cpu",
+                                   .kind = TS_DEVICE_CPU,
+                                   .alloc = cpu_alloc,
+                                   .free = cpu_free,
+                                   .copy = cpu_copy_bytes,
+                                   .upload = cpu_copy_bytes,
+                                   .download = cpu_copy_bytes,
+                                   .fill = cpu_fill,
+                                   .run_node = cpu_run_node,
+                                   .sync = cpu_sync_dev,
+                                   .fusable = cpu_fusable,
+                                   .run_fused = cpu_run_fused,
+                                   .eval_scalar = cpu_eval_scalar,
+                                   .count = cpu_count,
+                                   .info = cpu_info};
 
 void cpu_iter_init(cpu_iter *it, int ndim, const int64_t *shape, int nops,
                    int64_t (*strides)[TS_MAX_DIMS]) {

@@ -1,0 +1,571 @@
+/* vk_exec.c — running work on a Vulkan device: command batches (dispatches
+ * recorded into one command buffer, submitted every VK_BATCH_DISPATCHES or
+ * when the host needs a value, never one submit and wait per op), the
+ * parameter arena each batch owns, pipelines from the embedded SPIR-V
+ * (specialization constants, a pipeline cache), temporary memory freed when
+ * its batch is done, and transfers through a host-visible staging buffer. */
+#include "backend/vulkan/vk_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct vk_shader_blob {
+    const char *name;
+    const uint32_t *code;
+    size_t bytes;
+};
+extern const struct vk_shader_blob vk_shader_table[];
+extern const int vk_shader_count;
+
+#define VK_BATCH_DISPATCHES 256
+/* how long the host waits on the device before calling it hung */
+#define VK_WAIT_NS (120ull * 1000000000ull)
+
+ts_status vk_exec_init(ts_ctx *ctx, vk_dev *d) {
+    VkCommandPoolCreateInfo pi = {
+        .sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+        .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+        .queueFamilyIndex = d->qfam};
+    VkResult r = vkCreateCommandPool(d->dev, &pi, NULL, &d->pool);
+    if (r != VK_SUCCESS)
+        return vk_fail(ctx, d, r, "vkCreateCommandPool");
+    for (int i = 0; i < VK_BATCHES; i++) {
+        vk_batch *b = &d->batch[i];
+        VkCommandBufferAllocateInfo ai = {
+            .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+            .commandPool = d->pool,
+            .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+            .commandBufferCount = 1};
+        r = vkAllocateCommandBuffers(d->dev, &ai, &b->cb);
+        if (r != VK_SUCCESS)
+            return vk_fail(ctx, d, r, "vkAllocateCommandBuffers");
+        VkFenceCreateInfo fi = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+        r = vkCreateFence(d->dev, &fi, NULL, &b->fence);
+        if (r != VK_SUCCESS)
+            return vk_fail(ctx, d, r, "vkCreateFence");
+        ts_status st = vk_host_buffer(ctx, d, VK_PARAM_ARENA, &b->params);
+        if (st != TS_OK)
+            return st;
+    }
+    ts_status st = vk_host_buffer(ctx, d, VK_STAGING, &d->staging);
+    if (st != TS_OK)
+        return st;
+    VkPushConstantRange range = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT,
+                                 .offset = 0,
+                                 .size = 8};
+    VkPipelineLayoutCreateInfo li = {
+        .sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+        .pushConstantRangeCount = 1,
+        .pPushConstantRanges = &range};
+    r = vkCreatePipelineLayout(d->dev, &li, NULL, &d->layout);
+    if (r != VK_SUCCESS)
+        return vk_fail(ctx, d, r, "vkCreatePipelineLayout");
+    VkPipelineCacheCreateInfo ci = {
+        .sType = VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+    r = vkCreatePipelineCache(d->dev, &ci, NULL, &d->cache);
+    if (r != VK_SUCCESS)
+        return vk_fail(ctx, d, r, "vkCreatePipelineCache");
+    d->modules = calloc((size_t)vk_shader_count + 1, sizeof *d->modules);
+    if (!d->modules)
+        return ts_set_error(ctx, TS_ERR_OOM, "vulkan: out of memory");
+    return TS_OK;
+}
+
+static void batch_release(vk_dev *d, vk_batch *b) {
+    for (int i = 0; i < b->n_temps; i++)
+        vk_free_addr(d, b->temps[i], b->temp_bytes[i]);
+    b->n_temps = 0;
+    for (int i = 0; i < b->n_blocks; i++)
+        vk_block_release(d, b->blocks[i]);
+    b->n_blocks = 0;
+    b->params_used = 0;
+    b->dispatches = 0;
+}
+
+void vk_exec_destroy(vk_dev *d) {
+    for (int i = 0; i < VK_BATCHES; i++) {
+        vk_batch *b = &d->batch[i];
+        if (b->recording)
+            vkEndCommandBuffer(b->cb);
+        batch_release(d, b);
+        free(b->temps), free(b->temp_bytes), free(b->blocks);
+        if (b->fence)
+            vkDestroyFence(d->dev, b->fence, NULL);
+        vk_host_buffer_free(d, &b->params);
+    }
+    vk_host_buffer_free(d, &d->staging);
+    for (int i = 0; i < d->n_pipes; i++)
+        vkDestroyPipeline(d->dev, d->pipes[i].pipe, NULL);
+    free(d->pipes);
+    for (int i = 0; d->modules && i < vk_shader_count; i++)
+        if (d->modules[i])
+            vkDestroyShaderModule(d->dev, d->modules[i], NULL);
+    free(d->modules);
+    if (d->cache)
+        vkDestroyPipelineCache(d->dev, d->cache, NULL);
+    if (d->layout)
+        vkDestroyPipelineLayout(d->dev, d->layout, NULL);
+    if (d->pool)
+        vkDestroyCommandPool(d->dev, d->pool, NULL);
+}
+
+/* waits for batch b's work (when submitted) and frees what it held */
+static ts_status batch_wait(ts_ctx *ctx, vk_dev *d, vk_batch *b) {
+    if (!b->submitted)
+        return TS_OK;
+    VkResult r = vkWaitForFences(d->dev, 1, &b->fence, VK_TRUE, VK_WAIT_NS);
+    if (r == VK_TIMEOUT) {
+        d->lost = true;
+        return ts_set_error(ctx, TS_ERR_STATE,
+                            "vulkan:%d: the device did not finish its work "
+                            "in %llu s; treating it as lost",
+                            d->index,
+                            (unsigned long long)(VK_WAIT_NS / 1000000000ull));
+    }
+    if (r != VK_SUCCESS)
+        return vk_fail(ctx, d, r, "vkWaitForFences");
+    vkResetFences(d->dev, 1, &b->fence);
+    b->submitted = false;
+    batch_release(d, b);
+    return TS_OK;
+}
+
+/* the batch being recorded, begun when needed */
+static ts_status current(ts_ctx *ctx, vk_dev *d, vk_batch **out) {
+    if (d->lost)
+        return ts_set_error(ctx, TS_ERR_STATE,
+                            "vulkan:%d: the device is lost (an earlier "
+                            "error); its tensors are gone",
+                            d->index);
+    vk_batch *b = &d->batch[d->cur];
+    if (!b->recording) {
+        ts_status st = batch_wait(ctx, d, b);
+        if (st != TS_OK)
+            return st;
+        VkCommandBufferBeginInfo bi = {
+            .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+            .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+        VkResult r = vkResetCommandBuffer(b->cb, 0);
+        if (r == VK_SUCCESS)
+            r = vkBeginCommandBuffer(b->cb, &bi);
+        if (r != VK_SUCCESS)
+            return vk_fail(ctx, d, r, "vkBeginCommandBuffer");
+        b->recording = true;
+    }
+    *out = b;
+    return TS_OK;
+}
+
+ts_status vk_exec_flush(ts_ctx *ctx, vk_dev *d) {
+    vk_batch *b = &d->batch[d->cur];
+    if (!b->recording)
+        return TS_OK;
+    b->recording = false;
+    VkResult r = vkEndCommandBuffer(b->cb);
+    if (r == VK_SUCCESS) {
+        VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                           .commandBufferCount = 1,
+                           .pCommandBuffers = &b->cb};
+        r = vkQueueSubmit(d->queue, 1, &si, b->fence);
+    }
+    if (r != VK_SUCCESS)
+        return vk_fail(ctx, d, r, "vkQueueSubmit");
+    b->submitted = true;
+    d->submits++;
+    d->cur = (d->cur + 1) % VK_BATCHES;
+    return TS_OK;
+}
+
+ts_status vk_exec_wait_all(ts_ctx *ctx, vk_dev *d) {
+    ts_status st = vk_exec_flush(ctx, d);
+    for (int i = 0; i < VK_BATCHES && st == TS_OK; i++)
+        st = batch_wait(ctx, d, &d->batch[(d->cur + i) % VK_BATCHES]);
+    return st;
+}
+
+static bool grow(void **p, int *cap, int need, size_t elem) {
+    if (need <= *cap)
+        return true;
+    int nc = *cap ? *cap * 2 : 16;
+    while (nc < need)
+        nc *= 2;
+    void *q = realloc(*p, (size_t)nc * elem);
+    if (!q)
+        return false;
+    *p = q;
+    *cap = nc;
+    return true;
+}
+
+void vk_exec_defer_block(vk_dev *d, vk_block *b) {
+    vk_batch *cur = &d->batch[d->cur];
+    /* nothing queued reads it: free at once */
+    bool idle = !cur->recording;
+    for (int i = 0; i < VK_BATCHES && idle; i++)
+        idle = !d->batch[i].submitted;
+    if (idle || !grow((void **)&cur->blocks, &cur->cap_blocks,
+                      cur->n_blocks + 1, sizeof *cur->blocks)) {
+        if (!idle)
+            vk_exec_wait_all(d->ctx, d);
+        vk_block_release(d, b);
+        return;
+    }
+    if (!cur->recording) { /* hold it with the last submitted batch */
+        vk_batch *last = &d->batch[(d->cur + VK_BATCHES - 1) % VK_BATCHES];
+        if (last->submitted &&
+            grow((void **)&last->blocks, &last->cap_blocks,
+                 last->n_blocks + 1, sizeof *last->blocks)) {
+            last->blocks[last->n_blocks++] = b;
+            return;
+        }
+        vk_exec_wait_all(d->ctx, d);
+        vk_block_release(d, b);
+        return;
+    }
+    cur->blocks[cur->n_blocks++] = b;
+}
+
+uint64_t vk_temp(ts_ctx *ctx, vk_dev *d, size_t bytes) {
+    vk_batch *b = NULL;
+    if (current(ctx, d, &b) != TS_OK)
+        return 0;
+    int cap = b->cap_temps;
+    if (!grow((void **)&b->temps, &b->cap_temps, b->n_temps + 1,
+              sizeof *b->temps)) {
+        ts_set_error(ctx, TS_ERR_OOM, "vulkan: out of memory");
+        return 0;
+    }
+    if (b->cap_temps != cap) { /* temp_bytes grows alongside temps */
+        size_t *tb = realloc(b->temp_bytes, sizeof *tb * (size_t)b->cap_temps);
+        if (!tb) {
+            b->cap_temps = cap;
+            ts_set_error(ctx, TS_ERR_OOM, "vulkan: out of memory");
+            return 0;
+        }
+        b->temp_bytes = tb;
+    }
+    uint64_t a = vk_alloc_addr(ctx, d, bytes);
+    if (!a)
+        return 0;
+    b->temps[b->n_temps] = a;
+    b->temp_bytes[b->n_temps++] = bytes;
+    return a;
+}
+
+/* ---- pipelines ---- */
+
+static int shader_index(const char *name) {
+    for (int i = 0; i < vk_shader_count; i++)
+        if (!strcmp(vk_shader_table[i].name, name))
+            return i;
+    return -1;
+}
+
+static ts_status pipeline(ts_ctx *ctx, vk_dev *d, const vk_launch_desc *l,
+                          VkPipeline *out) {
+    int si = shader_index(l->shader);
+    if (si < 0)
+        return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                            "vulkan: no shader \"%s\" in this build",
+                            l->shader);
+    for (int i = 0; i < d->n_pipes; i++) {
+        vk_pipe_entry *e = &d->pipes[i];
+        if (e->shader == si && e->nspec == l->nspec &&
+            !memcmp(e->spec, l->spec, sizeof(uint32_t) * (size_t)l->nspec)) {
+            *out = e->pipe;
+            return TS_OK;
+        }
+    }
+    VkResult r;
+    if (!d->modules[si]) {
+        VkShaderModuleCreateInfo mi = {
+            .sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+            .codeSize = vk_shader_table[si].bytes,
+            .pCode = vk_shader_table[si].code};
+        r = vkCreateShaderModule(d->dev, &mi, NULL, &d->modules[si]);
+        if (r != VK_SUCCESS)
+            return vk_fail(ctx, d, r, "vkCreateShaderModule");
+    }
+    VkSpecializationMapEntry map[VK_MAX_SPEC];
+    for (int i = 0; i < l->nspec; i++)
+        map[i] = (VkSpecializationMapEntry){(uint32_t)i,
+                                            (uint32_t)(4 * i), 4};
+    VkSpecializationInfo spec = {.mapEntryCount = (uint32_t)l->nspec,
+                                 .pMapEntries = map,
+                                 .dataSize = 4 * (size_t)l->nspec,
+                                 .pData = l->spec};
+    VkComputePipelineCreateInfo ci = {
+        .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                  .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                  .module = d->modules[si],
+                  .pName = "main",
+                  .pSpecializationInfo = l->nspec ? &spec : NULL},
+        .layout = d->layout};
+    VkPipeline p;
+    r = vkCreateComputePipelines(d->dev, d->cache, 1, &ci, NULL, &p);
+    if (r != VK_SUCCESS)
+        return vk_fail(ctx, d, r, "vkCreateComputePipelines");
+    if (!grow((void **)&d->pipes, &d->cap_pipes, d->n_pipes + 1,
+              sizeof *d->pipes)) {
+        vkDestroyPipeline(d->dev, p, NULL);
+        return ts_set_error(ctx, TS_ERR_OOM, "vulkan: out of memory");
+    }
+    vk_pipe_entry *e = &d->pipes[d->n_pipes++];
+    memset(e, 0, sizeof *e);
+    e->shader = si;
+    e->nspec = l->nspec;
+    memcpy(e->spec, l->spec, sizeof(uint32_t) * (size_t)l->nspec);
+    e->pipe = p;
+    *out = p;
+    return TS_OK;
+}
+
+/* every earlier write (kernel or copy) visible to every later access */
+static void barrier(VkCommandBuffer cb) {
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT |
+                                           VK_ACCESS_TRANSFER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_SHADER_READ_BIT |
+                                           VK_ACCESS_SHADER_WRITE_BIT |
+                                           VK_ACCESS_TRANSFER_READ_BIT |
+                                           VK_ACCESS_TRANSFER_WRITE_BIT};
+    vkCmdPipelineBarrier(cb,
+                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
+                             VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
+                             VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+/* room for bytes in the current batch's host-visible arena: its host
+ * pointer and device address (a full arena submits the batch first) */
+static ts_status arena_take(ts_ctx *ctx, vk_dev *d, size_t bytes,
+                            vk_batch **bo, void **host, uint64_t *dev) {
+    vk_batch *b = NULL;
+    ts_status st = current(ctx, d, &b);
+    size_t off = (b ? b->params_used + 15 : 0) & ~(size_t)15;
+    if (st == TS_OK && off + bytes > VK_PARAM_ARENA) {
+        st = vk_exec_flush(ctx, d);
+        if (st == TS_OK)
+            st = current(ctx, d, &b);
+        off = 0;
+    }
+    if (st != TS_OK)
+        return st;
+    b->params_used = off + bytes;
+    *bo = b;
+    *host = (char *)b->params.map + off;
+    *dev = b->params.addr + off;
+    return TS_OK;
+}
+
+ts_status vk_launch(ts_ctx *ctx, vk_dev *d, const vk_launch_desc *l) {
+    if (l->params_bytes > VK_MAX_PARAMS || l->nspec > VK_MAX_SPEC)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "vulkan: launch of %s: %zu bytes of params, %d "
+                            "specialization constants (at most %d, %d)",
+                            l->shader, l->params_bytes, l->nspec,
+                            VK_MAX_PARAMS, VK_MAX_SPEC);
+    VkPipeline p = VK_NULL_HANDLE;
+    ts_status st = pipeline(ctx, d, l, &p);
+    vk_batch *b = NULL;
+    void *host;
+    uint64_t addr;
+    if (st == TS_OK)
+        st = arena_take(ctx, d, l->params_bytes ? l->params_bytes : 16, &b,
+                        &host, &addr);
+    if (st != TS_OK)
+        return st;
+    if (l->params_bytes)
+        memcpy(host, l->params, l->params_bytes);
+    uint32_t g[3];
+    for (int i = 0; i < 3; i++) {
+        g[i] = l->groups[i] ? l->groups[i] : 1;
+        if (g[i] > d->lim.max_groups[i])
+            return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                                "vulkan:%d: %s needs %u workgroups in "
+                                "dimension %d (the device allows %u)",
+                                d->index, l->shader, g[i], i,
+                                d->lim.max_groups[i]);
+    }
+    vkCmdBindPipeline(b->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);
+    vkCmdPushConstants(b->cb, d->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, 8,
+                       &addr);
+    vkCmdDispatch(b->cb, g[0], g[1], g[2]);
+    barrier(b->cb);
+    d->launches++;
+    if (++b->dispatches >= VK_BATCH_DISPATCHES)
+        return vk_exec_flush(ctx, d);
+    return TS_OK;
+}
+
+uint32_t vk_groups_for(const vk_dev *d, int64_t n, int64_t per) {
+    int64_t g = per > 0 ? (n + per - 1) / per : 1;
+    if (g < 1)
+        g = 1;
+    if (g > (int64_t)d->lim.max_groups[0])
+        g = d->lim.max_groups[0];
+    return (uint32_t)g;
+}
+
+ts_status vk_desc(ts_ctx *ctx, const ts_tensor *t, vk_tdesc *out) {
+    return vk_desc_bcast(ctx, t, t->ndim, t->shape, out);
+}
+
+ts_status vk_desc_bcast(ts_ctx *ctx, const ts_tensor *t, int ndim,
+                        const int64_t *shape, vk_tdesc *out) {
+    memset(out, 0, sizeof *out);
+    out->addr = vk_addr(t);
+    out->dtype = (int32_t)t->dtype;
+    out->ndim = ndim;
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) {
+        int td = d - (ndim - t->ndim); /* t's dim aligned right */
+        int64_t st = td >= 0 && t->shape[td] != 1 ? t->strides[td] : 0;
+        if (shape[d] > INT32_MAX || st > INT32_MAX || st < INT32_MIN)
+            return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                                "vulkan: a tensor dim of %lld or stride of "
+                                "%lld elements is past the kernels' 32-bit "
+                                "indexing",
+                                (long long)shape[d], (long long)st);
+        out->shape[d] = (int32_t)shape[d];
+        out->stride[d] = (int32_t)st;
+        n *= shape[d] ? shape[d] : 1;
+    }
+    if (n > INT32_MAX)
+        return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                            "vulkan: %lld elements in one tensor is past the "
+                            "kernels' 32-bit indexing",
+                            (long long)n);
+    return TS_OK;
+}
+
+/* ---- transfers ---- */
+
+static VkBuffer block_buf(vk_dev *d, uint64_t addr, VkDeviceSize *off) {
+    vk_block *b = vk_block_of(d, addr);
+    if (!b)
+        return VK_NULL_HANDLE;
+    *off = addr - b->raw.addr;
+    return b->raw.buf;
+}
+
+static ts_status bad_addr(ts_ctx *ctx, vk_dev *d, uint64_t a) {
+    return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                        "vulkan:%d: address 0x%llx is not device memory",
+                        d->index, (unsigned long long)a);
+}
+
+static void copy_cmd(VkCommandBuffer cb, VkBuffer src, VkDeviceSize so,
+                     VkBuffer dst, VkDeviceSize doff, VkDeviceSize n) {
+    VkBufferCopy c = {so, doff, n};
+    vkCmdCopyBuffer(cb, src, dst, 1, &c);
+    barrier(cb);
+}
+
+ts_status vk_upload(ts_ctx *ctx, vk_dev *d, uint64_t dst, const void *src,
+                    size_t bytes) {
+    VkDeviceSize doff;
+    VkBuffer db = block_buf(d, dst, &doff);
+    if (!db)
+        return bad_addr(ctx, d, dst);
+    if (bytes <= 65536) { /* small: through the batch's arena, no wait */
+        vk_batch *b = NULL;
+        void *host;
+        uint64_t a;
+        ts_status st = arena_take(ctx, d, bytes, &b, &host, &a);
+        if (st != TS_OK)
+            return st;
+        memcpy(host, src, bytes);
+        copy_cmd(b->cb, b->params.buf, a - b->params.addr, db, doff, bytes);
+        return TS_OK;
+    }
+    for (size_t done = 0; done < bytes;) {
+        size_t n = bytes - done < VK_STAGING ? bytes - done : VK_STAGING;
+        /* the staging buffer is free once everything queued is done */
+        ts_status st = vk_exec_wait_all(ctx, d);
+        vk_batch *b = NULL;
+        if (st == TS_OK)
+            st = current(ctx, d, &b);
+        if (st != TS_OK)
+            return st;
+        memcpy(d->staging.map, (const char *)src + done, n);
+        copy_cmd(b->cb, d->staging.buf, 0, db, doff + done, n);
+        done += n;
+    }
+    return vk_exec_flush(ctx, d);
+}
+
+ts_status vk_download(ts_ctx *ctx, vk_dev *d, void *dst, uint64_t src,
+                      size_t bytes) {
+    VkDeviceSize soff;
+    VkBuffer sb = block_buf(d, src, &soff);
+    if (!sb)
+        return bad_addr(ctx, d, src);
+    for (size_t done = 0; done < bytes;) {
+        size_t n = bytes - done < VK_STAGING ? bytes - done : VK_STAGING;
+        vk_batch *b = NULL;
+        ts_status st = current(ctx, d, &b);
+        if (st != TS_OK)
+            return st;
+        copy_cmd(b->cb, sb, soff + done, d->staging.buf, 0, n);
+        VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                              .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                              .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+        vkCmdPipelineBarrier(b->cb, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                             VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0,
+                             NULL);
+        st = vk_exec_wait_all(ctx, d);
+        if (st != TS_OK)
+            return st;
+        memcpy((char *)dst + done, d->staging.map, n);
+        done += n;
+    }
+    return TS_OK;
+}
+
+ts_status vk_copy_dev(ts_ctx *ctx, vk_dev *d, uint64_t dst, uint64_t src,
+                      size_t bytes) {
+    VkDeviceSize so, doff;
+    VkBuffer sb = block_buf(d, src, &so), db = block_buf(d, dst, &doff);
+    if (!sb)
+        return bad_addr(ctx, d, src);
+    if (!db)
+        return bad_addr(ctx, d, dst);
+    vk_batch *b = NULL;
+    ts_status st = current(ctx, d, &b);
+    if (st != TS_OK)
+        return st;
+    if (bytes)
+        copy_cmd(b->cb, sb, so, db, doff, bytes);
+    return TS_OK;
+}
+
+/* count elements of elem_bytes (1, 2, 4 or 8) from pattern, by a kernel
+ * (vkCmdFillBuffer wants 4-byte alignment, a bf16 view may not have it) */
+ts_status vk_fill(ts_ctx *ctx, vk_dev *d, uint64_t dst, size_t count,
+                  const void *pattern, size_t elem_bytes) {
+    struct {
+        uint64_t addr;
+        uint64_t value;
+        uint32_t count, elem_bytes;
+    } p = {dst, 0, 0, (uint32_t)elem_bytes};
+    memcpy(&p.value, pattern, elem_bytes);
+    for (size_t done = 0; done < count;) {
+        size_t n = count - done < (1u << 30) ? count - done : (1u << 30);
+        p.addr = dst + done * elem_bytes;
+        p.count = (uint32_t)n;
+        ts_status st = vk_launch(
+            ctx, d,
+            &(vk_launch_desc){.shader = "core_fill",
+                              .params = &p,
+                              .params_bytes = sizeof p,
+                              .groups = {vk_groups_for(d, (int64_t)n, 256)}});
+        if (st != TS_OK)
+            return st;
+        done += n;
+    }
+    return TS_OK;
+}
