@@ -1,10 +1,13 @@
 #version 460
 // nr_norm_bwd.comp — dx of rmsnorm (LAYER = 0) and layernorm (LAYER = 1),
 // one workgroup per row, as cpu_rmsnorm_backward / cpu_layernorm_backward
-// (norm.c), with gw = g * w and xhat = (x - mean) * rstd:
+// (norm.c), with gw = g * w, d = x - mean (0 for rmsnorm), xhat = d * rstd:
 //   rmsnorm:   dx = rstd * (gw - xhat * mean(gw * xhat))
 //   layernorm: dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
-// The weight/bias gradients are not here: autograd builds them from ops.
+// mean(gw * xhat) = rstd * sum(gw * d) / C. The CPU sums in double; here
+// the sums are double-floats (error-free products and additions) reduced
+// by a fixed tree, so the result does not hang on f32 cancellation. The
+// weight/bias gradients are not here: autograd builds them from ops.
 // g, x, w, mean, rstd: any strides; dx (N, C) contiguous.
 #include "common.glsl"
 
@@ -17,19 +20,53 @@ layout(buffer_reference, std430, buffer_reference_align = 8) buffer Params {
     int dx_dtype, C, N, has_w;
 };
 
-shared vec2 red[gl_WorkGroupSize.x];
+shared vec4 red[gl_WorkGroupSize.x]; // (sum gw, sum gw * d), each hi, lo
 
-// both sums of v over the workgroup (every invocation gets them)
-vec2 wg_sum(vec2 v) {
+vec2 two_sum(float a, float b) {
+    precise float s = a + b;
+    precise float bb = s - a;
+    precise float e = (a - (s - bb)) + (b - bb);
+    return vec2(s, e);
+}
+vec2 ff_add(vec2 a, vec2 b) {
+    vec2 s = two_sum(a.x, b.x);
+    precise float lo = s.y + (a.y + b.y);
+    return two_sum(s.x, lo);
+}
+// a * b exactly, as (hi, lo) (Dekker's product: Vulkan's fma() may round
+// between the multiply and the add, so it cannot give the error term)
+vec2 split(float a) {
+    precise float c = 4097.0 * a;
+    precise float hi = c - (c - a);
+    precise float lo = a - hi;
+    return vec2(hi, lo);
+}
+vec2 two_prod(float a, float b) {
+    precise float p = a * b;
+    vec2 as = split(a), bs = split(b);
+    precise float e = ((as.x * bs.x - p) + as.x * bs.y + as.y * bs.x) +
+                      as.y * bs.y;
+    return vec2(p, e);
+}
+// (hi + lo) / n rounded to f32 (the division's error corrected once)
+float ff_div(vec2 a, float n) {
+    float q = a.x / n;
+    vec2 qn = two_prod(q, n);
+    precise float r = ((a.x - qn.x) - qn.y) + a.y;
+    return q + r / n;
+}
+vec4 ff_add2(vec4 a, vec4 b) { return vec4(ff_add(a.xy, b.xy), ff_add(a.zw, b.zw)); }
+
+vec4 wg_sum(vec4 v) {
     uint t = gl_LocalInvocationID.x;
     red[t] = v;
     barrier();
     for (uint s = gl_WorkGroupSize.x / 2; s > 0; s >>= 1) {
         if (t < s)
-            red[t] += red[t + s];
+            red[t] = ff_add2(red[t], red[t + s]);
         barrier();
     }
-    vec2 r = red[0];
+    vec4 r = red[0];
     barrier();
     return r;
 }
@@ -51,27 +88,29 @@ void main() {
     int xs = x.stride[nl], gs = g.stride[nl], ws = w.stride[0];
     int t = int(gl_LocalInvocationID.x), WG = int(gl_WorkGroupSize.x);
     bool hw = p.has_w != 0;
+    float fC = float(C);
     for (int r = int(gl_WorkGroupID.x); r < N; r += int(gl_NumWorkGroups.x)) {
         int xo = row_offset(x, nl, r), go = row_offset(g, nl, r);
         float rs = BufF32(p.rstd.addr).v[row_offset(p.rstd, nl, r)];
         float mu = LAYER == 1 ? BufF32(p.mean.addr).v[row_offset(p.mean, nl, r)]
                               : 0.0;
-        vec2 s = vec2(0.0); // sum(gw), sum(gw * xhat)
+        vec4 s = vec4(0.0);
         for (int c = t; c < C; c += WG) {
             float gw = ts_load(g.addr, g.dtype, go + c * gs);
             if (hw)
                 gw *= ts_load(w.addr, w.dtype, c * ws);
-            float xh = (ts_load(x.addr, x.dtype, xo + c * xs) - mu) * rs;
-            s += vec2(gw, gw * xh);
+            float d = ts_load(x.addr, x.dtype, xo + c * xs) - mu;
+            s = ff_add2(s, vec4(gw, 0.0, two_prod(gw, d)));
         }
-        vec2 m = wg_sum(s) / float(C);
+        s = wg_sum(s);
+        float m1 = ff_div(s.xy, fC), m2 = rs * ff_div(s.zw, fC);
         int yo = r * C;
         for (int c = t; c < C; c += WG) {
             float gw = ts_load(g.addr, g.dtype, go + c * gs);
             if (hw)
                 gw *= ts_load(w.addr, w.dtype, c * ws);
             float xh = (ts_load(x.addr, x.dtype, xo + c * xs) - mu) * rs;
-            float d = LAYER == 1 ? gw - m.x - xh * m.y : gw - xh * m.y;
+            float d = LAYER == 1 ? gw - m1 - xh * m2 : gw - xh * m2;
             ts_store(p.dx, p.dx_dtype, yo + c, rs * d);
         }
     }
