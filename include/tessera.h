@@ -151,8 +151,8 @@ ts_status ts_device_sync(ts_ctx *ctx, ts_device d);
 
 /* device_map: where each part of a decoder lives, as Hugging Face's
  * device_map places modules. Strings: "cpu" (or any one device: all
- * there), "auto" (fill the devices in order; with only the host, all on
- * cpu:0), or groups "ITEMS:DEVICE" joined by ';', where ITEMS is a
+ * there: "vulkan:0"), "auto" (the GPU first, the rest on the host: see
+ * ts_device_map_auto; a model load gives it the model's sizes), or groups "ITEMS:DEVICE" joined by ';', where ITEMS is a
  * comma-separated list of `embed`, `head` (final norm + LM head), a layer
  * N or a range N-M, e.g. "embed,0-13:cpu:0;14-27,head:cpu:1". Every layer,
  * the embedding and the head must be placed exactly once. */
@@ -164,6 +164,13 @@ typedef struct {
 ts_status ts_device_map_parse(ts_ctx *ctx, const char *spec, int n_layers,
                               ts_device_map *out);
 void ts_device_map_free(ts_device_map *m);
+/* "auto" for a model of n_layers layers of layer_bytes each and
+ * other_bytes more (embedding, head, norms): the GPU (vulkan:0) first —
+ * the embedding and as many leading layers as fit in 80% of its free
+ * memory, the head too when every layer fits — the rest on cpu:0; all on
+ * cpu:0 without a Vulkan device. Sizes 0: everything on the GPU. */
+ts_status ts_device_map_auto(ts_ctx *ctx, int n_layers, size_t layer_bytes,
+                             size_t other_bytes, ts_device_map *out);
 /* number of distinct devices the map uses */
 int ts_device_map_count(const ts_device_map *m);
 

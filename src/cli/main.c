@@ -17,6 +17,7 @@ int tessera_prepare_data(int argc, char **argv);
 int tessera_train(int argc, char **argv);
 int tessera_bench(int argc, char **argv);
 int tessera_plot_loss(int argc, char **argv);
+int tessera_devices(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(
@@ -39,11 +40,14 @@ static void usage(FILE *f) {
            "size\n"
            "  logits   -m DIR --ids 1,2,3 --out F.npy: logits of every "
            "position\n"
+           "  devices  the devices models can run on (cpu, vulkan:N)\n"
            "every command takes -t/--threads N (prepare-data: --threads "
            "only, its -t\n"
            "is the tokenizer): threads for the kernels, default the cores "
            "this process\n"
-           "may run on (its affinity mask); TS_NUM_THREADS sets the same\n");
+           "may run on (its affinity mask); TS_NUM_THREADS sets the same\n"
+           "run, serve, logits and train take --device DEV (cpu, vulkan:0, "
+           "...): the\nwhole model there (--device-map splits it)\n");
 }
 
 /* Takes -t/--threads N out of argv (argc updated) into TS_NUM_THREADS,
@@ -93,6 +97,14 @@ int main(int argc, char **argv) {
     }
     if (!take_threads(&argc, argv))
         return 2;
+    /* --device DEV is --device-map DEV (one device holds every part) */
+    if (strcmp(argv[1], "train"))
+        for (int i = 2; i < argc; i++) {
+            if (!strcmp(argv[i], "--"))
+                break;
+            if (!strcmp(argv[i], "--device"))
+                argv[i] = "--device-map";
+        }
     if (!strcmp(argv[1], "demo"))
         return tessera_demo(argc - 1, argv + 1);
     if (!strcmp(argv[1], "info"))
@@ -117,6 +129,8 @@ int main(int argc, char **argv) {
         return tessera_tokenize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "logits"))
         return tessera_logits(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "devices"))
+        return tessera_devices(argc - 1, argv + 1);
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(stdout);
         return 0;

@@ -306,6 +306,13 @@ int tessera_logits(int argc, char **argv) {
         ts_lm_free(m);
         return fail(ctx, "forward");
     }
+    ts_tensor *hl = ts_to_device(logits, (ts_device){TS_DEVICE_CPU, 0});
+    ts_release(logits);
+    logits = hl;
+    if (!logits) {
+        ts_lm_free(m);
+        return fail(ctx, "forward");
+    }
     int64_t oshape[2] = {n, ts_tensor_dim(logits, 2)};
     int rc = write_npy(out, ts_tensor_data(logits), 2, oshape);
     if (rc)

@@ -173,6 +173,9 @@ static ts_status generate(session *S, const run_opts *o, const int32_t *ids,
         free(buf);
         ts_tensor *logits = ts_lm_forward_cached(S->lm, S->kc, in, true);
         ts_release(in);
+        ts_tensor *hl = ts_to_device(logits, (ts_device){TS_DEVICE_CPU, 0});
+        ts_release(logits);
+        logits = hl; /* sampling is the host's */
         float *row = logits ? (float *)ts_tensor_data(logits) : NULL;
         if (!row) {
             st = ts_ctx_status(ctx);

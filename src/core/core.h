@@ -7,6 +7,7 @@
 #include "tessera.h"
 
 #include <stdarg.h>
+#include <stdlib.h>
 
 struct ts_node;
 struct ts_fused;
@@ -122,7 +123,18 @@ typedef struct ts_storage {
     double uniform_value;
     int scratch; /* used by the compiler while it plans a graph */
     int scratch2;
+    /* a device storage that came from the host whole and small (a paged
+     * attention's block tables): the host's bytes, so that shape rules
+     * read it without waiting on the device; dropped at the first write */
+    void *shadow;
 } ts_storage;
+/* s is about to be written (by a kernel or the host): its shadow goes */
+static inline void ts_storage_written(ts_storage *s) {
+    if (s->shadow) {
+        free(s->shadow);
+        s->shadow = NULL;
+    }
+}
 
 struct ts_tensor {
     int refcount;

@@ -199,6 +199,12 @@ ts_tensor *ts_to_device(ts_tensor *t, ts_device d) {
         ts_release(c);
         return NULL;
     }
+    if (from.kind == TS_DEVICE_CPU && d.kind != TS_DEVICE_CPU &&
+        bytes <= 65536) { /* small host data: keep the host's bytes */
+        out->storage->shadow = malloc(bytes);
+        if (out->storage->shadow)
+            memcpy(out->storage->shadow, ts_tensor_ptr(c), bytes);
+    }
     ctx->dev_stats[d.kind][d.index].transfers_in++;
     ctx->dev_stats[d.kind][d.index].bytes_in += bytes;
     ts_release(c);
@@ -206,6 +212,42 @@ ts_tensor *ts_to_device(ts_tensor *t, ts_device d) {
 }
 
 /* ---- device_map ---- */
+
+ts_status ts_device_map_auto(ts_ctx *ctx, int n_layers, size_t layer_bytes,
+                             size_t other_bytes, ts_device_map *out) {
+    memset(out, 0, sizeof *out);
+    out->n_layers = n_layers;
+    out->layer = calloc((size_t)n_layers + 1, sizeof *out->layer);
+    if (!out->layer)
+        return ts_set_error(ctx, TS_ERR_OOM, "device_map: out of memory");
+    ts_device cpu = {TS_DEVICE_CPU, 0}, gpu = {TS_DEVICE_VULKAN, 0};
+    ts_status keep = ctx->status;
+    char keep_msg[sizeof ctx->errmsg];
+    memcpy(keep_msg, ctx->errmsg, sizeof keep_msg);
+    ts_device_info info;
+    bool have = ts_device_count(ctx, TS_DEVICE_VULKAN) > 0 &&
+                ts_device_info_get(ctx, gpu, &info) == TS_OK;
+    /* no GPU is not an error here: all on the host */
+    ctx->status = keep;
+    memcpy(ctx->errmsg, keep_msg, sizeof keep_msg);
+    /* 90% of what is free, less a tenth kept for activations and KV */
+    size_t room = have ? info.free_bytes / 10 * 8 : 0;
+    int on_gpu = 0;
+    if (have && other_bytes <= room) {
+        room -= other_bytes;
+        while (on_gpu < n_layers &&
+               (layer_bytes == 0 || layer_bytes <= room)) {
+            room -= layer_bytes;
+            on_gpu++;
+        }
+    }
+    bool any = have && other_bytes <= (have ? info.free_bytes / 10 * 8 : 0);
+    out->embed = any ? gpu : cpu;
+    for (int l = 0; l < n_layers; l++)
+        out->layer[l] = l < on_gpu ? gpu : cpu;
+    out->head = any && on_gpu == n_layers ? gpu : cpu;
+    return TS_OK;
+}
 
 void ts_device_map_free(ts_device_map *m) {
     if (m) {
@@ -296,14 +338,15 @@ ts_status ts_device_map_parse(ts_ctx *ctx, const char *spec, int n_layers,
     if (!out->layer)
         return ts_set_error(ctx, TS_ERR_OOM, "device_map: out of memory");
     ts_device one;
-    /* "auto" fills devices in order; the host is one device, cpu:0 */
+    if (!strcmp(spec, "auto"))
+        return ts_device_map_auto(ctx, n_layers, 0, 0, out);
     /* one device: no groups, and not "ITEMS:DEVICE" (a layer range) */
     bool one_device = !strchr(spec, ';') && !strchr(spec, ',') &&
                       !(spec[0] >= '0' && spec[0] <= '9') &&
                       strncmp(spec, "embed:", 6) && strncmp(spec, "head:", 5);
-    if (!strcmp(spec, "auto") || one_device) {
+    if (one_device) {
         one = (ts_device){TS_DEVICE_CPU, 0};
-        if (strcmp(spec, "auto") && ts_device_parse(ctx, spec, &one) != TS_OK) {
+        if (ts_device_parse(ctx, spec, &one) != TS_OK) {
             ts_device_map_free(out);
             return ctx->status;
         }

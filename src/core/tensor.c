@@ -109,6 +109,7 @@ void ts_storage_release(ts_storage *s) {
         s->counted;
     if (s->owner_release)
         s->owner_release(s->owner);
+    free(s->shadow);
     free(s);
 }
 
@@ -340,6 +341,15 @@ ts_tensor *ts_tensor_to_current(ts_ctx *ctx, ts_tensor *host) {
 ts_tensor *ts_host_copy(ts_tensor *t) {
     if (ts_storage_on_host(t->storage))
         return ts_retain(t);
+    if (t->storage->shadow && ts_tensor_is_contiguous(t)) {
+        ts_tensor *h = ts_tensor_new_host(t->ctx, t->dtype, t->ndim, t->shape);
+        if (h)
+            memcpy(h->storage->data,
+                   (char *)t->storage->shadow +
+                       (size_t)t->offset * ts_dtype_size(t->dtype),
+                   h->storage->bytes);
+        return h;
+    }
     return ts_to_device(t, (ts_device){TS_DEVICE_CPU, 0});
 }
 
@@ -530,6 +540,7 @@ static ts_status device_element(ts_tensor *t, const int64_t *idx, double *get,
     if (set) {
         char one[8];
         ts_store_f64(one, t->dtype, *set);
+        ts_storage_written(t->storage);
         st = ts_storage_backend(t->storage)
                  ->upload(t->ctx, t->storage->device.index, ts_tensor_ptr(v),
                           one, ts_dtype_size(t->dtype));
@@ -596,6 +607,7 @@ static ts_status fill_raw(ts_tensor *dst, double value) {
     char one[8];
     ts_store_f64(one, dst->dtype, value);
     if (!ts_storage_on_host(dst->storage)) {
+        ts_storage_written(dst->storage);
         if (ts_tensor_is_contiguous(dst))
             return ts_storage_backend(dst->storage)
                 ->fill(dst->ctx, dst->storage->device.index, ts_tensor_ptr(dst),

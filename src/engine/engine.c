@@ -769,7 +769,13 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
             while ((s->n_inserted + 1) * (size_t)e->bs <= s->n_computed)
                 tree_insert(e, s, s->n_inserted);
         }
-        const float *L = n_rows ? ts_tensor_data(logits) : NULL;
+        /* sampling is the host's: logits on a device come back here */
+        ts_tensor *hl =
+            n_rows ? ts_to_device(logits, (ts_device){TS_DEVICE_CPU, 0})
+                   : NULL;
+        ts_release(logits);
+        logits = hl;
+        const float *L = hl ? ts_tensor_data(hl) : NULL;
         int64_t V = ts_tensor_dim(logits, 1);
         for (int r = 0; r < n_rows && L; r++) {
             seq *s = row_seq[r];

@@ -201,7 +201,8 @@ static ts_tensor *op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
             for (int i = 0; i < n_in; i++) /* reads must see these writes */
                 if (i == 0 || (op == TS_OP_ADAMW && (i == 2 || i == 3)))
                     in[i]->storage->pending_writes++,
-                        in[i]->storage->uniform = false;
+                        in[i]->storage->uniform = false,
+                        ts_storage_written(in[i]->storage);
         } else {
             out = ts_tensor_new_pending(ctx, od.dtype, od.ndim, od.shape);
             if (!out)
@@ -233,7 +234,8 @@ static ts_tensor *op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
         for (int i = 0; def->in_place && i < n_in;
              i++) /* written: no constant */
             if (i == 0 || (op == TS_OP_ADAMW && (i == 2 || i == 3)))
-                in[i]->storage->uniform = false;
+                in[i]->storage->uniform = false,
+                ts_storage_written(in[i]->storage);
         for (int i = 0; i < n_saved; i++) {
             n->saved[i] =
                 ts_tensor_new(ctx, sd[i].dtype, sd[i].ndim, sd[i].shape);

@@ -1257,6 +1257,28 @@ void ts_kv_pool_free(ts_kv_pool *p) {
     free(p->k), free(p->v), free(p);
 }
 
+/* one block of a pool on a device: read back, or written from the host
+ * (the KV transfer of prefill/decode disaggregation) */
+static ts_status device_block(ts_tensor *pool, int64_t block, float *out,
+                              const float *in) {
+    ts_ctx *ctx = ts_tensor_ctx(pool);
+    ts_tensor *v = ts_slice(pool, 0, block, block + 1, 1);
+    ts_status st = v ? TS_OK : ts_ctx_status(ctx);
+    if (st == TS_OK && out)
+        st = ts_tensor_read(v, out, TS_F32);
+    if (st == TS_OK && in) {
+        ts_device here = ts_get_device(ctx);
+        ts_set_device(ctx, ts_tensor_device(pool));
+        ts_tensor *src = ts_from_data(ctx, TS_F32, ts_tensor_ndim(v),
+                                      ts_tensor_shape(v), in);
+        ts_set_device(ctx, here);
+        st = src ? ts_copy_(v, src) : ts_ctx_status(ctx);
+        ts_release(src);
+    }
+    ts_release(v);
+    return st;
+}
+
 static ts_status kv_pool_copy(ts_kv_pool *p, int64_t block, float *out,
                               const float *in) {
     if (!p || (!out && !in))
@@ -1269,11 +1291,19 @@ static ts_status kv_pool_copy(ts_kv_pool *p, int64_t block, float *out,
     size_t slab = (size_t)(c->kv_heads * p->block_size * c->head_dim);
     for (int64_t i = 0; i < c->layers; i++)
         for (int kv = 0; kv < 2; kv++) {
-            float *pool = ts_tensor_data(kv ? p->v[i] : p->k[i]);
+            ts_tensor *t = kv ? p->v[i] : p->k[i];
+            size_t at = (size_t)(2 * i + kv) * slab;
+            if (ts_tensor_device(t).kind != TS_DEVICE_CPU) {
+                ts_status st = device_block(t, block, out ? out + at : NULL,
+                                            in ? in + at : NULL);
+                if (st != TS_OK)
+                    return st;
+                continue;
+            }
+            float *pool = ts_tensor_data(t);
             if (!pool)
                 return ts_ctx_status(p->m->ctx);
             pool += (size_t)block * slab;
-            size_t at = (size_t)(2 * i + kv) * slab;
             if (out)
                 memcpy(out + at, pool, slab * sizeof(float));
             else

@@ -118,6 +118,25 @@ static ts_status fill_param(ts_ctx *ctx, const char *dir, ts_decoder *m,
     return s;
 }
 
+/* the load's device_map; "auto" sized by the model's parameters */
+static ts_status parse_map(ts_ctx *ctx, const ts_load_options *opt,
+                           const ts_model_config *mc, const dec_param *plan,
+                           int n, ts_device_map *out) {
+    if (strcmp(opt->device_map, "auto"))
+        return ts_device_map_parse(ctx, opt->device_map, (int)mc->layers, out);
+    size_t layer = 0, other = 0;
+    for (int i = 0; i < n; i++) {
+        size_t b = plan[i].matrix ? ts_dtype_size(opt->weight_dtype) : 4;
+        for (int d = 0; d < plan[i].ndim; d++)
+            b *= (size_t)plan[i].shape[d];
+        if (plan[i].layer == 0)
+            layer += b;
+        else if (plan[i].layer < 0)
+            other += b;
+    }
+    return ts_device_map_auto(ctx, (int)mc->layers, layer, other, out);
+}
+
 ts_status ts_decoder_load_opts(ts_ctx *ctx, const char *dir,
                                const ts_load_options *opt, ts_decoder **out) {
     if (!ctx)
@@ -159,8 +178,7 @@ ts_status ts_decoder_load_opts(ts_ctx *ctx, const char *dir,
         (s = ckpt_review_begin(&rv, ctx, dir, st, opt)) == TS_OK &&
         (s = review_checkpoint(&rv, &mc, plan, n)) == TS_OK &&
         (!opt->device_map ||
-         (s = ts_device_map_parse(ctx, opt->device_map, (int)mc.layers,
-                                  &dmap)) == TS_OK)) {
+         (s = parse_map(ctx, opt, &mc, plan, n, &dmap)) == TS_OK)) {
         ts_decoder_options o = {.weight_dtype = opt->weight_dtype,
                                 .device_map = opt->device_map ? &dmap : NULL,
                                 .no_init = true}; /* the checkpoint fills */
