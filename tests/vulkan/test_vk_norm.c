@@ -5,7 +5,7 @@
  * (prefill and decode positions, per-sequence positions, both
  * directions); and the backward of all three through ts_backward. */
 #include "backend/vulkan/vk.h" /* vk_k_rmsnorm: see main */
-#include "ops/rules.h"          /* ts_rope_dir: the transposed rope */
+#include "ops/rules.h"         /* ts_rope_dir: the transposed rope */
 #include "vk_test.h"
 
 /* f32: rtol 1e-5 with a small atol for values near 0; bf16 outputs: one
@@ -208,8 +208,8 @@ static void test_norms_backward(void) {
             int64_t C = Cs[ci], L0 = 2, L1 = C >= 1000 ? 3 : 7;
             if (!grad_ops) { /* dx alone */
                 for (int has = 0; has < 4; has++)
-                    check_norm(has < 2 ? NORM_RMS : NORM_LAYER, dts[di], L0,
-                               L1, C, LAYOUT_DENSE, has % 2 ? 3 : 0, 1);
+                    check_norm(has < 2 ? NORM_RMS : NORM_LAYER, dts[di], L0, L1,
+                               C, LAYOUT_DENSE, has % 2 ? 3 : 0, 1);
                 continue;
             }
             layout l = (layout)((ci + di) % LAYOUTS);
@@ -266,8 +266,8 @@ static void check_rope(ts_dtype dt, ts_dtype tdt, int64_t B, int64_t H,
             CHECK_OK(ctx, ts_set_requires_grad(leaf[dev], true));
         ts_tensor *c = dev ? vkt_up(cs) : ts_retain(cs);
         ts_tensor *s = dev ? vkt_up(sn) : ts_retain(sn);
-        ts_tensor *x = heads_view ? ts_transpose(leaf[dev], 1, 2)
-                                  : ts_retain(leaf[dev]);
+        ts_tensor *x =
+            heads_view ? ts_transpose(leaf[dev], 1, 2) : ts_retain(leaf[dev]);
         y[dev] = ts_rope_dir(x, c, s, dir);
         if (grad) {
             ts_tensor *g = dev ? vkt_up(dy) : ts_retain(dy);
