@@ -3,7 +3,9 @@
  * mean/rstd, and dx; autograd builds the weight/bias gradients from
  * ops) and the rotary embedding in the rotate-half layout. Shaders
  * nr_norm (forward), nr_norm_bwd (dx), nr_rope; the norms run one
- * workgroup per row, reductions in shared memory, f32 arithmetic. */
+ * workgroup per row, f32 arithmetic with double-float row sums reduced
+ * by a fixed tree in shared memory (deterministic, close to the CPU's
+ * double sums). */
 #include "backend/vulkan/vk.h"
 
 /* nr_norm.comp's Params (std430) */
