@@ -155,6 +155,8 @@ ts_tensor *ts_tensor_wrap(ts_ctx *ctx, ts_dtype dt, int ndim,
     ts_tensor *t = header_and_storage(ctx, dt, ndim, shape);
     if (!t)
         return NULL;
+    if (ctx->device.kind != TS_DEVICE_CPU) /* host memory: a host tensor */
+        t->storage->device = (ts_device){TS_DEVICE_CPU, 0};
     t->storage->data = data;
     t->storage->external = true;
     count_on_device(t->storage, t->storage->bytes); /* e.g. mapped weights */

@@ -1052,6 +1052,8 @@ ts_tensor *ts_decoder_loss(ts_decoder *m, ts_tensor *ids, ts_tensor *targets,
     int64_t lshape[2] = {B * T, m->cfg.vocab}, tshape[1] = {B * T};
     ts_tensor *flat = ts_reshape(logits, 2, lshape);   /* (B*T, V) */
     ts_tensor *tflat = ts_reshape(targets, 1, tshape); /* (B*T) */
+    if (flat && tflat) /* the targets go where the head is */
+        move_to(&tflat, ts_tensor_device(flat));
     ts_tensor *loss = ts_cross_entropy(flat, tflat, -100, TS_REDUCE_MEAN);
     ts_release(flat), ts_release(tflat);
     if (loss && m->n_router > 0) {

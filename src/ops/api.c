@@ -731,6 +731,14 @@ ts_status ts_copy_(ts_tensor *dst, ts_tensor *src) {
     if (!dst || !src)
         return TS_ERR_INVALID_ARG;
     ts_ctx *ctx = dst->ctx;
+    if (!ts_device_equal(dst->storage->device, src->storage->device)) {
+        /* from another device: moved beside dst first (a host mapping is
+         * uploaded straight from its pages) */
+        ts_tensor *moved = ts_to_device(src, dst->storage->device);
+        ts_status st = moved ? ts_copy_(dst, moved) : ctx->status;
+        ts_release(moved);
+        return st;
+    }
     /* compiled: recorded, runs in order; on a device: its kernel */
     if (ctx->mode == TS_MODE_COMPILED || !ts_storage_on_host(dst->storage)) {
         ts_tensor *in[2] = {dst, src};

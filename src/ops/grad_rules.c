@@ -314,6 +314,8 @@ static ts_tensor *as_f32(ts_tensor *t) {
 
 /* sum over all dims but the last, cast to dt */
 static ts_tensor *sum_rows(ts_tensor *t, ts_dtype dt) {
+    if (!t) /* an op before failed: its error stands */
+        return NULL;
     int dims[TS_MAX_DIMS];
     for (int d = 0; d < t->ndim - 1; d++)
         dims[d] = d;

@@ -38,12 +38,18 @@ static void test_families(ts_ctx *ctx, const char *models) {
     static const char *names[] = {"gqa2_untied", "mha_tied",   "bf16_tied",
                                   "qwen2_tied",  "llama_gqa4", "llama3_scaled",
                                   "gpt2_bare",   "gpt2_prefixed"};
-    static const char *maps[] = {"vulkan:0", "auto",
-                                 "embed,0:vulkan:0;1,head:cpu:0",
-                                 "embed:cpu:0;0:cpu:1;1,head:vulkan:0"};
-    char dir[1024], what[1200];
+    char dir[1024], what[1200], split1[128], split2[128];
+    const char *maps[] = {"vulkan:0", "auto", split1, split2};
     for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
         snprintf(dir, sizeof dir, "%s/%s", models, names[k]);
+        ts_decoder *probe = NULL; /* the layer count, for the splits */
+        CHECK_OK(ctx, ts_decoder_load(ctx, dir, &probe));
+        int L = probe ? (int)ts_decoder_get_config(probe)->layers : 2;
+        ts_decoder_free(probe);
+        snprintf(split1, sizeof split1, "embed,0:vulkan:0;1-%d,head:cpu:0",
+                 L - 1);
+        snprintf(split2, sizeof split2,
+                 "embed:cpu:0;0:cpu:1;1-%d,head:vulkan:0", L - 1);
         ts_dtype wdt = strstr(names[k], "bf16") ? TS_BF16 : TS_F32;
         ts_tensor *ref = logits_of(ctx, dir, "cpu", wdt);
         for (size_t j = 0; j < sizeof maps / sizeof *maps; j++) {

@@ -6,13 +6,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* weak while the kernel files are written one family at a time: a missing
- * one is NULL, reported as "no kernel" at run time */
-#pragma weak vk_k_rmsnorm
-#pragma weak vk_k_rmsnorm_backward
-#pragma weak vk_k_layernorm
-#pragma weak vk_k_layernorm_backward
-#pragma weak vk_k_rope
 
 static const vk_kernel vk_kernels[TS_OP_COUNT] = {
     [TS_OP_ADD] = vk_k_binary,
