@@ -11,13 +11,24 @@ import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import assert from "node:assert/strict";
 
-const [exe, modelDir, expectedFile] = process.argv.slice(2);
+const [exe, modelDir, expectedFile, ...serverArgs] = process.argv.slice(2);
+// extra server arguments (--device vulkan:0): the same checks on that
+// device; exit 77 (skipped) when the machine has no Vulkan device
+if (serverArgs.some((a) => a.startsWith("vulkan"))) {
+  const { spawnSync } = await import("node:child_process");
+  const d = spawnSync(exe, ["devices"], { encoding: "utf8" });
+  if (!/^vulkan:0/m.test(d.stdout)) {
+    console.log("server_e2e: skipped: no Vulkan device\n" + d.stdout);
+    process.exit(77);
+  }
+}
 const expected = readFileSync(expectedFile, "utf8");
 const port = 18000 + (process.pid % 1000);
 const base = `http://127.0.0.1:${port}`;
 
 const server = spawn(exe, ["serve", "-m", modelDir, "--port", String(port),
-  "--kv-blocks", "64", "--max-seqs", "8", "--served-model-name", "tiny"],
+  "--kv-blocks", "64", "--max-seqs", "8", "--served-model-name", "tiny",
+  ...serverArgs],
   { stdio: ["ignore", "ignore", "pipe"] });
 let log = "";
 server.stderr.on("data", (d) => { log += d; });
