@@ -12,7 +12,7 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-pthread-dev \
               python3 python3-torch python3-numpy python3-jinja2 \
               libvulkan-dev glslc mesa-vulkan-drivers vulkan-validationlayers
 
-.PHONY: run test deps build build-san fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe clean format
+.PHONY: run test deps build build-san fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan clean format
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -77,6 +77,11 @@ bench-compile: build
 
 bench-decode: build
 	./$(BUILD)/bench_decode
+
+# the Vulkan backend beside the CPU: matmul, attention, prefill, decode and
+# a training step (bench/NOTES.md, issue 18)
+bench-vulkan: build
+	./$(BUILD)/bench_vulkan
 
 bench-engine: build
 	./$(BUILD)/bench_engine --small

@@ -151,6 +151,10 @@ typedef struct {
      * the best validation loss, even when older; 0 keeps every one */
     int64_t keep_last;
     uint64_t seed;
+    /* where the model, its gradients and AdamW's state live: NULL or "cpu"
+     * for the host, "vulkan:0" ... (a single process: distributed runs
+     * keep their parameters on the host) */
+    const char *device;
     bool eager;                  /* else compiled */
     bool checkpoint_activations; /* recompute each layer in backward */
     bool bf16;   /* --dtype bf16: bf16 compute copies of the matrices, f32

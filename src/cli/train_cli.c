@@ -173,6 +173,8 @@ static const char *TRAIN_USAGE =
     "         [--dtype f32|bf16] [--eager | --compile] "
     "[--checkpoint-activations] [--resume] "
     "[--quiet] [--peak-gflops G]\n"
+    "         [--device cpu|vulkan:N] (the model, its gradients and "
+    "AdamW's state there)\n"
     "         [--shard none|grad-opt|full] (under mpirun -np N: data "
     "parallel, ZeRO-2, or fully sharded)\n"
     "         [--bucket-mb 16] [--no-overlap] (data parallel: MiB per "
@@ -214,7 +216,8 @@ static const num_opt NUM_OPTS[] = {
 /* options taking a string, and flags taking nothing */
 static const char *const STR_OPTS[] = {"model-config", "init-from", "data",
                                        "out",          "tokenizer", "schedule",
-                                       "dtype",        "shard"};
+                                       "dtype",        "shard",
+                                       "device"};
 static const char *const FLAG_OPTS[] = {"eager",  "compile",
                                         "resume", "checkpoint-activations",
                                         "quiet",  "no-overlap"};
@@ -326,6 +329,14 @@ static bool train_opt(ts_train_options *o, const char *key, const char *v,
             o->seed = (uint64_t)x;
         else /* peak-gflops */
             o->peak = x * 1e9;
+        return true;
+    }
+    if (!strcmp(k, "device")) { /* checked when the run starts */
+        if (missing || !*v) {
+            snprintf(err, cap, "--device needs a value: cpu or vulkan:N");
+            return false;
+        }
+        o->device = v;
         return true;
     }
     static const char *const choices[][4] = {

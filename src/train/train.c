@@ -1229,14 +1229,27 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
         st = ts_train_check_consistency(ctx, o, r.config_src, &arch,
                                         !o->quiet && r.rank == 0, r.tok_dir,
                                         sizeof r.tok_dir);
+    ts_device_map dmap = {0};
+    bool on_dev = o->device && strcmp(o->device, "cpu");
+    if (st == TS_OK && on_dev && r.world > 1)
+        st = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                          "train: --device %s with %d ranks: distributed "
+                          "runs keep their parameters on the host (run one "
+                          "process per device without --device)",
+                          o->device, r.world);
+    if (st == TS_OK && on_dev)
+        st = ts_device_map_parse(ctx, o->device, (int)arch.layers, &dmap);
     if (st == TS_OK && o->init_from) {
-        st = ts_decoder_load(ctx, o->init_from, &r.m);
+        ts_load_options lo = {.device_map = on_dev ? o->device : NULL};
+        st = ts_decoder_load_opts(ctx, o->init_from, &lo, &r.m);
         if (st == TS_OK) /* loaded weights are leaves that learn */
             for (int i = 0; i < ts_decoder_num_params(r.m); i++)
                 ts_set_requires_grad(ts_decoder_param(r.m, i), true);
     } else if (st == TS_OK) {
-        st = ts_decoder_new(ctx, &arch, NULL, o->seed, &r.m);
+        ts_decoder_options dopt = {.device_map = on_dev ? &dmap : NULL};
+        st = ts_decoder_new(ctx, &arch, &dopt, o->seed, &r.m);
     }
+    ts_device_map_free(&dmap);
     if (st == TS_OK && o->checkpoint_activations)
         st = ts_decoder_set_checkpointing(r.m, true);
     if (st == TS_OK && o->bf16)
