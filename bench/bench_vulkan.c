@@ -114,7 +114,8 @@ static void bench_attention(ts_ctx *ctx, ts_device vk, int64_t T) {
     /* causal: half of QK^T and PV, 2 flop each */
     double flop = 2.0 * 2.0 * 16 * (double)T * (double)T * 128 / 2;
     char what[64];
-    snprintf(what, sizeof what, "attention causal T=%lld GQA 16/8", (long long)T);
+    snprintf(what, sizeof what, "attention causal T=%lld GQA 16/8",
+             (long long)T);
     row(what, flop / tc * 1e-9, flop / tv * 1e-9, "GFLOP/s");
     for (int i = 0; i < 2; i++)
         ts_release(a.q[i]), ts_release(a.k[i]), ts_release(a.v[i]);

@@ -137,12 +137,12 @@ void ts_device_get_stats(const ts_ctx *ctx, ts_device d, ts_device_stats *out);
 int ts_device_count(ts_ctx *ctx, ts_device_kind kind);
 /* What `tessera devices` prints for one device. */
 typedef struct {
-    char name[256];      /* "llvmpipe (LLVM 15.0.6, 256 bits)", the CPU model */
-    char driver[128];    /* driver name and version; "" for the CPU */
-    char type[32];       /* "cpu", "discrete-gpu", "integrated-gpu", ... */
-    size_t total_bytes;  /* device-local memory (the host's RAM for the CPU) */
-    size_t free_bytes;   /* as the driver reports it (budget), else total */
-    char features[512];  /* space-separated: bf16 coopmat subgroup=32 ... */
+    char name[256];     /* "llvmpipe (LLVM 15.0.6, 256 bits)", the CPU model */
+    char driver[128];   /* driver name and version; "" for the CPU */
+    char type[32];      /* "cpu", "discrete-gpu", "integrated-gpu", ... */
+    size_t total_bytes; /* device-local memory (the host's RAM for the CPU) */
+    size_t free_bytes;  /* as the driver reports it (budget), else total */
+    char features[512]; /* space-separated: bf16 coopmat subgroup=32 ... */
 } ts_device_info;
 ts_status ts_device_info_get(ts_ctx *ctx, ts_device d, ts_device_info *out);
 /* Waits until every kernel queued on d has finished (a no-op on the CPU);
@@ -152,10 +152,11 @@ ts_status ts_device_sync(ts_ctx *ctx, ts_device d);
 /* device_map: where each part of a decoder lives, as Hugging Face's
  * device_map places modules. Strings: "cpu" (or any one device: all
  * there: "vulkan:0"), "auto" (the GPU first, the rest on the host: see
- * ts_device_map_auto; a model load gives it the model's sizes), or groups "ITEMS:DEVICE" joined by ';', where ITEMS is a
- * comma-separated list of `embed`, `head` (final norm + LM head), a layer
- * N or a range N-M, e.g. "embed,0-13:cpu:0;14-27,head:cpu:1". Every layer,
- * the embedding and the head must be placed exactly once. */
+ * ts_device_map_auto; a model load gives it the model's sizes), or groups
+ * "ITEMS:DEVICE" joined by ';', where ITEMS is a comma-separated list of
+ * `embed`, `head` (final norm + LM head), a layer N or a range N-M, e.g.
+ * "embed,0-13:cpu:0;14-27,head:cpu:1". Every layer, the embedding and the head
+ * must be placed exactly once. */
 typedef struct {
     ts_device embed, head;
     int n_layers;

@@ -216,8 +216,7 @@ static const num_opt NUM_OPTS[] = {
 /* options taking a string, and flags taking nothing */
 static const char *const STR_OPTS[] = {"model-config", "init-from", "data",
                                        "out",          "tokenizer", "schedule",
-                                       "dtype",        "shard",
-                                       "device"};
+                                       "dtype",        "shard",     "device"};
 static const char *const FLAG_OPTS[] = {"eager",  "compile",
                                         "resume", "checkpoint-activations",
                                         "quiet",  "no-overlap"};

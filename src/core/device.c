@@ -235,8 +235,7 @@ ts_status ts_device_map_auto(ts_ctx *ctx, int n_layers, size_t layer_bytes,
     int on_gpu = 0;
     if (have && other_bytes <= room) {
         room -= other_bytes;
-        while (on_gpu < n_layers &&
-               (layer_bytes == 0 || layer_bytes <= room)) {
+        while (on_gpu < n_layers && (layer_bytes == 0 || layer_bytes <= room)) {
             room -= layer_bytes;
             on_gpu++;
         }

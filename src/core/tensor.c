@@ -103,8 +103,7 @@ void ts_storage_release(ts_storage *s) {
     if (!s || --s->refcount > 0)
         return;
     if (!s->external && s->data)
-        ts_storage_backend(s)->free(s->ctx, s->device.index, s->data,
-                                    s->bytes);
+        ts_storage_backend(s)->free(s->ctx, s->device.index, s->data, s->bytes);
     s->ctx->dev_stats[s->device.kind][s->device.index].bytes_in_use -=
         s->counted;
     if (s->owner_release)
@@ -314,9 +313,9 @@ ts_tensor *ts_from_data(ts_ctx *ctx, ts_dtype dt, int ndim,
         return NULL;
     }
     ts_tensor *t = ts_tensor_new(ctx, dt, ndim, shape);
-    if (t && ts_storage_backend(t->storage)->upload(
-                 ctx, t->storage->device.index, t->storage->data, data,
-                 t->storage->bytes) != TS_OK) {
+    if (t && ts_storage_backend(t->storage)
+                     ->upload(ctx, t->storage->device.index, t->storage->data,
+                              data, t->storage->bytes) != TS_OK) {
         ts_release(t);
         return NULL;
     }

@@ -771,8 +771,7 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
         }
         /* sampling is the host's: logits on a device come back here */
         ts_tensor *hl =
-            n_rows ? ts_to_device(logits, (ts_device){TS_DEVICE_CPU, 0})
-                   : NULL;
+            n_rows ? ts_to_device(logits, (ts_device){TS_DEVICE_CPU, 0}) : NULL;
         ts_release(logits);
         logits = hl;
         const float *L = hl ? ts_tensor_data(hl) : NULL;

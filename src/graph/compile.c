@@ -1679,8 +1679,8 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
                 ->free(ctx, t->arena_dev.index, t->arena, t->arena_cap);
         t->arena_cap = align64(p->arena_bytes);
         t->arena_dev = p->dev;
-        t->arena = ts_backend_of(p->dev.kind)
-                       ->alloc(ctx, p->dev.index, t->arena_cap);
+        t->arena =
+            ts_backend_of(p->dev.kind)->alloc(ctx, p->dev.index, t->arena_cap);
         if (!t->arena) {
             t->arena_cap = 0;
             return ts_set_error(ctx, TS_ERR_OOM,
@@ -1759,10 +1759,9 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
         } else if (p->folded[i]) { /* a constant: fill, no kernel */
             char one[8];
             ts_store_f64(one, hdr.dtype, p->fold_value[i]);
-            st = ts_storage_backend(n->out_st)
-                     ->fill(ctx, n->out_st->device.index, n->out_st->data,
-                            (size_t)ts_tensor_numel(&hdr), one,
-                            ts_dtype_size(hdr.dtype));
+            st = ts_storage_backend(n->out_st)->fill(
+                ctx, n->out_st->device.index, n->out_st->data,
+                (size_t)ts_tensor_numel(&hdr), one, ts_dtype_size(hdr.dtype));
             n->out_st->uniform = true;
             n->out_st->uniform_value = p->fold_value[i];
         } else if (root) {

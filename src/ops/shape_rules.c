@@ -570,8 +570,8 @@ ts_status ts_infer_paged_attention(ts_ctx *ctx, const ts_node *n, ts_desc *o,
             "tensor");
     /* the values as the host sees them (a device's copy comes back) */
     ts_tensor *mh = ts_host_copy((ts_tensor *)meta);
-    ts_status st = check_paged_meta(ctx, meta, mh ? ts_tensor_data(mh) : NULL,
-                                    N, BS, NB);
+    ts_status st =
+        check_paged_meta(ctx, meta, mh ? ts_tensor_data(mh) : NULL, N, BS, NB);
     ts_release(mh);
     if (st != TS_OK)
         return st;

@@ -40,8 +40,8 @@ static void test_roundtrip(ts_ctx *ctx) {
             CHECK(ts_tensor_data(dv) == NULL); /* not host memory */
             ts_tensor *back = vkt_down(dv);
             size_t bytes = (size_t)sizes[b] * ts_dtype_size(dts[a]);
-            CHECK(back && !memcmp(ts_tensor_data(back), ts_tensor_data(hc),
-                                  bytes));
+            CHECK(back &&
+                  !memcmp(ts_tensor_data(back), ts_tensor_data(hc), bytes));
             ts_release(back), ts_release(dv), ts_release(hc), ts_release(h);
         }
 }

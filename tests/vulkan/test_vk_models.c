@@ -35,9 +35,9 @@ static ts_tensor *logits_of(ts_ctx *ctx, const char *dir, const char *map,
 }
 
 static void test_families(ts_ctx *ctx, const char *models) {
-    static const char *names[] = {"gqa2_untied", "mha_tied",   "bf16_tied",
-                                  "qwen2_tied",  "llama_gqa4", "llama3_scaled",
-                                  "gpt2_bare",   "gpt2_prefixed"};
+    static const char *names[] = {
+        "gqa2_untied", "mha_tied",      "bf16_tied", "qwen2_tied",
+        "llama_gqa4",  "llama3_scaled", "gpt2_bare", "gpt2_prefixed"};
     char dir[1024], what[1200], split1[128], split2[128];
     const char *maps[] = {"vulkan:0", "auto", split1, split2};
     for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
@@ -238,8 +238,8 @@ static int generate(ts_ctx *ctx, const char *dir, const char *map,
             prompt[i] = i < 8 ? (int32_t)((r % 2) * 11 + i + 3)
                               : (int32_t)(r * 5 + i) % 90 + 3;
         ts_request q = {.prompt = prompt, .n_prompt = 12, .max_tokens = 8};
-        q.sampling = (ts_sampling){.temperature = 0, .top_p = 1,
-                                    .repetition_penalty = 1};
+        q.sampling = (ts_sampling){
+            .temperature = 0, .top_p = 1, .repetition_penalty = 1};
         q.ignore_eos = true;
         CHECK_OK(ctx, ts_engine_add(e, &q, &ids[r]));
         if (r == 1) { /* the first two run before the rest arrive */

@@ -24,7 +24,9 @@ static inline ts_ctx *vkt_ctx(const char *test) {
 }
 
 /* t on vulkan:0 / on the CPU (new references; t is kept) */
-static inline ts_tensor *vkt_up(ts_tensor *t) { return ts_to_device(t, VK0); }
+static inline ts_tensor *vkt_up(ts_tensor *t) {
+    return ts_to_device(t, VK0);
+}
 static inline ts_tensor *vkt_down(ts_tensor *t) {
     return ts_to_device(t, CPU0);
 }

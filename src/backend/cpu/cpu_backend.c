@@ -4,11 +4,11 @@
 #include "backend/cpu/cpu.h"
 
 #include <malloc.h>
-#include <stdio.h>
-#include <unistd.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 const ts_cpu_kernel ts_cpu_kernels[TS_OP_COUNT] = {
     [TS_OP_ADD] = cpu_binary,

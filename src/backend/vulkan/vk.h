@@ -101,21 +101,21 @@ typedef ts_status (*vk_kernel)(ts_ctx *ctx, vk_dev *d, ts_node *n);
 
 /* Kernels, by the file that defines them (the table is in vk_backend.c). */
 /* k_elementwise.c */
-ts_status vk_k_binary(ts_ctx *, vk_dev *, ts_node *);    /* add sub mul div eq */
-ts_status vk_k_unary(ts_ctx *, vk_dev *, ts_node *);     /* add_scalar..gelu */
+ts_status vk_k_binary(ts_ctx *, vk_dev *, ts_node *); /* add sub mul div eq */
+ts_status vk_k_unary(ts_ctx *, vk_dev *, ts_node *);  /* add_scalar..gelu */
 ts_status vk_k_unary_backward(ts_ctx *, vk_dev *, ts_node *);
 ts_status vk_k_where(ts_ctx *, vk_dev *, ts_node *);
 ts_status vk_k_masked_fill(ts_ctx *, vk_dev *, ts_node *);
-ts_status vk_k_copy(ts_ctx *, vk_dev *, ts_node *);      /* copy, cast */
+ts_status vk_k_copy(ts_ctx *, vk_dev *, ts_node *); /* copy, cast */
 ts_status vk_k_copy_into(ts_ctx *, vk_dev *, ts_node *);
 ts_status vk_k_concat(ts_ctx *, vk_dev *, ts_node *);
 ts_status vk_k_slice_scatter(ts_ctx *, vk_dev *, ts_node *);
 bool vk_fusable(int op);
 ts_status vk_run_fused(ts_ctx *ctx, const struct ts_fused *f);
 /* k_reduce.c */
-ts_status vk_k_reduce(ts_ctx *, vk_dev *, ts_node *);    /* sum mean amax */
+ts_status vk_k_reduce(ts_ctx *, vk_dev *, ts_node *); /* sum mean amax */
 ts_status vk_k_argmax(ts_ctx *, vk_dev *, ts_node *);
-ts_status vk_k_softmax(ts_ctx *, vk_dev *, ts_node *);   /* and log_softmax */
+ts_status vk_k_softmax(ts_ctx *, vk_dev *, ts_node *); /* and log_softmax */
 ts_status vk_k_cross_entropy(ts_ctx *, vk_dev *, ts_node *);
 ts_status vk_k_cross_entropy_backward(ts_ctx *, vk_dev *, ts_node *);
 ts_status vk_k_embedding(ts_ctx *, vk_dev *, ts_node *);

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <string.h>
 
-
 static const vk_kernel vk_kernels[TS_OP_COUNT] = {
     [TS_OP_ADD] = vk_k_binary,
     [TS_OP_SUB] = vk_k_binary,
@@ -166,8 +165,7 @@ static ts_status vk_info(ts_ctx *ctx, int dev, ts_device_info *out) {
     snprintf(out->driver, sizeof out->driver, "%.40s %.60s (Vulkan %u.%u.%u)",
              dp.driverName, dp.driverInfo, VK_API_VERSION_MAJOR(v),
              VK_API_VERSION_MINOR(v), VK_API_VERSION_PATCH(v));
-    snprintf(out->type, sizeof out->type, "%s",
-             type_name(d->props.deviceType));
+    snprintf(out->type, sizeof out->type, "%s", type_name(d->props.deviceType));
     vk_mem_info(d, &out->free_bytes, &out->total_bytes);
     snprintf(out->features, sizeof out->features,
              "subgroup=%u shared=%uKiB%s%s%s%s", d->lim.subgroup_size,
@@ -178,7 +176,9 @@ static ts_status vk_info(ts_ctx *ctx, int dev, ts_device_info *out) {
     return TS_OK;
 }
 
-static bool vk_fusable_any(int op) { return vk_fusable(op); }
+static bool vk_fusable_any(int op) {
+    return vk_fusable(op);
+}
 
 const ts_backend ts_vulkan_backend = {
     .name = "vulkan",

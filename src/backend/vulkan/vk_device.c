@@ -140,9 +140,8 @@ vk_state *vk_state_get(ts_ctx *ctx) {
                 s->instance, "vkCreateDebugUtilsMessengerEXT");
         VkDebugUtilsMessengerCreateInfoEXT mi = {
             .sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT,
-            .messageSeverity =
-                VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT |
-                VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT,
+            .messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT |
+                               VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT,
             .messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
                            VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
                            VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT,
@@ -292,7 +291,8 @@ static ts_status create_device(ts_ctx *ctx, vk_dev *d) {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f11};
     const char *exts[4];
     uint32_t ne = 0;
-    bool atomic_float = has_dev_ext(p, VK_EXT_SHADER_ATOMIC_FLOAT_EXTENSION_NAME);
+    bool atomic_float =
+        has_dev_ext(p, VK_EXT_SHADER_ATOMIC_FLOAT_EXTENSION_NAME);
     if (atomic_float) {
         exts[ne++] = VK_EXT_SHADER_ATOMIC_FLOAT_EXTENSION_NAME;
         f12.pNext = &af;
@@ -425,7 +425,9 @@ vk_dev *vk_dev_get(ts_ctx *ctx, int index) {
     return d;
 }
 
-const vk_limits *vk_dev_limits(const vk_dev *d) { return &d->lim; }
+const vk_limits *vk_dev_limits(const vk_dev *d) {
+    return &d->lim;
+}
 
 void vk_dev_destroy(vk_dev *d) {
     if (d->dev) {
@@ -455,14 +457,13 @@ static ts_status raw_alloc(ts_ctx *ctx, vk_dev *d, size_t bytes, bool host,
     memset(out, 0, sizeof *out);
     if (bytes > d->max_alloc)
         return oom(ctx, d, bytes);
-    VkBufferCreateInfo bi = {
-        .sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
-        .size = bytes,
-        .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
-                 VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
-                 VK_BUFFER_USAGE_TRANSFER_DST_BIT |
-                 VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT,
-        .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                             .size = bytes,
+                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
+                                      VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                                      VK_BUFFER_USAGE_TRANSFER_DST_BIT |
+                                      VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT,
+                             .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
     VkResult r = vkCreateBuffer(d->dev, &bi, NULL, &out->buf);
     if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY)
         return oom(ctx, d, bytes);
@@ -470,14 +471,13 @@ static ts_status raw_alloc(ts_ctx *ctx, vk_dev *d, size_t bytes, bool host,
         return vk_fail(ctx, d, r, "vkCreateBuffer");
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(d->dev, out->buf, &req);
-    int type =
-        host ? find_mem_type(&d->memprops, req.memoryTypeBits,
-                             VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
-                                 VK_MEMORY_PROPERTY_HOST_COHERENT_BIT |
-                                 VK_MEMORY_PROPERTY_HOST_CACHED_BIT,
-                             0)
-             : find_mem_type(&d->memprops, req.memoryTypeBits,
-                             VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
+    int type = host ? find_mem_type(&d->memprops, req.memoryTypeBits,
+                                    VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
+                                        VK_MEMORY_PROPERTY_HOST_COHERENT_BIT |
+                                        VK_MEMORY_PROPERTY_HOST_CACHED_BIT,
+                                    0)
+                    : find_mem_type(&d->memprops, req.memoryTypeBits,
+                                    VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
     if (type < 0)
         type = host ? find_mem_type(&d->memprops, req.memoryTypeBits,
                                     VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
@@ -537,7 +537,9 @@ static void raw_free(vk_dev *d, vk_raw *r, bool host) {
 ts_status vk_host_buffer(ts_ctx *ctx, vk_dev *d, size_t bytes, vk_raw *out) {
     return raw_alloc(ctx, d, bytes, true, out);
 }
-void vk_host_buffer_free(vk_dev *d, vk_raw *r) { raw_free(d, r, true); }
+void vk_host_buffer_free(vk_dev *d, vk_raw *r) {
+    raw_free(d, r, true);
+}
 
 /* size classes: 256-byte granules up to 4 KiB, then 4 steps per power of
  * two (at most 19% rounding) */
@@ -629,8 +631,8 @@ vk_block *vk_block_of(vk_dev *d, uint64_t addr) {
     return NULL;
 }
 
-static ts_status add_block(ts_ctx *ctx, vk_dev *d, size_t bytes,
-                           bool dedicated, vk_block **out) {
+static ts_status add_block(ts_ctx *ctx, vk_dev *d, size_t bytes, bool dedicated,
+                           vk_block **out) {
     vk_block *b = calloc(1, sizeof *b);
     if (!b)
         return ts_set_error(ctx, TS_ERR_OOM, "vulkan: out of memory");

@@ -51,9 +51,8 @@ ts_status vk_exec_init(ts_ctx *ctx, vk_dev *d) {
     ts_status st = vk_host_buffer(ctx, d, VK_STAGING, &d->staging);
     if (st != TS_OK)
         return st;
-    VkPushConstantRange range = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT,
-                                 .offset = 0,
-                                 .size = 8};
+    VkPushConstantRange range = {
+        .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .offset = 0, .size = 8};
     VkPipelineLayoutCreateInfo li = {
         .sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
         .pushConstantRangeCount = 1,
@@ -213,9 +212,8 @@ void vk_exec_defer_block(vk_dev *d, vk_block *b) {
     }
     if (!cur->recording) { /* hold it with the last submitted batch */
         vk_batch *last = &d->batch[(d->cur + VK_BATCHES - 1) % VK_BATCHES];
-        if (last->submitted &&
-            grow((void **)&last->blocks, &last->cap_blocks,
-                 last->n_blocks + 1, sizeof *last->blocks)) {
+        if (last->submitted && grow((void **)&last->blocks, &last->cap_blocks,
+                                    last->n_blocks + 1, sizeof *last->blocks)) {
             last->blocks[last->n_blocks++] = b;
             return;
         }
@@ -289,8 +287,7 @@ static ts_status pipeline(ts_ctx *ctx, vk_dev *d, const vk_launch_desc *l,
     }
     VkSpecializationMapEntry map[VK_MAX_SPEC];
     for (int i = 0; i < l->nspec; i++)
-        map[i] = (VkSpecializationMapEntry){(uint32_t)i,
-                                            (uint32_t)(4 * i), 4};
+        map[i] = (VkSpecializationMapEntry){(uint32_t)i, (uint32_t)(4 * i), 4};
     VkSpecializationInfo spec = {.mapEntryCount = (uint32_t)l->nspec,
                                  .pMapEntries = map,
                                  .dataSize = 4 * (size_t)l->nspec,
@@ -331,18 +328,17 @@ static void barrier(VkCommandBuffer cb) {
                                            VK_ACCESS_SHADER_WRITE_BIT |
                                            VK_ACCESS_TRANSFER_READ_BIT |
                                            VK_ACCESS_TRANSFER_WRITE_BIT};
-    vkCmdPipelineBarrier(cb,
-                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
-                             VK_PIPELINE_STAGE_TRANSFER_BIT,
-                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
-                             VK_PIPELINE_STAGE_TRANSFER_BIT,
-                         0, 1, &mb, 0, NULL, 0, NULL);
+    vkCmdPipelineBarrier(
+        cb,
+        VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+        VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+        0, 1, &mb, 0, NULL, 0, NULL);
 }
 
 /* room for bytes in the current batch's host-visible arena: its host
  * pointer and device address (a full arena submits the batch first) */
-static ts_status arena_take(ts_ctx *ctx, vk_dev *d, size_t bytes,
-                            vk_batch **bo, void **host, uint64_t *dev) {
+static ts_status arena_take(ts_ctx *ctx, vk_dev *d, size_t bytes, vk_batch **bo,
+                            void **host, uint64_t *dev) {
     vk_batch *b = NULL;
     ts_status st = current(ctx, d, &b);
     size_t off = (b ? b->params_used + 15 : 0) & ~(size_t)15;
@@ -366,8 +362,8 @@ ts_status vk_launch(ts_ctx *ctx, vk_dev *d, const vk_launch_desc *l) {
         return ts_set_error(ctx, TS_ERR_INVALID_ARG,
                             "vulkan: launch of %s: %zu bytes of params, %d "
                             "specialization constants (at most %d, %d)",
-                            l->shader, l->params_bytes, l->nspec,
-                            VK_MAX_PARAMS, VK_MAX_SPEC);
+                            l->shader, l->params_bytes, l->nspec, VK_MAX_PARAMS,
+                            VK_MAX_SPEC);
     VkPipeline p = VK_NULL_HANDLE;
     ts_status st = pipeline(ctx, d, l, &p);
     vk_batch *b = NULL;

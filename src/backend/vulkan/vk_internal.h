@@ -72,7 +72,7 @@ struct vk_dev {
     /* memory */
     size_t block_bytes, mem_reserved, cached_bytes;
     uint64_t max_alloc; /* one VkDeviceMemory / VkBuffer at most */
-    vk_block **blocks; /* sorted by address */
+    vk_block **blocks;  /* sorted by address */
     int n_blocks;
     vk_block *carve; /* where new chunks are cut */
     vk_chunk *free_chunks[VK_CLASSES];
