@@ -179,6 +179,22 @@ static double decode_time(ts_ctx *ctx, lm_arg *a, int k, ts_device d) {
     return t / a->decode_steps;
 }
 
+/* the same model (seed 1) on cpu:0 (m[0]) and on vk (m[1]) */
+static void model_pair(ts_ctx *ctx, ts_device vk, const ts_model_config *c,
+                       ts_dtype wdt, ts_decoder *m[2]) {
+    char vname[16];
+    const char *maps[2] = {"cpu", ts_device_name(vk, vname)};
+    for (int k = 0; k < 2; k++) {
+        ts_device_map dm;
+        if (ts_device_map_parse(ctx, maps[k], (int)c->layers, &dm) != TS_OK)
+            die(ctx, "device map");
+        ts_decoder_options o = {.weight_dtype = wdt, .device_map = &dm};
+        if (ts_decoder_new(ctx, c, &o, 1, &m[k]) != TS_OK)
+            die(ctx, "model");
+        ts_device_map_free(&dm);
+    }
+}
+
 static size_t weight_bytes(ts_decoder *m) {
     size_t b = 0;
     ts_tensor *const *p = ts_decoder_params(m);
@@ -191,18 +207,7 @@ static size_t weight_bytes(ts_decoder *m) {
 static void bench_model(ts_ctx *ctx, ts_device vk, bool full) {
     ts_model_config c = qwen3_06b(!full);
     lm_arg a = {.T = 512, .decode_steps = full ? 16 : 32};
-    const char *maps[2] = {"cpu", NULL};
-    char vname[16];
-    maps[1] = ts_device_name(vk, vname);
-    for (int k = 0; k < 2; k++) {
-        ts_device_map dm;
-        if (ts_device_map_parse(ctx, maps[k], (int)c.layers, &dm) != TS_OK)
-            die(ctx, "device map");
-        ts_decoder_options o = {.weight_dtype = TS_BF16, .device_map = &dm};
-        if (ts_decoder_new(ctx, &c, &o, 1, &a.m[k]) != TS_OK)
-            die(ctx, "model");
-        ts_device_map_free(&dm);
-    }
+    model_pair(ctx, vk, &c, TS_BF16, a.m);
     bool g = ts_set_grad_enabled(ctx, false);
     printf("Qwen3-0.6B architecture, %lld layers, vocab %lld, bf16 weights "
            "(%.0f MB)\n",
@@ -257,17 +262,8 @@ static void bench_train(ts_ctx *ctx, ts_device vk) {
     c.hidden = 256, c.heads = 4, c.kv_heads = 2, c.head_dim = 64;
     c.intermediate = 768, c.layers = 4;
     tr_arg a;
-    const char *maps[2] = {"cpu", NULL};
-    char vname[16];
-    maps[1] = ts_device_name(vk, vname);
+    model_pair(ctx, vk, &c, TS_F32, a.m);
     for (int k = 0; k < 2; k++) {
-        ts_device_map dm;
-        if (ts_device_map_parse(ctx, maps[k], (int)c.layers, &dm) != TS_OK)
-            die(ctx, "device map");
-        ts_decoder_options o = {.device_map = &dm};
-        if (ts_decoder_new(ctx, &c, &o, 1, &a.m[k]) != TS_OK)
-            die(ctx, "model");
-        ts_device_map_free(&dm);
         ts_adamw_options ao = ts_adamw_default_options();
         if (ts_adamw_new(ctx, ts_decoder_params(a.m[k]),
                          ts_decoder_num_params(a.m[k]), &ao,
