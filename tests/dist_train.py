@@ -16,6 +16,7 @@ steps of one process resumed by 2 sharded ranks, both give the losses of
 the uninterrupted run. Standard library and numpy only."""
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -207,6 +208,20 @@ for name in ("g_dp", "g_full"):
     got = losses(W(name))
     check(len(got) == 6 and rel(want, got) <= 1e-5,
           f"gpt2 {name[2:]}: 6 losses = one process's (worst {rel(want, got):.1e})")
+
+# `tessera train --device vulkan:0` (where the machine has Vulkan; CI has
+# lavapipe): the model, its gradients and AdamW's state on the device, the
+# losses those of the host's run; more ranks with --device are refused
+devs = subprocess.run([EXE, "devices"], capture_output=True, text=True).stdout
+if re.search(r"^vulkan:0", devs, re.M):
+    train(W("vk_one"), 6, 1, ("--device", "vulkan:0"))
+    got = losses(W("vk_one"))
+    train(W("cpu_one6"), 6, 1)
+    want = losses(W("cpu_one6"))
+    check(len(got) == 6 and rel(want, got) <= 1e-5,
+          f"--device vulkan:0: 6 losses = the host's (worst {rel(want, got):.1e})")
+else:
+    print("dist_train: no Vulkan device; --device vulkan:0 not checked")
 
 print(f"dist_train: {len(FAILS)} failure(s)")
 sys.exit(1 if FAILS else 0)

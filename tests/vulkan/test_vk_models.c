@@ -291,6 +291,77 @@ static void test_engine(ts_ctx *ctx, const char *models) {
            (long long)sv.prefix_hit_tokens);
 }
 
+/* the KV transfer of prefill/decode disaggregation reads a device's pool:
+ * the exported blocks of a prompt equal the CPU engine's, and blocks
+ * imported into another device engine export back the same */
+static void *export_of(ts_ctx *ctx, const char *dir, const char *map,
+                       const int32_t *prompt, size_t *n_blocks, size_t *bytes) {
+    ts_load_options o = {.device_map = map};
+    ts_decoder *m = NULL;
+    ts_engine *e = NULL;
+    ts_engine_options eo = ts_engine_options_default();
+    eo.block_size = 4, eo.n_blocks = 32;
+    CHECK_OK(ctx, ts_decoder_load_opts(ctx, dir, &o, &m));
+    if (m)
+        CHECK_OK(ctx, ts_engine_new(ctx, m, &eo, &e));
+    void *buf = NULL;
+    if (e) {
+        ts_request q = {.prompt = prompt, .n_prompt = 12, .max_tokens = 1};
+        q.sampling = (ts_sampling){.top_p = 1, .repetition_penalty = 1};
+        int64_t id;
+        CHECK_OK(ctx, ts_engine_add(e, &q, &id));
+        ts_engine_output out[4];
+        int n;
+        while (ts_engine_has_work(e) && ts_engine_step(e, out, 4, &n) == TS_OK)
+            ;
+        *bytes = (size_t)ts_engine_block_bytes(e);
+        buf = malloc(*bytes * 3);
+        *n_blocks = ts_engine_export_prefix(e, prompt, 12, buf, 3);
+        ts_engine_free(e);
+    }
+    ts_decoder_free(m);
+    return buf;
+}
+
+static void test_kv_transfer(ts_ctx *ctx, const char *models) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", models, "gqa2_untied");
+    int32_t prompt[12];
+    for (int i = 0; i < 12; i++)
+        prompt[i] = (int32_t)(i * 7 + 2);
+    size_t nc = 0, nv = 0, bytes = 0;
+    float *c = export_of(ctx, dir, "cpu", prompt, &nc, &bytes);
+    float *v = export_of(ctx, dir, "vulkan:0", prompt, &nv, &bytes);
+    CHECK(nc == 3 && nv == 3);
+    double worst = 0;
+    for (size_t i = 0; c && v && i < bytes * nc / 4; i++) {
+        double d = fabs((double)c[i] - v[i]);
+        worst = d > worst ? d : worst;
+    }
+    CHECK(c && v && worst <= 1e-4);
+    /* into a fresh engine on the device, and out again */
+    ts_load_options o = {.device_map = "vulkan:0"};
+    ts_decoder *m = NULL;
+    ts_engine *e = NULL;
+    ts_engine_options eo = ts_engine_options_default();
+    eo.block_size = 4, eo.n_blocks = 32;
+    CHECK_OK(ctx, ts_decoder_load_opts(ctx, dir, &o, &m));
+    if (m)
+        CHECK_OK(ctx, ts_engine_new(ctx, m, &eo, &e));
+    size_t adopted = 0;
+    if (e && v) {
+        CHECK_OK(ctx, ts_engine_import_prefix(e, prompt, nv, v, &adopted));
+        CHECK(adopted == 3);
+        float *back = malloc(bytes * 3);
+        CHECK(ts_engine_export_prefix(e, prompt, 12, back, 3) == 3);
+        CHECK(!memcmp(back, v, bytes * 3));
+        free(back);
+    }
+    ts_engine_free(e);
+    ts_decoder_free(m);
+    free(c), free(v);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s SRC_DIR HF_MODELS_DIR\n", argv[0]);
@@ -302,6 +373,7 @@ int main(int argc, char **argv) {
     test_compiled(ctx);
     test_training(ctx);
     test_engine(ctx, argv[2]);
+    test_kv_transfer(ctx, argv[2]);
     ts_ctx_free(ctx);
     return test_finish("test_vk_models");
 }
