@@ -209,6 +209,8 @@ typedef struct {
     size_t arena_bytes;          /* last graph: intermediates' shared arena */
     size_t arena_lower_bound;    /* last graph: most intermediate bytes alive
                                     at one moment (no plan can beat it) */
+    uint64_t device_replays;     /* plans a device ran from the command
+                                    buffer it recorded at their first run */
 } ts_compile_stats;
 void ts_get_compile_stats(const ts_ctx *ctx, ts_compile_stats *out);
 

@@ -45,6 +45,14 @@ typedef struct ts_backend {
     /* constant folding: a fusable op on one element of each input (host
      * arithmetic, the CPU's; NULL: the CPU backend's is used) */
     float (*eval_scalar)(const struct ts_node *n, const float *args);
+    /* compiled mode (NULL: not offered): a plan's kernels on device dev as
+     * one recorded unit, replayed on later calls with the same shapes (the
+     * analogue of CUDA graphs). graph_begin runs before the plan's kernels
+     * and graph_end after (ok: they all succeeded); *handle is the plan's,
+     * NULL at first, kept between calls, released by graph_free. */
+    ts_status (*graph_begin)(ts_ctx *ctx, int dev, void **handle);
+    ts_status (*graph_end)(ts_ctx *ctx, int dev, void *handle, bool ok);
+    void (*graph_free)(void *handle);
     /* devices of this kind (0 with the reason in the error when none) */
     int (*count)(ts_ctx *ctx);
     ts_status (*info)(ts_ctx *ctx, int dev, ts_device_info *out);

@@ -25,7 +25,9 @@ typedef struct plan {
     int64_t *out_off;   /* per node: arena offset, -1 own allocation */
     int64_t *saved_off; /* per node x TS_MAX_SAVED */
     size_t arena_bytes;
-    ts_device dev;     /* the arena's device (the first result's) */
+    ts_device dev; /* the arena's device (the first result's) */
+    void *graph;   /* the device's recording of the plan (graph_begin) */
+    const ts_backend *graph_be;
     size_t kept_bytes; /* results that outlive the graph, and those on
                           other devices than the arena's */
     int n_bufs;        /* arena buffers: for poisoning dead ones */
@@ -89,6 +91,8 @@ ts_status ts_trace_append(ts_ctx *ctx, ts_node *n) {
 }
 
 static void plan_free(plan *p) {
+    if (p->graph && p->graph_be && p->graph_be->graph_free)
+        p->graph_be->graph_free(p->graph);
     free(p->key), free(p->run), free(p->out_off), free(p->saved_off);
     free(p->buf_off), free(p->buf_bytes), free(p->buf_end), free(p->cse_src);
     free(p->fuse_root), free(p->group_first);
@@ -1670,7 +1674,7 @@ static ts_status bind(ts_ctx *ctx, ts_trace *t, ts_storage *s, int64_t off,
     return TS_OK;
 }
 
-static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
+static ts_status execute(ts_ctx *ctx, ts_trace *t, plan *p) {
     if (p->arena_bytes > t->arena_cap ||
         (t->arena && !ts_device_equal(t->arena_dev, p->dev))) {
         /* through the backend's allocator, so its stats count the arena */
@@ -1691,6 +1695,14 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
     }
     bool poison = poison_enabled();
     ts_status st = TS_OK;
+    /* a device that records the plan's kernels once and replays them */
+    const ts_backend *gb = ts_backend_of(p->dev.kind);
+    const char *ng = getenv("TS_NO_DEVICE_GRAPH");
+    bool graph = gb->graph_begin && !(ng && *ng && strcmp(ng, "0"));
+    if (graph) {
+        p->graph_be = gb;
+        st = gb->graph_begin(ctx, p->dev.index, &p->graph);
+    }
     for (int i = 0; i < t->n && st == TS_OK; i++) {
         if (p->cse_src[i] >= 0) { /* results are those of an equal node */
             ts_node *n = t->nodes[i], *src = t->nodes[p->cse_src[i]];
@@ -1782,6 +1794,11 @@ static ts_status execute(ts_ctx *ctx, ts_trace *t, const plan *p) {
                                (char *)t->arena + p->buf_off[b],
                                p->buf_bytes[b] / 4, &nan, 4);
                 }
+    }
+    if (graph) {
+        ts_status e = gb->graph_end(ctx, p->dev.index, p->graph, st == TS_OK);
+        if (st == TS_OK)
+            st = e;
     }
     return st;
 }

@@ -432,6 +432,9 @@ const vk_limits *vk_dev_limits(const vk_dev *d) {
 void vk_dev_destroy(vk_dev *d) {
     if (d->dev) {
         vkDeviceWaitIdle(d->dev);
+        while (d->n_graphs) /* plans outliving the trace (none expected) */
+            vk_graph_free(d->graphs[d->n_graphs - 1]);
+        free(d->graphs);
         vk_exec_destroy(d);
         vk_mem_destroy(d);
         vkDestroyDevice(d->dev, NULL);

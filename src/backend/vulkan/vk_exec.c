@@ -177,9 +177,13 @@ ts_status vk_exec_flush(ts_ctx *ctx, vk_dev *d) {
 }
 
 ts_status vk_exec_wait_all(ts_ctx *ctx, vk_dev *d) {
-    ts_status st = vk_exec_flush(ctx, d);
+    ts_status st = vk_graph_break(ctx, d);
+    if (st == TS_OK)
+        st = vk_exec_flush(ctx, d);
     for (int i = 0; i < VK_BATCHES && st == TS_OK; i++)
         st = batch_wait(ctx, d, &d->batch[(d->cur + i) % VK_BATCHES]);
+    if (st == TS_OK)
+        st = vk_graph_wait_all(ctx, d);
     return st;
 }
 
@@ -198,6 +202,14 @@ static bool grow(void **p, int *cap, int need, size_t elem) {
 }
 
 void vk_exec_defer_block(vk_dev *d, vk_block *b) {
+    if (d->active && vk_graph_hold_block(d, b))
+        return;      /* a recorded plan may read it */
+    if (d->active) { /* no room to hold it: run the plan so far, wait */
+        vk_graph_break(d->ctx, d);
+        vk_exec_wait_all(d->ctx, d);
+        vk_block_release(d, b);
+        return;
+    }
     vk_batch *cur = &d->batch[d->cur];
     /* nothing queued reads it: free at once */
     bool idle = !cur->recording;
@@ -225,6 +237,15 @@ void vk_exec_defer_block(vk_dev *d, vk_block *b) {
 }
 
 uint64_t vk_temp(ts_ctx *ctx, vk_dev *d, size_t bytes) {
+    if (d->active) { /* freed when the recorded plan has run */
+        uint64_t a = vk_alloc_addr(ctx, d, bytes);
+        if (a && !vk_graph_hold_temp(d, a, bytes)) {
+            vk_free_addr(d, a, bytes);
+            ts_set_error(ctx, TS_ERR_OOM, "vulkan: out of memory");
+            return 0;
+        }
+        return a;
+    }
     vk_batch *b = NULL;
     if (current(ctx, d, &b) != TS_OK)
         return 0;
@@ -320,7 +341,7 @@ static ts_status pipeline(ts_ctx *ctx, vk_dev *d, const vk_launch_desc *l,
 }
 
 /* every earlier write (kernel or copy) visible to every later access */
-static void barrier(VkCommandBuffer cb) {
+void vk_barrier(VkCommandBuffer cb) {
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
                           .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT |
                                            VK_ACCESS_TRANSFER_WRITE_BIT,
@@ -366,16 +387,8 @@ ts_status vk_launch(ts_ctx *ctx, vk_dev *d, const vk_launch_desc *l) {
                             VK_MAX_SPEC);
     VkPipeline p = VK_NULL_HANDLE;
     ts_status st = pipeline(ctx, d, l, &p);
-    vk_batch *b = NULL;
-    void *host;
-    uint64_t addr;
-    if (st == TS_OK)
-        st = arena_take(ctx, d, l->params_bytes ? l->params_bytes : 16, &b,
-                        &host, &addr);
     if (st != TS_OK)
         return st;
-    if (l->params_bytes)
-        memcpy(host, l->params, l->params_bytes);
     uint32_t g[3];
     for (int i = 0; i < 3; i++) {
         g[i] = l->groups[i] ? l->groups[i] : 1;
@@ -386,12 +399,31 @@ ts_status vk_launch(ts_ctx *ctx, vk_dev *d, const vk_launch_desc *l) {
                                 d->index, l->shader, g[i], i,
                                 d->lim.max_groups[i]);
     }
+    d->launches++;
+    /* a compiled plan being recorded or replayed takes it */
+    if (d->active &&
+        vk_graph_launch(ctx, d, p, g, l->params, l->params_bytes, &st))
+        return st;
+    if (st != TS_OK)
+        return st;
+    return vk_launch_raw(ctx, d, p, g, l->params, l->params_bytes);
+}
+
+ts_status vk_launch_raw(ts_ctx *ctx, vk_dev *d, VkPipeline p,
+                        const uint32_t g[3], const void *params, size_t bytes) {
+    vk_batch *b = NULL;
+    void *host;
+    uint64_t addr;
+    ts_status st = arena_take(ctx, d, bytes ? bytes : 16, &b, &host, &addr);
+    if (st != TS_OK)
+        return st;
+    if (bytes)
+        memcpy(host, params, bytes);
     vkCmdBindPipeline(b->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);
     vkCmdPushConstants(b->cb, d->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, 8,
                        &addr);
     vkCmdDispatch(b->cb, g[0], g[1], g[2]);
-    barrier(b->cb);
-    d->launches++;
+    vk_barrier(b->cb);
     if (++b->dispatches >= VK_BATCH_DISPATCHES)
         return vk_exec_flush(ctx, d);
     return TS_OK;
@@ -458,11 +490,14 @@ static void copy_cmd(VkCommandBuffer cb, VkBuffer src, VkDeviceSize so,
                      VkBuffer dst, VkDeviceSize doff, VkDeviceSize n) {
     VkBufferCopy c = {so, doff, n};
     vkCmdCopyBuffer(cb, src, dst, 1, &c);
-    barrier(cb);
+    vk_barrier(cb);
 }
 
 ts_status vk_upload(ts_ctx *ctx, vk_dev *d, uint64_t dst, const void *src,
                     size_t bytes) {
+    ts_status gs = vk_graph_break(ctx, d);
+    if (gs != TS_OK)
+        return gs;
     VkDeviceSize doff;
     VkBuffer db = block_buf(d, dst, &doff);
     if (!db)
@@ -496,6 +531,9 @@ ts_status vk_upload(ts_ctx *ctx, vk_dev *d, uint64_t dst, const void *src,
 
 ts_status vk_download(ts_ctx *ctx, vk_dev *d, void *dst, uint64_t src,
                       size_t bytes) {
+    ts_status gs = vk_graph_break(ctx, d);
+    if (gs != TS_OK)
+        return gs;
     VkDeviceSize soff;
     VkBuffer sb = block_buf(d, src, &soff);
     if (!sb)
@@ -524,6 +562,9 @@ ts_status vk_download(ts_ctx *ctx, vk_dev *d, void *dst, uint64_t src,
 
 ts_status vk_copy_dev(ts_ctx *ctx, vk_dev *d, uint64_t dst, uint64_t src,
                       size_t bytes) {
+    ts_status gs = vk_graph_break(ctx, d);
+    if (gs != TS_OK)
+        return gs;
     VkDeviceSize so, doff;
     VkBuffer sb = block_buf(d, src, &so), db = block_buf(d, dst, &doff);
     if (!sb)

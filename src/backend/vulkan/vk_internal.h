@@ -50,6 +50,8 @@ typedef struct {
 #define VK_CLASSES 200
 #define VK_STAGING (16u << 20)
 
+typedef struct vk_graph vk_graph;
+
 typedef struct {
     int shader; /* index into vk_shader_table */
     uint32_t spec[VK_MAX_SPEC];
@@ -87,6 +89,11 @@ struct vk_dev {
     vk_pipe_entry *pipes;
     int n_pipes, cap_pipes;
     vk_raw staging; /* host-visible, for uploads and downloads */
+    /* compiled plans recorded once (vk_graph.c); active: the one whose
+     * kernels are being recorded or replayed now */
+    vk_graph **graphs;
+    int n_graphs, cap_graphs;
+    vk_graph *active;
 };
 
 typedef struct {
@@ -134,5 +141,23 @@ ts_status vk_copy_dev(ts_ctx *ctx, vk_dev *d, uint64_t dst, uint64_t src,
                       size_t bytes);
 ts_status vk_fill(ts_ctx *ctx, vk_dev *d, uint64_t dst, size_t count,
                   const void *pattern, size_t elem_bytes);
+/* a global memory barrier: every earlier write seen by every later access */
+void vk_barrier(VkCommandBuffer cb);
+/* a dispatch of an already built pipeline into the current batch */
+ts_status vk_launch_raw(ts_ctx *ctx, vk_dev *d, VkPipeline p,
+                        const uint32_t groups[3], const void *params,
+                        size_t bytes);
+
+/* vk_graph.c */
+ts_status vk_graph_begin(ts_ctx *ctx, int dev, void **handle);
+ts_status vk_graph_end(ts_ctx *ctx, int dev, void *handle, bool ok);
+void vk_graph_free(void *handle);
+ts_status vk_graph_wait_all(ts_ctx *ctx, vk_dev *d);
+bool vk_graph_launch(ts_ctx *ctx, vk_dev *d, VkPipeline pipe,
+                     const uint32_t groups[3], const void *params, size_t bytes,
+                     ts_status *st);
+ts_status vk_graph_break(ts_ctx *ctx, vk_dev *d);
+bool vk_graph_hold_temp(vk_dev *d, uint64_t addr, size_t bytes);
+bool vk_graph_hold_block(vk_dev *d, vk_block *b);
 
 #endif
