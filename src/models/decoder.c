@@ -891,7 +891,34 @@ static ts_tensor *head(ts_decoder *m, ts_tensor *x) {
     return logits;
 }
 
-static bool check_ids(ts_ctx *ctx, const char *what, ts_tensor *ids) {
+/* ids of host tensors within the vocabulary (targets may also be -100,
+ * ignored): the error is the same whichever device the embedding is on
+ * (a device kernel cannot report one without a wait) */
+static bool ids_in_vocab(ts_ctx *ctx, const char *what, ts_tensor *ids,
+                         int64_t V) {
+    if (ts_tensor_device(ids).kind != TS_DEVICE_CPU)
+        return true; /* already on a device: its kernel's rules */
+    int64_t n = ts_tensor_numel(ids);
+    bool i64 = ts_tensor_dtype(ids) == TS_I64;
+    ts_tensor *c = ts_contiguous(ids);
+    const void *p = c ? ts_tensor_data(c) : NULL;
+    bool ok = p != NULL;
+    for (int64_t i = 0; ok && i < n; i++) {
+        int64_t v = i64 ? ((const int64_t *)p)[i] : ((const int32_t *)p)[i];
+        if ((v < 0 || v >= V) && !(v == -100 && !strcmp(what, "targets"))) {
+            ts_set_error(ctx, TS_ERR_RANGE,
+                         "decoder: %s[%" PRId64 "] = %" PRId64
+                         " is outside the vocabulary (0..%" PRId64 ")",
+                         what, i, v, V - 1);
+            ok = false;
+        }
+    }
+    ts_release(c);
+    return ok;
+}
+
+static bool check_ids(ts_ctx *ctx, const char *what, ts_tensor *ids,
+                      int64_t V) {
     if (!ids) {
         if (ts_ctx_status(ctx) == TS_OK)
             ts_set_error(ctx, TS_ERR_INVALID_ARG, "decoder: %s is NULL", what);
@@ -904,7 +931,7 @@ static bool check_ids(ts_ctx *ctx, const char *what, ts_tensor *ids) {
                      what, ts_tensor_ndim(ids), ts_dtype_name(dt));
         return false;
     }
-    return true;
+    return ids_in_vocab(ctx, what, ids, V);
 }
 
 /* positions pos0 .. pos0+T-1 as i32 (malloc'd) */
@@ -983,7 +1010,7 @@ ts_tensor *ts_decoder_forward(ts_decoder *m, ts_tensor *ids, int64_t pos0) {
         return NULL;
     ts_ctx *ctx = m->ctx;
     const ts_model_config *c = &m->cfg;
-    if (!check_ids(ctx, "ids", ids))
+    if (!check_ids(ctx, "ids", ids, m->cfg.vocab))
         return NULL;
     int64_t T = ts_tensor_dim(ids, 1);
     if (pos0 < 0 || T > c->max_positions || pos0 > c->max_positions - T) {
@@ -1034,7 +1061,7 @@ ts_tensor *ts_decoder_loss(ts_decoder *m, ts_tensor *ids, ts_tensor *targets,
     if (!m)
         return NULL;
     ts_ctx *ctx = m->ctx;
-    if (!check_ids(ctx, "ids", ids) || !check_ids(ctx, "targets", targets))
+    if (!check_ids(ctx, "ids", ids, m->cfg.vocab) || !check_ids(ctx, "targets", targets, m->cfg.vocab))
         return NULL;
     int64_t B = ts_tensor_dim(ids, 0), T = ts_tensor_dim(ids, 1);
     if (ts_tensor_dim(targets, 0) != B || ts_tensor_dim(targets, 1) != T) {
@@ -1147,7 +1174,7 @@ static ts_tensor *forward_cached(ts_decoder *m, ts_decoder_cache *kc,
         return NULL;
     ts_ctx *ctx = m->ctx;
     const ts_model_config *c = &m->cfg;
-    if (!check_ids(ctx, "ids", ids))
+    if (!check_ids(ctx, "ids", ids, m->cfg.vocab))
         return NULL;
     int64_t B = ts_tensor_dim(ids, 0), T = ts_tensor_dim(ids, 1);
     if (B != kc->B || kc->len + T > kc->max_T) {
@@ -1334,7 +1361,7 @@ ts_tensor *ts_decoder_forward_paged(ts_decoder *m, ts_kv_pool *pool,
         return NULL;
     ts_ctx *ctx = m->ctx;
     const ts_model_config *c = &m->cfg;
-    if (!check_ids(ctx, "ids", ids))
+    if (!check_ids(ctx, "ids", ids, m->cfg.vocab))
         return NULL;
     int64_t N = ts_tensor_dim(ids, 1);
     for (int64_t t = 0; t < N; t++)

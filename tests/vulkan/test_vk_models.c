@@ -63,6 +63,26 @@ static void test_families(ts_ctx *ctx, const char *models) {
     }
 }
 
+/* a token outside the vocabulary: the same clear error on the device as on
+ * the CPU, nothing run */
+static void test_bad_ids(ts_ctx *ctx, const char *models) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", models, "gqa2_untied");
+    ts_load_options o = {.device_map = "vulkan:0"};
+    ts_decoder *m = NULL;
+    CHECK_OK(ctx, ts_decoder_load_opts(ctx, dir, &o, &m));
+    if (!m)
+        return;
+    int64_t shape[2] = {1, 4}, bad[4] = {1, 2, 5000, 3};
+    ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, bad);
+    ts_tensor *lg = ts_decoder_forward(m, ids, 0);
+    CHECK(lg == NULL && ts_ctx_status(ctx) == TS_ERR_RANGE);
+    CHECK_MSG(ctx, "ids[2] = 5000 is outside the vocabulary");
+    ts_clear_error(ctx);
+    ts_release(lg), ts_release(ids);
+    ts_decoder_free(m);
+}
+
 /* the last-position logits of a prompt then 3 single tokens through the
  * KV cache, all concatenated (host) */
 static ts_tensor *cached_of(ts_ctx *ctx, const char *dir, const char *map) {
@@ -381,6 +401,7 @@ int main(int argc, char **argv) {
     ts_ctx *ctx = vkt_ctx("test_vk_models");
     test_families(ctx, argv[2]);
     test_cached(ctx, argv[2]);
+    test_bad_ids(ctx, argv[2]);
     test_compiled(ctx);
     test_training(ctx);
     test_engine(ctx, argv[2]);
