@@ -4,8 +4,10 @@
  * user gets (bad device names, out-of-range indices, mixed devices). */
 #include "vk_test.h"
 
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void test_devices(ts_ctx *ctx) {
     int n = ts_device_count(ctx, TS_DEVICE_VULKAN);
@@ -130,6 +132,51 @@ static void test_memory(ts_ctx *ctx) {
     CHECK_OK(ctx, ts_set_device(ctx, CPU0));
 }
 
+/* the pipelines built are kept on disk for the next run: a file per
+ * device and driver in $TS_VK_PIPELINE_CACHE, which a new context loads */
+static void test_pipeline_cache(void) {
+    char dir[] = "/tmp/ts_vk_cacheXXXXXX";
+    if (!mkdtemp(dir))
+        return;
+    const char *old = getenv("TS_VK_PIPELINE_CACHE");
+    char *keep = old ? strdup(old) : NULL;
+    setenv("TS_VK_PIPELINE_CACHE", dir, 1);
+    for (int round = 0; round < 2; round++) { /* write, then read back */
+        ts_ctx *ctx = test_ctx();
+        CHECK_OK(ctx, ts_set_device(ctx, VK0));
+        int64_t shape[1] = {10};
+        ts_tensor *a = ts_full(ctx, TS_F32, 1, shape, 1.5);
+        double v = 0;
+        int64_t i = 9;
+        CHECK_OK(ctx, ts_get(a, &i, &v));
+        CHECK(v == 1.5);
+        ts_release(a);
+        ts_ctx_free(ctx);
+    }
+    DIR *d = opendir(dir);
+    int files = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (!strncmp(e->d_name, "vk-pipelines-", 13)) {
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            FILE *f = fopen(path, "rb");
+            long n = f && !fseek(f, 0, SEEK_END) ? ftell(f) : 0;
+            if (f)
+                fclose(f);
+            files += n > 0;
+            remove(path);
+        }
+    if (d)
+        closedir(d);
+    rmdir(dir);
+    CHECK(files == 1);
+    if (keep)
+        setenv("TS_VK_PIPELINE_CACHE", keep, 1);
+    else
+        unsetenv("TS_VK_PIPELINE_CACHE");
+    free(keep);
+}
+
 int main(void) {
     ts_ctx *ctx = vkt_ctx("test_vk_core");
     test_devices(ctx);
@@ -137,6 +184,7 @@ int main(void) {
     test_fill_and_access(ctx);
     test_memory(ctx);
     ts_ctx_free(ctx);
+    test_pipeline_cache();
     /* no Vulkan device: a named error (a device index past the count) */
     return test_finish("test_vk_core");
 }

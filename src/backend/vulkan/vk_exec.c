@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 struct vk_shader_blob {
     const char *name;
@@ -21,6 +22,72 @@ extern const int vk_shader_count;
 #define VK_BATCH_DISPATCHES 256
 /* how long the host waits on the device before calling it hung */
 #define VK_WAIT_NS (120ull * 1000000000ull)
+
+/* ---- the pipeline cache on disk ---- */
+
+/* $TS_VK_PIPELINE_CACHE (a folder; "0" or "off": none), else
+ * $XDG_CACHE_HOME/tessera, else ~/.cache/tessera; one file per device
+ * and driver version */
+static bool cache_path(const vk_dev *d, char *buf, size_t n) {
+    const char *dir = getenv("TS_VK_PIPELINE_CACHE"), *base = NULL;
+    char tmp[4096];
+    if (dir && (!strcmp(dir, "0") || !strcmp(dir, "off") || !*dir))
+        return false;
+    if (!dir && (base = getenv("XDG_CACHE_HOME")) && *base) {
+        snprintf(tmp, sizeof tmp, "%s/tessera", base);
+        dir = tmp;
+    } else if (!dir && (base = getenv("HOME")) && *base) {
+        snprintf(tmp, sizeof tmp, "%s/.cache/tessera", base);
+        dir = tmp;
+    }
+    if (!dir)
+        return false;
+    /* the folder and its parent (~/.cache may not exist yet) */
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) {
+        *slash = 0;
+        mkdir(parent, 0755);
+    }
+    mkdir(dir, 0755);
+    int w =
+        snprintf(buf, n, "%s/vk-pipelines-%04x-%04x-%08x.bin", dir,
+                 d->props.vendorID, d->props.deviceID, d->props.driverVersion);
+    return w > 0 && (size_t)w < n;
+}
+
+static void *read_all(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    void *buf = NULL;
+    long len = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) > 0 &&
+        len < (64l << 20) && fseek(f, 0, SEEK_SET) == 0)
+        buf = malloc((size_t)len);
+    if (buf && fread(buf, 1, (size_t)len, f) != (size_t)len) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    *n = buf ? (size_t)len : 0;
+    return buf;
+}
+
+/* written whole or not at all; a failure only costs the next start time */
+static void save_cache(vk_dev *d) {
+    size_t n = 0;
+    if (vkGetPipelineCacheData(d->dev, d->cache, &n, NULL) != VK_SUCCESS || !n)
+        return;
+    void *buf = malloc(n);
+    ts_atomic_file f;
+    if (buf &&
+        vkGetPipelineCacheData(d->dev, d->cache, &n, buf) == VK_SUCCESS &&
+        ts_atomic_open(&f, d->cache_file))
+        ts_atomic_commit(&f, ts_atomic_write(&f, buf, n));
+    free(buf);
+}
 
 ts_status vk_exec_init(ts_ctx *ctx, vk_dev *d) {
     VkCommandPoolCreateInfo pi = {
@@ -60,9 +127,22 @@ ts_status vk_exec_init(ts_ctx *ctx, vk_dev *d) {
     r = vkCreatePipelineLayout(d->dev, &li, NULL, &d->layout);
     if (r != VK_SUCCESS)
         return vk_fail(ctx, d, r, "vkCreatePipelineLayout");
+    /* pipelines built by earlier runs on this device and driver: the
+     * driver checks the data's header and ignores what does not match */
+    size_t n_old = 0;
+    void *old = cache_path(d, d->cache_file, sizeof d->cache_file)
+                    ? read_all(d->cache_file, &n_old)
+                    : NULL;
     VkPipelineCacheCreateInfo ci = {
-        .sType = VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+        .sType = VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO,
+        .initialDataSize = n_old,
+        .pInitialData = old};
     r = vkCreatePipelineCache(d->dev, &ci, NULL, &d->cache);
+    if (r != VK_SUCCESS && old) { /* unusable data: start empty */
+        ci.initialDataSize = 0, ci.pInitialData = NULL;
+        r = vkCreatePipelineCache(d->dev, &ci, NULL, &d->cache);
+    }
+    free(old);
     if (r != VK_SUCCESS)
         return vk_fail(ctx, d, r, "vkCreatePipelineCache");
     d->modules = calloc((size_t)vk_shader_count + 1, sizeof *d->modules);
@@ -101,6 +181,8 @@ void vk_exec_destroy(vk_dev *d) {
         if (d->modules[i])
             vkDestroyShaderModule(d->dev, d->modules[i], NULL);
     free(d->modules);
+    if (d->cache && d->n_pipes_built && d->cache_file[0])
+        save_cache(d);
     if (d->cache)
         vkDestroyPipelineCache(d->dev, d->cache, NULL);
     if (d->layout)
@@ -331,6 +413,7 @@ static ts_status pipeline(ts_ctx *ctx, vk_dev *d, const vk_launch_desc *l,
         return ts_set_error(ctx, TS_ERR_OOM, "vulkan: out of memory");
     }
     vk_pipe_entry *e = &d->pipes[d->n_pipes++];
+    d->n_pipes_built++;
     memset(e, 0, sizeof *e);
     e->shader = si;
     e->nspec = l->nspec;

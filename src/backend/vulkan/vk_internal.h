@@ -85,6 +85,8 @@ struct vk_dev {
     uint64_t submits, launches;
     VkPipelineLayout layout;
     VkPipelineCache cache;
+    char cache_file[4200]; /* where the cache is kept between runs ("") */
+    int n_pipes_built;
     VkShaderModule *modules; /* per shader, made on first use */
     vk_pipe_entry *pipes;
     int n_pipes, cap_pipes;
