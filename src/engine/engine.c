@@ -775,6 +775,8 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
         ts_release(logits);
         logits = hl;
         const float *L = hl ? ts_tensor_data(hl) : NULL;
+        if (n_rows && !L) /* the device could not give them back */
+            st = ts_ctx_status(ctx) ? ts_ctx_status(ctx) : TS_ERR_STATE;
         int64_t V = ts_tensor_dim(logits, 1);
         for (int r = 0; r < n_rows && L; r++) {
             seq *s = row_seq[r];

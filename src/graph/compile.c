@@ -985,9 +985,15 @@ static ts_status run_rewrite(ts_ctx *ctx, ts_trace *t, const plan *p, int j,
         fake.attrs.f[0] = p->rw_f[j];
         rows = ts_tensor_numel(out) / out->shape[3];
     }
-    /* the saved row statistic (rstd or lse) goes to a scratch buffer */
-    ts_storage st = {.refcount = 1, .ctx = ctx, .external = true};
-    st.data = malloc(sizeof(float) * (size_t)(rows + 1));
+    /* the saved row statistic (rstd or lse) goes to a scratch buffer on
+     * the output's device (a device frees it after the kernel in order) */
+    ts_storage st = {.refcount = 1,
+                     .ctx = ctx,
+                     .external = true,
+                     .device = out->storage->device};
+    const ts_backend *be = ts_storage_backend(out->storage);
+    size_t sbytes = sizeof(float) * (size_t)(rows + 1);
+    st.data = be->alloc(ctx, st.device.index, sbytes);
     ts_tensor saved = {.refcount = 1,
                        .ctx = ctx,
                        .dtype = TS_F32,
@@ -1000,7 +1006,7 @@ static ts_status run_rewrite(ts_ctx *ctx, ts_trace *t, const plan *p, int j,
     fake.saved[0] = &saved;
     fake.n_saved = 1;
     ts_status s = ts_run_kernel(ctx, &fake);
-    free(st.data);
+    be->free(ctx, st.device.index, st.data, sbytes);
     return s;
 }
 
@@ -1256,8 +1262,9 @@ static bool remat_pass(ts_trace *t, plan *p, read_list *reads, bool *writes) {
         ts_node *n = t->nodes[R];
         if (!p->run[R] || p->folded[R] || p->rw_op[R] || !produces(n) ||
             p->fuse_root[R] >= 0 || !remat_cheap(n->op) ||
-            (n->out_st->scratch2 & LIVE_AFTER) || writes[R * SLOTS])
-            continue;
+            (n->out_st->scratch2 & LIVE_AFTER) || writes[R * SLOTS] ||
+            !ts_device_equal(n->out_st->device, p->dev))
+            continue; /* (the second buffer lives in the arena) */
         if (p->group_first[R] >= 0)
             continue; /* a group's root */
         read_list *r = &reads[R * SLOTS];
@@ -1375,6 +1382,11 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
                 goto oom;
         }
     }
+    for (int i = 0; i < t->n; i++) /* the arena's device: the first result's */
+        if (run[i] && produces(t->nodes[i])) {
+            p->dev = t->nodes[i]->out_st->device;
+            break;
+        }
     if (!remat_pass(t, p, reads, writes))
         goto oom;
     for (int id = 0; id < ids; id++) {
@@ -1427,11 +1439,6 @@ static plan *make_plan(ts_ctx *ctx, ts_trace *t, const unsigned char *run,
         }
     }
     int nb = 0;
-    for (int i = 0; i < t->n; i++)
-        if (run[i] && produces(t->nodes[i])) {
-            p->dev = t->nodes[i]->out_st->device;
-            break;
-        }
     for (int i = 0; i < t->n; i++) {
         ts_node *n = t->nodes[i];
         p->out_off[i] = -1;

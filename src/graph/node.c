@@ -209,6 +209,9 @@ static ts_tensor *op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
                 goto fail;
             n->out_st = out->storage;
         }
+        if (op == TS_OP_PAGED_ATTENTION) /* writes the KV pools too */
+            ts_storage_written(in[3]->storage),
+                ts_storage_written(in[4]->storage);
         ts_storage_retain(n->out_st);
         for (int i = 0; i < n_saved; i++) {
             n->saved_desc[i] = sd[i];
@@ -244,6 +247,9 @@ static ts_tensor *op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
             n->n_saved = i + 1;
         }
         n->out = out;
+        if (op == TS_OP_PAGED_ATTENTION) /* writes the KV pools too */
+            ts_storage_written(in[3]->storage),
+                ts_storage_written(in[4]->storage);
         if (ts_run_kernel(ctx, n) != TS_OK)
             goto fail;
     }

@@ -431,7 +431,8 @@ const vk_limits *vk_dev_limits(const vk_dev *d) {
 
 void vk_dev_destroy(vk_dev *d) {
     if (d->dev) {
-        vkDeviceWaitIdle(d->dev);
+        if (!d->lost) /* a hung device is not waited for again */
+            vkDeviceWaitIdle(d->dev);
         while (d->n_graphs) /* plans outliving the trace (none expected) */
             vk_graph_free(d->graphs[d->n_graphs - 1]);
         free(d->graphs);
@@ -673,10 +674,15 @@ static void remove_block(vk_dev *d, vk_block *b) {
     free(b);
 }
 
-/* drops every cached chunk's block that holds nothing live: used when an
- * allocation fails, before reporting out of memory */
-static void release_idle_blocks(vk_dev *d) {
-    vk_exec_wait_all(d->ctx, d);
+/* drops every cached chunk and the blocks that hold nothing live: when
+ * an allocation fails, before reporting out of memory. Everything queued
+ * is run first (cached chunks may be read by recorded kernels); the
+ * temporaries of the batch being recorded stay (the kernel asking may hold
+ * some for launches still to come). */
+static ts_status release_idle_blocks(vk_dev *d) {
+    ts_status st = vk_exec_wait_keep_temps(d->ctx, d);
+    if (st != TS_OK)
+        return st;
     for (int c = 0; c < VK_CLASSES; c++) {
         vk_chunk *ch = d->free_chunks[c];
         while (ch) {
@@ -695,6 +701,7 @@ static void release_idle_blocks(vk_dev *d) {
             remove_block(d, b);
         }
     }
+    return TS_OK;
 }
 
 uint64_t vk_alloc_addr(ts_ctx *ctx, vk_dev *d, size_t bytes) {
@@ -710,7 +717,8 @@ uint64_t vk_alloc_addr(ts_ctx *ctx, vk_dev *d, size_t bytes) {
         vk_block *b;
         size_t want = (bytes + 4095) & ~(size_t)4095;
         if (add_block(ctx, d, want, true, &b) != TS_OK) {
-            release_idle_blocks(d);
+            if (release_idle_blocks(d) != TS_OK)
+                return 0; /* the wait failed: its error stands */
             ts_clear_error(ctx);
             if (add_block(ctx, d, want, true, &b) != TS_OK)
                 return 0;
@@ -733,7 +741,8 @@ uint64_t vk_alloc_addr(ts_ctx *ctx, vk_dev *d, size_t bytes) {
             vk_block *b;
             if (add_block(ctx, d, d->block_bytes, false, &b) != TS_OK) {
                 if (attempt == 0) {
-                    release_idle_blocks(d);
+                    if (release_idle_blocks(d) != TS_OK)
+                        return 0;
                     ts_clear_error(ctx);
                     continue;
                 }

@@ -20,8 +20,20 @@ extern const struct vk_shader_blob vk_shader_table[];
 extern const int vk_shader_count;
 
 #define VK_BATCH_DISPATCHES 256
-/* how long the host waits on the device before calling it hung */
-#define VK_WAIT_NS (120ull * 1000000000ull)
+
+/* how long the host waits on one batch before calling the device hung:
+ * TS_VK_TIMEOUT_S seconds (default 600: a software driver on a busy
+ * machine is slow, a hung GPU is hung) */
+uint64_t vk_wait_ns(void) {
+    static uint64_t ns;
+    if (!ns) {
+        const char *e = getenv("TS_VK_TIMEOUT_S");
+        long s = e ? strtol(e, NULL, 10) : 0;
+        ns = (uint64_t)(s > 0 ? s : 600) * 1000000000ull;
+    }
+    return ns;
+}
+#define VK_WAIT_NS vk_wait_ns()
 
 /* ---- the pipeline cache on disk ---- */
 
@@ -250,11 +262,38 @@ ts_status vk_exec_flush(ts_ctx *ctx, vk_dev *d) {
                            .pCommandBuffers = &b->cb};
         r = vkQueueSubmit(d->queue, 1, &si, b->fence);
     }
-    if (r != VK_SUCCESS)
+    if (r != VK_SUCCESS) {
+        /* the batch's work is lost: so is every result it would make */
+        d->lost = true;
+        batch_release(d, b);
         return vk_fail(ctx, d, r, "vkQueueSubmit");
+    }
     b->submitted = true;
     d->submits++;
     d->cur = (d->cur + 1) % VK_BATCHES;
+    return TS_OK;
+}
+
+ts_status vk_exec_wait_keep_temps(ts_ctx *ctx, vk_dev *d) {
+    vk_batch *b = &d->batch[d->cur];
+    uint64_t *temps = b->temps;
+    size_t *tb = b->temp_bytes;
+    int n = b->n_temps, cap = b->cap_temps;
+    b->temps = NULL, b->temp_bytes = NULL, b->n_temps = b->cap_temps = 0;
+    ts_status st = vk_exec_wait_all(ctx, d);
+    vk_batch *nb = NULL;
+    if (st == TS_OK)
+        st = current(ctx, d, &nb);
+    if (st != TS_OK || !nb) { /* nothing runs any more: free them */
+        for (int i = 0; i < n; i++)
+            vk_free_addr(d, temps[i], tb[i]);
+        free(temps), free(tb);
+        return st;
+    }
+    /* the recording batch is fresh (its own lists empty): it takes them */
+    free(nb->temps), free(nb->temp_bytes);
+    nb->temps = temps, nb->temp_bytes = tb;
+    nb->n_temps = n, nb->cap_temps = cap;
     return TS_OK;
 }
 
@@ -578,6 +617,8 @@ static void copy_cmd(VkCommandBuffer cb, VkBuffer src, VkDeviceSize so,
 
 ts_status vk_upload(ts_ctx *ctx, vk_dev *d, uint64_t dst, const void *src,
                     size_t bytes) {
+    if (!bytes)
+        return TS_OK;
     ts_status gs = vk_graph_break(ctx, d);
     if (gs != TS_OK)
         return gs;
@@ -614,6 +655,8 @@ ts_status vk_upload(ts_ctx *ctx, vk_dev *d, uint64_t dst, const void *src,
 
 ts_status vk_download(ts_ctx *ctx, vk_dev *d, void *dst, uint64_t src,
                       size_t bytes) {
+    if (!bytes)
+        return TS_OK;
     ts_status gs = vk_graph_break(ctx, d);
     if (gs != TS_OK)
         return gs;

@@ -63,7 +63,7 @@ static ts_status graph_wait(ts_ctx *ctx, vk_graph *g) {
     vk_dev *d = g->d;
     if (g->submitted) {
         VkResult r =
-            vkWaitForFences(d->dev, 1, &g->fence, VK_TRUE, 120000000000ull);
+            vkWaitForFences(d->dev, 1, &g->fence, VK_TRUE, vk_wait_ns());
         if (r != VK_SUCCESS) {
             if (r == VK_TIMEOUT)
                 d->lost = true;

@@ -134,6 +134,10 @@ void vk_exec_destroy(vk_dev *d);
 ts_status vk_exec_flush(ts_ctx *ctx, vk_dev *d);
 /* submits and waits for everything queued */
 ts_status vk_exec_wait_all(ts_ctx *ctx, vk_dev *d);
+/* the same, keeping the recording batch's temporaries alive (moved to
+ * the next batch) */
+ts_status vk_exec_wait_keep_temps(ts_ctx *ctx, vk_dev *d);
+uint64_t vk_wait_ns(void);
 void vk_exec_defer_block(vk_dev *d, vk_block *b);
 ts_status vk_upload(ts_ctx *ctx, vk_dev *d, uint64_t dst, const void *src,
                     size_t bytes);
