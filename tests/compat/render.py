@@ -131,6 +131,45 @@ def tokenizer_cell(case, rows):
     return "pass" + (" (%s, %s ids)" % (m.group(1), m.group(2)) if m else "")
 
 
+def device_section(a, checks):
+    """the same checks with every model on a device (test_compat DIR
+    DEVICE): a table of their own, or a line saying they did not run"""
+    if not a.device_results:
+        return []
+    dev = os.path.basename(a.device_results)[len("results-"):-len(".jsonl")]
+    dev = dev.replace("_", ":")
+    out = ["", "## The same checks on %s" % dev, ""]
+    if not os.path.exists(a.device_results):
+        return out + ["Not run: this machine has no %s (test_compat_vulkan skipped)." % dev]
+    rows = [json.loads(l) for l in open(a.device_results) if l.strip()]
+    listing = sh(a.tessera, "devices") if a.tessera else ""
+    line = next((l.strip() for l in listing.splitlines() if l.startswith(dev)), dev)
+    drv = next((l.strip() for l in listing.splitlines()
+                if l.strip().startswith("driver")), "")
+    cases, by = [], {}
+    for r in rows:
+        if r["case"] not in cases:
+            cases.append(r["case"])
+        by[(r["case"], r["check"])] = r
+    out += ["Every model loaded with device_map \"%s\" (%s%s), the reference and bounds as "
+            "above, except split_2dev: the layers split between %s and cpu:0 against %s alone, "
+            "relative <= 1e-4 (two backends round differently). %d of %d checks pass." %
+            (dev, line, ("; " + drv) if drv else "", dev, dev,
+             sum(r["pass"] for r in rows), len(rows)), ""]
+    out.append("| case | model_type | " + " | ".join(checks) + " |")
+    out.append("|---|---|" + "---|" * len(checks))
+    for c in cases:
+        fam = next(r["family"] for r in rows if r["case"] == c)
+        cells = [fmt(by[(c, k)]) if (c, k) in by else "not run" for k in checks]
+        out.append("| %s | %s | %s |" % (c, fam, " | ".join(cells)))
+    fails = [r for r in rows if not r["pass"]]
+    if fails:
+        out += ["", "Failures on %s:" % dev, ""]
+        out += ["- %s / %s: %s" % (r["case"], r["check"], r["note"].replace("|", "\\|"))
+                for r in fails]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("results")
@@ -139,6 +178,11 @@ def main():
     ap.add_argument("--build", default="")
     ap.add_argument("--tokenizers", default=None,
                     help="check_tokenizers.py's tokenizer_results.jsonl: the tokenizer column")
+    ap.add_argument("--device-results", default=None,
+                    help="test_compat's results with DEVICE (results-vulkan_0.jsonl): a second "
+                         "table, the same checks with the models on that device")
+    ap.add_argument("--tessera", default=None,
+                    help="the tessera binary: `tessera devices` names the device")
     a = ap.parse_args()
     if not os.path.exists(a.results):
         sys.exit("render.py: %s does not exist: run test_compat first" % a.results)
@@ -215,6 +259,7 @@ def main():
                     c, notes.get("tok_chat", "failed"), notes.get("tok_ids", "failed")))
         out += ["- %s: %s" % (c, NO_TOKENIZER[c]) for c in cases if c in NO_TOKENIZER
                 and c not in tok]
+    out += device_section(a, checks)
     with open(a.out, "w") as f:
         f.write("\n".join(out) + "\n")
     print("render.py: %d of %d checks pass -> %s" % (n_pass, len(rows), a.out))
