@@ -138,5 +138,8 @@ ts_status vk_k_rmsnorm_backward(ts_ctx *, vk_dev *, ts_node *);
 ts_status vk_k_layernorm(ts_ctx *, vk_dev *, ts_node *);
 ts_status vk_k_layernorm_backward(ts_ctx *, vk_dev *, ts_node *);
 ts_status vk_k_rope(ts_ctx *, vk_dev *, ts_node *);
+/* k_moe.c */
+ts_status vk_k_moe_experts(ts_ctx *, vk_dev *, ts_node *);
+ts_status vk_k_moe_experts_backward(ts_ctx *, vk_dev *, ts_node *);
 
 #endif

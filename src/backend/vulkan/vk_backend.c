@@ -59,6 +59,8 @@ static const vk_kernel vk_kernels[TS_OP_COUNT] = {
     [TS_OP_COPY_INTO] = vk_k_copy_into,
     [TS_OP_ADAMW] = vk_k_adamw,
     [TS_OP_INDEX_ADD] = vk_k_index_add,
+    [TS_OP_MOE_EXPERTS] = vk_k_moe_experts,
+    [TS_OP_MOE_EXPERTS_BACKWARD] = vk_k_moe_experts_backward,
 };
 
 /* the device an op runs on: its output's (in place: input 0's) */
