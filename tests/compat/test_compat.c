@@ -51,7 +51,8 @@
 #define BF16_BOUND 2e-3
 
 static const char *DIR_;
-static const char *DEVICE; /* NULL: the host */
+static const char *DEVICE;  /* NULL: the host */
+static char DEV_SUFFIX[32]; /* "" or "-vulkan_0" */
 static FILE *RESULTS;
 
 typedef struct {
@@ -527,9 +528,10 @@ static bool same_layout(ts_ctx *ctx, const char *a, const char *b, char *why,
 static void check_save(ts_ctx *ctx, const ref_case *c) {
     char dir[1024], out[1024], note[512] = "";
     case_dir(c, dir, sizeof dir);
-    snprintf(out, sizeof out, "%s/saved", DIR_);
+    /* a run per device writes its own (they may run at once) */
+    snprintf(out, sizeof out, "%s/saved%s", DIR_, DEV_SUFFIX);
     mkdir(out, 0755);
-    snprintf(out, sizeof out, "%s/saved/%s", DIR_, c->name);
+    snprintf(out, sizeof out, "%s/saved%s/%s", DIR_, DEV_SUFFIX, c->name);
     mkdir(out, 0755);
     ts_decoder *m = load(ctx, dir, TS_F32, NULL);
     float *a = m ? logits_of(ctx, m, c) : NULL;
@@ -564,7 +566,7 @@ int main(int argc, char **argv) {
     }
     DIR_ = argv[1];
     DEVICE = argc == 3 ? argv[2] : NULL;
-    char path[1024], dev[32] = "";
+    char path[1024], *dev = DEV_SUFFIX;
     if (DEVICE) {
         ts_ctx *probe = test_ctx();
         ts_device d;
@@ -574,7 +576,7 @@ int main(int argc, char **argv) {
             return 77;
         }
         ts_ctx_free(probe);
-        snprintf(dev, sizeof dev, "-%s", DEVICE);
+        snprintf(dev, sizeof DEV_SUFFIX, "-%s", DEVICE);
         for (char *p = dev; *p; p++)
             if (*p == ':')
                 *p = '_';
