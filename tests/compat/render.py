@@ -143,7 +143,8 @@ def device_section(a, checks):
         return out + ["Not run: this machine has no %s (test_compat_vulkan skipped)." % dev]
     rows = [json.loads(l) for l in open(a.device_results) if l.strip()]
     listing = sh(a.tessera, "devices") if a.tessera else ""
-    line = next((l.strip() for l in listing.splitlines() if l.startswith(dev)), dev)
+    line = next((l[len(dev):].strip() for l in listing.splitlines() if l.startswith(dev)),
+                dev)
     drv = next((l.strip() for l in listing.splitlines()
                 if l.strip().startswith("driver")), "")
     cases, by = [], {}
