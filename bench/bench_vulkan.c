@@ -230,6 +230,50 @@ static void bench_model(ts_ctx *ctx, ts_device vk, bool full) {
     ts_decoder_free(a.m[0]), ts_decoder_free(a.m[1]);
 }
 
+/* ---- a compiled forward: replayed command buffer against recorded per
+ * call (TS_NO_DEVICE_GRAPH) ---- */
+
+typedef struct {
+    ts_decoder *m;
+    ts_tensor *ids;
+} cf_arg;
+
+static void cf_run(ts_ctx *ctx, ts_device d, void *p) {
+    (void)d;
+    cf_arg *a = p;
+    ts_set_mode(ctx, TS_MODE_COMPILED);
+    ts_tensor *lg = ts_decoder_forward(a->m, a->ids, 0);
+    if (!lg || ts_sync(ctx) != TS_OK)
+        die(ctx, "compiled forward");
+    ts_set_mode(ctx, TS_MODE_EAGER);
+    ts_release(lg);
+}
+
+static void bench_replay(ts_ctx *ctx, ts_device vk) {
+    ts_model_config c = qwen3_06b(true);
+    ts_decoder *m[2];
+    model_pair(ctx, vk, &c, TS_BF16, m);
+    int64_t sh[2] = {1, 16}, ids[16];
+    for (int i = 0; i < 16; i++)
+        ids[i] = i * 37 + 1;
+    cf_arg a = {m[1], ts_from_data(ctx, TS_I64, 2, sh, ids)};
+    bool g = ts_set_grad_enabled(ctx, false);
+    ts_compile_stats s0, s1;
+    ts_get_compile_stats(ctx, &s0);
+    double rep = timed(ctx, vk, cf_run, &a, 1);
+    ts_get_compile_stats(ctx, &s1);
+    setenv("TS_NO_DEVICE_GRAPH", "1", 1);
+    double rec = timed(ctx, vk, cf_run, &a, 1);
+    unsetenv("TS_NO_DEVICE_GRAPH");
+    ts_set_grad_enabled(ctx, g);
+    printf("%-34s %12.2f %12.2f ms     replayed/recorded %.2fx (%llu "
+           "replays)\n",
+           "compiled forward T=16, vulkan", rec * 1e3, rep * 1e3, rec / rep,
+           (unsigned long long)(s1.device_replays - s0.device_replays));
+    ts_release(a.ids);
+    ts_decoder_free(m[0]), ts_decoder_free(m[1]);
+}
+
 /* ---- a training step ---- */
 
 typedef struct {
@@ -310,6 +354,7 @@ int main(int argc, char **argv) {
     bench_matmul(ctx, vk, n, TS_BF16);
     bench_attention(ctx, vk, 512);
     bench_model(ctx, vk, full);
+    bench_replay(ctx, vk);
     bench_train(ctx, vk);
     ts_ctx_free(ctx);
     return 0;
