@@ -2,6 +2,7 @@
  * (sub-allocated, counted, reused), transfers both ways for every dtype,
  * fills, element access and printing of device tensors, and the errors a
  * user gets (bad device names, out-of-range indices, mixed devices). */
+#include "backend/vulkan/vk_internal.h"
 #include "vk_test.h"
 
 #include <dirent.h>
@@ -177,6 +178,43 @@ static void test_pipeline_cache(void) {
     free(keep);
 }
 
+/* a device the driver reports lost (simulated: the flag the backend sets on
+ * VK_ERROR_DEVICE_LOST or a wait past TS_VK_TIMEOUT_S): every later call
+ * on it fails at once with a message saying so, nothing waits, the host
+ * and the context's release still work */
+static void test_lost_device(void) {
+    ts_ctx *ctx = test_ctx();
+    CHECK_OK(ctx, ts_set_device(ctx, VK0));
+    int64_t shape[1] = {1000};
+    ts_tensor *a = ts_full(ctx, TS_F32, 1, shape, 2.0);
+    vk_dev *d = vk_dev_get(ctx, 0);
+    CHECK(d != NULL);
+    if (d)
+        d->lost = true;
+    ts_tensor *b = a ? ts_mul_scalar(a, 3.0) : NULL;
+    CHECK(b == NULL && ts_ctx_status(ctx) == TS_ERR_STATE);
+    CHECK_MSG(ctx, "lost");
+    ts_clear_error(ctx);
+    double v = 0;
+    int64_t i = 0;
+    CHECK(ts_get(a, &i, &v) != TS_OK);
+    CHECK_MSG(ctx, "lost");
+    ts_clear_error(ctx);
+    CHECK(ts_device_sync(ctx, VK0) == TS_OK || ts_ctx_status(ctx) != TS_OK);
+    ts_clear_error(ctx);
+    ts_tensor *c = ts_zeros(ctx, TS_F32, 1, shape);
+    CHECK(c == NULL);
+    CHECK_MSG(ctx, "lost");
+    ts_clear_error(ctx);
+    /* the host is unaffected */
+    CHECK_OK(ctx, ts_set_device(ctx, CPU0));
+    ts_tensor *h = ts_full(ctx, TS_F32, 1, shape, 1.0);
+    CHECK_OK(ctx, ts_get(h, &i, &v));
+    CHECK(v == 1.0);
+    ts_release(h), ts_release(c), ts_release(b), ts_release(a);
+    ts_ctx_free(ctx);
+}
+
 int main(void) {
     ts_ctx *ctx = vkt_ctx("test_vk_core");
     test_devices(ctx);
@@ -185,6 +223,7 @@ int main(void) {
     test_memory(ctx);
     ts_ctx_free(ctx);
     test_pipeline_cache();
+    test_lost_device();
     /* no Vulkan device: a named error (a device index past the count) */
     return test_finish("test_vk_core");
 }
