@@ -75,9 +75,12 @@ static inline uint64_t vk_addr(const ts_tensor *t) {
 /* A tensor as shaders see it (struct TDesc in common.glsl, same layout):
  * its element [0..] address, dtype (ts_dtype's values), dims and strides in
  * elements. Kernels index with 32-bit ints: vk_desc refuses (TS_ERR_
- * UNSUPPORTED) a tensor with 2^31 elements or more, or a stride that
- * large. Broadcast reads: vk_desc_bcast gives t's strides as seen in the
- * output's (ndim, shape) (0 on broadcast dims), dims aligned right. */
+ * UNSUPPORTED) a tensor with more than VK_MAX_INDEX elements, or whose
+ * farthest element is farther than that from its first (room for a
+ * grid-stride loop's i + stride to stay below 2^31). Broadcast reads:
+ * vk_desc_bcast gives t's strides as seen in the output's (ndim, shape) (0 on
+ * broadcast dims), dims aligned right. */
+#define VK_MAX_INDEX ((int64_t)INT32_MAX - (1 << 26))
 typedef struct {
     uint64_t addr;
     int32_t dtype;

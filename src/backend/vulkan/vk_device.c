@@ -245,6 +245,18 @@ static const char *missing_features(VkPhysicalDevice p) {
         return "shaderInt16";
     if (!f11.storageBuffer16BitAccess)
         return "storageBuffer16BitAccess";
+    if (pr.limits.maxComputeWorkGroupInvocations < 256)
+        return "256 invocations per workgroup";
+    VkPhysicalDeviceSubgroupProperties sg = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2 = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
+    vkGetPhysicalDeviceProperties2(p, &p2);
+    VkSubgroupFeatureFlags want =
+        VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT;
+    if (!(sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) ||
+        (sg.supportedOperations & want) != want)
+        return "subgroup arithmetic in compute shaders";
     return NULL;
 }
 

@@ -555,8 +555,12 @@ uint32_t vk_groups_for(const vk_dev *d, int64_t n, int64_t per) {
     int64_t g = per > 0 ? (n + per - 1) / per : 1;
     if (g < 1)
         g = 1;
-    if (g > (int64_t)d->lim.max_groups[0])
-        g = d->lim.max_groups[0];
+    /* at most 65535 (every device's x limit is at least that): kernels loop
+     * over the rest with 32-bit indices, and i + stride must not pass
+     * 2^31 (vk_desc keeps n below 2^31 - 2^26, stride <= 65535 x 1024) */
+    int64_t cap = d->lim.max_groups[0] < 65535 ? d->lim.max_groups[0] : 65535;
+    if (g > cap)
+        g = cap;
     return (uint32_t)g;
 }
 
@@ -570,7 +574,7 @@ ts_status vk_desc_bcast(ts_ctx *ctx, const ts_tensor *t, int ndim,
     out->addr = vk_addr(t);
     out->dtype = (int32_t)t->dtype;
     out->ndim = ndim;
-    int64_t n = 1;
+    int64_t n = 1, span = 0; /* elements; the farthest one's offset */
     for (int d = 0; d < ndim; d++) {
         int td = d - (ndim - t->ndim); /* t's dim aligned right */
         int64_t st = td >= 0 && t->shape[td] != 1 ? t->strides[td] : 0;
@@ -583,12 +587,18 @@ ts_status vk_desc_bcast(ts_ctx *ctx, const ts_tensor *t, int ndim,
         out->shape[d] = (int32_t)shape[d];
         out->stride[d] = (int32_t)st;
         n *= shape[d] ? shape[d] : 1;
+        if (shape[d] > 1)
+            span += (shape[d] - 1) * (st < 0 ? -st : st);
+        if (n > VK_MAX_INDEX || span > VK_MAX_INDEX)
+            break;
     }
-    if (n > INT32_MAX)
+    if (n > VK_MAX_INDEX || span > VK_MAX_INDEX)
         return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                            "vulkan: %lld elements in one tensor is past the "
-                            "kernels' 32-bit indexing",
-                            (long long)n);
+                            "vulkan: a tensor of %lld elements reaching %lld "
+                            "elements from its start is past the kernels' "
+                            "32-bit indexing (at most %lld)",
+                            (long long)n, (long long)span,
+                            (long long)VK_MAX_INDEX);
     return TS_OK;
 }
 
