@@ -468,8 +468,9 @@ static ts_status oom(ts_ctx *ctx, vk_dev *d, size_t bytes) {
 }
 
 /* a block's memory: one VkDeviceMemory with one buffer over all of it */
-static ts_status raw_alloc(ts_ctx *ctx, vk_dev *d, size_t bytes, bool host,
+static ts_status raw_alloc(ts_ctx *ctx, vk_dev *d, size_t bytes, int kind,
                            vk_raw *out) {
+    bool host = kind != VK_MEM_DEVICE;
     memset(out, 0, sizeof *out);
     if (bytes > d->max_alloc)
         return oom(ctx, d, bytes);
@@ -487,7 +488,17 @@ static ts_status raw_alloc(ts_ctx *ctx, vk_dev *d, size_t bytes, bool host,
         return vk_fail(ctx, d, r, "vkCreateBuffer");
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(d->dev, out->buf, &req);
-    int type = host ? find_mem_type(&d->memprops, req.memoryTypeBits,
+    /* kernel parameters: device memory the host can write (a discrete
+     * GPU's BAR) when there is some, so kernels read them locally */
+    int type = kind == VK_MEM_PARAMS
+                   ? find_mem_type(&d->memprops, req.memoryTypeBits,
+                                   VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT |
+                                       VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
+                                       VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                                   0)
+                   : -1;
+    if (type < 0)
+        type = host ? find_mem_type(&d->memprops, req.memoryTypeBits,
                                     VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
                                         VK_MEMORY_PROPERTY_HOST_COHERENT_BIT |
                                         VK_MEMORY_PROPERTY_HOST_CACHED_BIT,
@@ -551,7 +562,14 @@ static void raw_free(vk_dev *d, vk_raw *r, bool host) {
 }
 
 ts_status vk_host_buffer(ts_ctx *ctx, vk_dev *d, size_t bytes, vk_raw *out) {
-    return raw_alloc(ctx, d, bytes, true, out);
+    return raw_alloc(ctx, d, bytes, VK_MEM_STAGING, out);
+}
+
+ts_status vk_params_buffer(ts_ctx *ctx, vk_dev *d, size_t bytes, vk_raw *out) {
+    if (raw_alloc(ctx, d, bytes, VK_MEM_PARAMS, out) == TS_OK)
+        return TS_OK;
+    ts_clear_error(ctx); /* the BAR is small: host memory will do */
+    return raw_alloc(ctx, d, bytes, VK_MEM_STAGING, out);
 }
 void vk_host_buffer_free(vk_dev *d, vk_raw *r) {
     raw_free(d, r, true);
@@ -652,7 +670,7 @@ static ts_status add_block(ts_ctx *ctx, vk_dev *d, size_t bytes, bool dedicated,
     vk_block *b = calloc(1, sizeof *b);
     if (!b)
         return ts_set_error(ctx, TS_ERR_OOM, "vulkan: out of memory");
-    ts_status st = raw_alloc(ctx, d, bytes, false, &b->raw);
+    ts_status st = raw_alloc(ctx, d, bytes, VK_MEM_DEVICE, &b->raw);
     if (st != TS_OK) {
         free(b);
         return st;

@@ -123,7 +123,7 @@ ts_status vk_exec_init(ts_ctx *ctx, vk_dev *d) {
         r = vkCreateFence(d->dev, &fi, NULL, &b->fence);
         if (r != VK_SUCCESS)
             return vk_fail(ctx, d, r, "vkCreateFence");
-        ts_status st = vk_host_buffer(ctx, d, VK_PARAM_ARENA, &b->params);
+        ts_status st = vk_params_buffer(ctx, d, VK_PARAM_ARENA, &b->params);
         if (st != TS_OK)
             return st;
     }

@@ -107,7 +107,7 @@ static ts_status graph_new(ts_ctx *ctx, vk_dev *d, vk_graph **out) {
     if (r == VK_SUCCESS)
         r = vkCreateFence(d->dev, &fi, NULL, &g->fence);
     ts_status st = r == VK_SUCCESS
-                       ? vk_host_buffer(ctx, d, VK_GRAPH_ARENA, &g->params)
+                       ? vk_params_buffer(ctx, d, VK_GRAPH_ARENA, &g->params)
                        : vk_fail(ctx, d, r, "graph command buffer");
     d->graphs[d->n_graphs++] = g;
     *out = g;

@@ -124,7 +124,11 @@ uint64_t vk_alloc_addr(ts_ctx *ctx, vk_dev *d, size_t bytes);
 void vk_free_addr(vk_dev *d, uint64_t addr, size_t bytes);
 vk_block *vk_block_of(vk_dev *d, uint64_t addr);
 void vk_block_release(vk_dev *d, vk_block *b);
+/* host-visible buffers: staging (host-cached: the host reads them) and
+ * kernel parameters (device-local when the host can write such memory) */
+enum { VK_MEM_DEVICE, VK_MEM_STAGING, VK_MEM_PARAMS };
 ts_status vk_host_buffer(ts_ctx *ctx, vk_dev *d, size_t bytes, vk_raw *out);
+ts_status vk_params_buffer(ts_ctx *ctx, vk_dev *d, size_t bytes, vk_raw *out);
 void vk_host_buffer_free(vk_dev *d, vk_raw *r);
 
 /* vk_exec.c */
