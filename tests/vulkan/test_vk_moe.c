@@ -324,18 +324,10 @@ static void test_compiled(void) {
             for (int t = 0; t < 6; t++)
                 v[b][t] = (IDS[b][t] + 17 * rep) % 101;
         ts_tensor *ids = ts_from_data(ctx, TS_I64, 2, shape, v);
-        ts_tensor *eager = ts_decoder_forward(m, ids, 0);
-        ts_tensor *eh = eager ? vkt_down(eager) : NULL;
-        ts_set_mode(ctx, TS_MODE_COMPILED);
-        ts_tensor *comp = ts_decoder_forward(m, ids, 0);
-        CHECK_OK(ctx, ts_sync(ctx));
-        ts_tensor *ch = comp ? vkt_down(comp) : NULL;
-        ts_set_mode(ctx, TS_MODE_EAGER);
         char what[64];
         snprintf(what, sizeof what, "qwen3_moe compiled on vulkan, call %d",
                  rep + 1);
-        test_allclose(what, ch, eh, 1e-5, 1e-5);
-        ts_release(eh), ts_release(ch), ts_release(eager), ts_release(comp);
+        vkt_eager_vs_compiled(ctx, m, ids, what);
         ts_release(ids);
     }
     ts_set_grad_enabled(ctx, ge);

@@ -50,4 +50,20 @@ static inline double vkt_close(const char *what, ts_tensor *got,
     return r;
 }
 
+/* m's forward on ids eager, then compiled (ts_sync), both brought back
+ * and compared to 1e-5 under the name what */
+#include "tessera_models.h"
+static inline void vkt_eager_vs_compiled(ts_ctx *ctx, ts_decoder *m,
+                                         ts_tensor *ids, const char *what) {
+    ts_tensor *eager = ts_decoder_forward(m, ids, 0);
+    ts_tensor *eh = eager ? vkt_down(eager) : NULL;
+    ts_set_mode(ctx, TS_MODE_COMPILED);
+    ts_tensor *comp = ts_decoder_forward(m, ids, 0);
+    CHECK_OK(ctx, ts_sync(ctx));
+    ts_tensor *ch = comp ? vkt_down(comp) : NULL;
+    ts_set_mode(ctx, TS_MODE_EAGER);
+    test_allclose(what, ch, eh, 1e-5, 1e-5);
+    ts_release(eh), ts_release(ch), ts_release(eager), ts_release(comp);
+}
+
 #endif

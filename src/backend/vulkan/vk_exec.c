@@ -308,7 +308,7 @@ ts_status vk_exec_wait_all(ts_ctx *ctx, vk_dev *d) {
     return st;
 }
 
-static bool grow(void **p, int *cap, int need, size_t elem) {
+bool vk_grow(void **p, int *cap, int need, size_t elem) {
     if (need <= *cap)
         return true;
     int nc = *cap ? *cap * 2 : 16;
@@ -336,8 +336,8 @@ void vk_exec_defer_block(vk_dev *d, vk_block *b) {
     bool idle = !cur->recording;
     for (int i = 0; i < VK_BATCHES && idle; i++)
         idle = !d->batch[i].submitted;
-    if (idle || !grow((void **)&cur->blocks, &cur->cap_blocks,
-                      cur->n_blocks + 1, sizeof *cur->blocks)) {
+    if (idle || !vk_grow((void **)&cur->blocks, &cur->cap_blocks,
+                         cur->n_blocks + 1, sizeof *cur->blocks)) {
         if (!idle)
             vk_exec_wait_all(d->ctx, d);
         vk_block_release(d, b);
@@ -345,8 +345,9 @@ void vk_exec_defer_block(vk_dev *d, vk_block *b) {
     }
     if (!cur->recording) { /* hold it with the last submitted batch */
         vk_batch *last = &d->batch[(d->cur + VK_BATCHES - 1) % VK_BATCHES];
-        if (last->submitted && grow((void **)&last->blocks, &last->cap_blocks,
-                                    last->n_blocks + 1, sizeof *last->blocks)) {
+        if (last->submitted &&
+            vk_grow((void **)&last->blocks, &last->cap_blocks,
+                    last->n_blocks + 1, sizeof *last->blocks)) {
             last->blocks[last->n_blocks++] = b;
             return;
         }
@@ -371,8 +372,8 @@ uint64_t vk_temp(ts_ctx *ctx, vk_dev *d, size_t bytes) {
     if (current(ctx, d, &b) != TS_OK)
         return 0;
     int cap = b->cap_temps;
-    if (!grow((void **)&b->temps, &b->cap_temps, b->n_temps + 1,
-              sizeof *b->temps)) {
+    if (!vk_grow((void **)&b->temps, &b->cap_temps, b->n_temps + 1,
+                 sizeof *b->temps)) {
         ts_set_error(ctx, TS_ERR_OOM, "vulkan: out of memory");
         return 0;
     }
@@ -446,8 +447,8 @@ static ts_status pipeline(ts_ctx *ctx, vk_dev *d, const vk_launch_desc *l,
     r = vkCreateComputePipelines(d->dev, d->cache, 1, &ci, NULL, &p);
     if (r != VK_SUCCESS)
         return vk_fail(ctx, d, r, "vkCreateComputePipelines");
-    if (!grow((void **)&d->pipes, &d->cap_pipes, d->n_pipes + 1,
-              sizeof *d->pipes)) {
+    if (!vk_grow((void **)&d->pipes, &d->cap_pipes, d->n_pipes + 1,
+                 sizeof *d->pipes)) {
         vkDestroyPipeline(d->dev, p, NULL);
         return ts_set_error(ctx, TS_ERR_OOM, "vulkan: out of memory");
     }

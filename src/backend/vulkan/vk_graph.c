@@ -44,20 +44,6 @@ struct vk_graph {
     int n_blocks, cap_blocks;
 };
 
-static bool grow(void **p, int *cap, int need, size_t elem) {
-    if (need <= *cap)
-        return true;
-    int nc = *cap ? *cap * 2 : 64;
-    while (nc < need)
-        nc *= 2;
-    void *q = realloc(*p, (size_t)nc * elem);
-    if (!q)
-        return false;
-    *p = q;
-    *cap = nc;
-    return true;
-}
-
 /* waits for the graph's last submission and frees what it held */
 static ts_status graph_wait(ts_ctx *ctx, vk_graph *g) {
     vk_dev *d = g->d;
@@ -91,8 +77,8 @@ ts_status vk_graph_wait_all(ts_ctx *ctx, vk_dev *d) {
 
 static ts_status graph_new(ts_ctx *ctx, vk_dev *d, vk_graph **out) {
     vk_graph *g = calloc(1, sizeof *g);
-    if (!g || !grow((void **)&d->graphs, &d->cap_graphs, d->n_graphs + 1,
-                    sizeof *d->graphs)) {
+    if (!g || !vk_grow((void **)&d->graphs, &d->cap_graphs, d->n_graphs + 1,
+                       sizeof *d->graphs)) {
         free(g);
         return ts_set_error(ctx, TS_ERR_OOM, "vulkan: out of memory");
     }
@@ -246,7 +232,7 @@ bool vk_graph_launch(ts_ctx *ctx, vk_dev *d, VkPipeline pipe,
     }
     size_t off = (g->used + 15) & ~(size_t)15;
     if (off + b > VK_GRAPH_ARENA ||
-        !grow((void **)&g->rec, &g->cap, g->n + 1, sizeof *g->rec)) {
+        !vk_grow((void **)&g->rec, &g->cap, g->n + 1, sizeof *g->rec)) {
         *st = graph_drop(ctx, g);
         return false;
     }
@@ -273,8 +259,8 @@ ts_status vk_graph_break(ts_ctx *ctx, vk_dev *d) {
 bool vk_graph_hold_temp(vk_dev *d, uint64_t addr, size_t bytes) {
     vk_graph *g = d->active;
     int cap = g->cap_temps;
-    if (!grow((void **)&g->temps, &g->cap_temps, g->n_temps + 1,
-              sizeof *g->temps))
+    if (!vk_grow((void **)&g->temps, &g->cap_temps, g->n_temps + 1,
+                 sizeof *g->temps))
         return false;
     if (g->cap_temps != cap) {
         size_t *tb = realloc(g->temp_bytes, sizeof *tb * (size_t)g->cap_temps);
@@ -291,8 +277,8 @@ bool vk_graph_hold_temp(vk_dev *d, uint64_t addr, size_t bytes) {
 
 bool vk_graph_hold_block(vk_dev *d, vk_block *b) {
     vk_graph *g = d->active;
-    if (!grow((void **)&g->blocks, &g->cap_blocks, g->n_blocks + 1,
-              sizeof *g->blocks))
+    if (!vk_grow((void **)&g->blocks, &g->cap_blocks, g->n_blocks + 1,
+                 sizeof *g->blocks))
         return false;
     g->blocks[g->n_blocks++] = b;
     return true;

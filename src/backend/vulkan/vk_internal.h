@@ -151,6 +151,9 @@ ts_status vk_copy_dev(ts_ctx *ctx, vk_dev *d, uint64_t dst, uint64_t src,
                       size_t bytes);
 ts_status vk_fill(ts_ctx *ctx, vk_dev *d, uint64_t dst, size_t count,
                   const void *pattern, size_t elem_bytes);
+/* *p (cap elements of elem bytes) grown to hold need; false when out of
+ * memory (*p unchanged) */
+bool vk_grow(void **p, int *cap, int need, size_t elem);
 /* a global memory barrier: every earlier write seen by every later access */
 void vk_barrier(VkCommandBuffer cb);
 /* a dispatch of an already built pipeline into the current batch */
