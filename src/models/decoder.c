@@ -895,7 +895,7 @@ static ts_tensor *head(ts_decoder *m, ts_tensor *x) {
  * ignored): the error is the same whichever device the embedding is on
  * (a device kernel cannot report one without a wait) */
 static bool ids_in_vocab(ts_ctx *ctx, const char *what, ts_tensor *ids,
-                         int64_t V) {
+                         int64_t V, bool targets) {
     if (ts_tensor_device(ids).kind != TS_DEVICE_CPU)
         return true; /* already on a device: its kernel's rules */
     int64_t n = ts_tensor_numel(ids);
@@ -905,7 +905,7 @@ static bool ids_in_vocab(ts_ctx *ctx, const char *what, ts_tensor *ids,
     bool ok = p != NULL;
     for (int64_t i = 0; ok && i < n; i++) {
         int64_t v = i64 ? ((const int64_t *)p)[i] : ((const int32_t *)p)[i];
-        if ((v < 0 || v >= V) && !(v == -100 && !strcmp(what, "targets"))) {
+        if ((v < 0 || v >= V) && !(v == -100 && targets)) {
             ts_set_error(ctx, TS_ERR_RANGE,
                          "decoder: %s[%" PRId64 "] = %" PRId64
                          " is outside the vocabulary (0..%" PRId64 ")",
@@ -931,7 +931,7 @@ static bool check_ids(ts_ctx *ctx, const char *what, ts_tensor *ids,
                      what, ts_tensor_ndim(ids), ts_dtype_name(dt));
         return false;
     }
-    return ids_in_vocab(ctx, what, ids, V);
+    return ids_in_vocab(ctx, what, ids, V, !strcmp(what, "targets"));
 }
 
 /* positions pos0 .. pos0+T-1 as i32 (malloc'd) */
@@ -1061,7 +1061,8 @@ ts_tensor *ts_decoder_loss(ts_decoder *m, ts_tensor *ids, ts_tensor *targets,
     if (!m)
         return NULL;
     ts_ctx *ctx = m->ctx;
-    if (!check_ids(ctx, "ids", ids, m->cfg.vocab) || !check_ids(ctx, "targets", targets, m->cfg.vocab))
+    if (!check_ids(ctx, "ids", ids, m->cfg.vocab) ||
+        !check_ids(ctx, "targets", targets, m->cfg.vocab))
         return NULL;
     int64_t B = ts_tensor_dim(ids, 0), T = ts_tensor_dim(ids, 1);
     if (ts_tensor_dim(targets, 0) != B || ts_tensor_dim(targets, 1) != T) {

@@ -38,9 +38,6 @@ typedef struct {
     uint32_t max_workgroup_invocations;
     uint32_t max_shared_bytes;
     uint32_t max_groups[3];
-    bool coopmat;      /* VK_KHR_cooperative_matrix with f16/bf16 inputs */
-    bool coopmat_bf16; /* ... bf16 x bf16 -> f32 offered */
-    uint32_t coopmat_m, coopmat_n, coopmat_k; /* one offered shape */
     bool atomic_float_add; /* atomicAdd on f32 in buffers (enabled) */
     bool fp16;             /* shaderFloat16 (enabled when offered) */
 } vk_limits;

@@ -170,10 +170,10 @@ static ts_status vk_info(ts_ctx *ctx, int dev, ts_device_info *out) {
     snprintf(out->type, sizeof out->type, "%s", type_name(d->props.deviceType));
     vk_mem_info(d, &out->free_bytes, &out->total_bytes);
     snprintf(out->features, sizeof out->features,
-             "subgroup=%u shared=%uKiB%s%s%s%s", d->lim.subgroup_size,
+             "subgroup=%u shared=%uKiB%s%s%s", d->lim.subgroup_size,
              d->lim.max_shared_bytes / 1024, d->lim.fp16 ? " fp16" : "",
              d->lim.atomic_float_add ? " f32-atomic-add" : "",
-             d->lim.coopmat ? " coopmat" : "",
+
              d->has_budget ? " memory-budget" : "");
     return TS_OK;
 }

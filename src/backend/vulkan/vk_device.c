@@ -368,11 +368,9 @@ static void fill_limits(vk_dev *d) {
     d->lim.max_shared_bytes = l->maxComputeSharedMemorySize;
     for (int i = 0; i < 3; i++)
         d->lim.max_groups[i] = l->maxComputeWorkGroupCount[i];
-    /* cooperative matrices: VK_KHR_cooperative_matrix is newer than
+    /* no cooperative matrices: VK_KHR_cooperative_matrix is newer than
      * Debian 12's Vulkan headers (1.3.239), so the plain tiled shaders run
      * everywhere; see docs/BACKENDS.md */
-    d->lim.coopmat = false;
-    d->lim.coopmat_bf16 = false;
     VkPhysicalDeviceMaintenance3Properties m3 = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
     VkPhysicalDeviceMaintenance4Properties m4 = {

@@ -605,18 +605,22 @@ ts_status vk_desc_bcast(ts_ctx *ctx, const ts_tensor *t, int ndim,
 
 /* ---- transfers ---- */
 
-static VkBuffer block_buf(vk_dev *d, uint64_t addr, VkDeviceSize *off) {
+/* a transfer's device side: addr's block buffer and offset. A transfer
+ * ends a plan's recording or replay first (its commands cannot be
+ * patched). */
+static ts_status locate(ts_ctx *ctx, vk_dev *d, uint64_t addr, VkBuffer *buf,
+                        VkDeviceSize *off) {
+    ts_status st = vk_graph_break(ctx, d);
+    if (st != TS_OK)
+        return st;
     vk_block *b = vk_block_of(d, addr);
     if (!b)
-        return VK_NULL_HANDLE;
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "vulkan:%d: address 0x%llx is not device memory",
+                            d->index, (unsigned long long)addr);
     *off = addr - b->raw.addr;
-    return b->raw.buf;
-}
-
-static ts_status bad_addr(ts_ctx *ctx, vk_dev *d, uint64_t a) {
-    return ts_set_error(ctx, TS_ERR_INVALID_ARG,
-                        "vulkan:%d: address 0x%llx is not device memory",
-                        d->index, (unsigned long long)a);
+    *buf = b->raw.buf;
+    return TS_OK;
 }
 
 static void copy_cmd(VkCommandBuffer cb, VkBuffer src, VkDeviceSize so,
@@ -628,15 +632,11 @@ static void copy_cmd(VkCommandBuffer cb, VkBuffer src, VkDeviceSize so,
 
 ts_status vk_upload(ts_ctx *ctx, vk_dev *d, uint64_t dst, const void *src,
                     size_t bytes) {
-    if (!bytes)
-        return TS_OK;
-    ts_status gs = vk_graph_break(ctx, d);
-    if (gs != TS_OK)
-        return gs;
-    VkDeviceSize doff;
-    VkBuffer db = block_buf(d, dst, &doff);
-    if (!db)
-        return bad_addr(ctx, d, dst);
+    VkBuffer db = VK_NULL_HANDLE;
+    VkDeviceSize doff = 0;
+    ts_status ls = bytes ? locate(ctx, d, dst, &db, &doff) : TS_OK;
+    if (!bytes || ls != TS_OK)
+        return ls;
     if (bytes <= 65536) { /* small: through the batch's arena, no wait */
         vk_batch *b = NULL;
         void *host;
@@ -666,15 +666,11 @@ ts_status vk_upload(ts_ctx *ctx, vk_dev *d, uint64_t dst, const void *src,
 
 ts_status vk_download(ts_ctx *ctx, vk_dev *d, void *dst, uint64_t src,
                       size_t bytes) {
-    if (!bytes)
-        return TS_OK;
-    ts_status gs = vk_graph_break(ctx, d);
-    if (gs != TS_OK)
-        return gs;
-    VkDeviceSize soff;
-    VkBuffer sb = block_buf(d, src, &soff);
-    if (!sb)
-        return bad_addr(ctx, d, src);
+    VkBuffer sb = VK_NULL_HANDLE;
+    VkDeviceSize soff = 0;
+    ts_status ls = bytes ? locate(ctx, d, src, &sb, &soff) : TS_OK;
+    if (!bytes || ls != TS_OK)
+        return ls;
     for (size_t done = 0; done < bytes;) {
         size_t n = bytes - done < VK_STAGING ? bytes - done : VK_STAGING;
         vk_batch *b = NULL;
@@ -699,25 +695,21 @@ ts_status vk_download(ts_ctx *ctx, vk_dev *d, void *dst, uint64_t src,
 
 ts_status vk_copy_dev(ts_ctx *ctx, vk_dev *d, uint64_t dst, uint64_t src,
                       size_t bytes) {
-    ts_status gs = vk_graph_break(ctx, d);
-    if (gs != TS_OK)
-        return gs;
-    VkDeviceSize so, doff;
-    VkBuffer sb = block_buf(d, src, &so), db = block_buf(d, dst, &doff);
-    if (!sb)
-        return bad_addr(ctx, d, src);
-    if (!db)
-        return bad_addr(ctx, d, dst);
+    VkBuffer sb = VK_NULL_HANDLE, db = VK_NULL_HANDLE;
+    VkDeviceSize so = 0, doff = 0;
     vk_batch *b = NULL;
-    ts_status st = current(ctx, d, &b);
-    if (st != TS_OK)
+    ts_status st = bytes ? locate(ctx, d, src, &sb, &so) : TS_OK;
+    if (bytes && st == TS_OK)
+        st = locate(ctx, d, dst, &db, &doff);
+    if (bytes && st == TS_OK)
+        st = current(ctx, d, &b);
+    if (!bytes || st != TS_OK)
         return st;
-    if (bytes)
-        copy_cmd(b->cb, sb, so, db, doff, bytes);
+    copy_cmd(b->cb, sb, so, db, doff, bytes);
     return TS_OK;
 }
 
-/* count elements of elem_bytes (1, 2, 4 or 8) from pattern, by a kernel
+/* count elements of elem_bytes (2, 4 or 8) from pattern, by a kernel
  * (vkCmdFillBuffer wants 4-byte alignment, a bf16 view may not have it) */
 ts_status vk_fill(ts_ctx *ctx, vk_dev *d, uint64_t dst, size_t count,
                   const void *pattern, size_t elem_bytes) {
