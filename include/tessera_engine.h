@@ -55,6 +55,38 @@ typedef struct {
 } ts_engine_options;
 ts_engine_options ts_engine_options_default(void);
 
+/* A constraint on what a sequence may generate (a structured-output
+ * grammar's matcher, tessera_grammar.h): the engine asks for the mask of
+ * allowed tokens before each draw and reports the drawn token. The
+ * engine owns state once ts_engine_add succeeds and calls free when the
+ * request ends (finished, aborted or preempted-and-dropped). */
+typedef struct {
+    void *state;
+    /* bits[(V + 31) / 32]: set the bit of every token allowed next */
+    void (*mask)(void *state, uint32_t *bits);
+    /* t was drawn; false: it was not allowed (the request then ends) */
+    bool (*accept)(void *state, int32_t t);
+    /* the output so far is complete: end-of-sequence tokens are allowed */
+    bool (*can_end)(const void *state);
+    /* complete and nothing may follow: the request ends (TS_FINISH_STOP) */
+    bool (*done)(const void *state);
+    void (*free)(void *state);
+} ts_constraint;
+
+/* OpenAI's logit_bias: added to a token's logit before sampling; -100
+ * bans it, +100 all but forces it. */
+typedef struct {
+    int32_t token;
+    float bias; /* -100..100 */
+} ts_logit_bias;
+#define TS_ENGINE_MAX_LOGIT_BIAS 300
+
+typedef enum {
+    TS_POOL_NONE = 0, /* a generation request */
+    TS_POOL_LAST,     /* embedding: the last token's final hidden state */
+    TS_POOL_MEAN      /* embedding: the mean over the prompt's tokens */
+} ts_pooling;
+
 #define TS_ENGINE_MAX_STOP_IDS 16
 typedef struct {
     const int32_t *prompt; /* token ids, copied */
@@ -66,6 +98,16 @@ typedef struct {
     bool ignore_eos;
     int logprobs; /* 0: none; 1 + N: the chosen token's log-probability
                      and the N most likely (N <= TS_ENGINE_MAX_TOP) */
+    /* echo: the log-probabilities of the prompt's tokens too (each given
+     * the ones before it; as many of the most likely as logprobs asks),
+     * in the first output's prompt_lp */
+    bool prompt_logprobs;
+    const ts_logit_bias *logit_bias; /* copied; NULL: none */
+    int n_logit_bias;
+    ts_constraint constraint; /* mask NULL: none */
+    /* != NONE: an embedding request; its one output carries the pooled,
+     * L2-normalized final hidden state (max_tokens and sampling unused) */
+    ts_pooling pooling;
 } ts_request;
 #define TS_ENGINE_MAX_TOP 20
 
@@ -73,12 +115,14 @@ typedef enum {
     TS_FINISH_NONE = 0,
     TS_FINISH_STOP,   /* an end-of-sequence or stop token (included) */
     TS_FINISH_LENGTH, /* max_tokens */
-    TS_FINISH_ABORT
+    TS_FINISH_ABORT,
+    TS_FINISH_CONSTRAINT /* the constraint refused the drawn token (or
+                            allowed none) */
 } ts_finish_reason;
 
 /* One generated token of one request (a step gives one per sequence that
  * reached the end of its known tokens). */
-typedef struct {
+typedef struct ts_engine_output_s {
     int64_t id;
     int32_t token;
     ts_finish_reason finish; /* != NONE: the request is done and gone */
@@ -90,6 +134,15 @@ typedef struct {
     int n_top;
     int32_t top_ids[TS_ENGINE_MAX_TOP];
     float top_logprobs[TS_ENGINE_MAX_TOP];
+    /* the first output of a prompt_logprobs request: one entry per prompt
+     * token from the second on (token, logprob, n_top, top_*), malloc'd,
+     * the receiver frees it; NULL otherwise */
+    struct ts_engine_output_s *prompt_lp;
+    size_t n_prompt_lp;
+    /* an embedding request's output (finish STOP): dim floats, malloc'd,
+     * the receiver frees it */
+    float *embedding;
+    int64_t dim;
 } ts_engine_output;
 
 /* KV events: a block entered or left the prefix cache. hash chains from

@@ -46,6 +46,19 @@ typedef struct {
      * "any") that may send KV blocks; NULL: loopback only */
     const char *kv_senders;
     const char *api_key; /* NULL or "": no authentication */
+    /* a chat template for models without one (or to replace theirs): a
+     * file's path or a built-in's name (ts_chat_builtin_names); NULL: the
+     * model's own */
+    const char *chat_template;
+    /* CORS: "*" or "https://a.example,http://b:8080"; NULL: no CORS
+     * headers (a browser on another origin is refused by the browser) */
+    const char *allowed_origins;
+    /* /v1/embeddings' pooling (TS_POOL_LAST or TS_POOL_MEAN; NONE: LAST) */
+    ts_pooling pooling;
+    /* the longest prompt + output in tokens (vLLM's --max-model-len); 0:
+     * the model's max_position_embeddings (larger is an error) */
+    int64_t max_model_len;
+    bool no_log_requests; /* no per-request line on stderr */
     /* listener limits, 0: the defaults (TS_SERVER_DEFAULT_*): connections
      * in all, from one client address, and the seconds a connection may
      * stay silent while its request is read or its response written

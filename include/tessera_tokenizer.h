@@ -149,6 +149,25 @@ const char *ts_chat_eos_token(const ts_chat *c); /* "" when none */
 ts_status ts_chat_apply(ts_chat *c, const char *messages_json,
                         bool add_generation_prompt, const char *extra_vars_json,
                         char **out, size_t *len);
+/* As ts_chat_load, with the template given (vLLM's --chat-template):
+ * template is a file's path or a built-in's name (see
+ * ts_chat_builtin_names; "chatml" among them); the folder's
+ * tokenizer_config.json still gives bos_token and eos_token (a built-in
+ * that needs its own end token names it: ts_chat_eos_token). A name that
+ * is neither a readable file nor a built-in is an error listing the
+ * built-ins. */
+ts_status ts_chat_load_with(ts_ctx *ctx, const char *dir, const char *template,
+                            ts_chat **out);
+/* The built-in templates' names, comma-separated ("chatml,llama3,...") */
+const char *ts_chat_builtin_names(void);
+/* Whether the template reads the `tools` variable (tool calling renders
+ * through it; without, the server describes the tools in a system
+ * message) */
+bool ts_chat_takes_tools(const ts_chat *c);
+/* The model's tool-call syntax, from its template: "hermes" (Qwen2.5/3:
+ * <tool_call>{json}</tool_call>), "llama3" ({"name", "parameters"} JSON,
+ * optionally after <|python_tag|>), or "" (none known) */
+const char *ts_chat_tool_syntax(const ts_chat *c);
 
 #ifdef __cplusplus
 }
