@@ -1,0 +1,148 @@
+/* server_internal.h — what the server's two halves share: server.c (HTTP
+ * plumbing: the listener, routing, the engine thread, metrics, KV
+ * transfer, lifecycle) and openai.c (the OpenAI protocol: a completion or
+ * chat request's parameters, its choices in the engine, whole and
+ * streamed responses). The request and choice records, the one server
+ * state (srv) and the helpers both call. Not a public header. */
+#ifndef TS_SERVER_INTERNAL_H
+#define TS_SERVER_INTERNAL_H
+
+#include "tessera_server.h"
+#include "tessera_tokenizer.h"
+
+#include "auth.h"
+#include "kv_transfer.h"
+
+#include "core/strbuf.h"
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+
+#define MAX_BODY     (16 << 20)
+#define MAX_CHOICES  16
+#define MAX_STOPS    8
+#define EVENT_KEEP   65536
+#define KEEPALIVE_MS 1000
+
+/* ---- requests ---- */
+
+struct hreq;
+
+typedef struct choice {
+    struct hreq *req;
+    int index;
+    int64_t eid; /* the engine's id */
+    ts_detok_state ds;
+    ts_sbuf text;      /* decoded so far, stop strings cut */
+    size_t safe, sent; /* bytes that can go out / have gone out */
+    int n_tokens;
+    bool finished, final_sent, role_sent;
+    const char *finish_reason;
+    int64_t cached, prompt_tokens;
+    double t_last;
+    ts_engine_output *lp; /* per token, when logprobs were asked for */
+    int n_lp, cap_lp, lp_sent;
+} choice;
+
+typedef enum { REQ_OTHER, REQ_COMPLETION, REQ_CHAT, REQ_EVENTS } req_kind;
+
+typedef struct hreq {
+    ts_sbuf body;
+    bool too_big, unauthorized; /* unauthorized: its body is not kept */
+    req_kind kind;
+    bool stream, include_usage, cancelled, usage_sent, done_sent;
+    int logprobs; /* as ts_request: 0 none, 1 + N top */
+    int n;
+    choice ch[MAX_CHOICES];
+    char id[48];
+    long created;
+    char *stops[MAX_STOPS];
+    int n_stops;
+    size_t max_stop;
+    ts_sbuf pend; /* streamed bytes not yet taken by MHD */
+    size_t pend_off;
+    uint64_t events_next;
+    double t_start;
+    /* a prefill for another server: its prompt and where its KV goes */
+    bool kv_prefill;
+    char kv_target[128];
+    int32_t *kv_ids;
+    size_t kv_n;
+} hreq;
+
+/* ---- server state ---- */
+
+#define N_TTFT 11
+#define N_ITL  9
+static const double TTFT_B[N_TTFT] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                      1,    2.5,   5,    10,  30};
+static const double ITL_B[N_ITL] = {0.005, 0.01, 0.025, 0.05, 0.1,
+                                    0.25,  0.5,  1,     2.5};
+
+typedef struct {
+    ts_ctx *ctx;
+    ts_lm *lm;
+    ts_tokenizer *tok;
+    ts_chat *chat;
+    ts_engine *eng;
+    char model[256];
+    int64_t max_positions, block_size;
+    int32_t eos[8];
+    int n_eos;
+    pthread_mutex_t eng_mu, out_mu, tok_mu;
+    atomic_int eng_want; /* threads waiting for eng_mu (see srv_eng_lock) */
+    pthread_cond_t eng_cv, out_cv;
+    choice **active;
+    int n_active, cap_active;
+    bool stop_engine;
+    /* KV events kept for /v1/kv_events readers */
+    ts_kv_event *events;
+    size_t n_events;
+    uint64_t first_event_seq; /* seq of events[0] */
+    /* metrics (out_mu) */
+    uint64_t status_count[7]; /* 200 400 401 404 405 413 500 */
+    uint64_t prompt_tokens, generated_tokens, cached_tokens;
+    uint64_t ttft_hist[N_TTFT + 1], itl_hist[N_ITL + 1];
+    double ttft_sum, itl_sum;
+    ts_engine_stats est;
+    /* KV transfer: the listening socket, counters (out_mu) */
+    int kv_fd, kv_port, kv_conns; /* kv_conns: atomic */
+    bool no_kv_events, kv_stop, fault_corrupt;
+    uint64_t kvx_sent, kvx_send_failed, kvx_received, kvx_refused;
+    uint64_t kvx_blocks_sent, kvx_blocks_adopted;
+    /* where a prefill may send KV (NULL: nowhere); the API key (NULL:
+     * none); the listeners' silence limit in ms */
+    ts_kv_peers *kv_peers;
+    ts_kv_senders *kv_senders; /* NULL: loopback */
+    const char *api_key;
+    int timeout_ms;
+} srv_state;
+
+extern srv_state srv;
+extern volatile sig_atomic_t srv_signal;
+
+/* ---- server.c ---- */
+double srv_now(void);
+void srv_count_status(int code);
+void srv_observe(uint64_t *hist, const double *bounds, int nb, double *sum,
+                 double v);
+enum MHD_Result srv_send_text(struct MHD_Connection *c, int code,
+                              const char *type, const char *text);
+enum MHD_Result srv_send_json(struct MHD_Connection *c, int code, json_t *j);
+/* OpenAI's error object */
+enum MHD_Result srv_send_error(struct MHD_Connection *c, int code,
+                               const char *type, const char *param,
+                               const char *codestr, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+void srv_active_remove(choice *c);
+void srv_eng_lock(void);
+json_t *srv_send_prefill(hreq *r);
+
+/* ---- openai.c ---- */
+bool srv_deliver(choice *c, const ts_engine_output *o);
+enum MHD_Result srv_generate(struct MHD_Connection *c, hreq *r);
+
+#endif
