@@ -645,3 +645,10 @@ enum MHD_Result srv_generate(struct MHD_Connection *c, hreq *r) {
     srv_count_status(200);
     return ret;
 }
+
+int srv_openai_init(char *err, size_t cap) {
+    (void)err, (void)cap;
+    return 0;
+}
+
+void srv_openai_fini(void) {}

@@ -737,6 +737,11 @@ int ts_server_run(const ts_server_options *o) {
         fprintf(stderr, "tessera serve: %s\n", ts_errmsg(srv.ctx));
         goto done;
     }
+    char oerr[512];
+    if (srv_openai_init(oerr, sizeof oerr)) {
+        fprintf(stderr, "tessera serve: %s\n", oerr);
+        goto done;
+    }
     if (ts_chat_load(srv.ctx, o->model_dir, &srv.chat) != TS_OK)
         ts_clear_error(srv.ctx); /* no chat template: completions only */
     if (ts_engine_new(srv.ctx, ts_lm_decoder(srv.lm), &o->engine, &srv.eng) !=
@@ -876,6 +881,7 @@ done:
         pthread_mutex_unlock(&srv.eng_mu);
         pthread_join(engine_thread, NULL);
     }
+    srv_openai_fini();
     ts_engine_free(srv.eng);
     ts_chat_free(srv.chat);
     ts_tokenizer_free(srv.tok);

@@ -142,6 +142,11 @@ void srv_eng_lock(void);
 json_t *srv_send_prefill(hreq *r);
 
 /* ---- openai.c ---- */
+/* once the tokenizer is loaded (ts_server_run) and at the end: the
+ * structured-output vocabulary and grammar cache; nonzero with err
+ * filled on failure */
+int srv_openai_init(char *err, size_t cap);
+void srv_openai_fini(void);
 bool srv_deliver(choice *c, const ts_engine_output *o);
 enum MHD_Result srv_generate(struct MHD_Connection *c, hreq *r);
 
