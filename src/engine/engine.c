@@ -935,10 +935,7 @@ static void sample_row(ts_engine *e, seq *s, const float *row, int64_t V,
                                  .cached_tokens = s->cached_tokens,
                                  .prompt_tokens = (int64_t)s->n_prompt,
                                  .queue_s = s->queue_s};
-        if (*n_out < cap)
-            out[(*n_out)++] = stop;
-        else
-            emit(e, out, cap, n_out, &stop);
+        emit(e, out, cap, n_out, &stop);
         why = TS_FINISH_STOP;
     }
     if (why != TS_FINISH_NONE)
