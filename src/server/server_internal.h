@@ -45,6 +45,9 @@ typedef struct choice {
     double t_last;
     ts_engine_output *lp; /* per token, when logprobs were asked for */
     int n_lp, cap_lp, lp_sent;
+    /* embeddings (server.c / embeddings.c) */
+    float *embedding; /* malloc'd: the engine's pooled vector, dim floats */
+    int64_t dim;
 } choice;
 
 typedef enum { REQ_OTHER, REQ_COMPLETION, REQ_CHAT, REQ_EVENTS } req_kind;
@@ -71,9 +74,27 @@ typedef struct hreq {
     char kv_target[128];
     int32_t *kv_ids;
     size_t kv_n;
+    /* embeddings (server.c / embeddings.c) */
+    /* the request's log line and metrics: what was asked, the status
+     * sent, when its first output came and how long it queued */
+    char method[8], path[48];
+    int status;
+    double t_first, queue_s;
+    /* an /v1/embeddings request: one choice per input (ech, n_ech) */
+    bool embed;
+    choice *ech;
+    int n_ech;
 } hreq;
 
 /* ---- server state ---- */
+
+/* histograms' upper bounds (seconds or tokens), vLLM's where it has them */
+#define N_E2E 16
+static const double E2E_B[N_E2E] = {0.3, 0.5, 0.8, 1,  1.5, 2,  2.5, 5,
+                                    10,  15,  20,  30, 40,  50, 60,  120};
+#define N_NTOK 14
+static const double NTOK_B[N_NTOK] = {1,   2,   5,    10,   20,   50,    100,
+                                      200, 500, 1000, 2000, 5000, 10000, 20000};
 
 #define N_TTFT 11
 #define N_ITL  9
@@ -119,6 +140,17 @@ typedef struct {
     ts_kv_senders *kv_senders; /* NULL: loopback */
     const char *api_key;
     int timeout_ms;
+    /* issue 19: CORS (NULL: none), the embeddings' pooling, the request
+     * log; per request (out_mu): latency, queue time and size histograms,
+     * finish reasons (stop, length, abort) */
+    ts_origins *origins;
+    ts_pooling pooling;
+    bool no_log_requests;
+    uint64_t e2e_hist[N_E2E + 1], queue_hist[N_E2E + 1];
+    double e2e_sum, queue_sum;
+    uint64_t ptok_hist[N_NTOK + 1], gtok_hist[N_NTOK + 1];
+    double ptok_sum, gtok_sum;
+    uint64_t finished[3];
 } srv_state;
 
 extern srv_state srv;
@@ -140,6 +172,28 @@ enum MHD_Result srv_send_error(struct MHD_Connection *c, int code,
 void srv_active_remove(choice *c);
 void srv_eng_lock(void);
 json_t *srv_send_prefill(hreq *r);
+/* CORS headers for c's Origin on a response about to be queued (none
+ * unless --allowed-origins lets that origin in); every response gets them,
+ * streamed ones too */
+void srv_cors_headers(struct MHD_Connection *c, struct MHD_Response *resp);
+
+/* ---- metrics.c ---- */
+enum MHD_Result srv_metrics(struct MHD_Connection *c);
+/* a request's end (MHD's completed callback): its metrics and log line */
+void srv_request_end(hreq *r);
+
+/* ---- tokenize.c: /tokenize, /detokenize, /version ---- */
+enum MHD_Result srv_tokenize(struct MHD_Connection *c, hreq *r);
+enum MHD_Result srv_detokenize(struct MHD_Connection *c, hreq *r);
+enum MHD_Result srv_version(struct MHD_Connection *c);
+
+/* ---- embeddings.c ---- */
+enum MHD_Result srv_embeddings(struct MHD_Connection *c, hreq *r);
+/* an embedding choice's one output (out_mu held, on the engine thread):
+ * takes o's vector */
+void srv_embed_deliver(choice *c, ts_engine_output *o);
+/* aborts r's unfinished inputs in the engine and frees their vectors */
+void srv_embed_free(hreq *r);
 
 /* ---- openai.c ---- */
 /* once the tokenizer is loaded (ts_server_run) and at the end: the
