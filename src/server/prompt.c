@@ -205,8 +205,11 @@ static json_t *hermes_fallback(json_t *norm, json_t *tools) {
         json_t *nm = NULL;
         if (i == 0 && json_array_size(tools)) {
             bool sys = !strcmp(role, "system");
-            if (sys)
-                ts_sb_printf(&b, "%s\n\n", content);
+            if (sys) { /* lengths, not %s: content may hold a NUL */
+                ts_sb_add(&b, content, json_string_length(
+                                           json_object_get(m, "content")));
+                ts_sb_puts(&b, "\n\n");
+            }
             hermes_tools_text(&b, tools);
             ok = (nm = text_message("system", &b)) &&
                  !json_array_append_new(out, nm);
@@ -218,15 +221,18 @@ static json_t *hermes_fallback(json_t *norm, json_t *tools) {
             for (; i < n && !strcmp(json_string_value(json_object_get(
                                         json_array_get(norm, i), "role")),
                                     "tool");
-                 i++)
-                ts_sb_printf(&b, "%s<tool_response>\n%s\n</tool_response>",
-                             b.n ? "\n" : "",
-                             json_string_value(json_object_get(
-                                 json_array_get(norm, i), "content")));
+                 i++) {
+                json_t *c = json_object_get(json_array_get(norm, i), "content");
+                ts_sb_puts(&b, b.n ? "\n<tool_response>\n"
+                                   : "<tool_response>\n");
+                ts_sb_add(&b, json_string_value(c), json_string_length(c));
+                ts_sb_puts(&b, "\n</tool_response>");
+            }
             i--; /* the loop's own step moves past the last one */
             nm = text_message("user", &b);
         } else if (!strcmp(role, "assistant") && json_array_size(calls)) {
-            ts_sb_puts(&b, content);
+            ts_sb_add(&b, content,
+                      json_string_length(json_object_get(m, "content")));
             hermes_calls_text(&b, calls);
             nm = text_message("assistant", &b);
         } else {
