@@ -222,15 +222,12 @@ static choice *find_active(int64_t eid) {
 }
 
 /* the first output of any of r's choices: when it came and how long r
- * waited before it was first scheduled. Without the engine's own figure
- * that is the time to the start of the step that gave the output, which
- * also counts the earlier chunks of a chunked prefill. */
-static void first_output(hreq *r, const ts_engine_output *o, double t_step) {
-    (void)o;
+ * waited before the engine first scheduled it (the engine's figure) */
+static void first_output(hreq *r, const ts_engine_output *o) {
     if (r->t_first > 0)
         return;
     r->t_first = srv_now();
-    r->queue_s = t_step > r->t_start ? t_step - r->t_start : 0;
+    r->queue_s = o->queue_s;
 }
 
 static void *engine_loop(void *arg) {
@@ -249,7 +246,6 @@ static void *engine_loop(void *arg) {
             break;
         }
         int k = 0;
-        double t_step = srv_now();
         ts_status st = ts_engine_step(srv.eng, out, 4096, &k);
         bool failed = st != TS_OK;
         if (failed) {
@@ -269,7 +265,7 @@ static void *engine_loop(void *arg) {
                 free(out[i].embedding), free(out[i].prompt_lp);
                 continue;
             }
-            first_output(c->req, &out[i], t_step);
+            first_output(c->req, &out[i]);
             if (c->req->embed)
                 srv_embed_deliver(c, &out[i]);
             else if (srv_deliver(c, &out[i]) && n_abort < 4096)
@@ -808,7 +804,14 @@ int ts_server_run(const ts_server_options *o) {
         fprintf(stderr, "tessera serve: %s\n", oerr);
         goto done;
     }
-    if (ts_chat_load(srv.ctx, o->model_dir, &srv.chat) != TS_OK)
+    if (o->chat_template && *o->chat_template) { /* given: it must load */
+        if (ts_chat_load_with(srv.ctx, o->model_dir, o->chat_template,
+                              &srv.chat) != TS_OK) {
+            fprintf(stderr, "tessera serve: --chat-template: %s\n",
+                    ts_errmsg(srv.ctx));
+            goto done;
+        }
+    } else if (ts_chat_load(srv.ctx, o->model_dir, &srv.chat) != TS_OK)
         ts_clear_error(srv.ctx); /* no chat template: completions only */
     if (ts_engine_new(srv.ctx, ts_lm_decoder(srv.lm), &o->engine, &srv.eng) !=
         TS_OK) {
