@@ -57,9 +57,15 @@ ts_engine_options ts_engine_options_default(void);
 
 /* A constraint on what a sequence may generate (a structured-output
  * grammar's matcher, tessera_grammar.h): the engine asks for the mask of
- * allowed tokens before each draw and reports the drawn token. The
- * engine owns state once ts_engine_add succeeds and calls free when the
- * request ends (finished, aborted or preempted-and-dropped). */
+ * allowed tokens before each draw (the bits come zeroed), bans the rest,
+ * and reports the drawn token (end-of-sequence and stop ids are never
+ * reported: they are allowed exactly when can_end says so, whatever the
+ * mask). The engine owns state once ts_engine_add succeeds and calls free
+ * (may be NULL) exactly once when the request ends (finished, aborted, or
+ * the engine freed); when ts_engine_add fails the caller still owns it.
+ * A preempted request keeps its state: the tokens it already generated
+ * are recomputed, not reported again. mask, accept, can_end and done are
+ * all required. */
 typedef struct {
     void *state;
     /* bits[(V + 31) / 32]: set the bit of every token allowed next */
@@ -106,7 +112,9 @@ typedef struct {
     int n_logit_bias;
     ts_constraint constraint; /* mask NULL: none */
     /* != NONE: an embedding request; its one output carries the pooled,
-     * L2-normalized final hidden state (max_tokens and sampling unused) */
+     * L2-normalized final hidden state (max_tokens, sampling, logprobs,
+     * prompt_logprobs and logit_bias unused). It computes its whole
+     * prompt (no prefix reuse), batched with everything else. */
     ts_pooling pooling;
 } ts_request;
 #define TS_ENGINE_MAX_TOP 20
@@ -117,11 +125,15 @@ typedef enum {
     TS_FINISH_LENGTH, /* max_tokens */
     TS_FINISH_ABORT,
     TS_FINISH_CONSTRAINT /* the constraint refused the drawn token (or
-                            allowed none) */
+                            allowed none): token -1, nothing drawn */
 } ts_finish_reason;
 
 /* One generated token of one request (a step gives one per sequence that
- * reached the end of its known tokens). */
+ * reached the end of its known tokens). A constrained request whose
+ * constraint is done gives its last token (finish NONE) and then an output
+ * with token -1 and finish STOP: in the same step when out has room,
+ * else first in the next step. An embedding request's one output has
+ * token -1 and finish STOP. */
 typedef struct ts_engine_output_s {
     int64_t id;
     int32_t token;
@@ -136,13 +148,16 @@ typedef struct ts_engine_output_s {
     float top_logprobs[TS_ENGINE_MAX_TOP];
     /* the first output of a prompt_logprobs request: one entry per prompt
      * token from the second on (token, logprob, n_top, top_*), malloc'd,
-     * the receiver frees it; NULL otherwise */
+     * the receiver frees it; NULL otherwise (and for a one-token prompt).
+     * Such a request computes its whole prompt (no prefix reuse). */
     struct ts_engine_output_s *prompt_lp;
     size_t n_prompt_lp;
     /* an embedding request's output (finish STOP): dim floats, malloc'd,
      * the receiver frees it */
     float *embedding;
     int64_t dim;
+    /* seconds from ts_engine_add to the request's first scheduling */
+    double queue_s;
 } ts_engine_output;
 
 /* KV events: a block entered or left the prefix cache. hash chains from
@@ -167,6 +182,10 @@ typedef struct {
     int64_t evicted_blocks, preemptions, aborted;
     int64_t prompt_tokens, prefix_hit_tokens, generated_tokens;
     int64_t steps, batch_tokens;
+    /* requests ended, by finish reason (vLLM's finished-reason metric;
+     * finished_abort counts ts_engine_abort's too) */
+    int64_t finished_stop, finished_length, finished_abort, finished_constraint;
+    int64_t embeddings; /* embedding requests answered */
 } ts_engine_stats;
 
 typedef struct ts_engine ts_engine;
@@ -183,8 +202,10 @@ void ts_engine_set_eos(ts_engine *e, const int32_t *ids, int n);
 ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id);
 /* Drops a request (a client gone): its blocks are released. */
 ts_status ts_engine_abort(ts_engine *e, int64_t id);
-/* One scheduling step and one forward pass; out (cap >= max_seqs) gets a
- * token per sequence that produced one. */
+/* One scheduling step and one forward pass; out (cap >= max_seqs; 2 x
+ * max_seqs never defers a constraint's STOP output) gets a token per
+ * sequence that produced one. Outputs' prompt_lp and embedding are the
+ * receiver's to free. */
 ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
                          int *n_out);
 bool ts_engine_has_work(const ts_engine *e);

@@ -120,6 +120,10 @@ ts_status ts_decoder_save(ts_decoder *m, const char *dir);
 /* ids (B, T) i64 or i32, at positions pos0 .. pos0+T-1 -> logits (B, T, V).
  * Causal self-attention over the T positions given (no KV cache). */
 ts_tensor *ts_decoder_forward(ts_decoder *m, ts_tensor *ids, int64_t pos0);
+/* The same without the LM head: the final norm's output (B, T, C), the
+ * hidden states an embedding pools. */
+ts_tensor *ts_decoder_forward_hidden(ts_decoder *m, ts_tensor *ids,
+                                     int64_t pos0);
 /* Mean cross-entropy of forward(ids, 0) against targets (B, T) i64/i32,
  * the next tokens already aligned with ids (no shift inside); targets of
  * -100 are ignored. A mixture of experts adds router_aux_loss_coef times
@@ -205,6 +209,16 @@ ts_tensor *ts_decoder_forward_paged(ts_decoder *m, ts_kv_pool *pool,
                                     ts_tensor *ids, const int32_t *positions,
                                     ts_tensor *meta, const int32_t *rows,
                                     int64_t n_rows);
+/* ... and also, or only, final hidden states: *logits (n_rows, V) of the
+ * tokens at rows[] (NULL when n_rows is 0) and *hidden (n_hrows, C), the
+ * final norm's output at hrows[] (NULL when n_hrows is 0), new
+ * references. Both counts 0 only writes the K/V. */
+ts_status ts_decoder_forward_paged_ex(ts_decoder *m, ts_kv_pool *pool,
+                                      ts_tensor *ids, const int32_t *positions,
+                                      ts_tensor *meta, const int32_t *rows,
+                                      int64_t n_rows, const int32_t *hrows,
+                                      int64_t n_hrows, ts_tensor **logits,
+                                      ts_tensor **hidden);
 
 /* ---- any causal LM --------------------------------------------------------
  * A decoder and its single-sequence KV cache, chosen by config.json: what

@@ -91,6 +91,33 @@ int main(void) {
     int32_t seen0[1] = {0};
     CHECK(ts_sampler_next(sm, neg, 2, seen0, 1) == 1); /* -1 -> -4, below -3 */
     ts_sampler_free(sm);
+    /* banned tokens (-inf, a constraint's mask) are never drawn, with any
+     * filter and penalty; the rest keep their softmax share */
+    ts_sampling m = ts_sampling_default();
+    m.temperature = 1.5, m.seed = 5, m.repetition_penalty = 1.3;
+    m.frequency_penalty = 0.5;
+    float masked[6] = {-INFINITY, 1, -INFINITY, 0, -INFINITY, -INFINITY};
+    int32_t hist[2] = {3, 0};
+    double cnt[6] = {0};
+    for (int f = 0; f < 3; f++) {
+        m.top_p = f == 1 ? 0.999 : 1, m.min_p = f == 2 ? 0.01 : 0;
+        CHECK_OK(ctx, ts_sampler_new(ctx, &m, &sm));
+        ts_sampler_set_prompt_len(sm, 1);
+        for (int i = 0; sm && i < 20000; i++) {
+            int32_t t = ts_sampler_next(sm, masked, 6, hist, 2);
+            cnt[t >= 0 && t < 6 ? t : 0] += 1;
+        }
+        ts_sampler_free(sm);
+    }
+    CHECK(cnt[0] == 0 && cnt[2] == 0 && cnt[4] == 0 && cnt[5] == 0);
+    /* the penalties leave banned token 0 at -inf and token 3's logit 0
+     * (0 x 1.3; no frequency penalty: it is in the prompt) */
+    double p1 = 1 / (1 + exp(-1 / 1.5));
+    CHECK_NEAR(cnt[1] / 60000, p1, 0.01);
+    m = ts_sampling_default(); /* greedy skips -inf too */
+    CHECK_OK(ctx, ts_sampler_new(ctx, &m, &sm));
+    CHECK(ts_sampler_next(sm, masked, 6, NULL, 0) == 1);
+    ts_sampler_free(sm);
     /* errors name the parameter */
     ts_sampling bad = ts_sampling_default();
     bad.top_p = 0;

@@ -23,7 +23,14 @@
  * next token with its own parameters. When blocks run out: evict cached
  * leaves, then preempt the youngest running sequence (its blocks freed, its
  * tokens kept; it is recomputed when readmitted, mostly from the cache).
+ * Per request on top (issue 19): logit_bias and a constraint's mask
+ * (structured outputs) applied to a copy of the logits row before the
+ * sampler; prompt log-probabilities read from extra logits rows of the
+ * prefill; embeddings pooled from the final hidden states of their prompt
+ * rows (ts_decoder_forward_paged_ex). Such requests compute their whole
+ * prompt: no prefix reuse.
  * Owns sequences, blocks, the tree and the events; the model computes. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "tessera_engine.h"
 
 #include "core/core.h"
@@ -31,6 +38,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <xxhash.h>
 
 typedef enum { SEQ_WAITING, SEQ_RUNNING } seq_state;
@@ -52,8 +60,18 @@ typedef struct seq {
     int32_t stop_ids[TS_ENGINE_MAX_STOP_IDS];
     int n_stop_ids;
     bool ignore_eos;
-    int logprobs;   /* as ts_request */
-    uint64_t order; /* arrival */
+    int logprobs;      /* as ts_request */
+    uint64_t order;    /* arrival */
+    ts_constraint con; /* con.mask NULL: none; its state freed with s */
+    ts_logit_bias *bias;
+    int n_bias;
+    /* prompt_logprobs: n_prompt - 1 entries by position (entry p: token
+     * p + 1 given the ones before), handed over with the first output */
+    bool want_plp, out_once;
+    ts_engine_output *plp;
+    ts_pooling pooling;
+    double *pool_sum;      /* hidden floats: MEAN's sum, LAST's row */
+    double t_add, queue_s; /* monotonic seconds */
 } seq;
 
 typedef struct node {
@@ -85,6 +103,12 @@ struct ts_engine {
     uint64_t tick, order;
     int32_t eos[8];
     int n_eos;
+    /* scratch of one draw: a biased, masked logits row and the mask */
+    float *row;
+    uint32_t *mask;
+    /* final outputs that found no room in a step's out (FIFO) */
+    ts_engine_output *pend;
+    int n_pend, cap_pend;
     /* events */
     ts_kv_event *events;
     size_t n_events, cap_events;
@@ -253,11 +277,27 @@ static bool evict_one(ts_engine *e) {
 
 /* ---- sequences ---- */
 
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* the request is over: its constraint's state goes too (exactly once:
+ * every seq is freed once) */
 static void seq_free(seq *s) {
     if (!s)
         return;
+    if (s->con.mask && s->con.free)
+        s->con.free(s->con.state);
     ts_sampler_free(s->sm);
+    free(s->bias), free(s->plp), free(s->pool_sum);
     free(s->tok), free(s->blocks), free(s);
+}
+
+static void output_free(ts_engine_output *o) {
+    free(o->prompt_lp), free(o->embedding);
+    o->prompt_lp = NULL, o->embedding = NULL;
 }
 
 static void seq_drop_blocks(ts_engine *e, seq *s) {
@@ -362,7 +402,10 @@ ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
     while (e->map_cap < 2 * (size_t)nb + 2)
         e->map_cap <<= 1;
     e->map = calloc(e->map_cap, sizeof *e->map);
-    if (!e->ref || !e->in_tree || !e->free_list || !e->map) {
+    e->row = malloc(sizeof(float) * (size_t)c->vocab);
+    e->mask = malloc(sizeof(uint32_t) * (size_t)((c->vocab + 31) / 32));
+    if (!e->ref || !e->in_tree || !e->free_list || !e->map || !e->row ||
+        !e->mask) {
         ts_engine_free(e);
         return ts_set_error(ctx, TS_ERR_OOM, "engine: out of memory");
     }
@@ -385,6 +428,9 @@ void ts_engine_free(ts_engine *e) {
         seq_free(e->running[i]);
     for (int i = 0; i < e->n_waiting; i++)
         seq_free(e->waiting[i]);
+    for (int i = 0; i < e->n_pend; i++)
+        output_free(&e->pend[i]);
+    free(e->pend), free(e->row), free(e->mask);
     for (size_t i = 0; e->map && i < e->map_cap; i++)
         if (e->map[i])
             free(e->map[i]->tokens), free(e->map[i]);
@@ -400,26 +446,48 @@ void ts_engine_set_eos(ts_engine *e, const int32_t *ids, int n) {
         e->eos[e->n_eos++] = ids[i];
 }
 
-ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id) {
-    if (!e)
-        return TS_ERR_INVALID_ARG;
-    if (!r || !id || (!r->prompt && r->n_prompt))
-        return ts_set_error(e->ctx, TS_ERR_INVALID_ARG,
-                            "engine_add: NULL argument");
+/* the issue-19 parts of a request: logit_bias, constraint, pooling */
+static ts_status check_extras(ts_engine *e, const ts_request *r) {
     const ts_model_config *c = ts_decoder_get_config(e->m);
-    if (r->n_prompt < 1)
-        return ts_set_error(e->ctx, TS_ERR_INVALID_ARG, "the prompt is empty");
-    if (r->max_tokens < 1)
-        return ts_set_error(e->ctx, TS_ERR_RANGE, "max_tokens %d (want >= 1)",
-                            r->max_tokens);
-    if ((int64_t)r->n_prompt + r->max_tokens > c->max_positions)
+    if (r->pooling < TS_POOL_NONE || r->pooling > TS_POOL_MEAN)
+        return ts_set_error(e->ctx, TS_ERR_RANGE, "pooling %d (want 0..2)",
+                            (int)r->pooling);
+    if (r->n_logit_bias < 0 || r->n_logit_bias > TS_ENGINE_MAX_LOGIT_BIAS ||
+        (r->n_logit_bias && !r->logit_bias))
+        return ts_set_error(e->ctx, TS_ERR_RANGE,
+                            "logit_bias: %d entries (want 0..%d)",
+                            r->n_logit_bias, TS_ENGINE_MAX_LOGIT_BIAS);
+    for (int i = 0; i < r->n_logit_bias; i++) {
+        const ts_logit_bias *b = &r->logit_bias[i];
+        if (b->token < 0 || b->token >= c->vocab)
+            return ts_set_error(e->ctx, TS_ERR_RANGE,
+                                "logit_bias: token %d is outside the "
+                                "vocabulary (%lld)",
+                                b->token, (long long)c->vocab);
+        if (!(b->bias >= -100 && b->bias <= 100))
+            return ts_set_error(e->ctx, TS_ERR_RANGE,
+                                "logit_bias: bias %g of token %d (want "
+                                "-100..100)",
+                                (double)b->bias, b->token);
+    }
+    const ts_constraint *k = &r->constraint;
+    if (k->mask && (!k->accept || !k->can_end || !k->done))
+        return ts_set_error(e->ctx, TS_ERR_INVALID_ARG,
+                            "constraint: mask, accept, can_end and done are "
+                            "all required");
+    return TS_OK;
+}
+
+/* the sizes: tokens within the context and the pool, ids in vocabulary */
+static ts_status check_sizes(ts_engine *e, const ts_request *r, int gen) {
+    const ts_model_config *c = ts_decoder_get_config(e->m);
+    if ((int64_t)r->n_prompt + gen > c->max_positions)
         return ts_set_error(e->ctx, TS_ERR_RANGE,
                             "the prompt (%zu tokens) plus max_tokens (%d) is "
                             "longer than the model's context (%lld)",
-                            r->n_prompt, r->max_tokens,
-                            (long long)c->max_positions);
+                            r->n_prompt, gen, (long long)c->max_positions);
     /* a request that could never fit the pool alone is refused now */
-    int64_t need = ((int64_t)r->n_prompt + r->max_tokens + e->bs - 1) / e->bs;
+    int64_t need = ((int64_t)r->n_prompt + gen + e->bs - 1) / e->bs;
     if (need > e->n_blocks)
         return ts_set_error(e->ctx, TS_ERR_RANGE,
                             "the request needs %lld KV blocks; the pool has "
@@ -431,6 +499,50 @@ ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id) {
                                 "prompt token %d at %zu is outside the "
                                 "vocabulary (%lld)",
                                 r->prompt[i], i, (long long)c->vocab);
+    return TS_OK;
+}
+
+/* s's buffers for logit_bias, prompt logprobs and pooling */
+static bool seq_extras(ts_engine *e, seq *s, const ts_request *r) {
+    const ts_model_config *c = ts_decoder_get_config(e->m);
+    s->pooling = r->pooling;
+    if (s->pooling) {
+        s->pool_sum = calloc((size_t)c->hidden, sizeof *s->pool_sum);
+        return s->pool_sum != NULL;
+    }
+    if (r->n_logit_bias) {
+        s->bias = malloc(sizeof *s->bias * (size_t)r->n_logit_bias);
+        if (!s->bias)
+            return false;
+        memcpy(s->bias, r->logit_bias,
+               sizeof *s->bias * (size_t)r->n_logit_bias);
+        s->n_bias = r->n_logit_bias;
+    }
+    s->want_plp = r->prompt_logprobs;
+    if (s->want_plp && r->n_prompt > 1) {
+        s->plp = calloc(r->n_prompt - 1, sizeof *s->plp);
+        return s->plp != NULL;
+    }
+    return true;
+}
+
+ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id) {
+    if (!e)
+        return TS_ERR_INVALID_ARG;
+    if (!r || !id || (!r->prompt && r->n_prompt))
+        return ts_set_error(e->ctx, TS_ERR_INVALID_ARG,
+                            "engine_add: NULL argument");
+    bool embed = r->pooling != TS_POOL_NONE;
+    if (r->n_prompt < 1)
+        return ts_set_error(e->ctx, TS_ERR_INVALID_ARG, "the prompt is empty");
+    if (!embed && r->max_tokens < 1)
+        return ts_set_error(e->ctx, TS_ERR_RANGE, "max_tokens %d (want >= 1)",
+                            r->max_tokens);
+    ts_status st = check_extras(e, r);
+    if (st == TS_OK)
+        st = check_sizes(e, r, embed ? 0 : r->max_tokens);
+    if (st != TS_OK)
+        return st;
     if (r->logprobs < 0 || r->logprobs > 1 + TS_ENGINE_MAX_TOP)
         return ts_set_error(e->ctx, TS_ERR_RANGE,
                             "top_logprobs %d (want 0..%d)", r->logprobs - 1,
@@ -441,28 +553,34 @@ ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id) {
     seq *s = calloc(1, sizeof *s);
     if (!s)
         return ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");
-    ts_status st = ts_sampler_new(e->ctx, &r->sampling, &s->sm);
-    ts_sampler_set_prompt_len(s->sm, r->n_prompt);
+    if (!embed) { /* an embedding draws nothing: its sampling is unused */
+        st = ts_sampler_new(e->ctx, &r->sampling, &s->sm);
+        ts_sampler_set_prompt_len(s->sm, r->n_prompt);
+    }
     for (size_t i = 0; st == TS_OK && i < r->n_prompt; i++)
         if (!push_token(s, r->prompt[i]))
             st = ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");
+    if (st == TS_OK && !seq_extras(e, s, r))
+        st = ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");
     if (st != TS_OK) {
-        seq_free(s);
+        seq_free(s); /* s->con still empty: the caller keeps the state */
         return st;
     }
     s->n_prompt = r->n_prompt;
     s->max_tokens = r->max_tokens;
     s->ignore_eos = r->ignore_eos;
-    s->logprobs = r->logprobs;
+    s->logprobs = embed ? 0 : r->logprobs;
     s->n_stop_ids = r->n_stop_ids;
     memcpy(s->stop_ids, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop_ids);
     s->id = ++e->next_id;
     s->order = ++e->order;
     s->state = SEQ_WAITING;
+    s->t_add = now_s();
     if (!list_push(&e->waiting, &e->n_waiting, &e->cap_waiting, s, false)) {
         seq_free(s);
         return ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");
     }
+    s->con = r->constraint; /* owned from here on */
     *id = s->id;
     return TS_OK;
 }
@@ -474,6 +592,27 @@ static void finish(ts_engine *e, seq *s, int i_running) {
     seq_free(s);
 }
 
+static void count_finish(ts_engine *e, ts_finish_reason why) {
+    if (why == TS_FINISH_STOP)
+        e->stats.finished_stop++;
+    else if (why == TS_FINISH_LENGTH)
+        e->stats.finished_length++;
+    else if (why == TS_FINISH_ABORT)
+        e->stats.finished_abort++;
+    else if (why == TS_FINISH_CONSTRAINT)
+        e->stats.finished_constraint++;
+}
+
+/* running s ends for why: counted, blocks released, freed */
+static void end_request(ts_engine *e, seq *s, ts_finish_reason why) {
+    count_finish(e, why);
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i] == s) {
+            finish(e, s, i);
+            return;
+        }
+}
+
 ts_status ts_engine_abort(ts_engine *e, int64_t id) {
     if (!e)
         return TS_ERR_INVALID_ARG;
@@ -481,6 +620,7 @@ ts_status ts_engine_abort(ts_engine *e, int64_t id) {
         if (e->running[i]->id == id) {
             finish(e, e->running[i], i);
             e->stats.aborted++;
+            e->stats.finished_abort++;
             return TS_OK;
         }
     for (int i = 0; i < e->n_waiting; i++)
@@ -490,6 +630,15 @@ ts_status ts_engine_abort(ts_engine *e, int64_t id) {
             seq_drop_blocks(e, s);
             seq_free(s);
             e->stats.aborted++;
+            e->stats.finished_abort++;
+            return TS_OK;
+        }
+    for (int i = 0; i < e->n_pend; i++)
+        if (e->pend[i].id == id) { /* already over: its last output goes */
+            output_free(&e->pend[i]);
+            memmove(e->pend + i, e->pend + i + 1,
+                    sizeof *e->pend * (size_t)(e->n_pend - i - 1));
+            e->n_pend--;
             return TS_OK;
         }
     return ts_set_error(e->ctx, TS_ERR_INVALID_ARG,
@@ -497,7 +646,7 @@ ts_status ts_engine_abort(ts_engine *e, int64_t id) {
 }
 
 bool ts_engine_has_work(const ts_engine *e) {
-    return e && (e->n_running || e->n_waiting);
+    return e && (e->n_running || e->n_waiting || e->n_pend);
 }
 
 void ts_engine_get_stats(const ts_engine *e, ts_engine_stats *out) {
@@ -544,9 +693,12 @@ static int64_t blocks_available(const ts_engine *e) {
 }
 
 /* reuse the longest cached run of s's full blocks (leaving at least one
- * token to compute) */
+ * token to compute); none for a request that reads every prompt row
+ * (embeddings, prompt logprobs not yet handed over) */
 static void match_prefix(ts_engine *e, seq *s) {
     size_t max_blocks = (s->n_tok - 1) / (size_t)e->bs;
+    if (s->pooling || (s->want_plp && !s->out_once))
+        max_blocks = 0;
     uint64_t parent = 0;
     size_t k = 0;
     for (; !e->opt.no_prefix_cache && k < max_blocks; k++) {
@@ -581,6 +733,7 @@ static void admit(ts_engine *e) {
             e->stats.prefix_hit_tokens += s->cached_tokens;
             e->stats.prompt_tokens += (int64_t)s->n_prompt;
             s->admitted_once = true;
+            s->queue_s = now_s() - s->t_add;
         }
         list_push(&e->running, &e->n_running, &e->cap_running, s, false);
     }
@@ -635,19 +788,248 @@ static void fill_logprobs(const float *row, int64_t V, int32_t t, int n,
         o->top_logprobs[k] = row[o->top_ids[k]] - lse;
 }
 
-ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
-                         int *n_out) {
-    if (!e || !n_out || (!out && cap))
-        return TS_ERR_INVALID_ARG;
-    *n_out = 0;
-    ts_ctx *ctx = e->ctx;
-    admit(e);
-    if (!e->n_running)
-        return TS_OK;
-    /* decodes first (one token each), then prefill chunks */
-    slice *sl = calloc((size_t)e->n_running, sizeof *sl);
-    if (!sl)
-        return ts_set_error(ctx, TS_ERR_OOM, "engine: out of memory");
+static bool is_end(const ts_engine *e, const seq *s, int32_t t) {
+    for (int k = 0; k < e->n_eos && !s->ignore_eos; k++)
+        if (t == e->eos[k])
+            return true;
+    for (int k = 0; k < s->n_stop_ids; k++)
+        if (t == s->stop_ids[k])
+            return true;
+    return false;
+}
+
+/* the constraint's mask over w[V]: banned tokens -inf; the end ids allowed
+ * exactly when the constraint can end. false: nothing is allowed */
+static bool apply_mask(ts_engine *e, seq *s, float *w, int64_t V) {
+    float end_val[8 + TS_ENGINE_MAX_STOP_IDS];
+    int32_t end_id[8 + TS_ENGINE_MAX_STOP_IDS];
+    int n_end = 0;
+    for (int k = 0; k < e->n_eos + s->n_stop_ids; k++) {
+        bool eos = k < e->n_eos;
+        int32_t t = eos ? e->eos[k] : s->stop_ids[k - e->n_eos];
+        if ((eos && s->ignore_eos) || t < 0 || t >= V)
+            continue;
+        end_id[n_end] = t;
+        end_val[n_end++] = w[t];
+    }
+    size_t n_words = (size_t)(V + 31) / 32;
+    memset(e->mask, 0, sizeof(uint32_t) * n_words);
+    s->con.mask(s->con.state, e->mask);
+    for (size_t wd = 0; wd < n_words; wd++) {
+        uint32_t bits = e->mask[wd];
+        if (bits == 0xffffffffu)
+            continue;
+        int64_t hi = (int64_t)(wd + 1) * 32 < V ? (int64_t)(wd + 1) * 32 : V;
+        for (int64_t i = (int64_t)wd * 32; i < hi; i++)
+            if (!(bits >> (i & 31) & 1))
+                w[i] = -INFINITY;
+    }
+    bool can_end = s->con.can_end(s->con.state);
+    for (int k = 0; k < n_end; k++)
+        w[end_id[k]] = can_end ? end_val[k] : -INFINITY;
+    for (int64_t i = 0; i < V; i++)
+        if (w[i] != -INFINITY)
+            return true;
+    return false;
+}
+
+/* the next token of s from its logits row: logit_bias added and the
+ * constraint's mask applied on a copy; -1 when the constraint allows
+ * nothing (or the sampler failed) */
+static int32_t draw(ts_engine *e, seq *s, const float *row, int64_t V) {
+    const float *l = row;
+    if (s->n_bias || s->con.mask) {
+        memcpy(e->row, row, sizeof(float) * (size_t)V);
+        for (int i = 0; i < s->n_bias; i++)
+            e->row[s->bias[i].token] += s->bias[i].bias;
+        if (s->con.mask && !apply_mask(e, s, e->row, V))
+            return -1;
+        l = e->row;
+    }
+    return ts_sampler_next(s->sm, l, V, s->tok, s->n_tok);
+}
+
+static ts_engine_output first_fields(seq *s) {
+    ts_engine_output o = {.id = s->id,
+                          .cached_tokens = s->cached_tokens,
+                          .prompt_tokens = (int64_t)s->n_prompt,
+                          .queue_s = s->queue_s};
+    if (!s->out_once && s->want_plp) { /* the prompt's log-probabilities */
+        o.prompt_lp = s->plp;
+        o.n_prompt_lp = s->plp ? s->n_prompt - 1 : 0;
+        s->plp = NULL;
+    }
+    s->out_once = true;
+    return o;
+}
+
+/* o into out when there is room; else a final output waits in pend (the
+ * request is gone, nothing of it can come out of order), another is
+ * dropped */
+static void emit(ts_engine *e, ts_engine_output *out, int cap, int *n_out,
+                 ts_engine_output *o) {
+    if (*n_out < cap) {
+        out[(*n_out)++] = *o;
+        return;
+    }
+    if (o->finish != TS_FINISH_NONE && e->n_pend == e->cap_pend) {
+        int c = e->cap_pend ? 2 * e->cap_pend : 16;
+        ts_engine_output *p = realloc(e->pend, sizeof *p * (size_t)c);
+        if (p)
+            e->pend = p, e->cap_pend = c;
+    }
+    if (o->finish != TS_FINISH_NONE && e->n_pend < e->cap_pend)
+        e->pend[e->n_pend++] = *o;
+    else
+        output_free(o);
+}
+
+static void flush_pending(ts_engine *e, ts_engine_output *out, int cap,
+                          int *n_out) {
+    int k = 0;
+    while (k < e->n_pend && *n_out < cap)
+        out[(*n_out)++] = e->pend[k++];
+    if (!k)
+        return;
+    memmove(e->pend, e->pend + k, sizeof *e->pend * (size_t)(e->n_pend - k));
+    e->n_pend -= k;
+}
+
+/* s's next token from its logits row, its output, and its end */
+static void sample_row(ts_engine *e, seq *s, const float *row, int64_t V,
+                       ts_engine_output *out, int cap, int *n_out) {
+    ts_engine_output o = first_fields(s);
+    int32_t t = draw(e, s, row, V);
+    ts_finish_reason why = TS_FINISH_NONE;
+    bool done = false;
+    if (t < 0)
+        why = s->con.mask ? TS_FINISH_CONSTRAINT : TS_FINISH_ABORT;
+    else {
+        bool end = is_end(e, s, t);
+        if (s->con.mask && !end) {
+            if (s->con.accept(s->con.state, t))
+                done = s->con.done(s->con.state);
+            else
+                why = TS_FINISH_CONSTRAINT, t = -1;
+        }
+    }
+    if (t >= 0) {
+        s->n_generated++;
+        e->stats.generated_tokens++;
+        if (!push_token(s, t))
+            why = TS_FINISH_ABORT, done = false;
+        else if (is_end(e, s, t))
+            why = TS_FINISH_STOP;
+        else if (!done && s->n_generated >= s->max_tokens)
+            why = TS_FINISH_LENGTH;
+        if (s->logprobs) /* the model's distribution, before bias and mask */
+            fill_logprobs(row, V, t, s->logprobs - 1, &o);
+    }
+    o.token = t;
+    o.finish = why;
+    emit(e, out, cap, n_out, &o);
+    if (done) { /* the constraint is complete: a STOP output follows */
+        ts_engine_output stop = {.id = s->id,
+                                 .token = -1,
+                                 .finish = TS_FINISH_STOP,
+                                 .cached_tokens = s->cached_tokens,
+                                 .prompt_tokens = (int64_t)s->n_prompt,
+                                 .queue_s = s->queue_s};
+        emit(e, out, cap, n_out, &stop);
+        why = TS_FINISH_STOP;
+    }
+    if (why != TS_FINISH_NONE)
+        end_request(e, s, why);
+}
+
+/* an embedding request whose prompt is computed: its pooled,
+ * L2-normalized vector as its one output */
+static void finish_embedding(ts_engine *e, seq *s, int64_t C,
+                             ts_engine_output *out, int cap, int *n_out) {
+    ts_engine_output o = first_fields(s);
+    o.token = -1;
+    o.finish = TS_FINISH_STOP;
+    o.embedding = malloc(sizeof(float) * (size_t)C);
+    if (!o.embedding)
+        o.finish = TS_FINISH_ABORT;
+    double scale = s->pooling == TS_POOL_MEAN ? 1.0 / (double)s->n_prompt : 1,
+           sq = 0;
+    for (int64_t i = 0; i < C; i++)
+        sq += s->pool_sum[i] * s->pool_sum[i];
+    double inv = sq > 0 ? 1 / sqrt(sq * scale * scale) : 0;
+    for (int64_t i = 0; o.embedding && i < C; i++)
+        o.embedding[i] = (float)(s->pool_sum[i] * scale * inv);
+    o.dim = o.embedding ? C : 0;
+    if (o.embedding)
+        e->stats.embeddings++;
+    emit(e, out, cap, n_out, &o);
+    end_request(e, s, o.finish);
+}
+
+/* what one forward pass reads out: logits rows (each sampling sequence's
+ * last token first, then prompt-logprob rows) and hidden rows (the
+ * positions embeddings pool) */
+typedef struct {
+    int32_t *rows, *row_pos; /* logits rows; a prompt row's position */
+    seq **row_seq;
+    int n_sample, n_rows;
+    int32_t *hrows;
+    seq **hrow_seq;
+    int n_h;
+    int64_t C;
+} readout;
+
+static void readout_free(readout *ro) {
+    free(ro->rows), free(ro->row_pos), free(ro->row_seq);
+    free(ro->hrows), free(ro->hrow_seq);
+}
+
+static bool readout_new(readout *ro, int n_sl, size_t N, int64_t C) {
+    memset(ro, 0, sizeof *ro);
+    ro->C = C;
+    size_t nr = (size_t)n_sl + N;
+    ro->rows = malloc(sizeof(int32_t) * nr);
+    ro->row_pos = malloc(sizeof(int32_t) * nr);
+    ro->row_seq = malloc(sizeof(seq *) * nr);
+    ro->hrows = malloc(sizeof(int32_t) * N);
+    ro->hrow_seq = malloc(sizeof(seq *) * N);
+    return ro->rows && ro->row_pos && ro->row_seq && ro->hrows && ro->hrow_seq;
+}
+
+/* slice (s, from, n) starts at flat index t0: its rows to read out */
+static void plan_rows(readout *ro, const slice *x, int32_t t0, bool sample) {
+    seq *s = x->s;
+    bool ends = x->from + x->n == s->n_tok;
+    if (s->pooling) {
+        if (sample) /* embeddings: hidden rows only */
+            return;
+        if (x->from == 0) /* (re)computed from the start */
+            memset(s->pool_sum, 0, sizeof(double) * (size_t)ro->C);
+        for (size_t j = 0; j < x->n; j++)
+            if (s->pooling == TS_POOL_MEAN || (ends && j == x->n - 1)) {
+                ro->hrows[ro->n_h] = t0 + (int32_t)j;
+                ro->hrow_seq[ro->n_h++] = s;
+            }
+        return;
+    }
+    if (sample && ends) {
+        ro->rows[ro->n_rows] = t0 + (int32_t)x->n - 1;
+        ro->row_pos[ro->n_rows] = (int32_t)s->n_tok - 1;
+        ro->row_seq[ro->n_rows++] = s;
+    }
+    if (!sample && s->want_plp && !s->out_once)
+        for (size_t j = 0; j < x->n; j++)
+            if (x->from + j + 1 < s->n_prompt) {
+                ro->rows[ro->n_rows] = t0 + (int32_t)j;
+                ro->row_pos[ro->n_rows] = (int32_t)(x->from + j);
+                ro->row_seq[ro->n_rows++] = s;
+            }
+}
+
+/* decodes first (one token each), then prefill chunks up to the budget;
+ * blocks for every position written this step, preempting the youngest
+ * sequences when the pool runs short. false: nothing can make room */
+static bool schedule(ts_engine *e, slice *sl, int *n_sl_out) {
     int n_sl = 0;
     int64_t budget = e->opt.max_batch_tokens;
     for (int pass = 0; pass < 2; pass++)
@@ -661,7 +1043,6 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
             sl[n_sl++] = (slice){s, s->n_computed, n};
             budget -= (int64_t)n;
         }
-    /* blocks for every position written this step */
     for (int k = 0; k < n_sl; k++) {
         seq *s = sl[k].s;
         size_t need =
@@ -672,10 +1053,8 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
             /* out of blocks: the youngest sequence (maybe s) waits */
             seq *victim = e->n_running > 1 ? preempt_youngest(e) : NULL;
             if (!victim) {
-                free(sl);
-                return ts_set_error(ctx, TS_ERR_STATE,
-                                    "engine: out of KV blocks with nothing "
-                                    "to evict or preempt");
+                *n_sl_out = n_sl;
+                return false;
             }
             for (int j = 0; j < n_sl; j++)
                 if (sl[j].s == victim) {
@@ -690,11 +1069,50 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
                 break; /* s's slice is gone; on to the next one */
         }
     }
-    if (!n_sl) {
-        free(sl);
-        return TS_OK;
+    *n_sl_out = n_sl;
+    return true;
+}
+
+/* a tensor's f32 data on the host (a new reference in *host) */
+static const float *host_rows(ts_tensor *t, ts_tensor **host) {
+    *host = t ? ts_to_device(t, (ts_device){TS_DEVICE_CPU, 0}) : NULL;
+    return *host ? ts_tensor_data(*host) : NULL;
+}
+
+/* after the pass: prompt log-probabilities, pooled hidden states,
+ * finished embeddings, then each sampling sequence's next token */
+static void read_out(ts_engine *e, const readout *ro, const slice *sl, int n_sl,
+                     const float *L, int64_t V, const float *H,
+                     ts_engine_output *out, int cap, int *n_out) {
+    for (int r = ro->n_sample; r < ro->n_rows; r++) {
+        seq *s = ro->row_seq[r];
+        int32_t p = ro->row_pos[r];
+        ts_engine_output *o = &s->plp[p];
+        memset(o, 0, sizeof *o);
+        o->id = s->id;
+        o->token = s->tok[p + 1];
+        fill_logprobs(L + (size_t)r * (size_t)V, V, o->token,
+                      s->logprobs ? s->logprobs - 1 : 0, o);
     }
-    /* inputs of the one forward pass */
+    for (int r = 0; r < ro->n_h; r++) {
+        seq *s = ro->hrow_seq[r];
+        const float *h = H + (size_t)r * (size_t)ro->C;
+        bool last = s->pooling == TS_POOL_LAST;
+        for (int64_t i = 0; i < ro->C; i++)
+            s->pool_sum[i] = last ? h[i] : s->pool_sum[i] + h[i];
+    }
+    for (int k = 0; k < n_sl; k++)
+        if (sl[k].s->pooling && sl[k].from + sl[k].n == sl[k].s->n_tok)
+            finish_embedding(e, sl[k].s, ro->C, out, cap, n_out);
+    for (int r = 0; r < ro->n_sample; r++)
+        sample_row(e, ro->row_seq[r], L + (size_t)r * (size_t)V, V, out, cap,
+                   n_out);
+}
+
+/* the one forward pass over the slices: K/V written, rows read out */
+static ts_status forward(ts_engine *e, const slice *sl, int n_sl, readout *ro,
+                         ts_tensor **logits, ts_tensor **hidden) {
+    ts_ctx *ctx = e->ctx;
     size_t N = 0;
     int64_t max_b = 0;
     for (int k = 0; k < n_sl; k++) {
@@ -705,14 +1123,12 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
     size_t meta_n =
         2 + (size_t)(n_sl + 1) + (size_t)n_sl + (size_t)n_sl * (size_t)max_b;
     int32_t *meta = calloc(meta_n, sizeof *meta);
-    int32_t *pos = malloc(sizeof(int32_t) * N),
-            *rows = malloc(sizeof(int32_t) * (size_t)n_sl);
+    int32_t *pos = malloc(sizeof(int32_t) * N);
     int64_t *ids = malloc(sizeof(int64_t) * N);
-    seq **row_seq = malloc(sizeof(seq *) * (size_t)n_sl);
-    ts_status st = meta && pos && rows && ids && row_seq
+    const ts_model_config *c = ts_decoder_get_config(e->m);
+    ts_status st = meta && pos && ids && readout_new(ro, n_sl, N, c->hidden)
                        ? TS_OK
                        : ts_set_error(ctx, TS_ERR_OOM, "engine: out of memory");
-    int n_rows = 0;
     if (st == TS_OK) {
         meta[0] = n_sl, meta[1] = (int32_t)max_b;
         int32_t *start = meta + 2, *clen = start + n_sl + 1,
@@ -728,14 +1144,18 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
                 ids[t] = s->tok[sl[k].from + j];
                 pos[t] = (int32_t)(sl[k].from + j);
             }
-            if (sl[k].from + sl[k].n == s->n_tok) { /* reaches its end */
-                rows[n_rows] = (int32_t)t - 1;
-                row_seq[n_rows++] = s;
-            }
         }
         start[n_sl] = (int32_t)t;
+        for (int pass = 0; pass < 2; pass++) { /* sampling rows first */
+            int32_t t0 = 0;
+            for (int k = 0; k < n_sl; k++) {
+                plan_rows(ro, &sl[k], t0, pass == 0);
+                t0 += (int32_t)sl[k].n;
+            }
+            if (pass == 0)
+                ro->n_sample = ro->n_rows;
+        }
     }
-    ts_tensor *logits = NULL;
     if (st == TS_OK) {
         bool old = ts_set_grad_enabled(ctx, false);
         ts_mode mode = ctx->mode;
@@ -743,25 +1163,47 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
         int64_t ishape[2] = {1, (int64_t)N}, mshape[1] = {(int64_t)meta_n};
         ts_tensor *in = ts_from_data(ctx, TS_I64, 2, ishape, ids);
         ts_tensor *mt = ts_from_data(ctx, TS_I32, 1, mshape, meta);
-        if (in && mt && n_rows)
-            logits = ts_decoder_forward_paged(e->m, e->pool, in, pos, mt, rows,
-                                              n_rows);
-        else if (in && mt) { /* only prefill chunks: K/V, no logits needed */
-            int32_t last = (int32_t)N - 1;
-            logits =
-                ts_decoder_forward_paged(e->m, e->pool, in, pos, mt, &last, 1);
-        }
+        st = in && mt
+                 ? ts_decoder_forward_paged_ex(e->m, e->pool, in, pos, mt,
+                                               ro->rows, ro->n_rows, ro->hrows,
+                                               ro->n_h, logits, hidden)
+                 : ts_ctx_status(ctx);
         ctx->mode = mode;
         ts_set_grad_enabled(ctx, old);
         ts_release(in), ts_release(mt);
-        if (!logits)
-            st = ts_ctx_status(ctx) ? ts_ctx_status(ctx)
-                                    : ts_set_error(ctx, TS_ERR_STATE,
-                                                   "engine: forward failed");
+        if (st == TS_OK) {
+            e->stats.steps++;
+            e->stats.batch_tokens += (int64_t)N;
+        }
     }
+    free(meta), free(pos), free(ids);
+    return st;
+}
+
+static ts_status step_run(ts_engine *e, ts_engine_output *out, int cap,
+                          int *n_out) {
+    ts_ctx *ctx = e->ctx;
+    admit(e);
+    if (!e->n_running)
+        return TS_OK;
+    slice *sl = calloc((size_t)e->n_running, sizeof *sl);
+    if (!sl)
+        return ts_set_error(ctx, TS_ERR_OOM, "engine: out of memory");
+    int n_sl = 0;
+    if (!schedule(e, sl, &n_sl)) {
+        free(sl);
+        return ts_set_error(ctx, TS_ERR_STATE,
+                            "engine: out of KV blocks with nothing to evict "
+                            "or preempt");
+    }
+    if (!n_sl) {
+        free(sl);
+        return TS_OK;
+    }
+    readout ro = {0};
+    ts_tensor *logits = NULL, *hidden = NULL;
+    ts_status st = forward(e, sl, n_sl, &ro, &logits, &hidden);
     if (st == TS_OK) {
-        e->stats.steps++;
-        e->stats.batch_tokens += (int64_t)N;
         for (int k = 0; k < n_sl; k++) {
             seq *s = sl[k].s;
             s->n_computed += sl[k].n;
@@ -769,55 +1211,30 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
             while ((s->n_inserted + 1) * (size_t)e->bs <= s->n_computed)
                 tree_insert(e, s, s->n_inserted);
         }
-        /* sampling is the host's: logits on a device come back here */
-        ts_tensor *hl =
-            n_rows ? ts_to_device(logits, (ts_device){TS_DEVICE_CPU, 0}) : NULL;
-        ts_release(logits);
-        logits = hl;
-        const float *L = hl ? ts_tensor_data(hl) : NULL;
-        if (n_rows && !L) /* the device could not give them back */
+        /* sampling and pooling are the host's: rows on a device come
+         * back here */
+        ts_tensor *hl = NULL, *hh = NULL;
+        const float *L = host_rows(logits, &hl), *H = host_rows(hidden, &hh);
+        if ((ro.n_rows && !L) || (ro.n_h && !H))
             st = ts_ctx_status(ctx) ? ts_ctx_status(ctx) : TS_ERR_STATE;
-        int64_t V = ts_tensor_dim(logits, 1);
-        for (int r = 0; r < n_rows && L; r++) {
-            seq *s = row_seq[r];
-            int32_t t = ts_sampler_next(s->sm, L + (size_t)r * (size_t)V, V,
-                                        s->tok, s->n_tok);
-            ts_finish_reason why = TS_FINISH_NONE;
-            bool is_stop = false;
-            for (int k = 0; k < e->n_eos && !s->ignore_eos; k++)
-                is_stop |= t == e->eos[k];
-            for (int k = 0; k < s->n_stop_ids; k++)
-                is_stop |= t == s->stop_ids[k];
-            if (!push_token(s, t))
-                why = TS_FINISH_ABORT;
-            s->n_generated++;
-            e->stats.generated_tokens++;
-            if (is_stop)
-                why = TS_FINISH_STOP;
-            else if (s->n_generated >= s->max_tokens)
-                why = TS_FINISH_LENGTH;
-            if (*n_out < cap) {
-                ts_engine_output *o = &out[(*n_out)++];
-                *o = (ts_engine_output){.id = s->id,
-                                        .token = t,
-                                        .finish = why,
-                                        .cached_tokens = s->cached_tokens,
-                                        .prompt_tokens = (int64_t)s->n_prompt};
-                if (s->logprobs)
-                    fill_logprobs(L + (size_t)r * (size_t)V, V, t,
-                                  s->logprobs - 1, o);
-            }
-            if (why != TS_FINISH_NONE) {
-                for (int i = 0; i < e->n_running; i++)
-                    if (e->running[i] == s) {
-                        finish(e, s, i);
-                        break;
-                    }
-            }
-        }
+        else
+            read_out(e, &ro, sl, n_sl, L, ts_tensor_dim(hl, 1), H, out, cap,
+                     n_out);
+        ts_release(hl), ts_release(hh);
     }
-    ts_release(logits);
-    free(sl), free(meta), free(pos), free(rows), free(ids), free(row_seq);
+    ts_release(logits), ts_release(hidden);
+    readout_free(&ro);
+    free(sl);
+    return st;
+}
+
+ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
+                         int *n_out) {
+    if (!e || !n_out || (!out && cap))
+        return TS_ERR_INVALID_ARG;
+    *n_out = 0;
+    ts_status st = step_run(e, out, cap, n_out);
+    flush_pending(e, out, cap, n_out);
     return st;
 }
 

@@ -205,5 +205,9 @@ int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
         if (u < 0)
             return ord[i];
     }
+    /* rounding left u: the last kept token that may be drawn (a banned
+     * one, -inf, never is) */
+    while (keep > 1 && l[ord[keep - 1]] == -INFINITY)
+        keep--;
     return ord[keep - 1];
 }

@@ -875,11 +875,17 @@ static ts_tensor *head_weight(ts_decoder *m) {
     return m->head_copy;
 }
 
+/* x (..., C) on the head's device -> the final norm's output (..., C):
+ * the hidden state an embedding pools */
+static ts_tensor *final_norm(ts_decoder *m, ts_tensor *x) {
+    return norm(m, x, m->g[R_FINAL_NORM], m->g[R_FINAL_NORM_B]);
+}
+
 /* x (..., C) on the head's device -> logits (..., V): final norm, head,
  * final soft-capping */
 static ts_tensor *head(ts_decoder *m, ts_tensor *x) {
     const ts_model_config *c = &m->cfg;
-    ts_tensor *h = norm(m, x, m->g[R_FINAL_NORM], m->g[R_FINAL_NORM_B]);
+    ts_tensor *h = final_norm(m, x);
     ts_tensor *w = h ? compute_copy(m, head_weight(m)) : NULL;
     ts_tensor *logits = w ? ts_linear(h, w, NULL) : NULL;
     ts_release(h), ts_release(w);
@@ -947,10 +953,11 @@ static int32_t *positions(ts_ctx *ctx, int64_t pos0, int64_t T) {
 }
 
 /* ids (B, T) at positions pos0.. through embedding, layers (with their KV
- * slots when given) and head -> logits (B, T or 1, V), moving activations
- * to each part's device where the placement changes device. */
+ * slots when given) and head -> logits (B, T or 1, V), or with hidden the
+ * final norm's output (B, T or 1, C) instead, moving activations to each
+ * part's device where the placement changes device. */
 static ts_tensor *run_layers(ts_decoder *m, ts_tensor *ids, int64_t pos0,
-                             kv_slot *slots, bool last_only) {
+                             kv_slot *slots, bool last_only, bool hidden) {
     ts_ctx *ctx = m->ctx;
     const ts_model_config *c = &m->cfg;
     int64_t T = ts_tensor_dim(ids, 1);
@@ -999,13 +1006,16 @@ static ts_tensor *run_layers(ts_decoder *m, ts_tensor *ids, int64_t pos0,
         x = l;
     }
     ts_set_device(ctx, m->head_dev);
-    ts_tensor *logits = x && move_to(&x, m->head_dev) ? head(m, x) : NULL;
+    ts_tensor *logits = NULL;
+    if (x && move_to(&x, m->head_dev))
+        logits = hidden ? final_norm(m, x) : head(m, x);
     ts_release(x);
     ts_set_device(ctx, here);
     return logits;
 }
 
-ts_tensor *ts_decoder_forward(ts_decoder *m, ts_tensor *ids, int64_t pos0) {
+static ts_tensor *forward_full(ts_decoder *m, ts_tensor *ids, int64_t pos0,
+                               bool hidden) {
     if (!m)
         return NULL;
     ts_ctx *ctx = m->ctx;
@@ -1020,7 +1030,16 @@ ts_tensor *ts_decoder_forward(ts_decoder *m, ts_tensor *ids, int64_t pos0) {
                      pos0, pos0 + T - 1, c->max_positions);
         return NULL;
     }
-    return run_layers(m, ids, pos0, NULL, false);
+    return run_layers(m, ids, pos0, NULL, false, hidden);
+}
+
+ts_tensor *ts_decoder_forward(ts_decoder *m, ts_tensor *ids, int64_t pos0) {
+    return forward_full(m, ids, pos0, false);
+}
+
+ts_tensor *ts_decoder_forward_hidden(ts_decoder *m, ts_tensor *ids,
+                                     int64_t pos0) {
+    return forward_full(m, ids, pos0, true);
 }
 
 /* HF's load_balancing_loss_func over the router logits kept: the experts'
@@ -1188,7 +1207,7 @@ static ts_tensor *forward_cached(ts_decoder *m, ts_decoder_cache *kc,
     }
     for (int64_t i = 0; i < c->layers; i++)
         kc->slot[i].len = kc->len;
-    ts_tensor *logits = run_layers(m, ids, kc->len, kc->slot, last_only);
+    ts_tensor *logits = run_layers(m, ids, kc->len, kc->slot, last_only, false);
     if (logits)
         kc->len += T;
     return logits;
@@ -1354,33 +1373,59 @@ int64_t ts_kv_block_bytes(const ts_model_config *c, int64_t block_size) {
     return 2 * c->layers * c->kv_heads * block_size * c->head_dim * 4;
 }
 
-ts_tensor *ts_decoder_forward_paged(ts_decoder *m, ts_kv_pool *pool,
-                                    ts_tensor *ids, const int32_t *positions,
-                                    ts_tensor *meta, const int32_t *rows,
-                                    int64_t n_rows) {
-    if (!m || !pool || !positions || !meta || !rows || n_rows < 1)
-        return NULL;
-    ts_ctx *ctx = m->ctx;
-    const ts_model_config *c = &m->cfg;
-    if (!check_ids(ctx, "ids", ids, m->cfg.vocab))
-        return NULL;
-    int64_t N = ts_tensor_dim(ids, 1);
-    for (int64_t t = 0; t < N; t++)
-        if (positions[t] < 0 || positions[t] >= c->max_positions) {
-            ts_set_error(ctx, TS_ERR_RANGE,
-                         "forward_paged: position %d outside max_positions "
-                         "%lld",
-                         positions[t], (long long)c->max_positions);
-            return NULL;
-        }
-    for (int64_t r = 0; r < n_rows; r++)
+/* rows[0..n) of x (N, C) on the head's device, gathered -> (n, C) */
+static ts_tensor *gather_rows(ts_decoder *m, ts_tensor *x, int64_t N,
+                              const int32_t *rows, int64_t n) {
+    int64_t flat[2] = {N, m->cfg.hidden}, rshape[1] = {n};
+    ts_tensor *xf = ts_reshape(x, 2, flat);
+    ts_tensor *idx = ts_from_data(m->ctx, TS_I32, 1, rshape, rows);
+    ts_tensor *sel = xf && idx ? ts_embedding(xf, idx) : NULL;
+    ts_release(xf), ts_release(idx);
+    return sel;
+}
+
+static bool rows_in_range(ts_ctx *ctx, const char *what, const int32_t *rows,
+                          int64_t n, int64_t N) {
+    for (int64_t r = 0; r < n; r++)
         if (rows[r] < 0 || rows[r] >= N) {
             ts_set_error(ctx, TS_ERR_RANGE,
-                         "forward_paged: logits row %d outside the %lld "
-                         "tokens",
-                         rows[r], (long long)N);
-            return NULL;
+                         "forward_paged: %s row %d outside the %lld tokens",
+                         what, rows[r], (long long)N);
+            return false;
         }
+    return true;
+}
+
+ts_status ts_decoder_forward_paged_ex(ts_decoder *m, ts_kv_pool *pool,
+                                      ts_tensor *ids, const int32_t *positions,
+                                      ts_tensor *meta, const int32_t *rows,
+                                      int64_t n_rows, const int32_t *hrows,
+                                      int64_t n_hrows, ts_tensor **logits,
+                                      ts_tensor **hidden) {
+    if (!m)
+        return TS_ERR_INVALID_ARG;
+    ts_ctx *ctx = m->ctx;
+    const ts_model_config *c = &m->cfg;
+    if (!pool || !positions || !meta || n_rows < 0 || n_hrows < 0 ||
+        (n_rows && (!rows || !logits)) || (n_hrows && (!hrows || !hidden)))
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "forward_paged: NULL argument");
+    if (logits)
+        *logits = NULL;
+    if (hidden)
+        *hidden = NULL;
+    if (!check_ids(ctx, "ids", ids, m->cfg.vocab))
+        return ts_ctx_status(ctx);
+    int64_t N = ts_tensor_dim(ids, 1);
+    for (int64_t t = 0; t < N; t++)
+        if (positions[t] < 0 || positions[t] >= c->max_positions)
+            return ts_set_error(ctx, TS_ERR_RANGE,
+                                "forward_paged: position %d outside "
+                                "max_positions %lld",
+                                positions[t], (long long)c->max_positions);
+    if (!rows_in_range(ctx, "logits", rows, n_rows, N) ||
+        !rows_in_range(ctx, "hidden", hrows, n_hrows, N))
+        return ts_ctx_status(ctx);
     ts_device here = ts_get_device(ctx);
     ts_set_device(ctx, m->embed_dev);
     ts_tensor *id_moved = ts_to_device(ids, m->embed_dev);
@@ -1404,19 +1449,39 @@ ts_tensor *ts_decoder_forward_paged(ts_decoder *m, ts_kv_pool *pool,
     rope_release(&rs);
     ts_release(mt);
     ts_set_device(ctx, m->head_dev);
-    ts_tensor *logits = NULL;
-    if (x && move_to(&x, m->head_dev)) {
-        /* the rows whose next token is wanted: x (N, C) gathered */
-        int64_t flat[2] = {N, c->hidden}, rshape[1] = {n_rows};
-        ts_tensor *xf = ts_reshape(x, 2, flat);
-        ts_tensor *idx = ts_from_data(ctx, TS_I32, 1, rshape, rows);
-        ts_tensor *sel = xf && idx ? ts_embedding(xf, idx) : NULL; /* n, C */
-        ts_release(xf), ts_release(idx);
-        logits = sel ? head(m, sel) : NULL; /* (n, V) */
+    bool ok = x && move_to(&x, m->head_dev);
+    if (ok && n_rows) { /* the rows whose next token is wanted */
+        ts_tensor *sel = gather_rows(m, x, N, rows, n_rows);
+        *logits = sel ? head(m, sel) : NULL; /* (n_rows, V) */
         ts_release(sel);
+        ok = *logits != NULL;
+    }
+    if (ok && n_hrows) { /* the rows an embedding pools */
+        ts_tensor *sel = gather_rows(m, x, N, hrows, n_hrows);
+        *hidden = sel ? final_norm(m, sel) : NULL; /* (n_hrows, C) */
+        ts_release(sel);
+        ok = *hidden != NULL;
     }
     ts_release(x);
     ts_set_device(ctx, here);
+    if (ok)
+        return TS_OK;
+    if (logits)
+        ts_release(*logits), *logits = NULL;
+    return ts_ctx_status(ctx) ? ts_ctx_status(ctx)
+                              : ts_set_error(ctx, TS_ERR_STATE,
+                                             "forward_paged: forward failed");
+}
+
+ts_tensor *ts_decoder_forward_paged(ts_decoder *m, ts_kv_pool *pool,
+                                    ts_tensor *ids, const int32_t *positions,
+                                    ts_tensor *meta, const int32_t *rows,
+                                    int64_t n_rows) {
+    if (!m || !pool || !positions || !meta || !rows || n_rows < 1)
+        return NULL;
+    ts_tensor *logits = NULL;
+    ts_decoder_forward_paged_ex(m, pool, ids, positions, meta, rows, n_rows,
+                                NULL, 0, &logits, NULL);
     return logits;
 }
 
