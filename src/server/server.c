@@ -714,6 +714,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                 ts_clear_error(srv.ctx);
         pthread_mutex_unlock(&srv.eng_mu);
     }
+    srv_openai_release(r);
     for (int i = 0; i < r->n; i++)
         free(r->ch[i].text.p), free(r->ch[i].lp);
     for (int k = 0; k < r->n_stops; k++)

@@ -22,7 +22,7 @@
 #include <stdatomic.h>
 
 #define MAX_BODY     (16 << 20)
-#define MAX_CHOICES  16
+#define MAX_CHOICES  128 /* prompts x best_of (or n) in one request */
 #define MAX_STOPS    8
 #define EVENT_KEEP   65536
 #define KEEPALIVE_MS 1000
@@ -45,6 +45,21 @@ typedef struct choice {
     double t_last;
     ts_engine_output *lp; /* per token, when logprobs were asked for */
     int n_lp, cap_lp, lp_sent;
+    /* openai.c's: the sum of its tokens' log-probabilities (best_of ranks
+     * by their mean) */
+    double sum_lp;
+    /* echo: the prompt's text, its first token and the engine's
+     * log-probabilities of the others (prompt_lp, owned) */
+    char *echo;
+    size_t n_echo;
+    int32_t prompt0;
+    ts_engine_output *plp;
+    size_t n_plp;
+    bool echo_sent;
+    /* tool calling: the parser fed with the decoded text (content goes
+     * to text), stream deltas not yet sent, the calls once finished */
+    struct ts_tool_parser *tp;
+    json_t *tool_deltas, *tool_calls;
     /* embeddings (server.c / embeddings.c) */
     float *embedding; /* malloc'd: the engine's pooled vector, dim floats */
     int64_t dim;
@@ -58,7 +73,11 @@ typedef struct hreq {
     req_kind kind;
     bool stream, include_usage, cancelled, usage_sent, done_sent;
     int logprobs; /* as ts_request: 0 none, 1 + N top */
-    int n;
+    int n; /* choices in the engine: n_prompts x per_prompt */
+    int n_prompts, per_prompt, n_out; /* per_prompt: best_of (or n); n_out:
+                                         n, the ones each prompt returns */
+    bool echo;
+    struct ts_tool_request *tools; /* chat with tools (NULL: none) */
     choice ch[MAX_CHOICES];
     char id[48];
     long created;
@@ -203,5 +222,10 @@ int srv_openai_init(char *err, size_t cap);
 void srv_openai_fini(void);
 bool srv_deliver(choice *c, const ts_engine_output *o);
 enum MHD_Result srv_generate(struct MHD_Connection *c, hreq *r);
+/* frees what openai.c keeps in r and its choices (echo text, prompt
+ * log-probabilities, tool parsers and calls); idempotent. server.c's
+ * completed() calls it before freeing r; openai.c calls it once a
+ * response is written */
+void srv_openai_release(hreq *r);
 
 #endif
