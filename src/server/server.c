@@ -28,6 +28,7 @@
 #include "tessera_tokenizer.h"
 
 #include "auth.h"
+#include "chat_page.h"
 #include "kv_transfer.h"
 #include "prompt.h"
 
@@ -604,10 +605,19 @@ typedef struct {
     enum MHD_Result (*with)(struct MHD_Connection *c, hreq *r);
 } route;
 
-/* GET /: the chat page (chat_page.h) */
+/* GET /: the chat page (chat_page.h; static bytes, sent without a copy) */
 static enum MHD_Result chat_page(struct MHD_Connection *c) {
-    return srv_send_error(c, 404, "invalid_request_error", NULL, NULL,
-                          "this build has no chat page");
+    size_t len = 0;
+    const char *html = ts_chat_page_html(&len);
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        len, (void *)html, MHD_RESPMEM_PERSISTENT);
+    MHD_add_response_header(r, "Content-Type", "text/html; charset=utf-8");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    srv_cors_headers(c, r);
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    srv_count_status(200);
+    return ret;
 }
 
 static enum MHD_Result generate(struct MHD_Connection *c, hreq *r) {

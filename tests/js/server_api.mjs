@@ -77,6 +77,12 @@ async function apiKey(s) {
   // open without a key
   for (const path of ["/health", "/metrics", "/version"])
     assert.equal((await call(s, path)).status, 200, path);
+  // the chat page: open too (it asks for the key), HTML in UTF-8
+  const page = await call(s, "/");
+  assert.equal(page.status, 200);
+  assert.equal(page.headers.get("content-type"), "text/html; charset=utf-8");
+  assert.match(await page.text(), /<html[\s>]/i);
+  assert.equal((await call(s, "/", "{}")).status, 405);
 }
 
 async function cors(s) {
