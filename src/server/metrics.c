@@ -236,31 +236,56 @@ static int reason_index(const choice *c) {
     return strcmp(c->finish_reason, "length") ? 0 : 1;
 }
 
+/* what one request came to, read under out_mu (the engine thread may
+ * still be delivering to a choice whose client left) */
+typedef struct {
+    int64_t prompt, completion, cached;
+    double t_first, queue_s;
+    char finish[64];
+} request_sums;
+
+/* out_mu held */
+static void sum_request(const hreq *r, const choice *ch, int n,
+                        request_sums *s) {
+    memset(s, 0, sizeof *s);
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        s->completion += ch[i].n_tokens;
+        /* the choices of one completion share its prompt */
+        if (r->embed || i == 0)
+            s->prompt += ch[i].prompt_tokens, s->cached += ch[i].cached;
+        if (i < 4)
+            k += (size_t)snprintf(
+                s->finish + k, sizeof s->finish - k, "%s%s", i ? "," : "",
+                ch[i].finish_reason ? ch[i].finish_reason : "abort");
+        else if (i == 4)
+            snprintf(s->finish + k, sizeof s->finish - k, ",...");
+        if (k >= sizeof s->finish)
+            k = sizeof s->finish - 1;
+    }
+    s->t_first = r->t_first, s->queue_s = r->queue_s;
+}
+
 void srv_request_end(hreq *r) {
     double now = srv_now();
     bool gen = r->kind == REQ_COMPLETION || r->kind == REQ_CHAT;
-    choice *ch = r->embed ? r->ech : r->ch;
+    const choice *ch = r->embed ? r->ech : r->ch;
     int n = r->embed ? r->n_ech : r->n;
-    int64_t prompt = 0, completion = 0, cached = 0;
-    for (int i = 0; i < n; i++) {
-        completion += ch[i].n_tokens;
-        /* the choices of one completion share its prompt */
-        if (r->embed || i == 0)
-            prompt += ch[i].prompt_tokens, cached += ch[i].cached;
-    }
     bool served = (gen || r->embed) && r->status == 200 && n > 0;
+    request_sums s = {0};
     if (served) {
         pthread_mutex_lock(&srv.out_mu);
+        sum_request(r, ch, n, &s);
         for (int i = 0; i < n; i++)
             srv.finished[reason_index(&ch[i])]++;
         srv_observe(srv.e2e_hist, E2E_B, N_E2E, &srv.e2e_sum, now - r->t_start);
-        if (r->t_first > 0)
+        if (s.t_first > 0)
             srv_observe(srv.queue_hist, E2E_B, N_E2E, &srv.queue_sum,
-                        r->queue_s);
+                        s.queue_s);
         srv_observe(srv.ptok_hist, NTOK_B, N_NTOK, &srv.ptok_sum,
-                    (double)prompt);
+                    (double)s.prompt);
         srv_observe(srv.gtok_hist, NTOK_B, N_NTOK, &srv.gtok_sum,
-                    (double)completion);
+                    (double)s.completion);
         pthread_mutex_unlock(&srv.out_mu);
     }
     if (srv.no_log_requests || !r->method[0])
@@ -279,16 +304,11 @@ void srv_request_end(hreq *r) {
     ts_sb_printf(&b, " %s %s %d", r->method, r->path, r->status);
     if (served) {
         ts_sb_printf(&b, " prompt=%lld completion=%lld cached=%lld",
-                     (long long)prompt, (long long)completion,
-                     (long long)cached);
-        if (gen && r->t_first > 0)
-            ts_sb_printf(&b, " ttft=%.3fs", r->t_first - r->t_start);
-        ts_sb_printf(&b, " total=%.3fs finish=", now - r->t_start);
-        for (int i = 0; i < n && i < 4; i++)
-            ts_sb_printf(&b, "%s%s", i ? "," : "",
-                         ch[i].finish_reason ? ch[i].finish_reason : "abort");
-        if (n > 4)
-            ts_sb_printf(&b, ",...");
+                     (long long)s.prompt, (long long)s.completion,
+                     (long long)s.cached);
+        if (gen && s.t_first > 0)
+            ts_sb_printf(&b, " ttft=%.3fs", s.t_first - r->t_start);
+        ts_sb_printf(&b, " total=%.3fs finish=%s", now - r->t_start, s.finish);
     }
     ts_sb_add(&b, "\n", 1);
     if (b.p && !b.oom)
