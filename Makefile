@@ -1,5 +1,7 @@
 # make run  — install what is missing, build, generate text from the default
 #             model (models/kjv-qwen3).
+# make install — build, then install libtessera.so/.a, the headers,
+#             tessera.pc and the tessera binary under PREFIX (/usr/local).
 # make test — install what is missing, build twice (Release and
 #             ASan+UBSan), run the whole CTest suite in both.
 BUILD      ?= build
@@ -10,9 +12,11 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-pthread-dev \
               libmicrohttpd-dev libcurl4-openssl-dev \
               libopenmpi-dev openmpi-bin bible-kjv bible-kjv-text \
               python3 python3-torch python3-numpy python3-jinja2 \
-              libvulkan-dev glslc mesa-vulkan-drivers vulkan-validationlayers
+              libvulkan-dev glslc mesa-vulkan-drivers vulkan-validationlayers \
+              chromium python3-jsonschema
+PREFIX     ?= /usr/local
 
-.PHONY: run test deps build build-san fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan clean format
+.PHONY: run test deps build build-san install fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan clean format
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -31,6 +35,12 @@ build: deps
 build-san: deps
 	cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=Debug -DTS_SANITIZE=ON >/dev/null
 	cmake --build $(BUILD_SAN) -j $(JOBS)
+
+# ldconfig so that the loader's cache knows the new libtessera.so.0 (when
+# run as root; a PREFIX of one's own needs LD_LIBRARY_PATH instead)
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+	@if [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null 2>&1; then ldconfig; fi
 
 # the default model (models/kjv-qwen3, trained by Tessera on the King James
 # Bible: bench/train_default_model.sh) continues a verse

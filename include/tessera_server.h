@@ -1,15 +1,18 @@
 /* tessera_server.h — an OpenAI-compatible HTTP server over the engine:
  * /v1/completions and /v1/chat/completions (streamed as Server-Sent
- * Events or whole), /v1/models, /health, /metrics (Prometheus text),
- * /v1/kv_events (the prefix cache's block events as JSON lines),
- * /v1/kv_cache (a snapshot of the cached blocks). A completion or chat
- * request with "kv_transfer_params": {"target": "HOST:PORT"} is a prefill
- * for another server: its prompt's KV blocks are computed and sent there
+ * Events or whole), /v1/embeddings, /v1/models, vLLM's /tokenize,
+ * /detokenize and /version, /health, /metrics (Prometheus text: tessera_*
+ * and vLLM's vllm:* names), /v1/kv_events (the prefix cache's block
+ * events as JSON lines), /v1/kv_cache (a snapshot of the cached blocks),
+ * and a chat page at /. A completion or chat request with
+ * "kv_transfer_params": {"target": "HOST:PORT"} is a prefill for another
+ * server: its prompt's KV blocks are computed and sent there
  * (src/server/kv_transfer.h) and the response says how it went. The
  * target must be one of kv_peers (the operator's allow-list); a server
- * without kv_peers sends KV nowhere. With api_key, every /v1/ endpoint
- * wants "Authorization: Bearer KEY" (401 otherwise); /health and /metrics
- * stay open. */
+ * without kv_peers sends KV nowhere. With api_key, every endpoint but
+ * /health, /metrics, /version, the page and CORS preflights wants
+ * "Authorization: Bearer KEY" (401 otherwise). One line per request on
+ * stderr. docs/SERVING.md has the details. */
 #ifndef TESSERA_SERVER_H
 #define TESSERA_SERVER_H
 
@@ -51,14 +54,18 @@ typedef struct {
      * model's own */
     const char *chat_template;
     /* CORS: "*" or "https://a.example,http://b:8080"; NULL: no CORS
-     * headers (a browser on another origin is refused by the browser) */
+     * headers (a browser on another origin is refused by the browser).
+     * OPTIONS on any path is answered 204 (a preflight; no key needed) */
     const char *allowed_origins;
-    /* /v1/embeddings' pooling (TS_POOL_LAST or TS_POOL_MEAN; NONE: LAST) */
+    /* /v1/embeddings' pooling of the final norm's output over a prompt
+     * (TS_POOL_LAST or TS_POOL_MEAN; NONE: LAST), L2-normalized */
     ts_pooling pooling;
     /* the longest prompt + output in tokens (vLLM's --max-model-len); 0:
      * the model's max_position_embeddings (larger is an error) */
     int64_t max_model_len;
-    bool no_log_requests; /* no per-request line on stderr */
+    /* no per-request line on stderr (id, method, path, status, tokens,
+     * time to first token, total time, finish reasons) */
+    bool no_log_requests;
     /* listener limits, 0: the defaults (TS_SERVER_DEFAULT_*): connections
      * in all, from one client address, and the seconds a connection may
      * stay silent while its request is read or its response written

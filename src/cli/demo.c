@@ -4,6 +4,8 @@
  * mode and autograd end to end until a real model takes over `make run`. */
 #include "tessera.h"
 
+#include "cli/opts.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,20 +37,34 @@ static int check(ts_ctx *ctx, const char *what) {
     return 1;
 }
 
+static const cli_opt DEMO_OPTS[] = {
+    {1, "--steps", CLI_INT, "N", 1, 1000000, .def = "300",
+     .help = "training steps"},
+    {0},
+};
+
+static const cli_cmd DEMO_CMD = {
+    .name = "demo",
+    .usage = "demo [--steps N]",
+    .about = "Trains a two-layer MLP on three interleaved spirals in eager "
+             "mode, printing the loss as it falls.",
+    .opts = DEMO_OPTS,
+    .short_threads = true,
+};
+
 int tessera_demo(int argc, char **argv) {
     int steps = 300;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
-            steps = atoi(argv[++i]);
-            if (steps < 1 || steps > 1000000) {
-                fprintf(stderr, "tessera demo: --steps %s (want 1..1000000)\n",
-                        argv[i]);
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "usage: tessera demo [--steps N]\n");
+    cli_parser p;
+    cli_val v;
+    cli_begin(&p, &DEMO_CMD, argc, argv);
+    for (int id; (id = cli_next(&p, &v)) != CLI_END;) {
+        if (id == CLI_HELP)
+            return cli_help(&DEMO_CMD, stdout), 0;
+        if (id == CLI_ERROR)
             return 2;
-        }
+        if (id == CLI_POSITIONAL)
+            return cli_fail(&DEMO_CMD, "unexpected argument \"%s\"", v.s);
+        steps = (int)v.i;
     }
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK) {

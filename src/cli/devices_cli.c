@@ -3,6 +3,8 @@
  * kind has none. */
 #include "tessera.h"
 
+#include "cli/opts.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -23,18 +25,29 @@ static void print_one(ts_ctx *ctx, ts_device d) {
     printf("           features %s\n", in.features);
 }
 
+static const cli_opt DEVICES_OPTS[] = {{0}};
+
+static const cli_cmd DEVICES_CMD = {
+    .name = "devices",
+    .usage = "devices",
+    .about = "Lists the devices models can run on: cpu:0 (the host; "
+             "cpu:1..7 are separate pools of its memory) and vulkan:N, each "
+             "Vulkan device the driver reports (Mesa's lavapipe on machines "
+             "without a GPU).",
+    .opts = DEVICES_OPTS,
+    .short_threads = true,
+};
+
 int tessera_devices(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: tessera devices\n"
-                   "lists the devices models can run on: cpu:0 (the host; "
-                   "cpu:1..7 are\nseparate pools of its memory) and "
-                   "vulkan:N, each Vulkan device the\ndriver reports "
-                   "(Mesa's lavapipe on machines without a GPU)\n");
-            return 0;
-        }
-        fprintf(stderr, "tessera devices: unknown option \"%s\"\n", argv[i]);
-        return 2;
+    cli_parser p;
+    cli_val v;
+    cli_begin(&p, &DEVICES_CMD, argc, argv);
+    for (int id; (id = cli_next(&p, &v)) != CLI_END;) {
+        if (id == CLI_HELP)
+            return cli_help(&DEVICES_CMD, stdout), 0;
+        if (id == CLI_ERROR)
+            return 2;
+        return cli_fail(&DEVICES_CMD, "unexpected argument \"%s\"", v.s);
     }
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK) {

@@ -1,5 +1,9 @@
-/* main.c — the `tessera` command line: one binary, sub-commands. */
+/* main.c — the `tessera` command line: one binary, sub-commands; the
+ * command list, --version, the unknown command's suggestion and
+ * -t/--threads (every command's, taken here). */
 #include "tessera.h"
+
+#include "cli/opts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,36 +22,87 @@ int tessera_train(int argc, char **argv);
 int tessera_bench(int argc, char **argv);
 int tessera_plot_loss(int argc, char **argv);
 int tessera_devices(int argc, char **argv);
+int tessera_chat(int argc, char **argv);
+
+#ifndef TS_VERSION
+#define TS_VERSION "0.19.0" /* the project's version (issue 19) */
+#endif
+#ifndef TS_GIT_COMMIT
+#define TS_GIT_COMMIT "unknown" /* set by CMake at configure time */
+#endif
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command COMMANDS[] = {
+    {"run", tessera_run, "-m DIR -p TEXT: generate text from a model folder"},
+    {"chat", tessera_chat, "-m DIR: an interactive chat in the terminal"},
+    {"serve", tessera_serve, "DIR [--port 8000]: an OpenAI-compatible server"},
+    {"route", tessera_route, "--server URL...: one address for many servers"},
+    {"tokenize", tessera_tokenize,
+     "-m DIR TEXT (or --decode IDS): the model's tokenizer"},
+    {"tokenizer-train", tessera_tokenizer_train,
+     "--vocab N --out DIR FILES: a byte-level BPE"},
+    {"prepare-data", tessera_prepare_data,
+     "-t TOKENIZER_DIR --out DIR FILES: token shards"},
+    {"train", tessera_train,
+     "--model-config F | --init-from DIR --data DIR --out DIR"},
+    {"plot-loss", tessera_plot_loss, "LOG.jsonl --out loss.svg: loss curves"},
+    {"bench", tessera_bench, "peak: the machine's f32 matmul rate (for MFU)"},
+    {"demo", tessera_demo, "train a tiny MLP for a few eager steps"},
+    {"info", tessera_info, "-m DIR: a model folder's architecture and size"},
+    {"logits", tessera_logits,
+     "-m DIR --ids 1,2,3 --out F.npy: every position's logits"},
+    {"devices", tessera_devices, "the devices models can run on"},
+};
+#define N_COMMANDS (sizeof COMMANDS / sizeof *COMMANDS)
 
 static void usage(FILE *f) {
-    fprintf(
-        f, "usage: tessera <command> [options]\n"
-           "commands:\n"
-           "  run      -m DIR -p TEXT: generate text from a Hugging Face model "
-           "folder\n"
-           "  serve    -m DIR [--port 8000]: an OpenAI-compatible server\n"
-           "  route    --server URL... [-m DIR]: one address for many "
-           "servers\n"
-           "  tokenize -m DIR TEXT (or --decode 1,2,3): the model's tokenizer\n"
-           "  tokenizer-train --vocab N --out DIR FILES: a byte-level BPE\n"
-           "  prepare-data -t TOKENIZER_DIR --out DIR FILES: token shards\n"
-           "  train    --model-config F | --init-from DIR --data DIR --out "
-           "DIR: train\n"
-           "  plot-loss LOG.jsonl --out loss.svg: the loss curves\n"
-           "  bench peak: the machine's f32 matmul rate (for MFU)\n"
-           "  demo     train a tiny MLP for a few steps in eager mode\n"
-           "  info     -m DIR: a Hugging Face model folder's architecture and "
-           "size\n"
-           "  logits   -m DIR --ids 1,2,3 --out F.npy: logits of every "
-           "position\n"
-           "  devices  the devices models can run on (cpu, vulkan:N)\n"
-           "every command takes -t/--threads N (prepare-data: --threads "
-           "only, its -t\n"
-           "is the tokenizer): threads for the kernels, default the cores "
-           "this process\n"
-           "may run on (its affinity mask); TS_NUM_THREADS sets the same\n"
-           "run, serve, logits and train take --device DEV (cpu, vulkan:0, "
-           "...): the\nwhole model there (--device-map splits it)\n");
+    fprintf(f, "usage: tessera <command> [options]   (tessera <command> "
+               "--help: its options)\ncommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-16s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+    fprintf(f, "every command takes --threads N (and -t N, but for "
+               "prepare-data, whose -t is\nits tokenizer); --version: the "
+               "version, commit, backends and CPU paths\n");
+}
+
+/* the version, the commit, the backends compiled in, and the CPU paths:
+ * what the build was compiled for and what this machine has */
+static int version(void) {
+    printf("tessera %s (commit %s)\n", TS_VERSION, TS_GIT_COMMIT);
+    printf("backends: cpu");
+#ifdef TS_HAVE_VULKAN
+    printf(", vulkan");
+#endif
+    printf("\ncpu paths built: x86-64");
+#ifdef __AVX2__
+    printf(" avx2");
+#endif
+#ifdef __FMA__
+    printf(" fma");
+#endif
+#ifdef __F16C__
+    printf(" f16c");
+#endif
+#ifdef __AVX512F__
+    printf(" avx512f");
+#endif
+    __builtin_cpu_init();
+    printf("\ncpu of this machine:%s%s%s%s%s\n",
+           __builtin_cpu_supports("avx2") ? " avx2" : "",
+           __builtin_cpu_supports("fma") ? " fma" : "",
+           __builtin_cpu_supports("f16c") ? " f16c" : "",
+           __builtin_cpu_supports("avx512f") ? " avx512f" : "",
+           __builtin_cpu_supports("avx512bf16") ? " avx512bf16" : "");
+    bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+              __builtin_cpu_supports("f16c");
+    if (!ok)
+        printf("this machine lacks AVX2/FMA/F16C, which this build needs\n");
+    return 0;
 }
 
 /* Takes -t/--threads N out of argv (argc updated) into TS_NUM_THREADS,
@@ -95,47 +150,33 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (!take_threads(&argc, argv))
-        return 2;
-    /* --device DEV is --device-map DEV (one device holds every part) */
-    if (strcmp(argv[1], "train"))
-        for (int i = 2; i < argc; i++) {
-            if (!strcmp(argv[i], "--"))
-                break;
-            if (!strcmp(argv[i], "--device"))
-                argv[i] = "--device-map";
-        }
-    if (!strcmp(argv[1], "demo"))
-        return tessera_demo(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "info"))
-        return tessera_info(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "run"))
-        return tessera_run(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "serve"))
-        return tessera_serve(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "route"))
-        return tessera_route(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "tokenizer-train"))
-        return tessera_tokenizer_train(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "prepare-data"))
-        return tessera_prepare_data(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "train"))
-        return tessera_train(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "bench"))
-        return tessera_bench(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "plot-loss"))
-        return tessera_plot_loss(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "tokenize"))
-        return tessera_tokenize(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "logits"))
-        return tessera_logits(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "devices"))
-        return tessera_devices(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
+        !strcmp(argv[1], "help")) {
         usage(stdout);
         return 0;
     }
-    fprintf(stderr, "tessera: unknown command \"%s\"\n", argv[1]);
-    usage(stderr);
-    return 2;
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") ||
+        !strcmp(argv[1], "version"))
+        return version();
+    const command *cmd = NULL;
+    const char *names[N_COMMANDS];
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        names[i] = COMMANDS[i].name;
+        if (!strcmp(argv[1], names[i]))
+            cmd = &COMMANDS[i];
+    }
+    if (!cmd) {
+        const char *near = cli_closest(argv[1], names, N_COMMANDS);
+        if (near)
+            fprintf(stderr,
+                    "tessera: unknown command \"%s\"; did you mean \"%s\"?\n",
+                    argv[1], near);
+        else
+            fprintf(stderr, "tessera: unknown command \"%s\"\n", argv[1]);
+        usage(stderr);
+        return 2;
+    }
+    if (!take_threads(&argc, argv))
+        return 2;
+    return cmd->run(argc - 1, argv + 1);
 }

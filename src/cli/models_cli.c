@@ -6,6 +6,8 @@
 #include "tessera_io.h"
 #include "tessera_models.h"
 
+#include "cli/opts.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,20 +137,40 @@ static void print_description(const ts_model_config *c) {
            c->embed_scale ? "; inputs x sqrt(hidden)" : "", fcap);
 }
 
+static const cli_opt INFO_OPTS[] = {
+    {1, "-m, --model", CLI_STR, "DIR",
+     .help = "the model folder; also the "
+             "positional argument"},
+    {0},
+};
+
+static const cli_cmd INFO_CMD = {
+    .name = "info",
+    .usage = "info [-m] DIR",
+    .about = "A Hugging Face model folder's architecture, size and the "
+             "memory it needs to run.",
+    .opts = INFO_OPTS,
+    .positional = "  DIR                         the model folder (as -m)\n",
+    .short_threads = true,
+};
+
 int tessera_info(int argc, char **argv) {
     const char *dir = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc)
-            dir = argv[++i];
-        else {
-            fprintf(stderr, "usage: tessera info -m DIR\n");
+    cli_parser p;
+    cli_val v;
+    cli_begin(&p, &INFO_CMD, argc, argv);
+    for (int id; (id = cli_next(&p, &v)) != CLI_END;) {
+        if (id == CLI_HELP)
+            return cli_help(&INFO_CMD, stdout), 0;
+        if (id == CLI_ERROR)
             return 2;
-        }
+        if (dir && id == CLI_POSITIONAL)
+            return cli_fail(&INFO_CMD, "one model folder only (got %s and %s)",
+                            dir, v.s);
+        dir = v.s;
     }
-    if (!dir) {
-        fprintf(stderr, "usage: tessera info -m DIR\n");
-        return 2;
-    }
+    if (!dir)
+        return cli_fail(&INFO_CMD, "no model: give its folder (-m DIR or DIR)");
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
@@ -239,34 +261,79 @@ static int write_npy(const char *path, const float *data, int nd,
     return fclose(f) == 0 && w == count ? 0 : -1;
 }
 
+enum { L_MODEL = 1, L_IDS, L_OUT, L_DEVICE_MAP, L_DTYPE, L_NO_CHECK };
+
+static const cli_opt LOGITS_OPTS[] = {
+    {L_MODEL, "-m, --model", CLI_STR, "DIR", .help = "the model folder"},
+    {L_IDS, "--ids", CLI_STR, "1,2,3",
+     .help = "the token ids (at most "
+             "4096)"},
+    {L_OUT, "--out", CLI_STR, "FILE.npy",
+     .help = "where the logits go: "
+             "f32, (T, V)"},
+    {L_DTYPE, "--dtype", CLI_CHOICE, .choices = "f32|bf16", .def = "f32",
+     .help = "the weights' type in memory"},
+    {L_DEVICE_MAP, "--device-map, --device", CLI_STR, "MAP", .def = "the CPU",
+     .help = "a device (cpu, vulkan:0) or a split of the "
+             "model over devices"},
+    {L_NO_CHECK, "--no-check-weights", CLI_FLAG,
+     .help = "load weights "
+             "holding NaN/Inf"},
+    {0},
+};
+
+static const cli_cmd LOGITS_CMD = {
+    .name = "logits",
+    .usage = "logits -m DIR --ids 1,2,3 --out FILE.npy [options]",
+    .about = "The logits of every position of the given token ids, as a "
+             ".npy file, for checking against other implementations.",
+    .opts = LOGITS_OPTS,
+    .short_threads = true,
+};
+
 int tessera_logits(int argc, char **argv) {
     const char *dir = NULL, *ids_arg = NULL, *out = NULL, *map = NULL;
     ts_dtype wdt = TS_F32;
     bool no_check = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--no-check-weights"))
+    cli_parser p;
+    cli_val v;
+    cli_begin(&p, &LOGITS_CMD, argc, argv);
+    for (int id; (id = cli_next(&p, &v)) != CLI_END;) {
+        switch (id) {
+        case CLI_HELP:
+            cli_help(&LOGITS_CMD, stdout);
+            return 0;
+        case CLI_ERROR:
+            return 2;
+        case CLI_POSITIONAL:
+            return cli_fail(&LOGITS_CMD, "unexpected argument \"%s\"", v.s);
+        case L_MODEL:
+            dir = v.s;
+            break;
+        case L_IDS:
+            ids_arg = v.s;
+            break;
+        case L_OUT:
+            out = v.s;
+            break;
+        case L_DEVICE_MAP:
+            map = v.s;
+            break;
+        case L_DTYPE:
+            wdt = v.choice ? TS_BF16 : TS_F32;
+            break;
+        case L_NO_CHECK:
             no_check = true;
-        else if (!strcmp(argv[i], "--ids") && i + 1 < argc)
-            ids_arg = argv[++i];
-        else if (!strcmp(argv[i], "--out") && i + 1 < argc)
-            out = argv[++i];
-        else if (!strcmp(argv[i], "--device-map") && i + 1 < argc)
-            map = argv[++i];
-        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc &&
-                 (!strcmp(argv[i + 1], "f32") || !strcmp(argv[i + 1], "bf16")))
-            wdt = strcmp(argv[++i], "bf16") ? TS_F32 : TS_BF16;
-        else
-            dir = NULL, i = argc;
+            break;
+        }
     }
-    if (!dir || !ids_arg || !out) {
-        fprintf(stderr,
-                "usage: tessera logits -m DIR --ids 1,2,3 --out FILE.npy "
-                "[--dtype f32|bf16] [--device-map MAP] "
-                "[--no-check-weights]\n");
-        return 2;
-    }
+    if (!dir || !ids_arg || !out)
+        return cli_fail(&LOGITS_CMD,
+                        "%s is required (see tessera logits "
+                        "--help)",
+                        !dir       ? "-m DIR"
+                        : !ids_arg ? "--ids"
+                                   : "--out");
     int64_t ids[4096];
     int n = 0;
     for (const char *p = ids_arg; *p;) {

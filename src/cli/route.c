@@ -1,8 +1,10 @@
 /* route.c — `tessera route`: one OpenAI-compatible address in front of
  * many `tessera serve` instances (src/router, docs/ROUTER.md). Options on
- * the command line or in a JSON file with the same keys. */
+ * the command line (its options table) or in a JSON file with the same
+ * keys. */
 #include "tessera_router.h"
 
+#include "cli/opts.h"
 #include "router/policy.h"
 
 #include <errno.h>
@@ -11,40 +13,102 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int usage(FILE *f) {
-    fprintf(f,
-            "usage: tessera route --listen HOST:PORT --server URL [--server "
-            "URL ...]\n"
-            "         [-m MODEL_DIR] [--policy "
-            "cache-aware|load|round-robin|random]\n"
-            "         [--weights prefix=2,queue=1,kv=1] [--seed N] "
-            "[--health-interval MS]\n"
-            "       tessera route --listen HOST:PORT --prefill URL... "
-            "--decode URL... [-m DIR]\n"
-            "         [--pd-min-blocks 2] (each prefill server needs every "
-            "decode server's\n"
-            "         KV address in its --kv-peers: HOST of the --decode URL, "
-            "its --kv-port)\n"
-            "       tessera route --config FILE.json (keys: listen, servers, "
-            "prefill, decode, model,\n"
-            "         policy, weights {prefix, queue, kv}, seed, "
-            "health_interval_ms, pd_min_blocks,\n"
-            "         max_connections, max_connections_per_client, "
-            "conn_timeout)\n"
-            "     any form: [--api-key KEY] (clients send \"Authorization: "
-            "Bearer KEY\" to /v1/;\n"
-            "         default: $TESSERA_API_KEY) [--server-api-key KEY] (sent "
-            "to the servers;\n"
-            "         default: $TESSERA_SERVER_API_KEY, else the --api-key)\n"
-            "         [--max-connections N] (%d) "
-            "[--max-connections-per-client N] (%d)\n"
-            "         [--conn-timeout SECONDS] (%d: a client connection "
-            "silent this long while its\n"
-            "         request is read or its response written is closed)\n",
-            TS_ROUTER_DEFAULT_MAX_CONNECTIONS, TS_ROUTER_DEFAULT_PER_CLIENT,
-            TS_ROUTER_DEFAULT_TIMEOUT_S);
-    return f == stdout ? 0 : 2;
-}
+enum {
+    O_CONFIG = 1,
+    O_LISTEN,
+    O_SERVER,
+    O_PREFILL,
+    O_DECODE,
+    O_MODEL,
+    O_POLICY,
+    O_WEIGHTS,
+    O_SEED,
+    O_HEALTH,
+    O_API_KEY,
+    O_SERVER_KEY,
+    O_MAX_CONN,
+    O_MAX_CONN_CLIENT,
+    O_CONN_TIMEOUT,
+    O_PD_MIN,
+};
+
+#define STR_(x) #x
+#define STR(x)  STR_(x)
+
+static const cli_opt ROUTE_OPTS[] = {
+    {O_LISTEN, "--listen", CLI_STR, "HOST:PORT", .def = "127.0.0.1:8000",
+     .help = "the address to listen on (PORT alone: on 127.0.0.1)"},
+    {O_SERVER, "--server", CLI_STR, "URL",
+     .help = "a tessera serve "
+             "instance to route to (repeatable)"},
+    {O_PREFILL, "--prefill", CLI_STR, "URL",
+     .help =
+         "a prefill server of "
+         "a disaggregated pair (repeatable, with --decode); each needs every "
+         "decode server's KV address in its --kv-peers"},
+    {O_DECODE, "--decode", CLI_STR, "URL",
+     .help = "a decode server "
+             "(repeatable, with --prefill)"},
+    {O_MODEL, "-m, --model", CLI_STR, "DIR",
+     .def = "none (the approximate "
+            "cache-aware scorer)",
+     .help = "the model folder, whose tokenizer "
+             "makes prefix matching exact"},
+    {O_POLICY, "--policy", CLI_CHOICE,
+     .choices = "cache-aware|load|round-robin|random", .def = "cache-aware",
+     .help = "how a request picks its server"},
+    {O_WEIGHTS, "--weights", CLI_STR, "prefix=2,queue=1,kv=1",
+     .def = "prefix=2,queue=1,kv=1",
+     .help = "the cache-aware scorer's "
+             "weights"},
+    {O_SEED, "--seed", CLI_INT, "N", 0, 9.2e18, .def = "0",
+     .help = "the random policy's and tie-breaks' seed"},
+    {O_HEALTH, "--health-interval", CLI_INT, "MS", 10, 600000, .def = "500",
+     .help = "how often each server's /health is polled"},
+    {O_PD_MIN, "--pd-min-blocks", CLI_INT, "N", 0, 1 << 20, .def = "2",
+     .help = "prompts shorter than N KV blocks skip the prefill server"},
+    {O_CONFIG, "--config", CLI_STR, "FILE.json",
+     .help =
+         "the options in a "
+         "JSON object (keys: listen, servers, prefill, decode, model, policy, "
+         "weights {prefix, queue, kv}, seed, health_interval_ms, "
+         "pd_min_blocks, max_connections, max_connections_per_client, "
+         "conn_timeout); later flags override"},
+    {O_API_KEY, "--api-key", CLI_STR, "KEY",
+     .def = "$TESSERA_API_KEY, else "
+            "none",
+     .help = "clients send \"Authorization: Bearer KEY\" to /v1/"},
+    {O_SERVER_KEY, "--server-api-key", CLI_STR, "KEY",
+     .def = "$TESSERA_SERVER_API_KEY, else the --api-key",
+     .help = "the key sent to the servers"},
+    {O_MAX_CONN, "--max-connections", CLI_INT, "N", 1, 65536,
+     .def = STR(TS_ROUTER_DEFAULT_MAX_CONNECTIONS),
+     .want = "a count in 1..65536", .help = "client connections at once"},
+    {O_MAX_CONN_CLIENT, "--max-connections-per-client", CLI_INT, "N", 1, 65536,
+     .def = STR(TS_ROUTER_DEFAULT_PER_CLIENT), .want = "a count in 1..65536",
+     .help = "connections from one address"},
+    {O_CONN_TIMEOUT, "--conn-timeout", CLI_INT, "SECONDS", 1, 3600,
+     .def = STR(TS_ROUTER_DEFAULT_TIMEOUT_S),
+     .want = "whole seconds in 1..3600",
+     .help =
+         "a client connection "
+         "silent this long while its request is read or its response written "
+         "is closed"},
+    {0},
+};
+
+static const cli_cmd ROUTE_CMD = {
+    .name = "route",
+    .usage = "route --listen HOST:PORT --server URL [--server URL ...] "
+             "[options]\n"
+             "       tessera route --listen HOST:PORT --prefill URL... "
+             "--decode URL... [-m DIR]\n"
+             "       tessera route --config FILE.json",
+    .about = "One OpenAI-compatible address in front of many tessera serve "
+             "instances (docs/ROUTER.md).",
+    .opts = ROUTE_OPTS,
+    .short_threads = true,
+};
 
 static bool parse_long(const char *s, long long lo, long long hi,
                        long long *out) {
@@ -175,6 +239,72 @@ static bool load_config(const char *path, json_t **cfg, ts_router_options *o) {
     return true;
 }
 
+/* one option onto o; false (with the message printed) when it is wrong */
+static bool route_opt(ts_router_options *o, json_t **cfg, int id,
+                      const cli_val *v) {
+    const char *bad = NULL;
+    ts_route_weights w = {o->w_prefix, o->w_queue, o->w_kv};
+    switch (id) {
+    case O_CONFIG:
+        json_decref(*cfg);
+        return load_config(v->s, cfg, o);
+    case O_LISTEN:
+        if (!parse_listen(v->s, o, g_host, sizeof g_host))
+            return cli_fail(&ROUTE_CMD,
+                            "--listen \"%s\": want HOST:PORT or PORT "
+                            "(0..65535)",
+                            v->s),
+                   false;
+        return true;
+    case O_SERVER:
+        return add_url(o->servers, &o->n_servers, v->s);
+    case O_PREFILL:
+        return add_url(o->prefill, &o->n_prefill, v->s);
+    case O_DECODE:
+        return add_url(o->decode, &o->n_decode, v->s);
+    case O_MODEL:
+        o->model_dir = v->s;
+        return true;
+    case O_POLICY:
+        o->policy = ts_route_policy_parse(v->s);
+        return true;
+    case O_WEIGHTS:
+        if (!ts_route_weights_parse(v->s, &w, &bad))
+            return cli_fail(&ROUTE_CMD,
+                            "--weights: \"%s\" is not prefix=, queue= or kv= "
+                            "with a number >= 0",
+                            bad),
+                   false;
+        o->w_prefix = w.prefix, o->w_queue = w.queue, o->w_kv = w.kv;
+        return true;
+    case O_SEED:
+        o->seed = (uint64_t)v->i;
+        return true;
+    case O_HEALTH:
+        o->health_interval_ms = (int)v->i;
+        return true;
+    case O_API_KEY:
+        o->api_key = v->s;
+        return true;
+    case O_SERVER_KEY:
+        o->server_api_key = v->s;
+        return true;
+    case O_MAX_CONN:
+        o->max_connections = (int)v->i;
+        return true;
+    case O_MAX_CONN_CLIENT:
+        o->max_connections_per_client = (int)v->i;
+        return true;
+    case O_CONN_TIMEOUT:
+        o->conn_timeout_s = (int)v->i;
+        return true;
+    case O_PD_MIN:
+        o->pd_min_blocks = (int)v->i;
+        return true;
+    }
+    return false;
+}
+
 int tessera_route(int argc, char **argv) {
     ts_router_options o = ts_router_options_default();
     const char *k = getenv("TESSERA_API_KEY"),
@@ -183,85 +313,26 @@ int tessera_route(int argc, char **argv) {
     o.server_api_key = sk && *sk ? sk : NULL;
     json_t *cfg = NULL;
     int rc = 2;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long long n;
-        const char *bad = NULL;
-        ts_route_weights w = {o.w_prefix, o.w_queue, o.w_kv};
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            json_decref(cfg);
-            return usage(stdout);
-        } else if (!strcmp(a, "--config") && v) {
-            json_decref(cfg);
-            if (!load_config(v, &cfg, &o))
-                goto out;
-            i++;
-        } else if (!strcmp(a, "--listen") && v &&
-                   parse_listen(v, &o, g_host, sizeof g_host))
-            i++;
-        else if (!strcmp(a, "--server") && v) {
-            if (!add_url(o.servers, &o.n_servers, v))
-                goto out;
-            i++;
-        } else if (!strcmp(a, "--prefill") && v) {
-            if (!add_url(o.prefill, &o.n_prefill, v))
-                goto out;
-            i++;
-        } else if (!strcmp(a, "--decode") && v) {
-            if (!add_url(o.decode, &o.n_decode, v))
-                goto out;
-            i++;
-        } else if (!strcmp(a, "-m") && v)
-            o.model_dir = v, i++;
-        else if (!strcmp(a, "--policy") && v && ts_route_policy_parse(v) >= 0)
-            o.policy = ts_route_policy_parse(v), i++;
-        else if (!strcmp(a, "--weights") && v) {
-            if (!ts_route_weights_parse(v, &w, &bad)) {
-                fprintf(stderr,
-                        "tessera route: --weights: \"%s\" is not prefix=, "
-                        "queue= or kv= with a number >= 0\n",
-                        bad);
-                goto out;
-            }
-            o.w_prefix = w.prefix, o.w_queue = w.queue, o.w_kv = w.kv;
-            i++;
-        } else if (!strcmp(a, "--seed") && v && parse_long(v, 0, INT64_MAX, &n))
-            o.seed = (uint64_t)n, i++;
-        else if (!strcmp(a, "--health-interval") && v &&
-                 parse_long(v, 10, 600000, &n))
-            o.health_interval_ms = (int)n, i++;
-        else if (!strcmp(a, "--api-key") && v && *v)
-            o.api_key = v, i++;
-        else if (!strcmp(a, "--server-api-key") && v && *v)
-            o.server_api_key = v, i++;
-        else if (!strcmp(a, "--max-connections") && v &&
-                 parse_long(v, 1, 65536, &n))
-            o.max_connections = (int)n, i++;
-        else if (!strcmp(a, "--max-connections-per-client") && v &&
-                 parse_long(v, 1, 65536, &n))
-            o.max_connections_per_client = (int)n, i++;
-        else if (!strcmp(a, "--conn-timeout") && v &&
-                 parse_long(v, 1, 3600, &n))
-            o.conn_timeout_s = (int)n, i++;
-        else if (!strcmp(a, "--pd-min-blocks") && v &&
-                 parse_long(v, 0, 1 << 20, &n))
-            o.pd_min_blocks = (int)n, i++;
-        else {
-            const char *want =
-                !strcmp(a, "--conn-timeout") ? "whole seconds in 1..3600"
-                : !strcmp(a, "--max-connections") ||
-                        !strcmp(a, "--max-connections-per-client")
-                    ? "a count in 1..65536"
-                    : NULL;
-            if (want && v)
-                fprintf(stderr, "tessera route: %s \"%s\": want %s\n", a, v,
-                        want);
-            else
-                fprintf(stderr,
-                        "tessera route: bad or incomplete option \"%s\"\n", a);
-            usage(stderr);
+    cli_parser p;
+    cli_val v;
+    cli_begin(&p, &ROUTE_CMD, argc, argv);
+    for (int id; (id = cli_next(&p, &v)) != CLI_END;) {
+        if (id == CLI_HELP) {
+            cli_help(&ROUTE_CMD, stdout);
+            rc = 0;
             goto out;
         }
+        if (id == CLI_ERROR)
+            goto out;
+        if (id == CLI_POSITIONAL) {
+            cli_fail(&ROUTE_CMD,
+                     "unexpected argument \"%s\" (servers are --server URL; "
+                     "see tessera route --help)",
+                     v.s);
+            goto out;
+        }
+        if (!route_opt(&o, &cfg, id, &v))
+            goto out;
     }
     rc = ts_router_run(&o);
 out:

@@ -6,8 +6,11 @@
 #include "tessera_models.h"
 #include "tessera_tokenizer.h"
 
+#include "cli/opts.h"
+
 #include <errno.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,34 +20,6 @@
 
 #define MAX_STOPS 8
 #define MAX_EOS   8
-
-static int usage(void) {
-    fprintf(stderr,
-            "usage: tessera run -m DIR [-p TEXT] [-n MAX_TOKENS] "
-            "[--temperature T] [--top-k K]\n"
-            "         [--top-p P] [--min-p P] [--repetition-penalty R] "
-            "[--seed S] [--stop STR]...\n"
-            "         [--chat] [--system TEXT] [-i|--interactive] "
-            "[--ctx-size N] [--verbose-prompt]\n"
-            "         [--dtype f32|bf16] [--device-map MAP] "
-            "[--eager|--compile] [--no-check-weights]\n"
-            "-m takes a model folder (config.json, *.safetensors, "
-            "tokenizer.json).\n"
-            "--no-check-weights: load without scanning the weights for "
-            "NaN/Inf.\n"
-            "Without -p and with a terminal on stdin: an interactive chat.\n");
-    return 2;
-}
-
-static bool parse_num(const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi))
-        return false;
-    *out = v;
-    return true;
-}
 
 /* generation_config.json defaults, where it has them */
 static void generation_defaults(const char *dir, ts_sampling *s, int64_t *eos,
@@ -78,16 +53,29 @@ static void generation_defaults(const char *dir, ts_sampling *s, int64_t *eos,
     json_decref(g);
 }
 
+static const char *g_cmd = "run"; /* run or chat, for messages */
+
+/* Ctrl-C in a chat: set by the handler, read by the generation loop (the
+ * reply stops) and by the prompt (the chat ends) */
+static volatile sig_atomic_t g_interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    g_interrupted = 1;
+}
+
 static int fail(ts_ctx *ctx, const char *what) {
-    fprintf(stderr, "tessera run: %s: %s\n", what, ts_errmsg(ctx));
+    fprintf(stderr, "tessera %s: %s: %s\n", g_cmd, what, ts_errmsg(ctx));
     return 1;
 }
 
 typedef struct {
-    const char *dir, *prompt, *system, *device_map, *stops[MAX_STOPS];
+    const char *dir, *prompt, *system, *device_map, *chat_template,
+        *stops[MAX_STOPS];
     int n_stops, max_new;
     int64_t ctx_size;
-    bool compiled, chat, interactive, verbose_prompt, no_check_weights;
+    bool compiled, chat, interactive, verbose_prompt, no_check_weights,
+        ignore_eos;
     ts_dtype wdt;
 } run_opts;
 
@@ -164,7 +152,7 @@ static ts_status generate(session *S, const run_opts *o, const int32_t *ids,
     ts_status st = TS_OK;
     size_t feed_from = keep;
     while (gs->generated < o->max_new && !stopped && st == TS_OK &&
-           (int64_t)n < S->max_T) {
+           (int64_t)n < S->max_T && !g_interrupted) {
         int64_t T = (int64_t)(n - feed_from), shape[2] = {1, T};
         int64_t *buf = malloc(sizeof(int64_t) * (size_t)T);
         for (int64_t k = 0; buf && k < T; k++)
@@ -190,7 +178,7 @@ static ts_status generate(session *S, const run_opts *o, const int32_t *ids,
         feed_from = n;
         seq[n++] = next;
         gs->generated++;
-        for (int k = 0; k < S->n_eos; k++)
+        for (int k = 0; k < S->n_eos && !o->ignore_eos; k++)
             stopped |= next == S->eos[k];
         if (stopped)
             break;
@@ -306,6 +294,7 @@ static int run_once(session *S, const run_opts *o) {
     s = generate(S, o, ids, n, &reply, &gs);
     free(ids), free(reply);
     printf("\n");
+    fflush(stdout); /* the stats line on stderr comes after the text */
     if (s != TS_OK)
         return fail(S->ctx, "generation");
     print_stats(&gs);
@@ -317,13 +306,18 @@ static int run_once(session *S, const run_opts *o) {
  * lines are skipped; /reset starts over; /exit or end of input quits. */
 static int run_chat(session *S, const run_opts *o) {
     bool tty = isatty(0);
+    /* Ctrl-C stops a reply, not the chat; no SA_RESTART, so that at the
+     * prompt it interrupts the read and ends the chat */
+    struct sigaction sa = {.sa_handler = on_sigint};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
     json_t *msgs = json_array();
     if (o->system)
         json_array_append_new(msgs, message("system", o->system));
     if (tty)
         fprintf(stderr,
                 "chat with %s (/reset to start over, /exit or "
-                "Ctrl-D to quit)\n",
+                "Ctrl-D to quit, Ctrl-C stops a reply)\n",
                 o->dir);
     char *line = NULL;
     size_t cap = 0;
@@ -332,7 +326,7 @@ static int run_chat(session *S, const run_opts *o) {
         if (tty)
             fprintf(stderr, "> ");
         ssize_t got = getline(&line, &cap, stdin);
-        if (got < 0)
+        if (got < 0 || g_interrupted) /* end of input, or Ctrl-C here */
             break;
         while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r'))
             line[--got] = 0;
@@ -348,7 +342,8 @@ static int run_chat(session *S, const run_opts *o) {
         }
         json_t *user = message("user", line);
         if (!user) {
-            fprintf(stderr, "tessera run: the input is not valid UTF-8\n");
+            fprintf(stderr, "tessera %s: the input is not valid UTF-8\n",
+                    g_cmd);
             continue;
         }
         json_array_append_new(msgs, user);
@@ -364,6 +359,11 @@ static int run_chat(session *S, const run_opts *o) {
         if (s == TS_OK)
             s = generate(S, o, ids, n, &reply, &gs);
         printf("\n");
+        fflush(stdout); /* the stats line on stderr comes after the text */
+        if (g_interrupted) {
+            fprintf(stderr, "(stopped)\n");
+            g_interrupted = 0;
+        }
         free(ids);
         if (s != TS_OK) {
             /* a bad turn (too long, not encodable) is dropped; the chat
@@ -385,71 +385,245 @@ static int run_chat(session *S, const run_opts *o) {
     return rc;
 }
 
-int tessera_run(int argc, char **argv) {
+enum {
+    R_MODEL = 1,
+    R_PROMPT,
+    R_N,
+    R_TEMP,
+    R_TOP_K,
+    R_TOP_P,
+    R_MIN_P,
+    R_REP,
+    R_SEED,
+    R_STOP,
+    R_DTYPE,
+    R_DEVICE_MAP,
+    R_SYSTEM,
+    R_CTX,
+    R_CHAT,
+    R_INTERACTIVE,
+    R_VERBOSE,
+    R_NO_CHECK,
+    R_COMPILE,
+    R_EAGER,
+    R_TEMPLATE,
+    R_IGNORE_EOS,
+};
+
+/* run's options; chat takes the same but for the prompt and the modes */
+static const cli_opt RUN_OPTS[] = {
+    {R_MODEL, "-m, --model", CLI_STR, "DIR",
+     .help = "the model folder "
+             "(config.json, *.safetensors, tokenizer.json); also the first "
+             "positional argument"},
+    {R_PROMPT, "-p, --prompt", CLI_STR, "TEXT", .only = "run",
+     .help = "generate once from TEXT (without it and with a terminal on "
+             "stdin: an interactive chat)"},
+    {R_N, "-n, --n-predict, --max-tokens", CLI_INT, "N", 1, 1e6, .def = "128",
+     .help = "the most tokens to generate per reply"},
+    {R_TEMP, "--temperature, --temp", CLI_NUM, "T", 0, 100,
+     .def = "generation_config.json's, else 0 (greedy)",
+     .help = "sampling temperature"},
+    {R_TOP_K, "--top-k", CLI_INT, "K", 0, 1e9,
+     .def = "generation_config.json's, else 0 (off)",
+     .help = "sample among the K likeliest tokens"},
+    {R_TOP_P, "--top-p", CLI_NUM, "P", 1e-9, 1,
+     .def = "generation_config.json's, else 1 (off)",
+     .want = "a number in (0, 1]",
+     .help = "sample among the likeliest tokens holding P of the mass"},
+    {R_MIN_P, "--min-p", CLI_NUM, "P", 0, 1,
+     .def = "generation_config.json's, else 0 (off)",
+     .help = "drop tokens less likely than P x the likeliest's"},
+    {R_REP, "--repetition-penalty, --repeat-penalty", CLI_NUM, "R", 1e-3, 100,
+     .want = "a number in 0.001..100",
+     .def = "generation_config.json's, else 1 (off)",
+     .help = "penalize tokens already seen (as Hugging Face's)"},
+    {R_SEED, "-s, --seed", CLI_NUM, "S", 0, 1.8e19, .def = "0",
+     .help = "the sampler's seed", .want = "a whole number >= 0"},
+    {R_STOP, "--stop", CLI_STR, "STR",
+     .help = "end the reply before STR "
+             "(repeatable, at most 8)"},
+    {R_IGNORE_EOS, "--ignore-eos", CLI_FLAG,
+     .help = "go on past "
+             "end-of-sequence tokens (up to -n or the context)"},
+    {R_SYSTEM, "--system, --system-prompt", CLI_STR, "TEXT",
+     .help = "a system message (implies the chat template)"},
+    {R_CHAT, "--chat", CLI_FLAG, .only = "run",
+     .help = "render -p with "
+             "the model's chat template as one user message"},
+    {R_INTERACTIVE, "-i, --interactive", CLI_FLAG, .only = "run",
+     .help = "read user turns from stdin (a chat when the model has a "
+             "template, plain text otherwise)"},
+    {R_TEMPLATE, "--chat-template", CLI_STR, "FILE|NAME",
+     .def = "the model's (tokenizer_config.json)",
+     .help = "a Jinja chat template file or a built-in's name"},
+    {R_CTX, "-c, --ctx-size, --max-model-len", CLI_INT, "N", 2, 1e7,
+     .def = "4096 (capped by the model), or the prompt + -n for -p",
+     .help = "the context (prompt + reply) in tokens"},
+    {R_VERBOSE, "--verbose-prompt", CLI_FLAG,
+     .help = "print the prompt's text and ids to stderr"},
+    {R_DTYPE, "--dtype", CLI_CHOICE, .choices = "f32|bf16", .def = "f32",
+     .help = "the weights' type in memory"},
+    {R_DEVICE_MAP, "--device-map, --device", CLI_STR, "MAP", .def = "the CPU",
+     .help = "a device (cpu, vulkan:0) or a split of "
+             "the model over devices (embed,0:cpu:0;1,head:vulkan:0)"},
+    {R_COMPILE, "--compile", CLI_FLAG,
+     .help = "run the forward as a "
+             "compiled graph"},
+    {R_EAGER, "--eager", CLI_FLAG, .help = "run op by op (the default)"},
+    {R_NO_CHECK, "--no-check-weights", CLI_FLAG,
+     .help = "load without "
+             "scanning the weights for NaN/Inf"},
+    {0},
+};
+
+static const cli_cmd RUN_CMD = {
+    .name = "run",
+    .usage = "run [-m] DIR -p TEXT [options]",
+    .about = "Generates text from a Hugging Face model folder: the text to "
+             "stdout, the speeds to stderr on a line of their own. Without "
+             "-p and with a terminal on stdin: an interactive chat (see "
+             "tessera chat).",
+    .opts = RUN_OPTS,
+    .positional = "  DIR                         the model folder (as -m)\n",
+    .short_threads = true,
+};
+
+static const cli_cmd CHAT_CMD = {
+    .name = "chat",
+    .usage = "chat [-m] DIR [--system TEXT] [options]",
+    .about = "An interactive chat in the terminal: each line you type is a "
+             "user turn; the conversation so far goes through the model's "
+             "chat template; the reply streams as it is made. /reset starts "
+             "over, /exit or Ctrl-D quits; Ctrl-C stops a reply (what came "
+             "so far stays in the history) and at the prompt quits. The "
+             "speeds go to stderr on a line of their own.",
+    .opts = RUN_OPTS,
+    .positional = "  DIR                         the model folder (as -m)\n",
+    .short_threads = true,
+};
+
+/* argv onto o and the sampling options the command line gave (set[]);
+ * returns -1 to go on, else the exit code */
+static int parse_run(const cli_cmd *c, int argc, char **argv, run_opts *o,
+                     ts_sampling *cli, bool set[6]) {
+    cli_parser p;
+    cli_val v;
+    cli_begin(&p, c, argc, argv);
+    for (int id; (id = cli_next(&p, &v)) != CLI_END;) {
+        switch (id) {
+        case CLI_HELP:
+            cli_help(c, stdout);
+            return 0;
+        case CLI_ERROR:
+            return 2;
+        case CLI_POSITIONAL:
+            if (o->dir)
+                return cli_fail(c,
+                                "unexpected argument \"%s\" (the model "
+                                "is %s; the prompt is -p TEXT)",
+                                v.s, o->dir);
+            o->dir = v.s;
+            break;
+        case R_MODEL:
+            o->dir = v.s;
+            break;
+        case R_PROMPT:
+            o->prompt = v.s;
+            break;
+        case R_N:
+            o->max_new = (int)v.i;
+            break;
+        case R_TEMP:
+            cli->temperature = v.num, set[0] = 1;
+            break;
+        case R_TOP_K:
+            cli->top_k = v.i, set[1] = 1;
+            break;
+        case R_TOP_P:
+            cli->top_p = v.num, set[2] = 1;
+            break;
+        case R_MIN_P:
+            cli->min_p = v.num, set[3] = 1;
+            break;
+        case R_REP:
+            cli->repetition_penalty = v.num, set[4] = 1;
+            break;
+        case R_SEED:
+            cli->seed = (uint64_t)v.num, set[5] = 1;
+            break;
+        case R_STOP:
+            if (o->n_stops == MAX_STOPS)
+                return cli_fail(c, "at most %d --stop strings", MAX_STOPS);
+            o->stops[o->n_stops++] = v.s;
+            break;
+        case R_IGNORE_EOS:
+            o->ignore_eos = true;
+            break;
+        case R_DTYPE:
+            o->wdt = v.choice ? TS_BF16 : TS_F32;
+            break;
+        case R_DEVICE_MAP:
+            o->device_map = v.s;
+            break;
+        case R_SYSTEM:
+            o->system = v.s, o->chat = true;
+            break;
+        case R_TEMPLATE:
+            o->chat_template = v.s, o->chat = true;
+            break;
+        case R_CTX:
+            o->ctx_size = v.i;
+            break;
+        case R_CHAT:
+            o->chat = true;
+            break;
+        case R_INTERACTIVE:
+            o->interactive = true;
+            break;
+        case R_VERBOSE:
+            o->verbose_prompt = true;
+            break;
+        case R_NO_CHECK:
+            o->no_check_weights = true;
+            break;
+        case R_COMPILE:
+            o->compiled = true;
+            break;
+        case R_EAGER:
+            o->compiled = false;
+            break;
+        }
+    }
+    if (c == &CHAT_CMD)
+        o->chat = o->interactive = true;
+    if (!o->prompt && !o->interactive && isatty(0))
+        o->interactive = true;
+    if (!o->dir)
+        return cli_fail(c,
+                        "no model: give its folder (-m DIR or DIR; see "
+                        "tessera %s --help)",
+                        c->name);
+    if (!o->prompt && !o->interactive)
+        return cli_fail(c, "no prompt: give -p TEXT, or -i to read turns "
+                           "from stdin (see tessera run --help)");
+    return -1;
+}
+
+static int run_command(const cli_cmd *c, int argc, char **argv) {
     run_opts o = {.max_new = 128, .wdt = TS_F32};
     ts_sampling cli = ts_sampling_default();
     bool set[6] = {0}; /* which sampling options the command line gave */
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double d;
-        if (!strcmp(a, "-m") && v)
-            o.dir = v, i++;
-        else if (!strcmp(a, "-p") && v)
-            o.prompt = v, i++;
-        else if (!strcmp(a, "-n") && v && parse_num(v, 1, 1e6, &d))
-            o.max_new = (int)d, i++;
-        else if (!strcmp(a, "--temperature") && v && parse_num(v, 0, 100, &d))
-            cli.temperature = d, set[0] = 1, i++;
-        else if (!strcmp(a, "--top-k") && v && parse_num(v, 0, 1e9, &d))
-            cli.top_k = (int64_t)d, set[1] = 1, i++;
-        else if (!strcmp(a, "--top-p") && v && parse_num(v, 1e-9, 1, &d))
-            cli.top_p = d, set[2] = 1, i++;
-        else if (!strcmp(a, "--min-p") && v && parse_num(v, 0, 1, &d))
-            cli.min_p = d, set[3] = 1, i++;
-        else if (!strcmp(a, "--repetition-penalty") && v &&
-                 parse_num(v, 1e-3, 100, &d))
-            cli.repetition_penalty = d, set[4] = 1, i++;
-        else if (!strcmp(a, "--seed") && v && parse_num(v, 0, 1.8e19, &d))
-            cli.seed = (uint64_t)d, set[5] = 1, i++;
-        else if (!strcmp(a, "--stop") && v && o.n_stops < MAX_STOPS && *v)
-            o.stops[o.n_stops++] = v, i++;
-        else if (!strcmp(a, "--dtype") && v &&
-                 (!strcmp(v, "f32") || !strcmp(v, "bf16")))
-            o.wdt = strcmp(v, "bf16") ? TS_F32 : TS_BF16, i++;
-        else if (!strcmp(a, "--device-map") && v)
-            o.device_map = v, i++;
-        else if (!strcmp(a, "--system") && v)
-            o.system = v, o.chat = true, i++;
-        else if (!strcmp(a, "--ctx-size") && v && parse_num(v, 2, 1e7, &d))
-            o.ctx_size = (int64_t)d, i++;
-        else if (!strcmp(a, "--chat"))
-            o.chat = true;
-        else if (!strcmp(a, "-i") || !strcmp(a, "--interactive"))
-            o.interactive = true;
-        else if (!strcmp(a, "--verbose-prompt"))
-            o.verbose_prompt = true;
-        else if (!strcmp(a, "--no-check-weights"))
-            o.no_check_weights = true;
-        else if (!strcmp(a, "--compile"))
-            o.compiled = true;
-        else if (!strcmp(a, "--eager"))
-            o.compiled = false;
-        else {
-            fprintf(stderr, "tessera run: bad or incomplete option \"%s\"\n",
-                    a);
-            return usage();
-        }
-    }
-    if (!o.prompt && !o.interactive && isatty(0))
-        o.interactive = true;
-    if (!o.dir || (!o.prompt && !o.interactive))
-        return usage();
+    int parsed = parse_run(c, argc, argv, &o, &cli, set);
+    if (parsed >= 0)
+        return parsed;
+    g_cmd = c->name;
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
     /* the folder first: one error naming everything it lacks */
     if (ts_model_dir_check(ctx, o.dir, TS_MODEL_ALL) != TS_OK) {
-        fprintf(stderr, "tessera run: -m takes a model folder: %s\n",
+        fprintf(stderr, "tessera %s: -m takes a model folder: %s\n", g_cmd,
                 ts_errmsg(ctx));
         ts_ctx_free(ctx);
         return 1;
@@ -487,9 +661,15 @@ int tessera_run(int argc, char **argv) {
         goto done;
     }
     if (o.chat || o.interactive) {
-        if (ts_chat_load(ctx, o.dir, &S.chat) != TS_OK) {
+        ts_status cs =
+            o.chat_template
+                ? ts_chat_load_with(ctx, o.dir, o.chat_template, &S.chat)
+                : ts_chat_load(ctx, o.dir, &S.chat);
+        if (cs != TS_OK) {
             if (o.chat) { /* asked for a chat format the model lacks */
-                fail(ctx, "chat template");
+                fail(ctx, o.chat_template ? "--chat-template"
+                                          : "chat template (give one with "
+                                            "--chat-template FILE|NAME)");
                 goto done;
             }
             ts_clear_error(ctx); /* interactive without one: plain text */
@@ -522,24 +702,90 @@ done:
     return rc;
 }
 
+int tessera_run(int argc, char **argv) {
+    return run_command(&RUN_CMD, argc, argv);
+}
+
+int tessera_chat(int argc, char **argv) {
+    return run_command(&CHAT_CMD, argc, argv);
+}
+
+enum { T_MODEL = 1, T_DECODE };
+
+static const cli_opt TOKENIZE_OPTS[] = {
+    {T_MODEL, "-m, --model", CLI_STR, "DIR",
+     .help = "the model folder (or "
+             "a tokenizer.json)"},
+    {T_DECODE, "--decode", CLI_FLAG,
+     .help = "IDS back to text; IDS as "
+             "1,2,3 or as the JSON array tokenize prints ([1, 2, 3])"},
+    {0},
+};
+
+static const cli_cmd TOKENIZE_CMD = {
+    .name = "tokenize",
+    .usage = "tokenize -m DIR TEXT | tokenize -m DIR --decode IDS",
+    .about = "The model's tokenizer: TEXT to a JSON array of ids (with the "
+             "post-processor's special tokens), or ids back to text.",
+    .opts = TOKENIZE_OPTS,
+    .positional = "  TEXT | IDS                  the text to encode, or the "
+                  "ids to decode\n",
+    .short_threads = true,
+};
+
+/* "1,2,3", "[1, 2, 3]" or "1 2 3" into ids; false when it is none */
+static bool parse_ids(const char *arg, int32_t *ids, size_t cap, size_t *n) {
+    const char *p = arg + strspn(arg, " \t\n");
+    bool bracket = *p == '[';
+    p += bracket;
+    *n = 0;
+    for (;;) {
+        p += strspn(p, " \t\n");
+        if (bracket && *p == ']' && !p[1 + strspn(p + 1, " \t\n")])
+            return true;
+        if (!*p)
+            return !bracket && *n > 0;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX || *n == cap)
+            return false;
+        ids[(*n)++] = (int32_t)v;
+        p = end + strspn(end, " \t\n");
+        if (*p == ',')
+            p++;
+        else if (*p && *p != ']' && end == p)
+            return false;
+    }
+}
+
 int tessera_tokenize(int argc, char **argv) {
     const char *dir = NULL, *arg = NULL;
     bool decode = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--decode"))
+    const cli_cmd *c = &TOKENIZE_CMD;
+    cli_parser p;
+    cli_val v;
+    cli_begin(&p, c, argc, argv);
+    for (int id; (id = cli_next(&p, &v)) != CLI_END;) {
+        if (id == CLI_HELP)
+            return cli_help(c, stdout), 0;
+        if (id == CLI_ERROR)
+            return 2;
+        if (id == T_MODEL)
+            dir = v.s;
+        else if (id == T_DECODE)
             decode = true;
-        else if (!arg)
-            arg = argv[i];
+        else if (arg)
+            return cli_fail(c,
+                            "one TEXT only (got \"%s\" and \"%s\"; "
+                            "quote text with spaces)",
+                            arg, v.s);
         else
-            arg = NULL, i = argc;
+            arg = v.s;
     }
-    if (!dir || !arg) {
-        fprintf(stderr, "usage: tessera tokenize -m DIR TEXT | tessera "
-                        "tokenize -m DIR --decode 1,2,3\n");
-        return 2;
-    }
+    if (!dir || !arg)
+        return cli_fail(c, "%s (see tessera tokenize --help)",
+                        !dir ? "no model: give -m DIR" : "no TEXT or IDS");
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
@@ -577,21 +823,14 @@ int tessera_tokenize(int argc, char **argv) {
             free(ids);
         }
     } else {
-        int32_t ids[4096];
+        static int32_t ids[65536];
         size_t n = 0;
-        for (const char *p = arg; *p && rc == 0;) {
-            char *end;
-            long v = strtol(p, &end, 10);
-            if (end == p || n == 4096 || (*end && *end != ',')) {
-                fprintf(stderr,
-                        "tessera tokenize: --decode wants comma-separated ids; "
-                        "got \"%s\"\n",
-                        arg);
-                rc = 2;
-                break;
-            }
-            ids[n++] = (int32_t)v;
-            p = *end ? end + 1 : end;
+        if (!parse_ids(arg, ids, 65536, &n)) {
+            fprintf(stderr,
+                    "tessera tokenize: --decode wants ids as 1,2,3 or "
+                    "[1, 2, 3] (at most 65536); got \"%s\"\n",
+                    arg);
+            rc = 2;
         }
         char *text;
         size_t len;

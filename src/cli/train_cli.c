@@ -4,6 +4,8 @@
 #include "tessera_tokenizer.h"
 #include "tessera_train.h"
 
+#include "cli/opts.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -29,37 +31,59 @@ static int fail(ts_ctx *ctx, const char *cmd) {
 
 /* ---- tokenizer-train ---- */
 
+enum { K_VOCAB = 1, K_MIN_FREQ, K_OUT };
+
+static const cli_opt TOKENIZER_TRAIN_OPTS[] = {
+    {K_VOCAB, "--vocab", CLI_INT, "N", 257, 1 << 24, .def = "4096",
+     .help = "the vocabulary's size (256 bytes, the merges, <|endoftext|>)"},
+    {K_OUT, "--out", CLI_STR, "DIR",
+     .help = "where tokenizer.json and "
+             "tokenizer_config.json go"},
+    {K_MIN_FREQ, "--min-frequency", CLI_INT, "N", 1, 1e9, .def = "2",
+     .help = "merge only pairs seen at least N times"},
+    {0},
+};
+
+static const cli_cmd TOKENIZER_TRAIN_CMD = {
+    .name = "tokenizer-train",
+    .usage = "tokenizer-train --vocab N --out DIR [--min-frequency 2] "
+             "FILES...",
+    .about = "Trains a byte-level BPE tokenizer (GPT-2's pre-tokenizer) on "
+             "text files.",
+    .opts = TOKENIZER_TRAIN_OPTS,
+    .positional = "  FILES                       the text files\n",
+    .short_threads = true,
+};
+
 int tessera_tokenizer_train(int argc, char **argv) {
     ts_bpe_train_options o = ts_bpe_train_default_options();
+    const cli_cmd *c = &TOKENIZER_TRAIN_CMD;
     const char *out = NULL;
     const char **files = calloc((size_t)argc, sizeof *files);
-    int nf = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double x;
-        if (!strcmp(a, "--vocab") && v && num(v, 257, 1 << 24, &x))
-            o.vocab_size = (int)x, i++;
-        else if (!strcmp(a, "--min-frequency") && v && num(v, 1, 1e9, &x))
-            o.min_frequency = (int)x, i++;
-        else if (!strcmp(a, "--out") && v)
-            out = v, i++;
-        else if (a[0] != '-')
-            files[nf++] = a;
-        else {
-            fprintf(stderr,
-                    "tessera tokenizer-train: bad or incomplete option "
-                    "\"%s\"\nusage: tessera tokenizer-train --vocab N --out "
-                    "DIR [--min-frequency 2] FILES...\n",
-                    a);
+    int nf = 0, id;
+    cli_parser p;
+    cli_val v;
+    cli_begin(&p, c, argc, argv);
+    while (files && (id = cli_next(&p, &v)) != CLI_END) {
+        if (id == CLI_HELP || id == CLI_ERROR) {
+            if (id == CLI_HELP)
+                cli_help(c, stdout);
             free(files);
-            return 2;
+            return id == CLI_HELP ? 0 : 2;
         }
+        if (id == CLI_POSITIONAL)
+            files[nf++] = v.s;
+        else if (id == K_VOCAB)
+            o.vocab_size = (int)v.i;
+        else if (id == K_MIN_FREQ)
+            o.min_frequency = (int)v.i;
+        else
+            out = v.s;
     }
     if (!out || !nf) {
-        fprintf(stderr, "usage: tessera tokenizer-train --vocab N --out DIR "
-                        "[--min-frequency 2] FILES...\n");
         free(files);
-        return 2;
+        return cli_fail(c, "%s (see tessera tokenizer-train --help)",
+                        !out ? "--out DIR is required" : "no input files");
     }
     ts_ctx *ctx = NULL;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
@@ -84,6 +108,52 @@ int tessera_tokenizer_train(int argc, char **argv) {
     "usage: tessera prepare-data -t TOKENIZER_DIR --out DIR [--val-fraction "  \
     "0.05] [--shard-tokens 67108864] [--model-config CONFIG.json] FILES...\n"
 
+/* prepare-data's options for --help and "did you mean"; the parser below
+ * reads each by these names (its messages say what each wants) */
+static const cli_opt PREPARE_OPTS[] = {
+    {1, "-t, --tokenizer", CLI_STR, "TOKENIZER_DIR",
+     .help = "the folder "
+             "holding tokenizer.json"},
+    {2, "--out", CLI_STR, "DIR", .help = "where the shards go"},
+    {3, "--val-fraction", CLI_NUM, "F", 0, 0.99, .def = "0.05",
+     .help = "the share of the text held out for validation"},
+    {4, "--shard-tokens", CLI_INT, "N", 1024, 1e12, .def = "67108864",
+     .help = "tokens per shard file"},
+    {5, "--model-config", CLI_STR, "CONFIG.json",
+     .help = "check the "
+             "tokenizer's vocabulary against this model's"},
+    {0},
+};
+
+static const cli_cmd PREPARE_CMD = {
+    .name = "prepare-data",
+    .usage = "prepare-data -t TOKENIZER_DIR --out DIR [options] FILES...",
+    .about = "Tokenizes text files into token shards for tessera train "
+             "(train and validation). -t here is the tokenizer: the threads "
+             "are --threads only.",
+    .opts = PREPARE_OPTS,
+    .positional = "  FILES                       the text files\n",
+    .short_threads = false,
+};
+
+/* "unknown option" with the nearest of PREPARE_OPTS' names, if near */
+static void prepare_unknown(const char *a, char *err, size_t cap) {
+    const char *names[] = {"-t",
+                           "--tokenizer",
+                           "--out",
+                           "--val-fraction",
+                           "--shard-tokens",
+                           "--model-config",
+                           "--threads",
+                           "--help"};
+    const char *near = cli_closest(a, names, sizeof names / sizeof *names);
+    if (near)
+        snprintf(err, cap, "unknown option \"%s\"; did you mean \"%s\"?", a,
+                 near);
+    else
+        snprintf(err, cap, "unknown option \"%s\"", a);
+}
+
 int tessera_prepare_data(int argc, char **argv) {
     ts_prepare_options o = {.val_fraction = 0.05, .shard_tokens = 1 << 26};
     const char **files = calloc((size_t)argc, sizeof *files);
@@ -93,13 +163,18 @@ int tessera_prepare_data(int argc, char **argv) {
         bool missing = !v || (v[0] == '-' && v[1] == '-');
         char err[256] = "";
         double x;
-        if (!strcmp(a, "-t") || !strcmp(a, "--out") ||
-            !strcmp(a, "--model-config")) {
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            cli_help(&PREPARE_CMD, stdout);
+            free(files);
+            return 0;
+        }
+        if (!strcmp(a, "-t") || !strcmp(a, "--tokenizer") ||
+            !strcmp(a, "--out") || !strcmp(a, "--model-config")) {
             if (missing)
                 snprintf(err, sizeof err, "%s needs a value: a %s", a,
                          !strcmp(a, "--model-config") ? "config.json file"
                                                       : "folder");
-            else if (!strcmp(a, "-t"))
+            else if (!strcmp(a, "-t") || !strcmp(a, "--tokenizer"))
                 o.tokenizer_dir = v, i++;
             else if (!strcmp(a, "--out"))
                 o.out_dir = v, i++;
@@ -125,7 +200,7 @@ int tessera_prepare_data(int argc, char **argv) {
         } else if (a[0] != '-')
             files[nf++] = a;
         else
-            snprintf(err, sizeof err, "unknown option \"%s\"", a);
+            prepare_unknown(a, err, sizeof err);
         if (err[0]) {
             fprintf(stderr, "tessera prepare-data: %s\n" PREPARE_USAGE, err);
             free(files);
@@ -159,28 +234,110 @@ int tessera_prepare_data(int argc, char **argv) {
 
 /* ---- train ---- */
 
-static const char *TRAIN_USAGE =
-    "usage: tessera train (--model-config CONFIG.json | --init-from DIR) "
-    "--data DIR --out DIR\n"
-    "         [--batch 8] [--seq 256] [--grad-accum 1] [--steps 1000] [--lr "
-    "3e-4] [--min-lr 3e-5]\n"
-    "         [--warmup 100] [--schedule cosine|constant] [--weight-decay "
-    "0.1] [--clip 1.0]\n"
-    "         [--eval-every N] [--eval-batches 8] [--save-every N] "
-    "[--keep-last 3] [--log-every 1] [--seed 1]\n"
-    "         [--tokenizer DIR] (default: the data folder's; checked against "
-    "the model and the shards)\n"
-    "         [--dtype f32|bf16] [--eager | --compile] "
-    "[--checkpoint-activations] [--resume] "
-    "[--quiet] [--peak-gflops G]\n"
-    "         [--device cpu|vulkan:N] (the model, its gradients and "
-    "AdamW's state there)\n"
-    "         [--shard none|grad-opt|full] (under mpirun -np N: data "
-    "parallel, ZeRO-2, or fully sharded)\n"
-    "         [--bucket-mb 16] [--no-overlap] (data parallel: MiB per "
-    "all-reduce; all-reduce after the backward, not during it)\n"
-    "       tessera train --config FILE.json (the same keys, with "
-    "underscores)\n";
+/* train's options for --help; train_opt below parses them by name (with
+ * the ranges and messages of NUM_OPTS), and tests/cli_help.py holds the
+ * two together */
+static const cli_opt TRAIN_OPTS[] = {
+    {1, "--model-config", CLI_STR, "CONFIG.json",
+     .help = "train a new "
+             "model of this config.json (or --init-from)"},
+    {1, "--init-from", CLI_STR, "DIR",
+     .help = "start from this model "
+             "folder's weights"},
+    {1, "--data", CLI_STR, "DIR",
+     .help = "the token shards (tessera "
+             "prepare-data)"},
+    {1, "--out", CLI_STR, "DIR",
+     .help = "checkpoints, log.jsonl and the "
+             "final model folder"},
+    {1, "--tokenizer", CLI_STR, "DIR", .def = "the data folder's",
+     .help = "checked against the model and the shards"},
+    {1, "--batch", CLI_INT, "N", .def = "8",
+     .help = "sequences per step "
+             "(per rank)"},
+    {1, "--seq", CLI_INT, "N", .def = "256", .help = "tokens per sequence"},
+    {1, "--grad-accum", CLI_INT, "N", .def = "1",
+     .help = "micro-batches "
+             "per optimizer step"},
+    {1, "--steps", CLI_INT, "N", .def = "1000", .help = "optimizer steps"},
+    {1, "--lr", CLI_NUM, "LR", .def = "3e-4",
+     .help = "the peak learning "
+             "rate"},
+    {1, "--min-lr", CLI_NUM, "LR", .def = "3e-5",
+     .help = "the cosine "
+             "schedule's floor"},
+    {1, "--warmup", CLI_INT, "N", .def = "100",
+     .help = "linear warm-up "
+             "steps"},
+    {1, "--schedule", CLI_CHOICE, .choices = "cosine|constant", .def = "cosine",
+     .help = "the learning rate after warm-up"},
+    {1, "--weight-decay", CLI_NUM, "W", .def = "0.1",
+     .help = "AdamW's "
+             "decoupled weight decay"},
+    {1, "--clip", CLI_NUM, "NORM", .def = "1.0",
+     .help = "clip the "
+             "gradient's global norm (0: no clipping)"},
+    {1, "--beta1", CLI_NUM, "B", .def = "0.9", .help = "AdamW's beta1"},
+    {1, "--beta2", CLI_NUM, "B", .def = "0.95", .help = "AdamW's beta2"},
+    {1, "--eval-every", CLI_INT, "N", .def = "0 (never)",
+     .help = "validation loss every N steps"},
+    {1, "--eval-batches", CLI_INT, "N", .def = "8",
+     .help = "batches per "
+             "validation"},
+    {1, "--save-every", CLI_INT, "N", .def = "0 (only at the end)",
+     .help = "a checkpoint every N steps"},
+    {1, "--keep-last", CLI_INT, "N", .def = "3",
+     .help = "checkpoints kept "
+             "(0: every one)"},
+    {1, "--log-every", CLI_INT, "N", .def = "1",
+     .help = "a log line every "
+             "N steps"},
+    {1, "--seed", CLI_INT, "N", .def = "1",
+     .help = "initialization and "
+             "data order"},
+    {1, "--dtype", CLI_CHOICE, .choices = "f32|bf16", .def = "f32",
+     .help = "bf16: mixed precision (f32 master weights)"},
+    {1, "--device", CLI_STR, "cpu|vulkan:N", .def = "cpu",
+     .help = "the "
+             "model, its gradients and AdamW's state there"},
+    {1, "--eager", CLI_FLAG, .help = "run op by op (the default)"},
+    {1, "--compile", CLI_FLAG, .help = "compile the training step's graph"},
+    {1, "--checkpoint-activations", CLI_FLAG,
+     .help = "recompute "
+             "activations in the backward (less memory)"},
+    {1, "--resume", CLI_FLAG,
+     .help = "go on from the last checkpoint in "
+             "--out"},
+    {1, "--quiet", CLI_FLAG, .help = "no progress lines"},
+    {1, "--peak-gflops", CLI_NUM, "G",
+     .def = "measured (tessera bench "
+            "peak)",
+     .help = "the peak for MFU"},
+    {1, "--shard", CLI_CHOICE, .choices = "none|grad-opt|full", .def = "none",
+     .help = "under mpirun -np N: data parallel, ZeRO-2, or "
+             "fully sharded"},
+    {1, "--bucket-mb", CLI_NUM, "MB", .def = "16",
+     .help = "data parallel: "
+             "MiB per all-reduce"},
+    {1, "--no-overlap", CLI_FLAG,
+     .help = "all-reduce after the backward, "
+             "not during it"},
+    {1, "--config", CLI_STR, "FILE.json",
+     .help = "the same options as a "
+             "JSON object (keys with - or _)"},
+    {0},
+};
+
+static const cli_cmd TRAIN_CMD = {
+    .name = "train",
+    .usage = "train (--model-config CONFIG.json | --init-from DIR) --data "
+             "DIR --out DIR [options]\n"
+             "       tessera train --config FILE.json",
+    .about = "Trains a decoder with AdamW on token shards; each option is "
+             "--name VALUE (or --name=VALUE).",
+    .opts = TRAIN_OPTS,
+    .short_threads = true,
+};
 
 /* the numeric options: name, range, integer or not, what to write */
 typedef struct {
@@ -409,7 +566,7 @@ int tessera_train(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool used = false;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(TRAIN_USAGE, stdout);
+            cli_help(&TRAIN_CMD, stdout);
             json_decref(cfg);
             return 0;
         }
@@ -466,12 +623,19 @@ int tessera_train(int argc, char **argv) {
                      "unexpected argument \"%s\" (every option is --name "
                      "VALUE; see tessera train --help)",
                      a);
-        if (err[0] || !train_opt(&o, a + 2, v, &used, err, sizeof err)) {
+        /* --name=VALUE */
+        char key[64];
+        const char *eq = err[0] ? NULL : strchr(a, '=');
+        if (eq)
+            snprintf(key, sizeof key, "%.*s", (int)(eq - a - 2), a + 2),
+                v = eq + 1;
+        if (err[0] ||
+            !train_opt(&o, eq ? key : a + 2, v, &used, err, sizeof err)) {
             fprintf(stderr, "tessera train: %s\n", err);
             json_decref(cfg);
             return 2;
         }
-        if (used)
+        if (used && !eq)
             i++;
     }
     ts_ctx *ctx = NULL;
@@ -521,13 +685,43 @@ int tessera_train(int argc, char **argv) {
 
 /* ---- bench peak ---- */
 
+static const cli_opt BENCH_OPTS[] = {
+    {1, "--fresh", CLI_FLAG,
+     .help = "accepted and ignored: nothing is "
+             "cached"},
+    {0},
+};
+
+static const cli_cmd BENCH_CMD = {
+    .name = "bench",
+    .usage = "bench peak",
+    .about = "The machine's f32 matmul peak (cores x clock x FLOP per "
+             "cycle) and the sgemm rate reached now: the denominator of "
+             "train's MFU.",
+    .opts = BENCH_OPTS,
+    .positional = "  peak                        the one benchmark\n",
+    .short_threads = true,
+};
+
 int tessera_bench(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "peak") ||
-        (argc > 2 && strcmp(argv[2], "--fresh")) || argc > 3) {
-        fprintf(stderr, "usage: tessera bench peak (--fresh is accepted and "
-                        "ignored: nothing is cached)\n");
-        return 2;
+    bool peak = false;
+    cli_parser cp;
+    cli_val v;
+    cli_begin(&cp, &BENCH_CMD, argc, argv);
+    for (int id; (id = cli_next(&cp, &v)) != CLI_END;) {
+        if (id == CLI_HELP)
+            return cli_help(&BENCH_CMD, stdout), 0;
+        if (id == CLI_ERROR)
+            return 2;
+        if (id == CLI_POSITIONAL && (peak || strcmp(v.s, "peak")))
+            return cli_fail(&BENCH_CMD,
+                            "unexpected argument \"%s\" (the one "
+                            "benchmark is peak)",
+                            v.s);
+        peak |= id == CLI_POSITIONAL;
     }
+    if (!peak)
+        return cli_fail(&BENCH_CMD, "which benchmark? tessera bench peak");
     ts_ctx *ctx = NULL; /* sets the thread count (TS_NUM_THREADS) */
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
@@ -550,23 +744,39 @@ int tessera_bench(int argc, char **argv) {
 
 /* ---- plot-loss ---- */
 
+static const cli_opt PLOT_OPTS[] = {
+    {1, "--out", CLI_STR, "FILE.svg", .help = "where the plot goes"},
+    {0},
+};
+
+static const cli_cmd PLOT_CMD = {
+    .name = "plot-loss",
+    .usage = "plot-loss LOG.jsonl --out loss.svg",
+    .about = "The training and validation loss of a train log as an SVG.",
+    .opts = PLOT_OPTS,
+    .positional = "  LOG.jsonl                   train's log (--out "
+                  "DIR/log.jsonl)\n",
+    .short_threads = true,
+};
+
 int tessera_plot_loss(int argc, char **argv) {
     const char *log = NULL, *out = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--out") && i + 1 < argc)
-            out = argv[++i];
-        else if (argv[i][0] != '-')
-            log = argv[i];
-        else {
-            fprintf(stderr, "usage: tessera plot-loss LOG.jsonl --out "
-                            "loss.svg\n");
+    cli_parser p;
+    cli_val v;
+    cli_begin(&p, &PLOT_CMD, argc, argv);
+    for (int id; (id = cli_next(&p, &v)) != CLI_END;) {
+        if (id == CLI_HELP)
+            return cli_help(&PLOT_CMD, stdout), 0;
+        if (id == CLI_ERROR)
             return 2;
-        }
+        if (id == CLI_POSITIONAL && log)
+            return cli_fail(&PLOT_CMD, "one log only (got %s and %s)", log,
+                            v.s);
+        *(id == CLI_POSITIONAL ? &log : &out) = v.s;
     }
-    if (!log || !out) {
-        fprintf(stderr, "usage: tessera plot-loss LOG.jsonl --out loss.svg\n");
-        return 2;
-    }
+    if (!log || !out)
+        return cli_fail(&PLOT_CMD, "%s (see tessera plot-loss --help)",
+                        !log ? "no LOG.jsonl" : "--out FILE.svg is required");
     FILE *f = fopen(log, "r");
     if (!f) {
         fprintf(stderr, "tessera plot-loss: %s: %s\n", log, strerror(errno));

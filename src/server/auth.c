@@ -1,4 +1,5 @@
-/* auth.c — API-key and KV-peer checks (auth.h); no I/O, no state. */
+/* auth.c — API-key, KV-peer and CORS-origin checks (auth.h); no I/O, no
+ * state. */
 #include "auth.h"
 
 #include <arpa/inet.h>
@@ -168,4 +169,68 @@ bool ts_kv_senders_allow(const ts_kv_senders *s, const struct sockaddr *peer) {
         if (s->addr[i] == a)
             return true;
     return false;
+}
+
+int ts_origins_parse(const char *list, ts_origins *o, char *err,
+                     size_t errcap) {
+    memset(o, 0, sizeof *o);
+    const char *p = list ? list : "";
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *e = p;
+        size_t el = len;
+        while (el && (*e == ' ' || *e == '\t'))
+            e++, el--;
+        while (el && (e[el - 1] == ' ' || e[el - 1] == '\t'))
+            el--;
+        if (el == 1 && *e == '*')
+            o->any = true;
+        else {
+            /* scheme://host[:port], nothing after: what a browser sends */
+            const char *sep = el > 3 ? strstr(e, "://") : NULL;
+            bool ok = sep && sep > e && (size_t)(sep - e) + 3 < el &&
+                      el < sizeof o->origin[0];
+            for (size_t i = 0; ok && i < el; i++)
+                ok = e[i] > ' ' && e[i] < 0x7f && e[i] != ',' &&
+                     (e + i < sep + 3 || e[i] != '/');
+            if (!ok) {
+                snprintf(err, errcap,
+                         "--allowed-origins: \"%.*s\" is not an origin "
+                         "(scheme://host[:port], or \"*\")",
+                         (int)(len > 200 ? 200 : len), p);
+                return -1;
+            }
+            if (o->n == TS_MAX_ORIGINS) {
+                snprintf(err, errcap, "--allowed-origins: at most %d entries",
+                         TS_MAX_ORIGINS);
+                return -1;
+            }
+            memcpy(o->origin[o->n], e, el);
+            o->origin[o->n++][el] = 0;
+        }
+        p += len + (end ? 1 : 0);
+        if (end && !*p) {
+            snprintf(err, errcap,
+                     "--allowed-origins: an empty entry at the "
+                     "end");
+            return -1;
+        }
+    }
+    if (!o->n && !o->any) {
+        snprintf(err, errcap, "--allowed-origins: no origin given");
+        return -1;
+    }
+    return 0;
+}
+
+const char *ts_origins_allow(const ts_origins *o, const char *origin) {
+    if (!o || !origin || !*origin)
+        return NULL;
+    if (o->any)
+        return "*";
+    for (int i = 0; i < o->n; i++)
+        if (!strcasecmp(o->origin[i], origin))
+            return origin;
+    return NULL;
 }

@@ -1,6 +1,7 @@
 /* auth.h — what the server and the router check before they act on a
  * request: the API key (Authorization: Bearer KEY, compared in constant
- * time) and the KV-transfer peers an operator allowed (--kv-peers). */
+ * time), the KV-transfer peers an operator allowed (--kv-peers) and the
+ * browser origins CORS lets in (--allowed-origins). */
 #ifndef TS_SERVER_AUTH_H
 #define TS_SERVER_AUTH_H
 
@@ -50,5 +51,23 @@ int ts_kv_senders_parse(const char *list, ts_kv_senders *s, char *err,
 /* a connection from peer may send KV blocks: one of s's addresses, or
  * with s NULL a loopback address (127.0.0.0/8) */
 bool ts_kv_senders_allow(const ts_kv_senders *s, const struct sockaddr *peer);
+
+/* the browser origins CORS lets in (--allowed-origins): "*" or a list of
+ * "scheme://host[:port]" as browsers send them in Origin */
+#define TS_MAX_ORIGINS 32
+typedef struct {
+    char origin[TS_MAX_ORIGINS][256];
+    int n;
+    bool any;
+} ts_origins;
+
+/* "*" or "https://a.example,http://b:8080" into o (spaces around entries
+ * ignored). 0, or -1 with err naming the entry at fault. */
+int ts_origins_parse(const char *list, ts_origins *o, char *err, size_t errcap);
+
+/* the Access-Control-Allow-Origin value for a request from origin ("*",
+ * or origin itself when listed; the scheme and host in any case), or NULL
+ * when it is not let in (origin NULL: not a cross-origin request) */
+const char *ts_origins_allow(const ts_origins *o, const char *origin);
 
 #endif

@@ -6,17 +6,20 @@
  * template report errors through one context), then add the request's
  * choices to the engine (eng_mu) and to the active list (out_mu). One
  * engine thread runs ts_engine_step under eng_mu, then, under out_mu,
- * hands each generated token to its choice (decoded to text, stop strings
- * cut), publishes the KV events and wakes the connections (out_cv). A
+ * hands each output to its choice (a token: decoded to text, stop strings
+ * cut, openai.c; an embedding: embeddings.c), publishes the KV events and
+ * wakes the connections (out_cv). A
  * streaming response is a content callback that waits on out_cv and writes
  * Server-Sent Events; a client that goes away ends its request (MHD's
  * completion callback) and its engine requests are aborted, freeing their
  * blocks. Lock order: out_mu before tok_mu; eng_mu is never taken with
  * another lock held.
- * This file owns HTTP plumbing, routing, the engine thread, metrics and
- * KV transfer (the OpenAI protocol is openai.c), and applies the
- * checks of auth.h (the API key, --kv-peers, --kv-senders) and the
- * listener limits; scheduling is the engine's. */
+ * This file owns HTTP plumbing, routing, CORS, the engine thread, KV
+ * transfer and the lifecycle (the OpenAI protocol is openai.c, the
+ * embeddings embeddings.c, /tokenize and co. tokenize.c, metrics and the
+ * request log metrics.c), and applies the checks of auth.h (the API key,
+ * --kv-peers, --kv-senders, --allowed-origins) and the listener limits;
+ * scheduling is the engine's. */
 #define _GNU_SOURCE
 #include "server_internal.h"
 
@@ -25,6 +28,7 @@
 #include "tessera_tokenizer.h"
 
 #include "auth.h"
+#include "chat_page.h"
 #include "kv_transfer.h"
 #include "prompt.h"
 
@@ -42,6 +46,10 @@
 srv_state srv;
 volatile sig_atomic_t srv_signal;
 
+/* the request this connection thread is answering (MHD runs one thread
+ * per connection): where the status sent is recorded for its log line */
+static __thread hreq *cur_req;
+
 double srv_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -56,6 +64,8 @@ void srv_count_status(int code) {
             : code == 405 ? 4
             : code == 413 ? 5
                           : 6;
+    if (cur_req)
+        cur_req->status = code;
     pthread_mutex_lock(&srv.out_mu);
     srv.status_count[i]++;
     pthread_mutex_unlock(&srv.out_mu);
@@ -77,6 +87,7 @@ enum MHD_Result srv_send_text(struct MHD_Connection *c, int code,
     struct MHD_Response *r = MHD_create_response_from_buffer(
         strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
     MHD_add_response_header(r, "Content-Type", type);
+    srv_cors_headers(c, r);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
     MHD_destroy_response(r);
     srv_count_status(code);
@@ -107,6 +118,59 @@ enum MHD_Result srv_send_error(struct MHD_Connection *c, int code,
                   type, "param", param ? json_string(param) : json_null(),
                   "code", codestr ? json_string(codestr) : json_null());
     return srv_send_json(c, code, e);
+}
+
+/* ---- CORS ---- */
+
+void srv_cors_headers(struct MHD_Connection *c, struct MHD_Response *resp) {
+    if (!srv.origins)
+        return;
+    const char *allow = ts_origins_allow(
+        srv.origins, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"));
+    /* a cache must not hand one origin's answer to another */
+    if (!srv.origins->any)
+        MHD_add_response_header(resp, "Vary", "Origin");
+    if (allow)
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", allow);
+}
+
+/* a header value fit to echo: tokens, commas and spaces, not too long */
+static bool header_list_ok(const char *v) {
+    if (!v || strlen(v) > 512)
+        return false;
+    for (; *v; v++)
+        if (!(*v == ',' || *v == ' ' || *v == '-' || *v == '_' ||
+              (*v >= '0' && *v <= '9') || (*v >= 'a' && *v <= 'z') ||
+              (*v >= 'A' && *v <= 'Z')))
+            return false;
+    return true;
+}
+
+/* OPTIONS on any path: a browser's preflight (no API key needed) */
+static enum MHD_Result preflight(struct MHD_Connection *c) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    MHD_add_response_header(r, "Allow", "GET, POST, OPTIONS");
+    srv_cors_headers(c, r);
+    const char *origin =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (ts_origins_allow(srv.origins, origin)) {
+        const char *want = MHD_lookup_connection_value(
+            c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+        char hdrs[600];
+        snprintf(hdrs, sizeof hdrs, "Authorization, Content-Type%s%s",
+                 header_list_ok(want) && *want ? ", " : "",
+                 header_list_ok(want) ? want : "");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods",
+                                "GET, POST, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", hdrs);
+        MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    }
+    enum MHD_Result ret = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    if (cur_req)
+        cur_req->status = 204;
+    return ret;
 }
 
 /* ---- the engine thread ---- */
@@ -151,6 +215,22 @@ void srv_eng_lock(void) {
     atomic_fetch_sub(&srv.eng_want, 1);
 }
 
+static choice *find_active(int64_t eid) {
+    for (int a = 0; a < srv.n_active; a++)
+        if (srv.active[a]->eid == eid)
+            return srv.active[a];
+    return NULL;
+}
+
+/* the first output of any of r's choices: when it came and how long r
+ * waited before the engine first scheduled it (the engine's figure) */
+static void first_output(hreq *r, const ts_engine_output *o) {
+    if (r->t_first > 0)
+        return;
+    r->t_first = srv_now();
+    r->queue_s = o->queue_s;
+}
+
 static void *engine_loop(void *arg) {
     (void)arg;
     ts_engine_output *out = malloc(sizeof *out * 4096);
@@ -180,14 +260,18 @@ static void *engine_loop(void *arg) {
         collect_events(ev);
         srv.est = est;
         int n_abort = 0;
-        for (int i = 0; i < k; i++)
-            for (int a = 0; a < srv.n_active; a++)
-                if (srv.active[a]->eid == out[i].id) {
-                    choice *c = srv.active[a];
-                    if (srv_deliver(c, &out[i]) && n_abort < 4096)
-                        aborts[n_abort++] = c->eid;
-                    break;
-                }
+        for (int i = 0; i < k; i++) {
+            choice *c = find_active(out[i].id);
+            if (!c) { /* its client is gone: what it carries is dropped */
+                free(out[i].embedding), free(out[i].prompt_lp);
+                continue;
+            }
+            first_output(c->req, &out[i]);
+            if (c->req->embed)
+                srv_embed_deliver(c, &out[i]);
+            else if (srv_deliver(c, &out[i]) && n_abort < 4096)
+                aborts[n_abort++] = c->eid;
+        }
         if (failed) /* nothing can run: every waiting choice ends */
             while (srv.n_active) {
                 choice *c = srv.active[0];
@@ -370,110 +454,6 @@ static void *kv_listen_loop(void *arg) {
 
 /* ---- other endpoints ---- */
 
-static enum MHD_Result metrics(struct MHD_Connection *c) {
-    ts_sbuf b = {0};
-    /* the engine's figures as of its last step; fresher when the engine is
-     * idle (a scrape never waits for a step: a router's health check must
-     * not time out on a busy server) */
-    ts_engine_stats fresh;
-    bool got = pthread_mutex_trylock(&srv.eng_mu) == 0;
-    if (got) {
-        ts_engine_get_stats(srv.eng, &fresh);
-        pthread_mutex_unlock(&srv.eng_mu);
-    }
-    pthread_mutex_lock(&srv.out_mu);
-    if (got)
-        srv.est = fresh;
-    static const int codes[7] = {200, 400, 401, 404, 405, 413, 500};
-    ts_sb_printf(&b, "# HELP tessera_requests_total HTTP requests by status\n"
-                     "# TYPE tessera_requests_total counter\n");
-    for (int i = 0; i < 7; i++)
-        ts_sb_printf(&b, "tessera_requests_total{status=\"%d\"} %llu\n",
-                     codes[i], (unsigned long long)srv.status_count[i]);
-    ts_sb_printf(
-        &b,
-        "# TYPE tessera_prompt_tokens_total counter\n"
-        "tessera_prompt_tokens_total %llu\n"
-        "# TYPE tessera_generation_tokens_total counter\n"
-        "tessera_generation_tokens_total %llu\n"
-        "# TYPE tessera_requests_running gauge\n"
-        "tessera_requests_running %d\n"
-        "# TYPE tessera_requests_waiting gauge\n"
-        "tessera_requests_waiting %d\n"
-        "# TYPE tessera_kv_blocks_used gauge\n"
-        "tessera_kv_blocks_used %lld\n"
-        "# TYPE tessera_kv_blocks_total gauge\n"
-        "tessera_kv_blocks_total %lld\n"
-        "# TYPE tessera_kv_blocks_cached gauge\n"
-        "tessera_kv_blocks_cached %lld\n"
-        "# TYPE tessera_prefix_cache_hit_rate gauge\n"
-        "tessera_prefix_cache_hit_rate %.6f\n"
-        "# HELP tessera_prefix_cache_queries_total prompt tokens "
-        "looked up in the prefix cache\n"
-        "# TYPE tessera_prefix_cache_queries_total counter\n"
-        "tessera_prefix_cache_queries_total %lld\n"
-        "# HELP tessera_prefix_cache_hits_total prompt tokens found "
-        "in the prefix cache\n"
-        "# TYPE tessera_prefix_cache_hits_total counter\n"
-        "tessera_prefix_cache_hits_total %lld\n"
-        "# TYPE tessera_kv_transfers_sent_total counter\n"
-        "tessera_kv_transfers_sent_total %llu\n"
-        "# TYPE tessera_kv_transfers_send_failed_total counter\n"
-        "tessera_kv_transfers_send_failed_total %llu\n"
-        "# TYPE tessera_kv_transfers_received_total counter\n"
-        "tessera_kv_transfers_received_total %llu\n"
-        "# TYPE tessera_kv_transfers_refused_total counter\n"
-        "tessera_kv_transfers_refused_total %llu\n"
-        "# TYPE tessera_kv_blocks_sent_total counter\n"
-        "tessera_kv_blocks_sent_total %llu\n"
-        "# TYPE tessera_kv_blocks_adopted_total counter\n"
-        "tessera_kv_blocks_adopted_total %llu\n",
-        (unsigned long long)srv.prompt_tokens,
-        (unsigned long long)srv.generated_tokens, srv.est.running,
-        srv.est.waiting, (long long)srv.est.blocks_in_sequences,
-        (long long)srv.est.blocks_total, (long long)srv.est.cached_blocks,
-        srv.est.prompt_tokens
-            ? (double)srv.est.prefix_hit_tokens / srv.est.prompt_tokens
-            : 0.0,
-        (long long)srv.est.prompt_tokens, (long long)srv.est.prefix_hit_tokens,
-        (unsigned long long)srv.kvx_sent,
-        (unsigned long long)srv.kvx_send_failed,
-        (unsigned long long)srv.kvx_received,
-        (unsigned long long)srv.kvx_refused,
-        (unsigned long long)srv.kvx_blocks_sent,
-        (unsigned long long)srv.kvx_blocks_adopted);
-    const struct {
-        const char *name;
-        const uint64_t *h;
-        const double *bounds;
-        int nb;
-        double sum;
-    } hs[2] = {{"tessera_time_to_first_token_seconds", srv.ttft_hist, TTFT_B,
-                N_TTFT, srv.ttft_sum},
-               {"tessera_inter_token_latency_seconds", srv.itl_hist, ITL_B,
-                N_ITL, srv.itl_sum}};
-    for (int k = 0; k < 2; k++) {
-        uint64_t cum = 0;
-        ts_sb_printf(&b, "# TYPE %s histogram\n", hs[k].name);
-        for (int i = 0; i <= hs[k].nb; i++) {
-            cum += hs[k].h[i];
-            if (i < hs[k].nb)
-                ts_sb_printf(&b, "%s_bucket{le=\"%g\"} %llu\n", hs[k].name,
-                             hs[k].bounds[i], (unsigned long long)cum);
-            else
-                ts_sb_printf(&b, "%s_bucket{le=\"+Inf\"} %llu\n", hs[k].name,
-                             (unsigned long long)cum);
-        }
-        ts_sb_printf(&b, "%s_sum %.6f\n%s_count %llu\n", hs[k].name, hs[k].sum,
-                     hs[k].name, (unsigned long long)cum);
-    }
-    pthread_mutex_unlock(&srv.out_mu);
-    enum MHD_Result ret =
-        srv_send_text(c, 200, "text/plain; version=0.0.4", b.p ? b.p : "");
-    free(b.p);
-    return ret;
-}
-
 /* /v1/kv_events: JSON lines, from ?since=SEQ (default: all kept) */
 static ssize_t events_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
@@ -528,6 +508,139 @@ static ssize_t events_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     return (ssize_t)n;
 }
 
+/* paths that need no API key: probes, the version and the chat page (a
+ * browser loads it before anyone can type a key into it) */
+static bool open_path(const char *url) {
+    return !strcmp(url, "/health") || !strcmp(url, "/metrics") ||
+           !strcmp(url, "/version") || !strcmp(url, "/");
+}
+
+/* a new request's record: what its log line names, whether it may go on */
+static hreq *request_new(struct MHD_Connection *c, const char *url,
+                         const char *method) {
+    hreq *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    snprintf(r->method, sizeof r->method, "%s", method);
+    snprintf(r->path, sizeof r->path, "%s", url);
+    for (char *p = r->path; *p; p++)
+        if (*p <= ' ' || *p >= 0x7f)
+            *p = '?'; /* one request, one log line */
+    for (char *p = r->method; *p; p++)
+        if (*p <= ' ' || *p >= 0x7f)
+            *p = '?';
+    r->unauthorized =
+        srv.api_key && strcmp(method, "OPTIONS") && !open_path(url) &&
+        !ts_bearer_ok(
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"),
+            srv.api_key);
+    return r;
+}
+
+/* /v1/kv_cache: the prefix cache's blocks now */
+static enum MHD_Result kv_cache_snapshot(struct MHD_Connection *c) {
+    srv_eng_lock();
+    ts_engine_stats st;
+    ts_engine_get_stats(srv.eng, &st);
+    size_t cap = (size_t)st.blocks_total;
+    uint64_t *h = malloc(sizeof *h * cap), *p = malloc(sizeof *p * cap);
+    size_t n = h && p ? ts_engine_cached_blocks(srv.eng, h, p, cap) : 0;
+    pthread_mutex_unlock(&srv.eng_mu);
+    pthread_mutex_lock(&srv.out_mu);
+    uint64_t seq = srv.n_events ? srv.events[srv.n_events - 1].seq : 0;
+    pthread_mutex_unlock(&srv.out_mu);
+    json_t *blocks = json_array();
+    for (size_t i = 0; i < n; i++) {
+        char a[17], b[17];
+        snprintf(a, sizeof a, "%016llx", (unsigned long long)h[i]);
+        snprintf(b, sizeof b, "%016llx", (unsigned long long)p[i]);
+        json_array_append_new(
+            blocks, json_pack("{s:s, s:s}", "block_hash", a, "parent_hash", b));
+    }
+    free(h), free(p);
+    return srv_send_json(c, 200,
+                         json_pack("{s:I, s:I, s:o}", "block_size",
+                                   (json_int_t)srv.block_size, "last_event_seq",
+                                   (json_int_t)seq, "blocks", blocks));
+}
+
+static enum MHD_Result kv_events(struct MHD_Connection *c, hreq *r) {
+    const char *since =
+        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "since");
+    r->kind = REQ_EVENTS;
+    r->events_next = since ? strtoull(since, NULL, 10) : 0;
+    struct MHD_Response *resp = MHD_create_response_from_callback(
+        MHD_SIZE_UNKNOWN, 16384, events_reader, r, NULL);
+    MHD_add_response_header(resp, "Content-Type", "application/jsonl");
+    srv_cors_headers(c, resp);
+    enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    srv_count_status(200);
+    return ret;
+}
+
+static enum MHD_Result health(struct MHD_Connection *c) {
+    if (srv.kv_fd < 0)
+        return srv_send_text(c, 200, "application/json", "{\"status\":\"ok\"}");
+    return srv_send_json(c, 200,
+                         json_pack("{s:s, s:i, s:I}", "status", "ok",
+                                   "kv_transfer_port", srv.kv_port,
+                                   "block_size", (json_int_t)srv.block_size));
+}
+
+static enum MHD_Result models(struct MHD_Connection *c) {
+    return srv_send_json(c, 200,
+                         json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:I}]}",
+                                   "object", "list", "data", "id", srv.model,
+                                   "object", "model", "created", (json_int_t)0,
+                                   "owned_by", "tessera", "max_model_len",
+                                   (json_int_t)srv.max_positions));
+}
+
+/* the endpoints: path, method, handler (a body-less one takes c only) */
+typedef struct {
+    const char *path;
+    bool post;
+    enum MHD_Result (*get)(struct MHD_Connection *c);
+    enum MHD_Result (*with)(struct MHD_Connection *c, hreq *r);
+} route;
+
+/* GET /: the chat page (chat_page.h; static bytes, sent without a copy) */
+static enum MHD_Result chat_page(struct MHD_Connection *c) {
+    size_t len = 0;
+    const char *html = ts_chat_page_html(&len);
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        len, (void *)html, MHD_RESPMEM_PERSISTENT);
+    MHD_add_response_header(r, "Content-Type", "text/html; charset=utf-8");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    srv_cors_headers(c, r);
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    srv_count_status(200);
+    return ret;
+}
+
+static enum MHD_Result generate(struct MHD_Connection *c, hreq *r) {
+    r->kind =
+        !strcmp(r->path, "/v1/chat/completions") ? REQ_CHAT : REQ_COMPLETION;
+    return srv_generate(c, r);
+}
+
+static const route routes[] = {
+    {"/health", false, health, NULL},
+    {"/metrics", false, srv_metrics, NULL},
+    {"/version", false, srv_version, NULL},
+    {"/", false, chat_page, NULL},
+    {"/v1/models", false, models, NULL},
+    {"/v1/kv_cache", false, kv_cache_snapshot, NULL},
+    {"/v1/kv_events", false, NULL, kv_events},
+    {"/v1/completions", true, NULL, generate},
+    {"/v1/chat/completions", true, NULL, generate},
+    {"/v1/embeddings", true, NULL, srv_embeddings},
+    {"/tokenize", true, NULL, srv_tokenize},
+    {"/detokenize", true, NULL, srv_detokenize},
+};
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
                               const char *url, const char *method,
                               const char *version, const char *upload,
@@ -535,17 +648,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     (void)cls, (void)version;
     hreq *r = *con_cls;
     if (!r) {
-        r = calloc(1, sizeof *r);
+        r = request_new(c, url, method);
         if (!r)
             return MHD_NO;
         *con_cls = r;
-        r->unauthorized =
-            srv.api_key && !strncmp(url, "/v1/", 4) &&
-            !ts_bearer_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND,
-                                                      "Authorization"),
-                          srv.api_key);
         return MHD_YES;
     }
+    cur_req = r;
     if (*upload_size) {
         if (r->unauthorized)
             ; /* read and dropped: a stranger's body takes no memory */
@@ -556,6 +665,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
         *upload_size = 0;
         return MHD_YES;
     }
+    if (!strcmp(method, "OPTIONS"))
+        return preflight(c);
     if (r->unauthorized)
         return srv_send_error(c, 401, "invalid_request_error", NULL,
                               "invalid_api_key",
@@ -565,81 +676,22 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c,
     if (r->too_big)
         return srv_send_error(c, 413, "invalid_request_error", NULL, NULL,
                               "the body is larger than %d bytes", MAX_BODY);
-    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
-    if (!strcmp(url, "/health") && get) {
-        if (srv.kv_fd < 0)
-            return srv_send_text(c, 200, "application/json",
-                                 "{\"status\":\"ok\"}");
-        return srv_send_json(
-            c, 200,
-            json_pack("{s:s, s:i, s:I}", "status", "ok", "kv_transfer_port",
-                      srv.kv_port, "block_size", (json_int_t)srv.block_size));
-    }
     if (srv.no_kv_events &&
         (!strcmp(url, "/v1/kv_cache") || !strcmp(url, "/v1/kv_events")))
         return srv_send_error(c, 404, "invalid_request_error", NULL, NULL,
                               "this server publishes no KV events "
                               "(--no-kv-events)");
-    if (!strcmp(url, "/metrics") && get)
-        return metrics(c);
-    if (!strcmp(url, "/v1/models") && get) {
-        json_t *m =
-            json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:I}]}", "object", "list",
-                      "data", "id", srv.model, "object", "model", "created",
-                      (json_int_t)0, "owned_by", "tessera", "max_model_len",
-                      (json_int_t)srv.max_positions);
-        return srv_send_json(c, 200, m);
+    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
+        const route *rt = &routes[i];
+        if (strcmp(url, rt->path))
+            continue;
+        if (rt->post ? !post : !get)
+            return srv_send_error(c, 405, "invalid_request_error", NULL, NULL,
+                                  "%s is not allowed on %s (use %s)", method,
+                                  url, rt->post ? "POST" : "GET");
+        return rt->get ? rt->get(c) : rt->with(c, r);
     }
-    if (!strcmp(url, "/v1/kv_cache") && get) { /* the snapshot */
-        srv_eng_lock();
-        ts_engine_stats st;
-        ts_engine_get_stats(srv.eng, &st);
-        size_t cap = (size_t)st.blocks_total;
-        uint64_t *h = malloc(sizeof *h * cap), *p = malloc(sizeof *p * cap);
-        size_t n = h && p ? ts_engine_cached_blocks(srv.eng, h, p, cap) : 0;
-        pthread_mutex_unlock(&srv.eng_mu);
-        pthread_mutex_lock(&srv.out_mu);
-        uint64_t seq = srv.n_events ? srv.events[srv.n_events - 1].seq : 0;
-        pthread_mutex_unlock(&srv.out_mu);
-        json_t *blocks = json_array();
-        for (size_t i = 0; i < n; i++) {
-            char a[17], b[17];
-            snprintf(a, sizeof a, "%016llx", (unsigned long long)h[i]);
-            snprintf(b, sizeof b, "%016llx", (unsigned long long)p[i]);
-            json_array_append_new(blocks, json_pack("{s:s, s:s}", "block_hash",
-                                                    a, "parent_hash", b));
-        }
-        free(h), free(p);
-        return srv_send_json(c, 200,
-                             json_pack("{s:I, s:I, s:o}", "block_size",
-                                       (json_int_t)srv.block_size,
-                                       "last_event_seq", (json_int_t)seq,
-                                       "blocks", blocks));
-    }
-    if (!strcmp(url, "/v1/kv_events") && get) {
-        const char *since =
-            MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "since");
-        r->kind = REQ_EVENTS;
-        r->events_next = since ? strtoull(since, NULL, 10) : 0;
-        struct MHD_Response *resp = MHD_create_response_from_callback(
-            MHD_SIZE_UNKNOWN, 16384, events_reader, r, NULL);
-        MHD_add_response_header(resp, "Content-Type", "application/jsonl");
-        enum MHD_Result ret = MHD_queue_response(c, 200, resp);
-        MHD_destroy_response(resp);
-        srv_count_status(200);
-        return ret;
-    }
-    bool comp = !strcmp(url, "/v1/completions"),
-         chat = !strcmp(url, "/v1/chat/completions");
-    if ((comp || chat) && post) {
-        r->kind = chat ? REQ_CHAT : REQ_COMPLETION;
-        return srv_generate(c, r);
-    }
-    if (comp || chat || !strcmp(url, "/v1/models") || !strcmp(url, "/health") ||
-        !strcmp(url, "/metrics") || !strcmp(url, "/v1/kv_events") ||
-        !strcmp(url, "/v1/kv_cache"))
-        return srv_send_error(c, 405, "invalid_request_error", NULL, NULL,
-                              "%s is not allowed on %s", method, url);
     return srv_send_error(c, 404, "invalid_request_error", NULL, NULL,
                           "no endpoint %s %s", method, url);
 }
@@ -651,6 +703,10 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     hreq *r = *con_cls;
     if (!r)
         return;
+    cur_req = NULL;
+    srv_request_end(r);
+    if (r->embed)
+        srv_embed_free(r);
     int64_t ids[MAX_CHOICES];
     int n = 0;
     pthread_mutex_lock(&srv.out_mu);
@@ -668,6 +724,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                 ts_clear_error(srv.ctx);
         pthread_mutex_unlock(&srv.eng_mu);
     }
+    srv_openai_release(r);
     for (int i = 0; i < r->n; i++)
         free(r->ch[i].text.p), free(r->ch[i].lp);
     for (int k = 0; k < r->n_stops; k++)
@@ -691,6 +748,22 @@ int ts_server_run(const ts_server_options *o) {
     srv.kv_fd = -1;
     srv.no_kv_events = o->no_kv_events;
     srv.api_key = o->api_key && *o->api_key ? o->api_key : NULL;
+    srv.no_log_requests = o->no_log_requests;
+    if (o->pooling < TS_POOL_NONE || o->pooling > TS_POOL_MEAN) {
+        fprintf(stderr, "tessera serve: pooling %d (want last or mean)\n",
+                (int)o->pooling);
+        return 1;
+    }
+    srv.pooling = o->pooling == TS_POOL_MEAN ? TS_POOL_MEAN : TS_POOL_LAST;
+    ts_origins origins;
+    if (o->allowed_origins) {
+        char err[400];
+        if (ts_origins_parse(o->allowed_origins, &origins, err, sizeof err)) {
+            fprintf(stderr, "tessera serve: %s\n", err);
+            return 1;
+        }
+        srv.origins = &origins;
+    }
     int max_conns = o->max_connections > 0 ? o->max_connections
                                            : TS_SERVER_DEFAULT_MAX_CONNECTIONS,
         per_client = o->max_connections_per_client > 0
@@ -742,7 +815,14 @@ int ts_server_run(const ts_server_options *o) {
         fprintf(stderr, "tessera serve: %s\n", oerr);
         goto done;
     }
-    if (ts_chat_load(srv.ctx, o->model_dir, &srv.chat) != TS_OK)
+    if (o->chat_template && *o->chat_template) { /* given: it must load */
+        if (ts_chat_load_with(srv.ctx, o->model_dir, o->chat_template,
+                              &srv.chat) != TS_OK) {
+            fprintf(stderr, "tessera serve: --chat-template: %s\n",
+                    ts_errmsg(srv.ctx));
+            goto done;
+        }
+    } else if (ts_chat_load(srv.ctx, o->model_dir, &srv.chat) != TS_OK)
         ts_clear_error(srv.ctx); /* no chat template: completions only */
     if (ts_engine_new(srv.ctx, ts_lm_decoder(srv.lm), &o->engine, &srv.eng) !=
         TS_OK) {
@@ -751,6 +831,17 @@ int ts_server_run(const ts_server_options *o) {
     }
     const ts_model_config *mc = ts_lm_config(srv.lm);
     srv.max_positions = mc->max_positions;
+    if (o->max_model_len < 0 || o->max_model_len > mc->max_positions) {
+        fprintf(stderr,
+                "tessera serve: --max-model-len %lld is %s the model's "
+                "max_position_embeddings %lld (config.json)\n",
+                (long long)o->max_model_len,
+                o->max_model_len < 0 ? "negative, unlike" : "larger than",
+                (long long)mc->max_positions);
+        goto done;
+    }
+    if (o->max_model_len > 0)
+        srv.max_positions = o->max_model_len;
     srv.block_size = o->engine.block_size;
     if (mc->eos_token_id >= 0)
         srv.eos[srv.n_eos++] = (int32_t)mc->eos_token_id;

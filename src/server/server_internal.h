@@ -22,7 +22,7 @@
 #include <stdatomic.h>
 
 #define MAX_BODY     (16 << 20)
-#define MAX_CHOICES  16
+#define MAX_CHOICES  128 /* prompts x best_of (or n) in one request */
 #define MAX_STOPS    8
 #define EVENT_KEEP   65536
 #define KEEPALIVE_MS 1000
@@ -45,6 +45,24 @@ typedef struct choice {
     double t_last;
     ts_engine_output *lp; /* per token, when logprobs were asked for */
     int n_lp, cap_lp, lp_sent;
+    /* openai.c's: the sum of its tokens' log-probabilities (best_of ranks
+     * by their mean) */
+    double sum_lp;
+    /* echo: the prompt's text, its first token and the engine's
+     * log-probabilities of the others (prompt_lp, owned) */
+    char *echo;
+    size_t n_echo;
+    int32_t prompt0;
+    ts_engine_output *plp;
+    size_t n_plp;
+    bool echo_sent;
+    /* tool calling: the parser fed with the decoded text (content goes
+     * to text), stream deltas not yet sent, the calls once finished */
+    struct ts_tool_parser *tp;
+    json_t *tool_deltas, *tool_calls;
+    /* embeddings (server.c / embeddings.c) */
+    float *embedding; /* malloc'd: the engine's pooled vector, dim floats */
+    int64_t dim;
 } choice;
 
 typedef enum { REQ_OTHER, REQ_COMPLETION, REQ_CHAT, REQ_EVENTS } req_kind;
@@ -55,7 +73,11 @@ typedef struct hreq {
     req_kind kind;
     bool stream, include_usage, cancelled, usage_sent, done_sent;
     int logprobs; /* as ts_request: 0 none, 1 + N top */
-    int n;
+    int n; /* choices in the engine: n_prompts x per_prompt */
+    int n_prompts, per_prompt, n_out; /* per_prompt: best_of (or n); n_out:
+                                         n, the ones each prompt returns */
+    bool echo;
+    struct ts_tool_request *tools; /* chat with tools (NULL: none) */
     choice ch[MAX_CHOICES];
     char id[48];
     long created;
@@ -71,9 +93,27 @@ typedef struct hreq {
     char kv_target[128];
     int32_t *kv_ids;
     size_t kv_n;
+    /* embeddings (server.c / embeddings.c) */
+    /* the request's log line and metrics: what was asked, the status
+     * sent, when its first output came and how long it queued */
+    char method[8], path[48];
+    int status;
+    double t_first, queue_s;
+    /* an /v1/embeddings request: one choice per input (ech, n_ech) */
+    bool embed;
+    choice *ech;
+    int n_ech;
 } hreq;
 
 /* ---- server state ---- */
+
+/* histograms' upper bounds (seconds or tokens), vLLM's where it has them */
+#define N_E2E 16
+static const double E2E_B[N_E2E] = {0.3, 0.5, 0.8, 1,  1.5, 2,  2.5, 5,
+                                    10,  15,  20,  30, 40,  50, 60,  120};
+#define N_NTOK 14
+static const double NTOK_B[N_NTOK] = {1,   2,   5,    10,   20,   50,    100,
+                                      200, 500, 1000, 2000, 5000, 10000, 20000};
 
 #define N_TTFT 11
 #define N_ITL  9
@@ -119,6 +159,17 @@ typedef struct {
     ts_kv_senders *kv_senders; /* NULL: loopback */
     const char *api_key;
     int timeout_ms;
+    /* issue 19: CORS (NULL: none), the embeddings' pooling, the request
+     * log; per request (out_mu): latency, queue time and size histograms,
+     * finish reasons (stop, length, abort) */
+    ts_origins *origins;
+    ts_pooling pooling;
+    bool no_log_requests;
+    uint64_t e2e_hist[N_E2E + 1], queue_hist[N_E2E + 1];
+    double e2e_sum, queue_sum;
+    uint64_t ptok_hist[N_NTOK + 1], gtok_hist[N_NTOK + 1];
+    double ptok_sum, gtok_sum;
+    uint64_t finished[3];
 } srv_state;
 
 extern srv_state srv;
@@ -140,6 +191,28 @@ enum MHD_Result srv_send_error(struct MHD_Connection *c, int code,
 void srv_active_remove(choice *c);
 void srv_eng_lock(void);
 json_t *srv_send_prefill(hreq *r);
+/* CORS headers for c's Origin on a response about to be queued (none
+ * unless --allowed-origins lets that origin in); every response gets them,
+ * streamed ones too */
+void srv_cors_headers(struct MHD_Connection *c, struct MHD_Response *resp);
+
+/* ---- metrics.c ---- */
+enum MHD_Result srv_metrics(struct MHD_Connection *c);
+/* a request's end (MHD's completed callback): its metrics and log line */
+void srv_request_end(hreq *r);
+
+/* ---- tokenize.c: /tokenize, /detokenize, /version ---- */
+enum MHD_Result srv_tokenize(struct MHD_Connection *c, hreq *r);
+enum MHD_Result srv_detokenize(struct MHD_Connection *c, hreq *r);
+enum MHD_Result srv_version(struct MHD_Connection *c);
+
+/* ---- embeddings.c ---- */
+enum MHD_Result srv_embeddings(struct MHD_Connection *c, hreq *r);
+/* an embedding choice's one output (out_mu held, on the engine thread):
+ * takes o's vector */
+void srv_embed_deliver(choice *c, ts_engine_output *o);
+/* aborts r's unfinished inputs in the engine and frees their vectors */
+void srv_embed_free(hreq *r);
 
 /* ---- openai.c ---- */
 /* once the tokenizer is loaded (ts_server_run) and at the end: the
@@ -149,5 +222,10 @@ int srv_openai_init(char *err, size_t cap);
 void srv_openai_fini(void);
 bool srv_deliver(choice *c, const ts_engine_output *o);
 enum MHD_Result srv_generate(struct MHD_Connection *c, hreq *r);
+/* frees what openai.c keeps in r and its choices (echo text, prompt
+ * log-probabilities, tool parsers and calls); idempotent. server.c's
+ * completed() calls it before freeing r; openai.c calls it once a
+ * response is written */
+void srv_openai_release(hreq *r);
 
 #endif
