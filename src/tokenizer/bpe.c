@@ -1706,6 +1706,28 @@ static size_t token_bytes(const ts_tokenizer *t, int32_t id, unsigned char *o) {
     return k;
 }
 
+/* One token's bytes for constrained decoding (grammar.c): byte-level
+ * pieces undone, the Strip decoder not applied (a token mid-text keeps its
+ * leading space). */
+int64_t ts_tokenizer_token_bytes(const ts_tokenizer *t, int32_t id,
+                                 unsigned char *buf, size_t cap,
+                                 bool *special) {
+    if (!t || id < 0 || id >= t->vocab_size || !t->id_to_token[id])
+        return -1;
+    if (special)
+        *special = t->is_special[id];
+    size_t need = 4 * strlen(t->id_to_token[id]) + 8;
+    unsigned char stack_buf[256], *o = stack_buf;
+    if (need > sizeof stack_buf && !(o = malloc(need)))
+        return -1;
+    size_t n = token_bytes(t, id, o);
+    if (buf)
+        memcpy(buf, o, n < cap ? n : cap);
+    if (o != stack_buf)
+        free(o);
+    return (int64_t)n;
+}
+
 static ts_status check_id(const ts_tokenizer *t, int32_t id) {
     if (id < 0 || id >= t->vocab_size || !t->id_to_token[id])
         return ts_set_error(t->ctx, TS_ERR_RANGE,
