@@ -1198,6 +1198,9 @@ enum MHD_Result srv_generate(struct MHD_Connection *c, hreq *r) {
     json_decref(b);
     if (!sent)
         ret = check_lengths(c, r, ps, np, &sent);
+    if (!sent && r->kv_prefill && np > 1)
+        ret = bad_param(c, "kv_transfer_params", "a prefill takes one prompt"),
+        sent = true;
     if (sent) {
         srv_openai_release(r);
         if (gram)

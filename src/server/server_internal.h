@@ -73,7 +73,7 @@ typedef struct hreq {
     req_kind kind;
     bool stream, include_usage, cancelled, usage_sent, done_sent;
     int logprobs; /* as ts_request: 0 none, 1 + N top */
-    int n; /* choices in the engine: n_prompts x per_prompt */
+    int n;        /* choices in the engine: n_prompts x per_prompt */
     int n_prompts, per_prompt, n_out; /* per_prompt: best_of (or n); n_out:
                                          n, the ones each prompt returns */
     bool echo;

@@ -328,9 +328,9 @@ async function fields() {
 async function main() {
   await waitUp();
   await fields();
+  await logprobsEchoLists();
   await structured();
   await tools();
-  await logprobsEchoLists();
   const file = join(dir, "cases.json");
   writeFileSync(file, JSON.stringify(cases));
   const chk = spawnSync("/usr/bin/python3", [checkPy, file], { encoding: "utf8" });
