@@ -97,7 +97,7 @@ typedef struct {
 #define TSG_ROOT    (-1)
 #define TSG_UNKNOWN (-2)
 /* how many stack frames key a token-mask cache entry */
-#define TSG_CTX 4
+#define TSG_CTX 6
 
 typedef struct mask_entry mask_entry;
 
