@@ -88,6 +88,11 @@ static void test_known_answers(const ts_vocab *v) {
            "expr ::= num (\"+\" expr)?  # right recursion\n"
            "num ::= [0-9]+ | \"-\" [1-9]\n",
            L("(1)", "(12+3+-4)", "(0+0)"), L("()", "(1+)", "(-0)", "1"));
+    /* nullable repetitions inside repetitions: the closure terminates */
+    expect(v, TS_GRAMMAR_EBNF,
+           "root ::= (\"a\"? \"b\"?)* x\nx ::= y*\ny ::= \"\" | \"q\"",
+           L("", "abba", "bq", "qqq"), L("c", "qa"));
+    expect(v, TS_GRAMMAR_REGEX, "", L(""), L("a"));
     expect(v, TS_GRAMMAR_EBNF, "root ::= \"a\"{2,3} .", L("aab", "aaaé"),
            L("ab", "aaaab"));
     expect(v, TS_GRAMMAR_JSON_OBJECT, NULL,
