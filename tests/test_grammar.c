@@ -10,6 +10,7 @@
 #include "test_util.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -78,8 +79,8 @@ static void test_known_answers(const ts_vocab *v) {
     expect(v, TS_GRAMMAR_REGEX, "[a-c]+x{2,3}|\\d{3}",
            L("abxx", "aaxxx", "123", "cxx"),
            L("xx", "abxxxx", "12", "1234", "abx", ""));
-    expect(v, TS_GRAMMAR_REGEX, "(?:é+ü?|[^a-z]{2})\\.", L("éé.", "éü.", "AB.", "\n1."),
-           L("ü.", "ab.", "é", "ABC."));
+    expect(v, TS_GRAMMAR_REGEX, "(?:é+ü?|[^a-z]{2})\\.",
+           L("éé.", "éü.", "AB.", "\n1."), L("ü.", "ab.", "é", "ABC."));
     expect(v, TS_GRAMMAR_REGEX, "^\\w+@\\w+\\.(com|org)$",
            L("a@b.com", "x_1@y.org"), L("a@b.net", "@b.com", "a@b.com "));
     expect(v, TS_GRAMMAR_EBNF,
@@ -87,6 +88,11 @@ static void test_known_answers(const ts_vocab *v) {
            "expr ::= num (\"+\" expr)?  # right recursion\n"
            "num ::= [0-9]+ | \"-\" [1-9]\n",
            L("(1)", "(12+3+-4)", "(0+0)"), L("()", "(1+)", "(-0)", "1"));
+    /* nullable repetitions inside repetitions: the closure terminates */
+    expect(v, TS_GRAMMAR_EBNF,
+           "root ::= (\"a\"? \"b\"?)* x\nx ::= y*\ny ::= \"\" | \"q\"",
+           L("", "abba", "bq", "qqq"), L("c", "qa"));
+    expect(v, TS_GRAMMAR_REGEX, "", L(""), L("a"));
     expect(v, TS_GRAMMAR_EBNF, "root ::= \"a\"{2,3} .", L("aab", "aaaé"),
            L("ab", "aaaab"));
     expect(v, TS_GRAMMAR_JSON_OBJECT, NULL,
@@ -112,14 +118,15 @@ static void test_known_answers(const ts_vocab *v) {
            "{\"type\":\"number\",\"exclusiveMinimum\":-2,\"maximum\":3}",
            L("-1.99", "3", "3.000", "0", "-0.5", "2.999"),
            L("-2", "-2.0", "3.001", "4", "1e2"));
-    expect(v, TS_GRAMMAR_JSON_SCHEMA,
-           "{\"$defs\":{\"t\":{\"type\":\"object\",\"properties\":{"
-           "\"v\":{\"type\":\"integer\"},\"kids\":{\"type\":\"array\","
-           "\"items\":{\"$ref\":\"#/$defs/t\"},\"maxItems\":2}},"
-           "\"required\":[\"v\"]}},\"$ref\":\"#/$defs/t\"}",
-           L("{\"v\":1}", "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]}]}"),
-           L("{\"v\":1,\"kids\":[{\"v\":2},{\"v\":2},{\"v\":2}]}",
-             "{\"kids\":[]}"));
+    expect(
+        v, TS_GRAMMAR_JSON_SCHEMA,
+        "{\"$defs\":{\"t\":{\"type\":\"object\",\"properties\":{"
+        "\"v\":{\"type\":\"integer\"},\"kids\":{\"type\":\"array\","
+        "\"items\":{\"$ref\":\"#/$defs/t\"},\"maxItems\":2}},"
+        "\"required\":[\"v\"]}},\"$ref\":\"#/$defs/t\"}",
+        L("{\"v\":1}", "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]}]}"),
+        L("{\"v\":1,\"kids\":[{\"v\":2},{\"v\":2},{\"v\":2}]}",
+          "{\"kids\":[]}"));
 
     /* done: nothing may follow a closed object; prefix and suffix */
     ts_grammar_spec s = {TS_GRAMMAR_JSON_OBJECT, NULL, "<tool_call>\n",
@@ -145,8 +152,8 @@ static void test_known_answers(const ts_vocab *v) {
 
 /* integers: every value in [-1000, 1000] against the bounds */
 static void test_integer_ranges(const ts_vocab *v) {
-    static const long b[][2] = {{-5, 120}, {0, 0},     {7, 993},  {-999, -10},
-                                {-1, 1},   {10, 100},  {-37, 1000}, {123, 129},
+    static const long b[][2] = {{-5, 120},  {0, 0},    {7, 993},    {-999, -10},
+                                {-1, 1},    {10, 100}, {-37, 1000}, {123, 129},
                                 {-200, 19}, {99, 101}};
     int bad = 0;
     for (size_t k = 0; k < sizeof b / sizeof b[0]; k++) {
@@ -156,7 +163,7 @@ static void test_integer_ranges(const ts_vocab *v) {
                  b[k][0], b[k][1]);
         ts_grammar *g = compile(v, TS_GRAMMAR_JSON_SCHEMA, src);
         for (long x = -1000; g && x <= 1000; x++) {
-            char t[16];
+            char t[24];
             snprintf(t, sizeof t, "%ld", x);
             bad += matches(g, t) != (x >= b[k][0] && x <= b[k][1]);
         }
@@ -167,7 +174,7 @@ static void test_integer_ranges(const ts_vocab *v) {
     ts_grammar *g = compile(v, TS_GRAMMAR_JSON_SCHEMA,
                             "{\"type\":\"integer\",\"exclusiveMinimum\":-13}");
     for (long x = -1000; g && x <= 1000; x++) {
-        char t[16];
+        char t[24];
         snprintf(t, sizeof t, "%ld", x);
         bad += matches(g, t) != (x > -13);
     }
@@ -272,13 +279,12 @@ static void random_walk(const ts_vocab *v, ts_grammar *g, const walk_spec *ws,
                 allowed[na++] = t;
         if (ts_matcher_can_end(m) && (na == 0 || rnd() % 4 == 0)) {
             st->finished++;
-            json_t *o = json_pack("{s:s, s:s, s:s%}", "kind",
-                                  ws->kind == TS_GRAMMAR_REGEX ? "regex"
-                                  : ws->kind == TS_GRAMMAR_JSON_OBJECT
-                                      ? "json"
-                                      : "schema",
-                                  "spec", ws->src ? ws->src : "", "text", text,
-                                  n);
+            json_t *o =
+                json_pack("{s:s, s:s, s:s%}", "kind",
+                          ws->kind == TS_GRAMMAR_REGEX         ? "regex"
+                          : ws->kind == TS_GRAMMAR_JSON_OBJECT ? "json"
+                                                               : "schema",
+                          "spec", ws->src ? ws->src : "", "text", text, n);
             char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
             CHECK(line != NULL); /* the text is valid UTF-8 */
             if (line)
@@ -315,7 +321,7 @@ static void random_walk(const ts_vocab *v, ts_grammar *g, const walk_spec *ws,
 }
 
 static void test_walks(const ts_vocab *v, const char *name, int seeds,
-                       int ref_every, FILE *out) {
+                       int ref_seeds, int ref_every, FILE *out) {
     walk_stats st = {0};
     double compile_ms = 0, t_start = now_ms();
     for (size_t k = 0; k < sizeof walk_specs / sizeof walk_specs[0]; k++) {
@@ -323,13 +329,15 @@ static void test_walks(const ts_vocab *v, const char *name, int seeds,
         ts_grammar *g = compile(v, walk_specs[k].kind, walk_specs[k].src);
         compile_ms += now_ms() - t0;
         for (int s = 0; g && s < seeds; s++)
-            random_walk(v, g, &walk_specs[k], s, ref_every, out, &st);
+            random_walk(v, g, &walk_specs[k], s, s < ref_seeds ? ref_every : 0,
+                        out, &st);
         ts_grammar_unref(g);
     }
-    printf("%s: %d walks, %d finished, %d reference checks (%d mismatches), "
-           "compile %.1f ms in all, mask %.3f ms per token on average (%.0f ms)\n",
-           name, st.walks, st.finished, st.ref_checks, st.ref_bad, compile_ms,
-           st.mask_ms / (st.n_masks ? st.n_masks : 1), now_ms() - t_start);
+    printf(
+        "%s: %d walks, %d finished, %d reference checks (%d mismatches), "
+        "compile %.1f ms in all, mask %.3f ms per token on average (%.0f ms)\n",
+        name, st.walks, st.finished, st.ref_checks, st.ref_bad, compile_ms,
+        st.mask_ms / (st.n_masks ? st.n_masks : 1), now_ms() - t_start);
     CHECK(st.ref_bad == 0);
     CHECK(st.accept_bad == 0);
     CHECK(st.finished >= st.walks * 3 / 4);
@@ -424,8 +432,7 @@ static void test_errors(const ts_vocab *v) {
                  "/properties/a");
     expect_error(v, S, "{\"oneOf\":[{\"type\":\"string\"}]}",
                  "unsupported keyword \"oneOf\" at /");
-    expect_error(v, S,
-                 "{\"type\":\"array\",\"items\":{\"uniqueItems\":true}}",
+    expect_error(v, S, "{\"type\":\"array\",\"items\":{\"uniqueItems\":true}}",
                  "\"uniqueItems\" at /items");
     expect_error(v, S, "{\"$ref\":\"#/$defs/nope\"}",
                  "\"#/$defs/nope\" at / points to nothing");
@@ -434,8 +441,9 @@ static void test_errors(const ts_vocab *v) {
                  "no integer");
     expect_error(v, S, "{\"type\":\"number\",\"minimum\":0.5}",
                  "non-integer bound");
-    expect_error(v, S, "{\"type\":\"object\",\"properties\":{},"
-                       "\"required\":[\"q\"]}",
+    expect_error(v, S,
+                 "{\"type\":\"object\",\"properties\":{},"
+                 "\"required\":[\"q\"]}",
                  "required property \"q\"");
     expect_error(v, S, "{\"type\":\"strin\"}", "unknown type \"strin\"");
     expect_error(v, S, "{\"type\":", "not valid JSON");
@@ -496,10 +504,22 @@ static void test_errors(const ts_vocab *v) {
 /* random bytes as grammars: errors or grammars, never a crash or a hang */
 static void test_fuzz(const ts_vocab *v) {
     static const char alphabet[] = "()[]{}|*+?.^$\\-,:\"'#=aZ09 \n\xc3\xa9/~";
-    static const char *const pieces[] = {
-        "root ::= ", "{\"type\":", "\"properties\":", "{\"$ref\":\"#\"}",
-        "\"anyOf\":[", "\"items\":", "::=", "[^", "\\d", "{2,3}", "\"string\"",
-        "\"integer\"", "]", "}", ",", "\"minimum\":-7"};
+    static const char *const pieces[] = {"root ::= ",
+                                         "{\"type\":",
+                                         "\"properties\":",
+                                         "{\"$ref\":\"#\"}",
+                                         "\"anyOf\":[",
+                                         "\"items\":",
+                                         "::=",
+                                         "[^",
+                                         "\\d",
+                                         "{2,3}",
+                                         "\"string\"",
+                                         "\"integer\"",
+                                         "]",
+                                         "}",
+                                         ",",
+                                         "\"minimum\":-7"};
     rng_state = 12345;
     int compiled = 0;
     for (int it = 0; it < 600; it++) {
@@ -507,7 +527,8 @@ static void test_fuzz(const ts_vocab *v) {
         int n = 0, len = 1 + (int)(rnd() % 60);
         while (n < len && n < 80) {
             if (rnd() % 3 == 0) {
-                const char *p = pieces[rnd() % (sizeof pieces / sizeof *pieces)];
+                const char *p =
+                    pieces[rnd() % (sizeof pieces / sizeof *pieces)];
                 size_t pl = strlen(p);
                 if (n + (int)pl >= 90)
                     break;
@@ -523,7 +544,8 @@ static void test_fuzz(const ts_vocab *v) {
             compiled++;
             ts_matcher *m = NULL;
             if (!ts_matcher_new(ctx, g, &m)) {
-                uint32_t *bits = malloc(((size_t)ts_vocab_size(v) + 31) / 32 * 4);
+                uint32_t *bits =
+                    malloc(((size_t)ts_vocab_size(v) + 31) / 32 * 4);
                 for (int step = 0; step < 3; step++) {
                     ts_matcher_mask(m, bits);
                     int32_t t = (int32_t)(rnd() % (uint32_t)ts_vocab_size(v));
@@ -537,6 +559,79 @@ static void test_fuzz(const ts_vocab *v) {
     }
     printf("fuzz: 600 random sources, %d compiled\n", compiled);
     CHECK(compiled > 0);
+}
+
+/* ---- threads ---------------------------------------------------------- */
+
+typedef struct {
+    ts_grammar *g;
+    const ts_vocab *v;
+    uint64_t seed;
+    char text[2048];
+} thread_walk;
+
+/* a walk with its own generator: the same texts whichever thread runs it
+ * and whatever the shared mask entries' state */
+static void *walk_thread(void *arg) {
+    thread_walk *w = arg;
+    int32_t V = ts_vocab_size(w->v);
+    uint32_t *bits = malloc(((size_t)V + 31) / 32 * 4);
+    ts_matcher *m = NULL;
+    size_t n = 0;
+    uint64_t r = w->seed * 2654435761u + 1;
+    w->text[0] = 0;
+    if (!bits || ts_matcher_new(NULL, w->g, &m)) {
+        free(bits);
+        return NULL;
+    }
+    for (int step = 0; step < 60 && !ts_matcher_done(m); step++) {
+        ts_matcher_mask(m, bits);
+        int32_t na = 0, pick;
+        for (int32_t t = 0; t < V; t++)
+            na += bits[t >> 5] >> (t & 31) & 1;
+        if (!na)
+            break;
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        pick = (int32_t)((r >> 33) % (uint64_t)na);
+        for (int32_t t = 0; t < V; t++)
+            if ((bits[t >> 5] >> (t & 31) & 1) && pick-- == 0) {
+                size_t len;
+                const unsigned char *b = tsg_vocab_token(w->v, t, &len);
+                if (!ts_matcher_accept(m, t) || n + len >= sizeof w->text)
+                    step = 1 << 20;
+                else
+                    memcpy(w->text + n, b, len), n += len, w->text[n] = 0;
+                break;
+            }
+    }
+    ts_matcher_free(m);
+    free(bits);
+    return NULL;
+}
+
+/* matchers of one grammar on four threads, the entries made concurrently,
+ * give the texts of a single-threaded run */
+static void test_threads(const ts_vocab *v) {
+    enum { T = 4 };
+    thread_walk seq[T], par[T];
+    ts_grammar *g1 = compile(v, TS_GRAMMAR_JSON_SCHEMA, walk_specs[0].src);
+    ts_grammar *g2 = compile(v, TS_GRAMMAR_JSON_SCHEMA, walk_specs[0].src);
+    if (!g1 || !g2)
+        return;
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) {
+        seq[i] = (thread_walk){.g = g1, .v = v, .seed = (uint64_t)i};
+        walk_thread(&seq[i]);
+        par[i] = (thread_walk){.g = g2, .v = v, .seed = (uint64_t)i};
+    }
+    for (int i = 0; i < T; i++)
+        CHECK(pthread_create(&th[i], NULL, walk_thread, &par[i]) == 0);
+    for (int i = 0; i < T; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < T; i++)
+        CHECK(seq[i].text[0] && !strcmp(seq[i].text, par[i].text));
+    ts_grammar_unref(g1);
+    ts_grammar_unref(g2);
 }
 
 int main(int argc, char **argv) {
@@ -558,6 +653,7 @@ int main(int argc, char **argv) {
     double t1 = now_ms();
     test_errors(v);
     test_fuzz(v);
+    test_threads(v);
     printf("known answers %.0f ms, errors and fuzz %.0f ms\n", t1 - t0,
            now_ms() - t1);
     char walks[1100];
@@ -565,7 +661,7 @@ int main(int argc, char **argv) {
     FILE *out = fopen(walks, "w");
     CHECK(out != NULL);
     if (out) {
-        test_walks(v, "kjv-qwen3 (4k)", 20, 20, out);
+        test_walks(v, "kjv-qwen3 (4k)", 20, 20, 20, out);
         ts_tokenizer *qt = NULL;
         ts_vocab *qv = NULL;
         FILE *qf = fopen(qwen, "r");
@@ -577,7 +673,8 @@ int main(int argc, char **argv) {
             printf("Qwen3 tokenizer.json not found (%s): its part skipped\n",
                    qwen);
         if (qv) {
-            test_walks(qv, "qwen3 (151k)", 3, 400, out); /* one check a walk */
+            test_walks(qv, "qwen3 (151k)", 3, 1, 400,
+                       out); /* 1 check a grammar */
             test_timing(qv, "qwen3");
         }
         test_timing(v, "kjv-qwen3");
@@ -585,8 +682,9 @@ int main(int argc, char **argv) {
         ts_tokenizer_free(qt);
         fclose(out);
         char cmd[2400];
-        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/grammar_check.py %s",
-                 src_dir, walks);
+        snprintf(cmd, sizeof cmd,
+                 "/usr/bin/python3 %s/tests/grammar_check.py %s", src_dir,
+                 walks);
         ts_test_checks++;
         if (system(cmd) != 0) {
             ts_test_failures++;

@@ -25,26 +25,43 @@ struct ts_vocab {
     /* tokens with bytes, sorted by them, and their trie in preorder */
     int32_t *sorted, n_sorted;
     int32_t n_nodes, max_len;
-    uint8_t *tb;      /* the byte into each node */
-    int32_t *tend;    /* one past the node's subtree */
-    int32_t *tok_lo;  /* sorted tokens ending here: [tok_lo, tok_hi) */
-    int32_t *tok_hi;  /* ... and the subtree's: [tok_lo, sub_hi) */
+    uint8_t *tb;     /* the byte into each node */
+    int32_t *tend;   /* one past the node's subtree */
+    int32_t *tok_lo; /* sorted tokens ending here: [tok_lo, tok_hi) */
+    int32_t *tok_hi; /* ... and the subtree's: [tok_lo, sub_hi) */
     int32_t *sub_hi;
 };
 
-static const ts_vocab *sort_vocab; /* qsort has no user pointer */
+typedef struct {
+    const unsigned char *p;
+    uint32_t len;
+    int32_t id;
+} tok_key;
 
 static int cmp_tokens(const void *a, const void *b) {
-    const ts_vocab *v = sort_vocab;
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    uint32_t lx = v->off[x + 1] - v->off[x], ly = v->off[y + 1] - v->off[y];
-    int c = memcmp(v->blob + v->off[x], v->blob + v->off[y],
-                   lx < ly ? lx : ly);
+    const tok_key *x = a, *y = b;
+    int c = memcmp(x->p, y->p, x->len < y->len ? x->len : y->len);
     if (c)
         return c;
-    if (lx != ly)
-        return lx < ly ? -1 : 1;
-    return x < y ? -1 : x > y;
+    if (x->len != y->len)
+        return x->len < y->len ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* v->sorted by the tokens' bytes (shorter first on a shared prefix) */
+static bool sort_tokens(ts_vocab *v) {
+    tok_key *k = malloc(((size_t)v->n_sorted + 1) * sizeof *k);
+    if (!k)
+        return false;
+    for (int32_t i = 0; i < v->n_sorted; i++) {
+        int32_t t = v->sorted[i];
+        k[i] = (tok_key){v->blob + v->off[t], v->off[t + 1] - v->off[t], t};
+    }
+    qsort(k, (size_t)v->n_sorted, sizeof *k, cmp_tokens);
+    for (int32_t i = 0; i < v->n_sorted; i++)
+        v->sorted[i] = k[i].id;
+    free(k);
+    return true;
 }
 
 static bool vocab_trie(ts_vocab *v) {
@@ -60,8 +77,7 @@ static bool vocab_trie(ts_vocab *v) {
     v->tok_hi = malloc(cap * sizeof(int32_t));
     v->sub_hi = malloc(cap * sizeof(int32_t));
     int32_t *path = malloc(((size_t)v->max_len + 2) * sizeof *path);
-    if (!v->tb || !v->tend || !v->tok_lo || !v->tok_hi || !v->sub_hi ||
-        !path) {
+    if (!v->tb || !v->tend || !v->tok_lo || !v->tok_hi || !v->sub_hi || !path) {
         free(path);
         return false;
     }
@@ -133,9 +149,7 @@ ts_status ts_vocab_new(ts_ctx *ctx, ts_tokenizer *tok, ts_vocab **out) {
             v->max_len = (int32_t)n;
     }
     v->off[V] = (uint32_t)k;
-    sort_vocab = v; /* callers build vocabularies one at a time */
-    qsort(v->sorted, (size_t)v->n_sorted, sizeof *v->sorted, cmp_tokens);
-    if (!vocab_trie(v))
+    if (!sort_tokens(v) || !vocab_trie(v))
         goto oom;
     *out = v;
     return TS_OK;
@@ -158,7 +172,9 @@ void ts_vocab_free(ts_vocab *v) {
     free(v);
 }
 
-int32_t ts_vocab_size(const ts_vocab *v) { return v ? v->V : 0; }
+int32_t ts_vocab_size(const ts_vocab *v) {
+    return v ? v->V : 0;
+}
 
 const unsigned char *tsg_vocab_token(const ts_vocab *v, int32_t t,
                                      size_t *len) {
@@ -318,7 +334,8 @@ static bool run_closure(tsg_pda *p, tsg_set *out) {
                 goto fail;
         } else {
             int32_t nc = cont;
-            if (g->el[pos + 1].type != G_END && (nc = tsg_node(p, pos + 1, cont)) < 0)
+            if (g->el[pos + 1].type != G_END &&
+                (nc = tsg_node(p, pos + 1, cont)) < 0)
                 goto fail;
             int32_t r = e->v, a0 = g->alt_first[r], na = g->alt_count[r];
             for (int32_t a = a0; a < a0 + na; a++)
@@ -491,18 +508,141 @@ struct ts_matcher {
     ts_grammar *g;
     tsg_pda p;
     tsg_set cur, tmp[2];
-    tsg_set *depth_sets; /* the trie walk's, one per depth */
-    int32_t n_depth;
     const mask_entry **applied;
     int32_t cap_applied;
     bool oom;
 };
 
+static bool grow_i32(int32_t **p, int32_t *cap, int32_t need) {
+    if (need <= *cap)
+        return true;
+    int32_t nc = *cap ? *cap : 256;
+    while (nc < need)
+        nc *= 2;
+    int32_t *np = realloc(*p, (size_t)nc * sizeof *np);
+    if (!np)
+        return false;
+    *p = np, *cap = nc;
+    return true;
+}
+
+/* The trie walk's stack sets, made into a lazy DFA: a set of leaves (its
+ * sorted node ids; hash-consing makes equal stacks equal ids) is a state,
+ * and each (state, byte) is stepped once, so a string's interior, where
+ * every byte leads back to the same set, costs a table lookup per trie
+ * node. Node ids stay valid because nothing is rolled back until the walk
+ * ends. */
 typedef struct {
-    ts_matcher *m;
+    int32_t off, n;
+    bool escaped;
+    int32_t *next; /* 256, made on first use; -2 unknown, -1 dead */
+} dstate;
+
+typedef struct {
+    tsg_pda *p;
+    dstate *st;
+    int32_t n, cap;
+    int32_t *pool;
+    int32_t pool_n, pool_cap;
+    int32_t *hash; /* open addressing over states, -1 empty */
+    uint32_t hcap;
+    tsg_set out;
+    bool oom;
+} dfa;
+
+static uint32_t ids_hash(const int32_t *ids, int32_t n, bool esc) {
+    uint32_t h = 2166136261u ^ (uint32_t)esc;
+    for (int32_t i = 0; i < n; i++)
+        h = (h ^ (uint32_t)ids[i]) * 16777619u;
+    return h ^ (h >> 16);
+}
+
+static int cmp_i32(const void *a, const void *b);
+
+static bool dfa_rehash(dfa *d) {
+    uint32_t nc = d->hcap ? 2 * d->hcap : 256;
+    int32_t *nh = malloc(nc * sizeof *nh);
+    if (!nh)
+        return false;
+    memset(nh, 0xff, nc * sizeof *nh);
+    for (int32_t k = 0; k < d->n; k++) {
+        uint32_t h =
+            ids_hash(d->pool + d->st[k].off, d->st[k].n, d->st[k].escaped) &
+            (nc - 1);
+        while (nh[h] >= 0)
+            h = (h + 1) & (nc - 1);
+        nh[h] = k;
+    }
+    free(d->hash);
+    d->hash = nh, d->hcap = nc;
+    return true;
+}
+
+static bool grow_states(dfa *d) {
+    int32_t nc = d->cap ? 2 * d->cap : 64;
+    dstate *ns = realloc(d->st, (size_t)nc * sizeof *ns);
+    if (!ns)
+        return false;
+    d->st = ns, d->cap = nc;
+    return true;
+}
+
+/* the state of a set (sorted in place) */
+static int32_t dfa_state(dfa *d, tsg_set *s) {
+    if (s->n > 1)
+        qsort(s->ids, (size_t)s->n, sizeof *s->ids, cmp_i32);
+    if ((uint32_t)d->n * 2 + 2 > d->hcap && !dfa_rehash(d))
+        return d->oom = true, -1;
+    uint32_t h = ids_hash(s->ids, s->n, s->escaped) & (d->hcap - 1);
+    for (int32_t k; (k = d->hash[h]) >= 0; h = (h + 1) & (d->hcap - 1))
+        if (d->st[k].n == s->n && d->st[k].escaped == s->escaped &&
+            (!s->n || !memcmp(d->pool + d->st[k].off, s->ids,
+                              (size_t)s->n * sizeof *s->ids)))
+            return k;
+    if (!grow_i32(&d->pool, &d->pool_cap, d->pool_n + s->n + 1) ||
+        (d->n == d->cap && !grow_states(d)))
+        return d->oom = true, -1;
+    if (s->n)
+        memcpy(d->pool + d->pool_n, s->ids, (size_t)s->n * sizeof *s->ids);
+    d->st[d->n] = (dstate){d->pool_n, s->n, s->escaped, NULL};
+    d->pool_n += s->n;
+    d->hash[h] = d->n;
+    return d->n++;
+}
+
+static int32_t dfa_next(dfa *d, int32_t k, uint8_t c) {
+    if (!d->st[k].next) {
+        if (!(d->st[k].next = malloc(256 * sizeof(int32_t))))
+            return d->oom = true, -1;
+        for (int i = 0; i < 256; i++)
+            d->st[k].next[i] = -2;
+    }
+    if (d->st[k].next[c] != -2)
+        return d->st[k].next[c];
+    tsg_set in = {.ids = d->pool + d->st[k].off, .n = d->st[k].n};
+    int matched = 0;
+    int32_t r = -1;
+    if (tsg_step(d->p, &in, c, &d->out, &matched) && matched)
+        r = dfa_state(d, &d->out);
+    else if (d->p->oom)
+        d->oom = true;
+    d->st[k].next[c] = r; /* st may have moved: index again */
+    return r;
+}
+
+static void dfa_free(dfa *d) {
+    for (int32_t k = 0; k < d->n; k++)
+        free(d->st[k].next);
+    free(d->st);
+    free(d->pool);
+    free(d->hash);
+    tsg_set_free(&d->out);
+}
+
+typedef struct {
+    dfa d;
     const ts_vocab *v;
     ivec acc, unc;
-    bool failed;
 } walk_state;
 
 static void add_range(const ts_vocab *v, ivec *to, int32_t lo, int32_t hi) {
@@ -510,29 +650,25 @@ static void add_range(const ts_vocab *v, ivec *to, int32_t lo, int32_t hi) {
         iv_push(to, v->sorted[i]);
 }
 
-/* The tokens under trie node i, from the stacks in parent (E: a stack
- * escaped into the unknown context before this byte). */
-static void walk(walk_state *w, int32_t i, int32_t depth, const tsg_set *parent,
-                 bool E) {
+/* The tokens under trie node i from DFA state k (E: a stack escaped into
+ * the unknown context before this byte). */
+static void walk(walk_state *w, int32_t i, int32_t k, bool E) {
     const ts_vocab *v = w->v;
-    ts_matcher *m = w->m;
-    tsg_set *s = &m->depth_sets[depth];
-    int32_t mark = tsg_mark(&m->p);
-    int matched = 0;
-    if (!tsg_step(&m->p, parent, v->tb[i], s, &matched) && m->p.oom) {
-        w->failed = true;
+    int32_t nx = dfa_next(&w->d, k, v->tb[i]);
+    if (nx < 0) { /* no stack took the byte */
+        if (E)
+            add_range(v, &w->unc, v->tok_lo[i], v->sub_hi[i]);
         return;
     }
-    add_range(v, matched ? &w->acc : E ? &w->unc : NULL, v->tok_lo[i],
-              matched || E ? v->tok_hi[i] : v->tok_lo[i]);
-    E = E || s->escaped;
-    if (s->n == 0) {
+    add_range(v, &w->acc, v->tok_lo[i], v->tok_hi[i]);
+    E = E || w->d.st[nx].escaped;
+    if (w->d.st[nx].n == 0) {
         if (E)
             add_range(v, &w->unc, v->tok_hi[i], v->sub_hi[i]);
-    } else
-        for (int32_t c = i + 1; c < v->tend[i] && !w->failed; c = v->tend[c])
-            walk(w, c, depth + 1, s, E);
-    tsg_pda_rollback(&m->p, mark);
+        return;
+    }
+    for (int32_t c = i + 1; c < v->tend[i] && !w->d.oom; c = v->tend[c])
+        walk(w, c, nx, E);
 }
 
 static int cmp_i32(const void *a, const void *b) {
@@ -544,41 +680,37 @@ static int cmp_i32(const void *a, const void *b) {
  * bottom is unknown (or the root, when the key reaches it) */
 static mask_entry *entry_compute(ts_matcher *m, const int32_t *key) {
     const ts_vocab *v = m->g->vocab;
-    if (m->n_depth < v->max_len + 1) {
-        tsg_set *ns = realloc(m->depth_sets,
-                              ((size_t)v->max_len + 1) * sizeof *ns);
-        if (!ns)
-            return NULL;
-        memset(ns + m->n_depth, 0,
-               (size_t)(v->max_len + 1 - m->n_depth) * sizeof *ns);
-        m->depth_sets = ns, m->n_depth = v->max_len + 1;
-    }
     int32_t mark = tsg_mark(&m->p), last = TSG_CTX - 1;
     while (last > 0 && key[last] < 0)
         last--;
     int32_t cont = last + 1 < TSG_CTX && key[last + 1] == TSG_ROOT
                        ? TSG_ROOT
                        : TSG_UNKNOWN;
-    for (int32_t j = last; j >= 1 && cont != -3; j--)
+    for (int32_t j = last; j >= 1 && cont >= -2; j--)
         cont = tsg_node(&m->p, key[j], cont);
-    int32_t leaf = cont < -2 ? -1 : tsg_node(&m->p, key[0], cont);
-    walk_state w = {.m = m, .v = v};
+    int32_t leaf = m->p.oom ? -1 : tsg_node(&m->p, key[0], cont);
+    walk_state w = {.d = {.p = &m->p}, .v = v};
     tsg_set root = {0};
-    if (leaf < 0 || !set_push(&root, leaf))
-        w.failed = true;
-    for (int32_t c = 1; c < v->n_nodes && !w.failed; c = v->tend[c])
-        walk(&w, c, 0, &root, false);
+    int32_t k0 = -1;
+    if (leaf >= 0 && set_push(&root, leaf))
+        k0 = dfa_state(&w.d, &root);
+    w.d.oom |= k0 < 0;
+    for (int32_t c = 1; c < v->n_nodes && !w.d.oom; c = v->tend[c])
+        walk(&w, c, k0, false);
+    bool failed = w.d.oom;
     tsg_set_free(&root);
+    dfa_free(&w.d);
     tsg_pda_rollback(&m->p, mark);
     mask_entry *e = calloc(1, sizeof *e);
-    if (w.failed || w.acc.oom || w.unc.oom || !e) {
+    if (failed || w.acc.oom || w.unc.oom || !e) {
         free(w.acc.v);
         free(w.unc.v);
         free(e);
         return NULL;
     }
     memcpy(e->key, key, sizeof e->key);
-    qsort(w.unc.v, (size_t)w.unc.n, sizeof *w.unc.v, cmp_i32);
+    if (w.unc.n)
+        qsort(w.unc.v, (size_t)w.unc.n, sizeof *w.unc.v, cmp_i32);
     e->unc = w.unc.v, e->n_unc = w.unc.n;
     e->n_acc = w.acc.n;
     if (w.acc.n > v->V / 32) { /* a bitset is smaller and faster to OR */
@@ -661,9 +793,6 @@ void ts_matcher_free(ts_matcher *m) {
     tsg_set_free(&m->cur);
     tsg_set_free(&m->tmp[0]);
     tsg_set_free(&m->tmp[1]);
-    for (int32_t i = 0; i < m->n_depth; i++)
-        tsg_set_free(&m->depth_sets[i]);
-    free(m->depth_sets);
     free(m->applied);
     ts_grammar_unref(m->g);
     free(m);
@@ -752,7 +881,9 @@ bool ts_matcher_accept(ts_matcher *m, int32_t t) {
     return tsg_matcher_feed(m, b, len);
 }
 
-bool ts_matcher_can_end(const ts_matcher *m) { return m->cur.accept; }
+bool ts_matcher_can_end(const ts_matcher *m) {
+    return m->cur.accept;
+}
 
 bool ts_matcher_done(const ts_matcher *m) {
     return m->cur.accept && m->cur.n == 0;
@@ -828,8 +959,7 @@ ts_status ts_grammar_compile(ts_ctx *ctx, const ts_vocab *v,
         return ts_set_error(ctx, TS_ERR_INVALID_ARG, "grammar: NULL argument");
     *out = NULL;
     if (spec->kind != TS_GRAMMAR_JSON_OBJECT && !spec->src)
-        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
-                            "grammar: no source text");
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "grammar: no source text");
     gbuild b;
     gb_init(&b);
     int start = gb_rule(&b, "(start)"), root = -1;
@@ -968,7 +1098,8 @@ static int cache_lookup(ts_grammar_cache *c, uint64_t h,
     for (int i = 0; i < c->n; i++) {
         gc_item *it = &c->items[i];
         if (it->hash == h && it->kind == (int)s->kind &&
-            str_eq(it->src, s->kind == TS_GRAMMAR_JSON_OBJECT ? NULL : s->src) &&
+            str_eq(it->src,
+                   s->kind == TS_GRAMMAR_JSON_OBJECT ? NULL : s->src) &&
             str_eq(it->prefix, s->prefix) && str_eq(it->suffix, s->suffix))
             return i;
     }
@@ -982,11 +1113,12 @@ ts_status ts_grammar_cache_get(ts_grammar_cache *c, ts_ctx *ctx,
         return ts_set_error(ctx, TS_ERR_INVALID_ARG,
                             "grammar cache: NULL argument");
     const char *src = spec->kind == TS_GRAMMAR_JSON_OBJECT ? NULL : spec->src;
-    uint64_t h = fnv64(fnv64(fnv64(fnv64(1469598103934665603ull,
-                                         (const char[]){(char)('0' + spec->kind), 0}),
-                                   src),
-                             spec->prefix),
-                       spec->suffix);
+    uint64_t h =
+        fnv64(fnv64(fnv64(fnv64(1469598103934665603ull,
+                                (const char[]){(char)('0' + spec->kind), 0}),
+                          src),
+                    spec->prefix),
+              spec->suffix);
     pthread_mutex_lock(&c->mu);
     int i = cache_lookup(c, h, spec);
     if (i >= 0) {
@@ -1007,10 +1139,12 @@ ts_status ts_grammar_cache_get(ts_grammar_cache *c, ts_ctx *ctx,
     if (st)
         return st;
     bool oom = false;
-    gc_item it = {.hash = h, .kind = (int)spec->kind,
+    gc_item it = {.hash = h,
+                  .kind = (int)spec->kind,
                   .src = dup_or_null(src, &oom),
                   .prefix = dup_or_null(spec->prefix, &oom),
-                  .suffix = dup_or_null(spec->suffix, &oom), .g = g};
+                  .suffix = dup_or_null(spec->suffix, &oom),
+                  .g = g};
     pthread_mutex_lock(&c->mu);
     if (oom || cache_lookup(c, h, spec) >= 0) {
         pthread_mutex_unlock(&c->mu);

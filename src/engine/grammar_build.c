@@ -11,11 +11,13 @@
 
 /* the lowered grammar's size limits: hostile input fails, never hangs */
 #define MAX_ELEMENTS (4 << 20)
-#define MAX_REPEAT 10000
+#define MAX_REPEAT   10000
 
 /* ---- builder ---------------------------------------------------------- */
 
-void gb_init(gbuild *b) { memset(b, 0, sizeof *b); }
+void gb_init(gbuild *b) {
+    memset(b, 0, sizeof *b);
+}
 
 void gb_free(gbuild *b) {
     for (size_t i = 0; i < b->n_nodes; i++) {
@@ -54,7 +56,9 @@ static gx *node_new(gbuild *b, gx_kind k) {
     return x;
 }
 
-gx *gx_empty(gbuild *b) { return node_new(b, GX_EMPTY); }
+gx *gx_empty(gbuild *b) {
+    return node_new(b, GX_EMPTY);
+}
 
 gx *gx_lit(gbuild *b, const void *bytes, size_t len) {
     if (!len)
@@ -71,7 +75,9 @@ gx *gx_lit(gbuild *b, const void *bytes, size_t len) {
     return x;
 }
 
-gx *gx_str(gbuild *b, const char *s) { return gx_lit(b, s, strlen(s)); }
+gx *gx_str(gbuild *b, const char *s) {
+    return gx_lit(b, s, strlen(s));
+}
 
 static int cmp_u32pair(const void *a, const void *b) {
     const uint32_t *x = a, *y = b;
@@ -133,8 +139,12 @@ gx *gx_byteset(gbuild *b, const uint8_t set[32]) {
     return x;
 }
 
-gx *gx_seq(gbuild *b) { return node_new(b, GX_SEQ); }
-gx *gx_alt(gbuild *b) { return node_new(b, GX_ALT); }
+gx *gx_seq(gbuild *b) {
+    return node_new(b, GX_SEQ);
+}
+gx *gx_alt(gbuild *b) {
+    return node_new(b, GX_ALT);
+}
 
 gx *gx_add(gbuild *b, gx *p, gx *kid) {
     if (!p || !kid)

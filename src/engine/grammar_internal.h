@@ -94,10 +94,10 @@ typedef struct {
 
 /* Stack nodes: cont -1 is the bottom (the text may end), -2 a context
  * left unknown (the token-mask cache's own stacks). */
-#define TSG_ROOT (-1)
+#define TSG_ROOT    (-1)
 #define TSG_UNKNOWN (-2)
 /* how many stack frames key a token-mask cache entry */
-#define TSG_CTX 4
+#define TSG_CTX 6
 
 typedef struct mask_entry mask_entry;
 
@@ -157,7 +157,9 @@ bool tsg_closure(tsg_pda *p, int32_t pos, int32_t cont, tsg_set *out);
  * took c (a token ending here is consumed). */
 bool tsg_step(tsg_pda *p, const tsg_set *in, uint8_t c, tsg_set *out,
               int *matched);
-static inline int32_t tsg_mark(const tsg_pda *p) { return p->n; }
+static inline int32_t tsg_mark(const tsg_pda *p) {
+    return p->n;
+}
 void tsg_pda_rollback(tsg_pda *p, int32_t mark);
 
 /* The slow reference: whether bytes could follow the matcher's text
@@ -167,8 +169,7 @@ bool tsg_matcher_try_bytes(ts_matcher *m, const unsigned char *bytes,
 /* advances by raw bytes (all or nothing); false when they do not fit */
 bool tsg_matcher_feed(ts_matcher *m, const unsigned char *bytes, size_t len);
 /* a token's bytes (NULL for special/empty tokens) */
-const unsigned char *tsg_vocab_token(const ts_vocab *v, int32_t t,
-                                     size_t *len);
+const unsigned char *tsg_vocab_token(const ts_vocab *v, int32_t t, size_t *len);
 /* the internal form's size, for tests and logs */
 void tsg_grammar_stats(const ts_grammar *g, int *rules, int *elements,
                        int *cache_entries);

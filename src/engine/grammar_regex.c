@@ -34,9 +34,11 @@ static int32_t next_cp(rx *r) {
     const unsigned char *s = (const unsigned char *)r->src + r->i;
     size_t left = r->n - r->i;
     unsigned c = s[0];
-    int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3
-                         : (c >> 3) == 30  ? 4
-                                           : 0;
+    int len = c < 0x80         ? 1
+              : (c >> 5) == 6  ? 2
+              : (c >> 4) == 14 ? 3
+              : (c >> 3) == 30 ? 4
+                               : 0;
     if (!len || (size_t)len > left)
         return -1;
     uint32_t cp = len == 1 ? c : c & (0x7F >> len);
@@ -100,12 +102,24 @@ static int32_t escaped_char(rx *r) {
     char c = r->src[r->i];
     static const char plain[] = "\\^$.|?*+()[]{}-/\"'#&~ ,:=<>!@%`;";
     switch (c) {
-    case 'n': r->i++; return '\n';
-    case 't': r->i++; return '\t';
-    case 'r': r->i++; return '\r';
-    case 'f': r->i++; return '\f';
-    case 'v': r->i++; return '\v';
-    case '0': r->i++; return 0;
+    case 'n':
+        r->i++;
+        return '\n';
+    case 't':
+        r->i++;
+        return '\t';
+    case 'r':
+        r->i++;
+        return '\r';
+    case 'f':
+        r->i++;
+        return '\f';
+    case 'v':
+        r->i++;
+        return '\v';
+    case '0':
+        r->i++;
+        return 0;
     case 'x':
     case 'u': {
         int n = c == 'x' ? 2 : 4;
@@ -217,8 +231,8 @@ static gx *parse_atom(rx *r) {
             const char *p = r->src + r->i;
             if (!strncmp(p, "?:", 2))
                 r->i += 2;
-            else if (!strncmp(p, "?P<", 3) || (!strncmp(p, "?<", 2) &&
-                                                p[2] != '=' && p[2] != '!')) {
+            else if (!strncmp(p, "?P<", 3) ||
+                     (!strncmp(p, "?<", 2) && p[2] != '=' && p[2] != '!')) {
                 const char *e = strchr(p, '>');
                 if (!e)
                     return rx_fail(r, "an unterminated group name");

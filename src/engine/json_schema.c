@@ -11,10 +11,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#define MAX_DEPTH 64
-#define MAX_BLANKS 32        /* spaces or tabs in one whitespace run */
-#define MAX_BOUND 9007199254740991.0 /* 2^53 - 1 */
-#define NO_BOUND INT64_MAX
+#define MAX_DEPTH  64
+#define MAX_BLANKS 32                 /* spaces or tabs in one whitespace run */
+#define MAX_BOUND  9007199254740991.0 /* 2^53 - 1 */
+#define NO_BOUND   INT64_MAX
 
 typedef struct {
     char *ptr;
@@ -45,7 +45,9 @@ static gx *fail(jsc *j, const char *fmt, ...) {
     return NULL;
 }
 
-static const char *show(const char *ptr) { return *ptr ? ptr : "/"; }
+static const char *show(const char *ptr) {
+    return *ptr ? ptr : "/";
+}
 
 /* base + "/" + key, with ~ and / escaped (RFC 6901); malloc'd */
 static char *ptr_join(const char *base, const char *key) {
@@ -100,7 +102,9 @@ static gx *altv(jsc *j, int n, ...) {
     return s;
 }
 
-static gx *lit(jsc *j, const char *s) { return gx_str(j->b, s); }
+static gx *lit(jsc *j, const char *s) {
+    return gx_str(j->b, s);
+}
 
 /* a rule made once per grammar: *id caches it */
 static gx *shared(jsc *j, int *id, const char *name, gx *(*make)(jsc *)) {
@@ -119,7 +123,9 @@ static gx *make_ws(jsc *j) {
     return seqv(j, 2, nl,
                 gx_rep(j->b, gx_class(j->b, blank, 2, false), 0, MAX_BLANKS));
 }
-static gx *ws(jsc *j) { return shared(j, &j->r_ws, "ws", make_ws); }
+static gx *ws(jsc *j) {
+    return shared(j, &j->r_ws, "ws", make_ws);
+}
 
 static gx *hex(jsc *j) {
     uint32_t r[6] = {'0', '9', 'a', 'f', 'A', 'F'};
@@ -129,14 +135,16 @@ static gx *hex(jsc *j) {
 static gx *make_char(jsc *j) {
     uint32_t r[6] = {0, 0x1F, '"', '"', '\\', '\\'};
     uint32_t esc[] = {'"', '"', '\\', '\\', '/', '/', 'b', 'b',
-                      'f', 'f', 'n', 'n', 'r', 'r', 't', 't'};
+                      'f', 'f', 'n',  'n',  'r', 'r', 't', 't'};
     gx *escape =
         seqv(j, 2, lit(j, "\\"),
              altv(j, 2, gx_class(j->b, esc, 8, false),
                   seqv(j, 2, lit(j, "u"), gx_rep(j->b, hex(j), 4, 4))));
     return altv(j, 2, gx_class(j->b, r, 3, true), escape);
 }
-static gx *jchar(jsc *j) { return shared(j, &j->r_char, "char", make_char); }
+static gx *jchar(jsc *j) {
+    return shared(j, &j->r_char, "char", make_char);
+}
 
 static gx *make_string(jsc *j) {
     return seqv(j, 3, lit(j, "\""), gx_rep(j->b, jchar(j), 0, -1),
@@ -155,7 +163,9 @@ static gx *make_int(jsc *j) {
                 altv(j, 2, lit(j, "0"),
                      seqv(j, 2, cls(j, '1', '9'), digits(j, 0, -1))));
 }
-static gx *jint(jsc *j) { return shared(j, &j->r_int, "integer", make_int); }
+static gx *jint(jsc *j) {
+    return shared(j, &j->r_int, "integer", make_int);
+}
 
 static gx *make_number(jsc *j) {
     uint32_t e[4] = {'e', 'e', 'E', 'E'}, pm[4] = {'+', '+', '-', '-'};
@@ -176,8 +186,8 @@ static gx *make_object(jsc *j) {
     gx *pair = seqv(j, 5, jstring(j), ws(j), lit(j, ":"), ws(j), jvalue(j));
     gx *more = seqv(j, 4, ws(j), lit(j, ","), ws(j), pair);
     return altv(j, 2, seqv(j, 3, lit(j, "{"), ws(j), lit(j, "}")),
-                seqv(j, 6, lit(j, "{"), ws(j), pair,
-                     gx_rep(j->b, more, 0, -1), ws(j), lit(j, "}")));
+                seqv(j, 6, lit(j, "{"), ws(j), pair, gx_rep(j->b, more, 0, -1),
+                     ws(j), lit(j, "}")));
 }
 static gx *jobject(jsc *j) {
     return shared(j, &j->r_object, "object", make_object);
@@ -298,7 +308,8 @@ static gx *int_range(jsc *j, int64_t lo, int64_t hi) {
 /* non-negative decimals m with c < m or c <= m (cex), m < d or m <= d
  * (dex; d NO_BOUND: none); integer part exact, no exponent */
 static gx *magnitude(jsc *j, int64_t c, bool cex, int64_t d, bool dex) {
-    gx *frac_any = gx_rep(j->b, seqv(j, 2, lit(j, "."), digits(j, 1, -1)), 0, 1);
+    gx *frac_any =
+        gx_rep(j->b, seqv(j, 2, lit(j, "."), digits(j, 1, -1)), 0, 1);
     gx *frac_zero = gx_rep(
         j->b, seqv(j, 2, lit(j, "."), gx_rep(j->b, lit(j, "0"), 1, -1)), 0, 1);
     gx *frac_nonzero = seqv(j, 4, lit(j, "."), digits(j, 0, -1),
@@ -375,8 +386,9 @@ static gx *number_schema(jsc *j, json_t *s, const char *ptr) {
         return jnumber(j);
     if ((bd.has_lo && bd.lo != floor(bd.lo)) ||
         (bd.has_hi && bd.hi != floor(bd.hi)))
-        return fail(j, "a non-integer bound on a number at %s is not "
-                       "supported (integer bounds are)",
+        return fail(j,
+                    "a non-integer bound on a number at %s is not "
+                    "supported (integer bounds are)",
                     show(ptr));
     int64_t lo = bd.has_lo ? (int64_t)bd.lo : -NO_BOUND;
     int64_t hi = bd.has_hi ? (int64_t)bd.hi : NO_BOUND;
@@ -412,8 +424,8 @@ static void json_escape_tree(jsc *j, gx *x) {
     bool special[128] = {0};
     int n_special = 0;
     for (int i = 0; i < x->n; i++)
-        for (uint32_t c = x->ranges[2 * i]; c <= x->ranges[2 * i + 1] && c < 128;
-             c++)
+        for (uint32_t c = x->ranges[2 * i];
+             c <= x->ranges[2 * i + 1] && c < 128; c++)
             if (c < 0x20 || c == '"' || c == '\\')
                 special[c] = true, n_special++;
     if (!n_special)
@@ -505,8 +517,9 @@ static gx *string_schema(jsc *j, json_t *s, const char *ptr) {
     if (!json_is_string(p))
         return fail(j, "\"pattern\" at %s must be a string", show(ptr));
     if (min || max >= 0)
-        return fail(j, "\"pattern\" together with minLength/maxLength at %s "
-                       "is not supported",
+        return fail(j,
+                    "\"pattern\" together with minLength/maxLength at %s "
+                    "is not supported",
                     show(ptr));
     gx *re = NULL;
     bool a0 = false, a1 = false;
@@ -526,8 +539,7 @@ static gx *string_schema(jsc *j, json_t *s, const char *ptr) {
 
 static gx *schema(jsc *j, json_t *s, const char *ptr);
 
-static gx *literal_value(jsc *j, json_t *v, const char *what,
-                         const char *ptr) {
+static gx *literal_value(jsc *j, json_t *v, const char *what, const char *ptr) {
     char *d = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     if (!d)
         return fail(j, "%s at %s cannot be serialized", what, show(ptr));
@@ -571,8 +583,9 @@ static gx *object_schema(jsc *j, json_t *s, const char *ptr) {
     if (req && !json_is_array(req))
         return fail(j, "\"required\" at %s must be an array", show(ptr));
     if (addl && !json_is_boolean(addl) && !json_is_object(addl))
-        return fail(j, "\"additionalProperties\" at %s must be a boolean or "
-                       "a schema",
+        return fail(j,
+                    "\"additionalProperties\" at %s must be a boolean or "
+                    "a schema",
                     show(ptr));
     if (!props && !addl)
         return jobject(j); /* any object */
@@ -585,9 +598,10 @@ static gx *object_schema(jsc *j, json_t *s, const char *ptr) {
         if (!json_is_string(r))
             return fail(j, "\"required\" at %s holds a non-string", show(ptr));
         if (!props || !json_object_get(props, json_string_value(r)))
-            return fail(j, "required property \"%s\" at %s is not in "
-                           "\"properties\" (additional properties are not "
-                           "generated)",
+            return fail(j,
+                        "required property \"%s\" at %s is not in "
+                        "\"properties\" (additional properties are not "
+                        "generated)",
                         json_string_value(r), show(ptr));
     }
     gx *addl_pair = NULL;
@@ -622,7 +636,8 @@ static gx *object_schema(jsc *j, json_t *s, const char *ptr) {
         gb_define(j->b, rule[2 * n + 1], gx_empty(j->b));
     }
     json_object_foreach(props, key, val) {
-        char *p = ptr_join(ptr, "properties"), *pp = p ? ptr_join(p, key) : NULL;
+        char *p = ptr_join(ptr, "properties"),
+             *pp = p ? ptr_join(p, key) : NULL;
         free(p);
         gx *v = pp ? schema(j, val, pp) : fail(j, "out of memory");
         free(pp);
@@ -671,20 +686,21 @@ static gx *typed(jsc *j, const char *type, json_t *s, const char *ptr) {
 
 static const char *const known_keywords[] = {
     "type", "properties", "required", "additionalProperties", "items", "enum",
-    "const", "anyOf", "minLength", "maxLength", "pattern", "minimum",
-    "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems",
-    "$ref", "$defs", "definitions", "format",
+    "const", "anyOf", "minLength", "maxLength", "pattern", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems", "$ref",
+    "$defs", "definitions", "format",
     /* annotations: no effect on what is generated */
-    "title", "description", "$schema", "default", "examples", "$id",
-    "$comment", "strict", NULL};
+    "title", "description", "$schema", "default", "examples", "$id", "$comment",
+    "strict", NULL};
 
 static int ref_rule(jsc *j, const char *ref, const char *ptr) {
     for (int i = 0; i < j->n_refs; i++)
         if (!strcmp(j->refs[i].ptr, ref))
             return j->refs[i].rule;
     if (ref[0] != '#' || (ref[1] && ref[1] != '/')) {
-        fail(j, "\"$ref\" \"%s\" at %s: only local references (#/...) are "
-                "supported",
+        fail(j,
+             "\"$ref\" \"%s\" at %s: only local references (#/...) are "
+             "supported",
              ref, show(ptr));
         return -1;
     }
