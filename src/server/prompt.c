@@ -175,8 +175,9 @@ static void hermes_calls_text(ts_sbuf *b, json_t *calls) {
         char *args = json_dumps(json_object_get(fn, "arguments"), 0);
         if (b->n || k)
             ts_sb_puts(b, "\n");
-        ts_sb_printf(b, "<tool_call>\n{\"name\": \"%s\", \"arguments\": %s}\n"
-                        "</tool_call>",
+        ts_sb_printf(b,
+                     "<tool_call>\n{\"name\": \"%s\", \"arguments\": %s}\n"
+                     "</tool_call>",
                      json_string_value(json_object_get(fn, "name")),
                      args ? args : "{}");
         free(args);
@@ -198,16 +199,15 @@ static json_t *hermes_fallback(json_t *norm, json_t *tools) {
     for (i = 0; ok && i < n; i++) {
         m = json_array_get(norm, i);
         const char *role = json_string_value(json_object_get(m, "role"));
-        const char *content =
-            json_string_value(json_object_get(m, "content"));
+        const char *content = json_string_value(json_object_get(m, "content"));
         json_t *calls = json_object_get(m, "tool_calls");
         ts_sbuf b = {0};
         json_t *nm = NULL;
         if (i == 0 && json_array_size(tools)) {
             bool sys = !strcmp(role, "system");
             if (sys) { /* lengths, not %s: content may hold a NUL */
-                ts_sb_add(&b, content, json_string_length(
-                                           json_object_get(m, "content")));
+                ts_sb_add(&b, content,
+                          json_string_length(json_object_get(m, "content")));
                 ts_sb_puts(&b, "\n\n");
             }
             hermes_tools_text(&b, tools);
@@ -223,8 +223,8 @@ static json_t *hermes_fallback(json_t *norm, json_t *tools) {
                                     "tool");
                  i++) {
                 json_t *c = json_object_get(json_array_get(norm, i), "content");
-                ts_sb_puts(&b, b.n ? "\n<tool_response>\n"
-                                   : "<tool_response>\n");
+                ts_sb_puts(&b,
+                           b.n ? "\n<tool_response>\n" : "<tool_response>\n");
                 ts_sb_add(&b, json_string_value(c), json_string_length(c));
                 ts_sb_puts(&b, "\n</tool_response>");
             }

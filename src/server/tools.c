@@ -94,8 +94,8 @@ static int check_tools(json_t *tools, ts_prompt_error *e) {
         for (k = 0; k < i; k++)
             if (!strcmp(tool_name(json_array_get(tools, k)), name))
                 return bad(e, "tools",
-                           "tools[%zu] and tools[%zu] are both named \"%s\"",
-                           k, i, name);
+                           "tools[%zu] and tools[%zu] are both named \"%s\"", k,
+                           i, name);
     }
     return 0;
 }
@@ -126,8 +126,10 @@ static int read_choice(json_t *tc, json_t *tools, enum tool_choice *choice,
         *choice = CHOICE_NAMED;
         return 0;
     }
-    return bad(e, "tool_choice", "names function \"%.100s\", which is not in "
-               "tools", *named);
+    return bad(e, "tool_choice",
+               "names function \"%.100s\", which is not in "
+               "tools",
+               *named);
 }
 
 /* {"type":"object","properties":{"name":{"const":N},KEY:PARAMS},
@@ -224,7 +226,7 @@ bool ts_tools_grammar(const ts_tool_request *t, ts_grammar_spec *spec) {
 
 /* ---- the output parser ------------------------------------------------ */
 
-#define CALL_OPEN "<tool_call>"
+#define CALL_OPEN  "<tool_call>"
 #define CALL_CLOSE "</tool_call>"
 #define PYTHON_TAG "<|python_tag|>"
 
@@ -267,9 +269,8 @@ json_t *ts_tool_parser_calls(const ts_tool_parser *p) {
  * (splitmix64): unique in a process, deterministic in tests */
 static void new_call_id(char id[30]) {
     static unsigned long long counter;
-    unsigned long long x =
-        __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) *
-        0x9E3779B97F4A7C15ull;
+    unsigned long long x = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) *
+                           0x9E3779B97F4A7C15ull;
     static const char alnum[] =
         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     memcpy(id, "call_", 5);
@@ -315,16 +316,15 @@ static bool add_call(ts_tool_parser *p, json_t *obj, const char *key,
     char id[30];
     new_call_id(id);
     size_t index = json_array_size(p->calls);
-    json_array_append_new(
-        p->calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type",
-                            "function", "function", "name", name,
-                            "arguments", args));
+    json_array_append_new(p->calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id,
+                                              "type", "function", "function",
+                                              "name", name, "arguments", args));
     if (!*deltas)
         *deltas = json_array();
-    json_array_append_new(
-        *deltas, json_pack("{s:I,s:s,s:s,s:{s:s,s:s}}", "index",
-                           (json_int_t)index, "id", id, "type", "function",
-                           "function", "name", name, "arguments", args));
+    json_array_append_new(*deltas, json_pack("{s:I,s:s,s:s,s:{s:s,s:s}}",
+                                             "index", (json_int_t)index, "id",
+                                             id, "type", "function", "function",
+                                             "name", name, "arguments", args));
     free(args);
     return true;
 }
@@ -357,10 +357,9 @@ static bool hermes_step(ts_tool_parser *p, bool final, ts_sbuf *content,
                isspace((unsigned char)b->p[skip]))
             skip++;
         char *open = strstr(b->p + skip, CALL_OPEN);
-        size_t upto = open ? (size_t)(open - b->p)
-                           : b->n - (final ? 0
-                                           : partial_tag(b->p, b->n,
-                                                         CALL_OPEN));
+        size_t upto =
+            open ? (size_t)(open - b->p)
+                 : b->n - (final ? 0 : partial_tag(b->p, b->n, CALL_OPEN));
         if (!open && !final && skip == b->n)
             return false; /* only whitespace after a call: wait */
         if (upto > skip)
@@ -442,14 +441,14 @@ static void llama3_feed(ts_tool_parser *p, bool final, ts_sbuf *content,
         while (at < b->n && isspace((unsigned char)b->p[at]))
             at++;
         size_t rest = b->n - at;
-        bool tag_so_far = rest < strlen(PYTHON_TAG) &&
-                          !memcmp(b->p + at, PYTHON_TAG, rest);
+        bool tag_so_far =
+            rest < strlen(PYTHON_TAG) && !memcmp(b->p + at, PYTHON_TAG, rest);
         if (!final && (rest == 0 || (tag_so_far && rest > 0)))
             return;
         p->decided = true;
-        p->calls_only = rest > 0 && (b->p[at] == '{' || !strncmp(
-                                         b->p + at, PYTHON_TAG,
-                                         strlen(PYTHON_TAG)));
+        p->calls_only =
+            rest > 0 && (b->p[at] == '{' ||
+                         !strncmp(b->p + at, PYTHON_TAG, strlen(PYTHON_TAG)));
     }
     if (p->calls_only && !final)
         return;

@@ -233,9 +233,9 @@ ts_status ts_chat_load_with(ts_ctx *ctx, const char *dir, const char *template,
     } else {
         src = folder_template(ctx, dir, cfg, path, &len, &owned);
     }
-    ts_status s = src ? chat_new(ctx, what, src, len, cfg,
-                                 b ? b->eos : NULL, out)
-                      : ts_ctx_status(ctx);
+    ts_status s =
+        src ? chat_new(ctx, what, src, len, cfg, b ? b->eos : NULL, out)
+            : ts_ctx_status(ctx);
     free(owned);
     json_decref(cfg);
     return s;
@@ -312,7 +312,9 @@ ts_status ts_chat_apply(ts_chat *c, const char *messages_json,
     return s;
 }
 
-bool ts_chat_takes_tools(const ts_chat *c) { return c && c->takes_tools; }
+bool ts_chat_takes_tools(const ts_chat *c) {
+    return c && c->takes_tools;
+}
 
 const char *ts_chat_tool_syntax(const ts_chat *c) {
     return c ? c->tool_syntax : "";

@@ -104,4 +104,6 @@ const ts_chat_builtin *ts_chat_builtin_find(const char *name) {
     return NULL;
 }
 
-const char *ts_chat_builtin_names(void) { return "chatml,llama3,plain"; }
+const char *ts_chat_builtin_names(void) {
+    return "chatml,llama3,plain";
+}
