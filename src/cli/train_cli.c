@@ -37,8 +37,7 @@ static const cli_opt TOKENIZER_TRAIN_OPTS[] = {
     {K_VOCAB, "--vocab", CLI_INT, "N", 257, 1 << 24, .def = "4096",
      .help = "the vocabulary's size (256 bytes, the merges, <|endoftext|>)"},
     {K_OUT, "--out", CLI_STR, "DIR",
-     .help = "where tokenizer.json and "
-             "tokenizer_config.json go"},
+     .help = "where tokenizer.json and tokenizer_config.json go"},
     {K_MIN_FREQ, "--min-frequency", CLI_INT, "N", 1, 1e9, .def = "2",
      .help = "merge only pairs seen at least N times"},
     {0},
@@ -112,25 +111,23 @@ int tessera_tokenizer_train(int argc, char **argv) {
  * reads each by these names (its messages say what each wants) */
 static const cli_opt PREPARE_OPTS[] = {
     {1, "-t, --tokenizer", CLI_STR, "TOKENIZER_DIR",
-     .help = "the folder "
-             "holding tokenizer.json"},
+     .help = "the folder holding tokenizer.json"},
     {2, "--out", CLI_STR, "DIR", .help = "where the shards go"},
     {3, "--val-fraction", CLI_NUM, "F", 0, 0.99, .def = "0.05",
      .help = "the share of the text held out for validation"},
     {4, "--shard-tokens", CLI_INT, "N", 1024, 1e12, .def = "67108864",
      .help = "tokens per shard file"},
     {5, "--model-config", CLI_STR, "CONFIG.json",
-     .help = "check the "
-             "tokenizer's vocabulary against this model's"},
+     .help = "check the tokenizer's vocabulary against this model's"},
     {0},
 };
 
 static const cli_cmd PREPARE_CMD = {
     .name = "prepare-data",
     .usage = "prepare-data -t TOKENIZER_DIR --out DIR [options] FILES...",
-    .about = "Tokenizes text files into token shards for tessera train "
-             "(train and validation). -t here is the tokenizer: the threads "
-             "are --threads only.",
+    .about = "Tokenizes text files into token shards for tessera train (train "
+             "and validation). -t here is the tokenizer: the threads are "
+             "--threads only.",
     .opts = PREPARE_OPTS,
     .positional = "  FILES                       the text files\n",
     .short_threads = false,
@@ -239,92 +236,66 @@ int tessera_prepare_data(int argc, char **argv) {
  * two together */
 static const cli_opt TRAIN_OPTS[] = {
     {1, "--model-config", CLI_STR, "CONFIG.json",
-     .help = "train a new "
-             "model of this config.json (or --init-from)"},
+     .help = "train a new model of this config.json (or --init-from)"},
     {1, "--init-from", CLI_STR, "DIR",
-     .help = "start from this model "
-             "folder's weights"},
+     .help = "start from this model folder's weights"},
     {1, "--data", CLI_STR, "DIR",
-     .help = "the token shards (tessera "
-             "prepare-data)"},
+     .help = "the token shards (tessera prepare-data)"},
     {1, "--out", CLI_STR, "DIR",
-     .help = "checkpoints, log.jsonl and the "
-             "final model folder"},
+     .help = "checkpoints, log.jsonl and the final model folder"},
     {1, "--tokenizer", CLI_STR, "DIR", .def = "the data folder's",
      .help = "checked against the model and the shards"},
     {1, "--batch", CLI_INT, "N", .def = "8",
-     .help = "sequences per step "
-             "(per rank)"},
+     .help = "sequences per step (per rank)"},
     {1, "--seq", CLI_INT, "N", .def = "256", .help = "tokens per sequence"},
     {1, "--grad-accum", CLI_INT, "N", .def = "1",
-     .help = "micro-batches "
-             "per optimizer step"},
+     .help = "micro-batches per optimizer step"},
     {1, "--steps", CLI_INT, "N", .def = "1000", .help = "optimizer steps"},
-    {1, "--lr", CLI_NUM, "LR", .def = "3e-4",
-     .help = "the peak learning "
-             "rate"},
+    {1, "--lr", CLI_NUM, "LR", .def = "3e-4", .help = "the peak learning rate"},
     {1, "--min-lr", CLI_NUM, "LR", .def = "3e-5",
-     .help = "the cosine "
-             "schedule's floor"},
-    {1, "--warmup", CLI_INT, "N", .def = "100",
-     .help = "linear warm-up "
-             "steps"},
+     .help = "the cosine schedule's floor"},
+    {1, "--warmup", CLI_INT, "N", .def = "100", .help = "linear warm-up steps"},
     {1, "--schedule", CLI_CHOICE, .choices = "cosine|constant", .def = "cosine",
      .help = "the learning rate after warm-up"},
     {1, "--weight-decay", CLI_NUM, "W", .def = "0.1",
-     .help = "AdamW's "
-             "decoupled weight decay"},
+     .help = "AdamW's decoupled weight decay"},
     {1, "--clip", CLI_NUM, "NORM", .def = "1.0",
-     .help = "clip the "
-             "gradient's global norm (0: no clipping)"},
+     .help = "clip the gradient's global norm (0: no clipping)"},
     {1, "--beta1", CLI_NUM, "B", .def = "0.9", .help = "AdamW's beta1"},
     {1, "--beta2", CLI_NUM, "B", .def = "0.95", .help = "AdamW's beta2"},
     {1, "--eval-every", CLI_INT, "N", .def = "0 (never)",
      .help = "validation loss every N steps"},
     {1, "--eval-batches", CLI_INT, "N", .def = "8",
-     .help = "batches per "
-             "validation"},
+     .help = "batches per validation"},
     {1, "--save-every", CLI_INT, "N", .def = "0 (only at the end)",
      .help = "a checkpoint every N steps"},
     {1, "--keep-last", CLI_INT, "N", .def = "3",
-     .help = "checkpoints kept "
-             "(0: every one)"},
+     .help = "checkpoints kept (0: every one)"},
     {1, "--log-every", CLI_INT, "N", .def = "1",
-     .help = "a log line every "
-             "N steps"},
+     .help = "a log line every N steps"},
     {1, "--seed", CLI_INT, "N", .def = "1",
-     .help = "initialization and "
-             "data order"},
+     .help = "initialization and data order"},
     {1, "--dtype", CLI_CHOICE, .choices = "f32|bf16", .def = "f32",
      .help = "bf16: mixed precision (f32 master weights)"},
     {1, "--device", CLI_STR, "cpu|vulkan:N", .def = "cpu",
-     .help = "the "
-             "model, its gradients and AdamW's state there"},
+     .help = "the model, its gradients and AdamW's state there"},
     {1, "--eager", CLI_FLAG, .help = "run op by op (the default)"},
     {1, "--compile", CLI_FLAG, .help = "compile the training step's graph"},
     {1, "--checkpoint-activations", CLI_FLAG,
-     .help = "recompute "
-             "activations in the backward (less memory)"},
+     .help = "recompute activations in the backward (less memory)"},
     {1, "--resume", CLI_FLAG,
-     .help = "go on from the last checkpoint in "
-             "--out"},
+     .help = "go on from the last checkpoint in --out"},
     {1, "--quiet", CLI_FLAG, .help = "no progress lines"},
-    {1, "--peak-gflops", CLI_NUM, "G",
-     .def = "measured (tessera bench "
-            "peak)",
+    {1, "--peak-gflops", CLI_NUM, "G", .def = "measured (tessera bench peak)",
      .help = "the peak for MFU"},
     {1, "--shard", CLI_CHOICE, .choices = "none|grad-opt|full", .def = "none",
-     .help = "under mpirun -np N: data parallel, ZeRO-2, or "
-             "fully sharded"},
+     .help = "under mpirun -np N: data parallel, ZeRO-2, or fully sharded"},
     {1, "--bucket-mb", CLI_NUM, "MB", .def = "16",
-     .help = "data parallel: "
-             "MiB per all-reduce"},
+     .help = "data parallel: MiB per all-reduce"},
     {1, "--no-overlap", CLI_FLAG,
-     .help = "all-reduce after the backward, "
-             "not during it"},
+     .help = "all-reduce after the backward, not during it"},
     {1, "--config", CLI_STR, "FILE.json",
-     .help = "the same options as a "
-             "JSON object (keys with - or _)"},
+     .help = "the same options as a JSON object (keys with - or _)"},
     {0},
 };
 
@@ -686,18 +657,15 @@ int tessera_train(int argc, char **argv) {
 /* ---- bench peak ---- */
 
 static const cli_opt BENCH_OPTS[] = {
-    {1, "--fresh", CLI_FLAG,
-     .help = "accepted and ignored: nothing is "
-             "cached"},
+    {1, "--fresh", CLI_FLAG, .help = "accepted and ignored: nothing is cached"},
     {0},
 };
 
 static const cli_cmd BENCH_CMD = {
     .name = "bench",
     .usage = "bench peak",
-    .about = "The machine's f32 matmul peak (cores x clock x FLOP per "
-             "cycle) and the sgemm rate reached now: the denominator of "
-             "train's MFU.",
+    .about = "The machine's f32 matmul peak (cores x clock x FLOP per cycle) "
+             "and the sgemm rate reached now: the denominator of train's MFU.",
     .opts = BENCH_OPTS,
     .positional = "  peak                        the one benchmark\n",
     .short_threads = true,
