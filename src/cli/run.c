@@ -326,8 +326,11 @@ static int run_chat(session *S, const run_opts *o) {
         if (tty)
             fprintf(stderr, "> ");
         ssize_t got = getline(&line, &cap, stdin);
-        if (got < 0 || g_interrupted) /* end of input, or Ctrl-C here */
+        if (got < 0 || g_interrupted) { /* end of input, or Ctrl-C here */
+            if (tty)
+                fputc('\n', stderr);
             break;
+        }
         while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r'))
             line[--got] = 0;
         if (!got)
@@ -661,9 +664,8 @@ static int run_command(const cli_cmd *c, int argc, char **argv) {
                 : ts_chat_load(ctx, o.dir, &S.chat);
         if (cs != TS_OK) {
             if (o.chat) { /* asked for a chat format the model lacks */
-                fail(ctx, o.chat_template ? "--chat-template"
-                                          : "chat template (give one with "
-                                            "--chat-template FILE|NAME)");
+                fail(ctx,
+                     o.chat_template ? "--chat-template" : "chat template");
                 goto done;
             }
             ts_clear_error(ctx); /* interactive without one: plain text */
