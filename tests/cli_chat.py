@@ -75,6 +75,11 @@ def wait_for(what, pred, timeout=60):
     raise AssertionError(f"timed out waiting for {what}:\n{pane()[-3000:]}")
 
 
+def replies(text):
+    """the stats lines: one after each reply, whole or stopped"""
+    return len(re.findall(r"^prompt: .*tokens/s\)$", text, re.M))
+
+
 def prompts(text):
     return re.findall(r"prompt text: (.*?)\nprompt ids: ", text, re.S)
 
@@ -83,8 +88,9 @@ quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in [exe, "chat", *ar
 tmux("-f", "/dev/null", "new-session", "-d", "-s", "chat", "-x", "250", "-y",
      "50")
 tmux("set-option", "-g", "history-limit", "50000")
-tmux("send-keys", "-t", "chat", f"TS_NUM_THREADS=2 {quoted}; echo EXIT=$?",
-     "Enter")
+# the status line's marker is not in the command line as typed
+tmux("send-keys", "-t", "chat",
+     f"TS_NUM_THREADS=2 {quoted}; echo \"EX\"\"IT=$?\"", "Enter")
 try:
     wait_for("the banner", lambda t: "Ctrl-C stops a reply" in t and
              t.rstrip().endswith(">"))
@@ -105,8 +111,8 @@ try:
     # turn 2: the partial reply is in the history
     tmux("send-keys", "-t", "chat", "-l", "And God said")
     tmux("send-keys", "-t", "chat", "Enter")
-    t = wait_for("the second reply", lambda t: len(re.findall(
-        r"^prompt: .*tokens/s\)$", t, re.M)) == 2 and t.rstrip().endswith(">"))
+    t = wait_for("the second reply", lambda t: replies(t) == 2 and
+                 t.rstrip().endswith(">"))
     second = prompts(t)[1]
     head = render(msgs)
     assert second.startswith(head), (second, head)
@@ -122,13 +128,14 @@ try:
     tmux("send-keys", "-t", "chat", "Enter")
     tmux("send-keys", "-t", "chat", "-l", "In the beginning")
     tmux("send-keys", "-t", "chat", "Enter")
-    t = wait_for("the reply after /reset", lambda t: len(prompts(t)) == 3 and
+    t = wait_for("the reply after /reset", lambda t: replies(t) == 3 and
                  t.rstrip().endswith(">"))
     assert prompts(t)[2] == first, (prompts(t)[2], first)
     # Ctrl-C at the prompt ends the chat
     tmux("send-keys", "-t", "chat", "C-c")
-    t = wait_for("the end", lambda t: "EXIT=" in t)
-    assert "EXIT=0" in t, t[-2000:]
+    t = wait_for("the end", lambda t: re.search(r"^EXIT=\d+", t, re.M))
+    assert re.search(r"^EXIT=0$", t, re.M), t[-2000:]
+    assert replies(t) == 3 and len(prompts(t)) == 3, t[-2000:]
 finally:
     tmux("kill-server")
 print("cli_chat: template, Ctrl-C mid-reply (partial reply kept), /reset, "
