@@ -103,13 +103,6 @@ for f, cmds in FILES.items():
     flags = set()
     for s in STRING.findall(code):
         flags.update(FLAG.findall(s))
-    if f == "train_cli.c":  # train's names are written without dashes
-        for table in ("NUM_OPTS", "STR_OPTS", "FLAG_OPTS"):
-            body = code.split(f"{table}[] = {{", 1)[1].split("};", 1)[0]
-            names = re.findall(r'\{"([a-z][\w-]*)"' if table == "NUM_OPTS"
-                               else r'"([a-z][\w-]*)"', body)
-            check(len(names) >= 5, f"train's {table} read from the source")
-            flags.update("--" + n for n in names)
     known = set().union(*(opts[c] for c in cmds)) | {"--version"}
     shown = "".join(helps[c] for c in cmds) + top.stdout
     for fl in sorted(flags):
