@@ -30,10 +30,10 @@ static const cli_opt DEVICES_OPTS[] = {{0}};
 static const cli_cmd DEVICES_CMD = {
     .name = "devices",
     .usage = "devices",
-    .about = "Lists the devices models can run on: cpu:0 (the host; "
-             "cpu:1..7 are separate pools of its memory) and vulkan:N, each "
-             "Vulkan device the driver reports (Mesa's lavapipe on machines "
-             "without a GPU).",
+    .about =
+        "Lists the devices models can run on: cpu:0 (the host; cpu:1..7 are "
+        "separate pools of its memory) and vulkan:N, each Vulkan device the "
+        "driver reports (Mesa's lavapipe on machines without a GPU).",
     .opts = DEVICES_OPTS,
     .short_threads = true,
 };

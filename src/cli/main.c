@@ -66,8 +66,9 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-16s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
     fprintf(f, "every command takes --threads N (and -t N, but for "
-               "prepare-data, whose -t is\nits tokenizer); --version: the "
-               "version, commit, backends and CPU paths\n");
+               "prepare-data, whose -t is\nits tokenizer)\n"
+               "tessera --version (-V): the version, commit, backends and "
+               "CPU paths\n");
 }
 
 /* the version, the commit, the backends compiled in, and the CPU paths:

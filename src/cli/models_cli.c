@@ -139,16 +139,15 @@ static void print_description(const ts_model_config *c) {
 
 static const cli_opt INFO_OPTS[] = {
     {1, "-m, --model", CLI_STR, "DIR",
-     .help = "the model folder; also the "
-             "positional argument"},
+     .help = "the model folder; also the positional argument"},
     {0},
 };
 
 static const cli_cmd INFO_CMD = {
     .name = "info",
     .usage = "info [-m] DIR",
-    .about = "A Hugging Face model folder's architecture, size and the "
-             "memory it needs to run.",
+    .about = "A Hugging Face model folder's architecture, size and the memory "
+             "it needs to run.",
     .opts = INFO_OPTS,
     .positional = "  DIR                         the model folder (as -m)\n",
     .short_threads = true,
@@ -265,28 +264,23 @@ enum { L_MODEL = 1, L_IDS, L_OUT, L_DEVICE_MAP, L_DTYPE, L_NO_CHECK };
 
 static const cli_opt LOGITS_OPTS[] = {
     {L_MODEL, "-m, --model", CLI_STR, "DIR", .help = "the model folder"},
-    {L_IDS, "--ids", CLI_STR, "1,2,3",
-     .help = "the token ids (at most "
-             "4096)"},
+    {L_IDS, "--ids", CLI_STR, "1,2,3", .help = "the token ids (at most 4096)"},
     {L_OUT, "--out", CLI_STR, "FILE.npy",
-     .help = "where the logits go: "
-             "f32, (T, V)"},
+     .help = "where the logits go: f32, (T, V)"},
     {L_DTYPE, "--dtype", CLI_CHOICE, .choices = "f32|bf16", .def = "f32",
      .help = "the weights' type in memory"},
     {L_DEVICE_MAP, "--device-map, --device", CLI_STR, "MAP", .def = "the CPU",
-     .help = "a device (cpu, vulkan:0) or a split of the "
-             "model over devices"},
+     .help = "a device (cpu, vulkan:0) or a split of the model over devices"},
     {L_NO_CHECK, "--no-check-weights", CLI_FLAG,
-     .help = "load weights "
-             "holding NaN/Inf"},
+     .help = "load weights holding NaN/Inf"},
     {0},
 };
 
 static const cli_cmd LOGITS_CMD = {
     .name = "logits",
     .usage = "logits -m DIR --ids 1,2,3 --out FILE.npy [options]",
-    .about = "The logits of every position of the given token ids, as a "
-             ".npy file, for checking against other implementations.",
+    .about = "The logits of every position of the given token ids, as a .npy "
+             "file, for checking against other implementations.",
     .opts = LOGITS_OPTS,
     .short_threads = true,
 };

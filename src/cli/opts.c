@@ -142,8 +142,8 @@ static bool parse_whole(const char *s, bool suffixes, long long *out) {
     return !*end;
 }
 
-/* checks s against o into v; false when it does not fit */
-static bool convert(const cli_opt *o, const char *s, cli_val *v) {
+/* checks s against o into v; false when it does not fit (opts.h) */
+bool cli_value(const cli_opt *o, const char *s, cli_val *v) {
     v->s = s;
     char *end;
     switch (o->kind) {
@@ -231,7 +231,7 @@ int cli_next(cli_parser *p, cli_val *v) {
             find(p->cmd, next))
             value = NULL, p->i--;
     }
-    if (!value || !convert(o, value, v))
+    if (!value || !cli_value(o, value, v))
         return bad_value(p, o, value);
     return o->id;
 }

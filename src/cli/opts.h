@@ -68,6 +68,9 @@ void cli_begin(cli_parser *p, const cli_cmd *c, int argc, char **argv);
 /* The next option (its id with its value checked), positional argument,
  * help request, end or error. */
 int cli_next(cli_parser *p, cli_val *v);
+/* s checked against o (its kind and range) into v; false when it does not
+ * fit (for commands with parsers of their own) */
+bool cli_value(const cli_opt *o, const char *s, cli_val *v);
 /* "tessera CMD: MESSAGE" on stderr and the pointer to --help; returns 2 */
 int cli_fail(const cli_cmd *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

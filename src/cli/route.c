@@ -39,28 +39,22 @@ static const cli_opt ROUTE_OPTS[] = {
     {O_LISTEN, "--listen", CLI_STR, "HOST:PORT", .def = "127.0.0.1:8000",
      .help = "the address to listen on (PORT alone: on 127.0.0.1)"},
     {O_SERVER, "--server", CLI_STR, "URL",
-     .help = "a tessera serve "
-             "instance to route to (repeatable)"},
+     .help = "a tessera serve instance to route to (repeatable)"},
     {O_PREFILL, "--prefill", CLI_STR, "URL",
-     .help =
-         "a prefill server of "
-         "a disaggregated pair (repeatable, with --decode); each needs every "
-         "decode server's KV address in its --kv-peers"},
+     .help = "a prefill server of a disaggregated pair (repeatable, with "
+             "--decode); each needs every decode server's KV address in its "
+             "--kv-peers"},
     {O_DECODE, "--decode", CLI_STR, "URL",
-     .help = "a decode server "
-             "(repeatable, with --prefill)"},
+     .help = "a decode server (repeatable, with --prefill)"},
     {O_MODEL, "-m, --model", CLI_STR, "DIR",
-     .def = "none (the approximate "
-            "cache-aware scorer)",
-     .help = "the model folder, whose tokenizer "
-             "makes prefix matching exact"},
+     .def = "none (the approximate cache-aware scorer)",
+     .help = "the model folder, whose tokenizer makes prefix matching exact"},
     {O_POLICY, "--policy", CLI_CHOICE,
      .choices = "cache-aware|load|round-robin|random", .def = "cache-aware",
      .help = "how a request picks its server"},
     {O_WEIGHTS, "--weights", CLI_STR, "prefix=2,queue=1,kv=1",
      .def = "prefix=2,queue=1,kv=1",
-     .help = "the cache-aware scorer's "
-             "weights"},
+     .help = "the cache-aware scorer's weights"},
     {O_SEED, "--seed", CLI_INT, "N", 0, 9.2e18, .def = "0",
      .help = "the random policy's and tie-breaks' seed"},
     {O_HEALTH, "--health-interval", CLI_INT, "MS", 10, 600000, .def = "500",
@@ -68,15 +62,12 @@ static const cli_opt ROUTE_OPTS[] = {
     {O_PD_MIN, "--pd-min-blocks", CLI_INT, "N", 0, 1 << 20, .def = "2",
      .help = "prompts shorter than N KV blocks skip the prefill server"},
     {O_CONFIG, "--config", CLI_STR, "FILE.json",
-     .help =
-         "the options in a "
-         "JSON object (keys: listen, servers, prefill, decode, model, policy, "
-         "weights {prefix, queue, kv}, seed, health_interval_ms, "
-         "pd_min_blocks, max_connections, max_connections_per_client, "
-         "conn_timeout); later flags override"},
+     .help = "the options in a JSON object (keys: listen, servers, prefill, "
+             "decode, model, policy, weights {prefix, queue, kv}, seed, "
+             "health_interval_ms, pd_min_blocks, max_connections, "
+             "max_connections_per_client, conn_timeout); later flags override"},
     {O_API_KEY, "--api-key", CLI_STR, "KEY",
-     .def = "$TESSERA_API_KEY, else "
-            "none",
+     .def = "$TESSERA_API_KEY, else none",
      .help = "clients send \"Authorization: Bearer KEY\" to /v1/"},
     {O_SERVER_KEY, "--server-api-key", CLI_STR, "KEY",
      .def = "$TESSERA_SERVER_API_KEY, else the --api-key",
@@ -90,10 +81,8 @@ static const cli_opt ROUTE_OPTS[] = {
     {O_CONN_TIMEOUT, "--conn-timeout", CLI_INT, "SECONDS", 1, 3600,
      .def = STR(TS_ROUTER_DEFAULT_TIMEOUT_S),
      .want = "whole seconds in 1..3600",
-     .help =
-         "a client connection "
-         "silent this long while its request is read or its response written "
-         "is closed"},
+     .help = "a client connection silent this long while its request is read "
+             "or its response written is closed"},
     {0},
 };
 

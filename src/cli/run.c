@@ -326,8 +326,11 @@ static int run_chat(session *S, const run_opts *o) {
         if (tty)
             fprintf(stderr, "> ");
         ssize_t got = getline(&line, &cap, stdin);
-        if (got < 0 || g_interrupted) /* end of input, or Ctrl-C here */
+        if (got < 0 || g_interrupted) { /* end of input, or Ctrl-C here */
+            if (tty)
+                fputc('\n', stderr);
             break;
+        }
         while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r'))
             line[--got] = 0;
         if (!got)
@@ -413,9 +416,8 @@ enum {
 /* run's options; chat takes the same but for the prompt and the modes */
 static const cli_opt RUN_OPTS[] = {
     {R_MODEL, "-m, --model", CLI_STR, "DIR",
-     .help = "the model folder "
-             "(config.json, *.safetensors, tokenizer.json); also the first "
-             "positional argument"},
+     .help = "the model folder (config.json, *.safetensors, tokenizer.json); "
+             "also the first positional argument"},
     {R_PROMPT, "-p, --prompt", CLI_STR, "TEXT", .only = "run",
      .help = "generate once from TEXT (without it and with a terminal on "
              "stdin: an interactive chat)"},
@@ -441,16 +443,13 @@ static const cli_opt RUN_OPTS[] = {
     {R_SEED, "-s, --seed", CLI_NUM, "S", 0, 1.8e19, .def = "0",
      .help = "the sampler's seed", .want = "a whole number >= 0"},
     {R_STOP, "--stop", CLI_STR, "STR",
-     .help = "end the reply before STR "
-             "(repeatable, at most 8)"},
+     .help = "end the reply before STR (repeatable, at most 8)"},
     {R_IGNORE_EOS, "--ignore-eos", CLI_FLAG,
-     .help = "go on past "
-             "end-of-sequence tokens (up to -n or the context)"},
+     .help = "go on past end-of-sequence tokens (up to -n or the context)"},
     {R_SYSTEM, "--system, --system-prompt", CLI_STR, "TEXT",
      .help = "a system message (implies the chat template)"},
     {R_CHAT, "--chat", CLI_FLAG, .only = "run",
-     .help = "render -p with "
-             "the model's chat template as one user message"},
+     .help = "render -p with the model's chat template as one user message"},
     {R_INTERACTIVE, "-i, --interactive", CLI_FLAG, .only = "run",
      .help = "read user turns from stdin (a chat when the model has a "
              "template, plain text otherwise)"},
@@ -465,25 +464,23 @@ static const cli_opt RUN_OPTS[] = {
     {R_DTYPE, "--dtype", CLI_CHOICE, .choices = "f32|bf16", .def = "f32",
      .help = "the weights' type in memory"},
     {R_DEVICE_MAP, "--device-map, --device", CLI_STR, "MAP", .def = "the CPU",
-     .help = "a device (cpu, vulkan:0) or a split of "
-             "the model over devices (embed,0:cpu:0;1,head:vulkan:0)"},
+     .help = "a device (cpu, vulkan:0) or a split of the model over devices "
+             "(embed,0:cpu:0;1,head:vulkan:0)"},
     {R_COMPILE, "--compile", CLI_FLAG,
-     .help = "run the forward as a "
-             "compiled graph"},
+     .help = "run the forward as a compiled graph"},
     {R_EAGER, "--eager", CLI_FLAG, .help = "run op by op (the default)"},
     {R_NO_CHECK, "--no-check-weights", CLI_FLAG,
-     .help = "load without "
-             "scanning the weights for NaN/Inf"},
+     .help = "load without scanning the weights for NaN/Inf"},
     {0},
 };
 
 static const cli_cmd RUN_CMD = {
     .name = "run",
     .usage = "run [-m] DIR -p TEXT [options]",
-    .about = "Generates text from a Hugging Face model folder: the text to "
-             "stdout, the speeds to stderr on a line of their own. Without "
-             "-p and with a terminal on stdin: an interactive chat (see "
-             "tessera chat).",
+    .about =
+        "Generates text from a Hugging Face model folder: the text to stdout, "
+        "the speeds to stderr on a line of their own. Without -p and with a "
+        "terminal on stdin: an interactive chat (see tessera chat).",
     .opts = RUN_OPTS,
     .positional = "  DIR                         the model folder (as -m)\n",
     .short_threads = true,
@@ -493,11 +490,11 @@ static const cli_cmd CHAT_CMD = {
     .name = "chat",
     .usage = "chat [-m] DIR [--system TEXT] [options]",
     .about = "An interactive chat in the terminal: each line you type is a "
-             "user turn; the conversation so far goes through the model's "
-             "chat template; the reply streams as it is made. /reset starts "
-             "over, /exit or Ctrl-D quits; Ctrl-C stops a reply (what came "
-             "so far stays in the history) and at the prompt quits. The "
-             "speeds go to stderr on a line of their own.",
+             "user turn; the conversation so far goes through the model's chat "
+             "template; the reply streams as it is made. /reset starts over, "
+             "/exit or Ctrl-D quits; Ctrl-C stops a reply (what came so far "
+             "stays in the history) and at the prompt quits. The speeds go to "
+             "stderr on a line of their own.",
     .opts = RUN_OPTS,
     .positional = "  DIR                         the model folder (as -m)\n",
     .short_threads = true,
@@ -667,9 +664,8 @@ static int run_command(const cli_cmd *c, int argc, char **argv) {
                 : ts_chat_load(ctx, o.dir, &S.chat);
         if (cs != TS_OK) {
             if (o.chat) { /* asked for a chat format the model lacks */
-                fail(ctx, o.chat_template ? "--chat-template"
-                                          : "chat template (give one with "
-                                            "--chat-template FILE|NAME)");
+                fail(ctx,
+                     o.chat_template ? "--chat-template" : "chat template");
                 goto done;
             }
             ts_clear_error(ctx); /* interactive without one: plain text */
@@ -714,11 +710,10 @@ enum { T_MODEL = 1, T_DECODE };
 
 static const cli_opt TOKENIZE_OPTS[] = {
     {T_MODEL, "-m, --model", CLI_STR, "DIR",
-     .help = "the model folder (or "
-             "a tokenizer.json)"},
+     .help = "the model folder (or a tokenizer.json)"},
     {T_DECODE, "--decode", CLI_FLAG,
-     .help = "IDS back to text; IDS as "
-             "1,2,3 or as the JSON array tokenize prints ([1, 2, 3])"},
+     .help = "IDS back to text; IDS as 1,2,3 or as the JSON array tokenize "
+             "prints ([1, 2, 3])"},
     {0},
 };
 

@@ -42,8 +42,8 @@ enum {
 
 static const cli_opt SERVE_OPTS[] = {
     {S_MODEL, "-m, --model", CLI_STR, "DIR",
-     .help = "the model folder; "
-             "also the first positional argument (as vllm serve MODEL)"},
+     .help = "the model folder; also the first positional argument (as vllm "
+             "serve MODEL)"},
     {S_HOST, "--host", CLI_STR, "ADDR", .def = "127.0.0.1",
      .help = "the address to listen on (0.0.0.0: every interface)"},
     {S_PORT, "--port", CLI_INT, "PORT", 0, 65535, .def = "8000",
@@ -60,56 +60,47 @@ static const cli_opt SERVE_OPTS[] = {
      .def = "from --kv-memory", .help = "KV cache blocks in the pool"},
     {S_KV_MEMORY, "--kv-memory", CLI_SIZE, "BYTES", 1, (double)(1LL << 40),
      .def = "512 blocks",
-     .help = "bytes for the KV cache when --kv-blocks "
-             "is not given (K, M, G suffixes)"},
+     .help = "bytes for the KV cache when --kv-blocks is not given (K, M, G "
+             "suffixes)"},
     {S_BLOCK_SIZE, "--block-size", CLI_INT, "N", 1, 256, .def = "16",
      .help = "positions per KV block"},
     {S_MAX_BATCH, "--max-batch-tokens, --max-num-batched-tokens", CLI_INT, "N",
      1, 1 << 20, .def = "512", .help = "tokens per forward pass"},
     {S_NO_PREFIX, "--no-prefix-cache", CLI_FLAG,
-     .help = "do not reuse "
-             "cached prompt prefixes"},
+     .help = "do not reuse cached prompt prefixes"},
     {S_TEMPLATE, "--chat-template", CLI_STR, "FILE|NAME",
      .def = "the model's (tokenizer_config.json)",
      .help = "a Jinja chat template file or a built-in's name, for models "
              "without one or to replace theirs"},
     {S_ORIGINS, "--allowed-origins", CLI_STR, "ORIGINS",
-     .def = "none "
-            "(no CORS headers)",
-     .help = "CORS: \"*\" or a comma-separated list "
-             "like https://a.example,http://b:8080"},
+     .def = "none (no CORS headers)",
+     .help = "CORS: \"*\" or a comma-separated list like "
+             "https://a.example,http://b:8080"},
     {S_POOLING, "--pooling", CLI_CHOICE, .choices = "last|mean", .def = "last",
-     .help = "/v1/embeddings' pooling of the final hidden "
-             "states"},
+     .help = "/v1/embeddings' pooling of the final hidden states"},
     {S_NO_LOG, "--disable-log-requests, --no-log-requests", CLI_FLAG,
      .help = "no line per request on stderr"},
     {S_API_KEY, "--api-key", CLI_STR, "KEY",
-     .def = "$TESSERA_API_KEY, "
-            "else none",
-     .help = "every /v1/ request needs \"Authorization: Bearer "
-             "KEY\"; /health and /metrics stay open"},
+     .def = "$TESSERA_API_KEY, else none",
+     .help = "every /v1/ request needs \"Authorization: Bearer KEY\"; /health "
+             "and /metrics stay open"},
     {S_DTYPE, "--dtype", CLI_CHOICE, .choices = "f32|bf16", .def = "f32",
      .help = "the weights' type in memory"},
     {S_DEVICE_MAP, "--device-map, --device", CLI_STR, "MAP", .def = "the CPU",
-     .help = "a device (cpu, vulkan:0) or a split of the "
-             "model over devices"},
+     .help = "a device (cpu, vulkan:0) or a split of the model over devices"},
     {S_NO_CHECK, "--no-check-weights", CLI_FLAG,
-     .help = "load weights "
-             "holding NaN/Inf (refused by default)"},
+     .help = "load weights holding NaN/Inf (refused by default)"},
     {S_KV_PORT, "--kv-port", CLI_INT, "PORT", 0, 65535, .def = "none",
      .help = "receive KV blocks from prefill servers here (0: any port)"},
     {S_KV_SENDERS, "--kv-senders", CLI_STR, "A.B.C.D,...|any",
      .def = "loopback addresses only",
-     .help = "who may send KV blocks to "
-             "--kv-port"},
+     .help = "who may send KV blocks to --kv-port"},
     {S_KV_PEERS, "--kv-peers", CLI_STR, "HOST:PORT,...",
-     .def = "none (KV "
-            "goes nowhere)",
-     .help = "the decode servers' KV addresses a prefill "
-             "request may name as kv_transfer_params.target"},
+     .def = "none (KV goes nowhere)",
+     .help = "the decode servers' KV addresses a prefill request may name as "
+             "kv_transfer_params.target"},
     {S_NO_KV_EVENTS, "--no-kv-events", CLI_FLAG,
-     .help = "publish no "
-             "/v1/kv_events, /v1/kv_cache"},
+     .help = "publish no /v1/kv_events, /v1/kv_cache"},
     {S_MAX_CONN, "--max-connections", CLI_INT, "N", 1, 65536,
      .def = STR(TS_SERVER_DEFAULT_MAX_CONNECTIONS),
      .want = "a count in 1..65536", .help = "connections at once"},
@@ -119,10 +110,8 @@ static const cli_opt SERVE_OPTS[] = {
     {S_CONN_TIMEOUT, "--conn-timeout", CLI_INT, "SECONDS", 1, 3600,
      .def = STR(TS_SERVER_DEFAULT_TIMEOUT_S),
      .want = "whole seconds in 1..3600",
-     .help =
-         "a connection silent this "
-         "long while its request is read or its response written is closed; "
-         "also the KV receiver's"},
+     .help = "a connection silent this long while its request is read or its "
+             "response written is closed; also the KV receiver's"},
     {0},
 };
 

@@ -37,8 +37,7 @@ static const cli_opt TOKENIZER_TRAIN_OPTS[] = {
     {K_VOCAB, "--vocab", CLI_INT, "N", 257, 1 << 24, .def = "4096",
      .help = "the vocabulary's size (256 bytes, the merges, <|endoftext|>)"},
     {K_OUT, "--out", CLI_STR, "DIR",
-     .help = "where tokenizer.json and "
-             "tokenizer_config.json go"},
+     .help = "where tokenizer.json and tokenizer_config.json go"},
     {K_MIN_FREQ, "--min-frequency", CLI_INT, "N", 1, 1e9, .def = "2",
      .help = "merge only pairs seen at least N times"},
     {0},
@@ -112,25 +111,23 @@ int tessera_tokenizer_train(int argc, char **argv) {
  * reads each by these names (its messages say what each wants) */
 static const cli_opt PREPARE_OPTS[] = {
     {1, "-t, --tokenizer", CLI_STR, "TOKENIZER_DIR",
-     .help = "the folder "
-             "holding tokenizer.json"},
+     .help = "the folder holding tokenizer.json"},
     {2, "--out", CLI_STR, "DIR", .help = "where the shards go"},
     {3, "--val-fraction", CLI_NUM, "F", 0, 0.99, .def = "0.05",
      .help = "the share of the text held out for validation"},
     {4, "--shard-tokens", CLI_INT, "N", 1024, 1e12, .def = "67108864",
      .help = "tokens per shard file"},
     {5, "--model-config", CLI_STR, "CONFIG.json",
-     .help = "check the "
-             "tokenizer's vocabulary against this model's"},
+     .help = "check the tokenizer's vocabulary against this model's"},
     {0},
 };
 
 static const cli_cmd PREPARE_CMD = {
     .name = "prepare-data",
     .usage = "prepare-data -t TOKENIZER_DIR --out DIR [options] FILES...",
-    .about = "Tokenizes text files into token shards for tessera train "
-             "(train and validation). -t here is the tokenizer: the threads "
-             "are --threads only.",
+    .about = "Tokenizes text files into token shards for tessera train (train "
+             "and validation). -t here is the tokenizer: the threads are "
+             "--threads only.",
     .opts = PREPARE_OPTS,
     .positional = "  FILES                       the text files\n",
     .short_threads = false,
@@ -234,97 +231,133 @@ int tessera_prepare_data(int argc, char **argv) {
 
 /* ---- train ---- */
 
-/* train's options for --help; train_opt below parses them by name (with
- * the ranges and messages of NUM_OPTS), and tests/cli_help.py holds the
- * two together */
+enum {
+    T_MODEL_CONFIG = 1,
+    T_INIT_FROM,
+    T_DATA,
+    T_OUT,
+    T_TOKENIZER,
+    T_BATCH,
+    T_SEQ,
+    T_GRAD_ACCUM,
+    T_STEPS,
+    T_LR,
+    T_MIN_LR,
+    T_WARMUP,
+    T_SCHEDULE,
+    T_WEIGHT_DECAY,
+    T_CLIP,
+    T_BETA1,
+    T_BETA2,
+    T_EVAL_EVERY,
+    T_EVAL_BATCHES,
+    T_SAVE_EVERY,
+    T_KEEP_LAST,
+    T_LOG_EVERY,
+    T_SEED,
+    T_DTYPE,
+    T_DEVICE,
+    T_EAGER,
+    T_COMPILE,
+    T_CKPT_ACT,
+    T_RESUME,
+    T_QUIET,
+    T_PEAK,
+    T_SHARD,
+    T_BUCKET_MB,
+    T_NO_OVERLAP,
+    T_CONFIG,
+};
+
+/* train's options: --help prints this table and train_opt parses by it
+ * (one name each; "--config FILE" holds the same keys, '_' for '-'); the
+ * messages say what each wants (tests/train_cli_flags.py) */
 static const cli_opt TRAIN_OPTS[] = {
-    {1, "--model-config", CLI_STR, "CONFIG.json",
-     .help = "train a new "
-             "model of this config.json (or --init-from)"},
-    {1, "--init-from", CLI_STR, "DIR",
-     .help = "start from this model "
-             "folder's weights"},
-    {1, "--data", CLI_STR, "DIR",
-     .help = "the token shards (tessera "
-             "prepare-data)"},
-    {1, "--out", CLI_STR, "DIR",
-     .help = "checkpoints, log.jsonl and the "
-             "final model folder"},
-    {1, "--tokenizer", CLI_STR, "DIR", .def = "the data folder's",
+    {T_MODEL_CONFIG, "--model-config", CLI_STR, "CONFIG.json",
+     .want = "a config.json file",
+     .help = "train a new model of this config.json (or --init-from)"},
+    {T_INIT_FROM, "--init-from", CLI_STR, "DIR", .want = "a folder",
+     .help = "start from this model folder's weights"},
+    {T_DATA, "--data", CLI_STR, "DIR", .want = "a folder",
+     .help = "the token shards (tessera prepare-data)"},
+    {T_OUT, "--out", CLI_STR, "DIR", .want = "a folder",
+     .help = "checkpoints, log.jsonl and the final model folder"},
+    {T_TOKENIZER, "--tokenizer", CLI_STR, "DIR", .want = "a folder",
+     .def = "the data folder's",
      .help = "checked against the model and the shards"},
-    {1, "--batch", CLI_INT, "N", .def = "8",
-     .help = "sequences per step "
-             "(per rank)"},
-    {1, "--seq", CLI_INT, "N", .def = "256", .help = "tokens per sequence"},
-    {1, "--grad-accum", CLI_INT, "N", .def = "1",
-     .help = "micro-batches "
-             "per optimizer step"},
-    {1, "--steps", CLI_INT, "N", .def = "1000", .help = "optimizer steps"},
-    {1, "--lr", CLI_NUM, "LR", .def = "3e-4",
-     .help = "the peak learning "
-             "rate"},
-    {1, "--min-lr", CLI_NUM, "LR", .def = "3e-5",
-     .help = "the cosine "
-             "schedule's floor"},
-    {1, "--warmup", CLI_INT, "N", .def = "100",
-     .help = "linear warm-up "
-             "steps"},
-    {1, "--schedule", CLI_CHOICE, .choices = "cosine|constant", .def = "cosine",
-     .help = "the learning rate after warm-up"},
-    {1, "--weight-decay", CLI_NUM, "W", .def = "0.1",
-     .help = "AdamW's "
-             "decoupled weight decay"},
-    {1, "--clip", CLI_NUM, "NORM", .def = "1.0",
-     .help = "clip the "
-             "gradient's global norm (0: no clipping)"},
-    {1, "--beta1", CLI_NUM, "B", .def = "0.9", .help = "AdamW's beta1"},
-    {1, "--beta2", CLI_NUM, "B", .def = "0.95", .help = "AdamW's beta2"},
-    {1, "--eval-every", CLI_INT, "N", .def = "0 (never)",
+    {T_BATCH, "--batch", CLI_INT, "N", 1, 1 << 20, .def = "8",
+     .want = "an integer in 1..1048576, like 8",
+     .help = "sequences per step (per rank)"},
+    {T_SEQ, "--seq", CLI_INT, "N", 1, 1 << 20, .def = "256",
+     .want = "an integer in 1..1048576, like 256",
+     .help = "tokens per sequence"},
+    {T_GRAD_ACCUM, "--grad-accum", CLI_INT, "N", 1, 64, .def = "1",
+     .want = "an integer in 1..64", .help = "micro-batches per optimizer step"},
+    {T_STEPS, "--steps", CLI_INT, "N", 1, 1e12, .def = "1000",
+     .want = "a positive integer, like 1000", .help = "optimizer steps"},
+    {T_LR, "--lr", CLI_NUM, "LR", 1e-12, 10, .def = "3e-4",
+     .want = "a positive float <= 10, like 3e-4",
+     .help = "the peak learning rate"},
+    {T_MIN_LR, "--min-lr", CLI_NUM, "LR", 0, 10, .def = "3e-5",
+     .want = "a float in 0..10 (<= --lr), like 3e-5",
+     .help = "the cosine schedule's floor"},
+    {T_WARMUP, "--warmup", CLI_INT, "N", 0, 1e12, .def = "100",
+     .want = "an integer >= 0, like 100", .help = "linear warm-up steps"},
+    {T_SCHEDULE, "--schedule", CLI_CHOICE, .choices = "cosine|constant",
+     .def = "cosine", .help = "the learning rate after warm-up"},
+    {T_WEIGHT_DECAY, "--weight-decay", CLI_NUM, "W", 0, 10, .def = "0.1",
+     .want = "a float in 0..10, like 0.1",
+     .help = "AdamW's decoupled weight decay"},
+    {T_CLIP, "--clip", CLI_NUM, "NORM", 0, 1e9, .def = "1.0",
+     .want = "a float >= 0 (0: no clipping), like 1.0",
+     .help = "clip the gradient's global norm (0: no clipping)"},
+    {T_BETA1, "--beta1", CLI_NUM, "B", 0, 0.999999, .def = "0.9",
+     .want = "a float in [0, 1), like 0.9", .help = "AdamW's beta1"},
+    {T_BETA2, "--beta2", CLI_NUM, "B", 0, 0.999999, .def = "0.95",
+     .want = "a float in [0, 1), like 0.95", .help = "AdamW's beta2"},
+    {T_EVAL_EVERY, "--eval-every", CLI_INT, "N", 0, 1e12, .def = "0 (never)",
+     .want = "an integer >= 0 (0: never)",
      .help = "validation loss every N steps"},
-    {1, "--eval-batches", CLI_INT, "N", .def = "8",
-     .help = "batches per "
-             "validation"},
-    {1, "--save-every", CLI_INT, "N", .def = "0 (only at the end)",
+    {T_EVAL_BATCHES, "--eval-batches", CLI_INT, "N", 1, 1e6, .def = "8",
+     .want = "an integer in 1..1000000", .help = "batches per validation"},
+    {T_SAVE_EVERY, "--save-every", CLI_INT, "N", 0, 1e12,
+     .def = "0 (only at the end)",
+     .want = "an integer >= 0 (0: only at the end)",
      .help = "a checkpoint every N steps"},
-    {1, "--keep-last", CLI_INT, "N", .def = "3",
-     .help = "checkpoints kept "
-             "(0: every one)"},
-    {1, "--log-every", CLI_INT, "N", .def = "1",
-     .help = "a log line every "
-             "N steps"},
-    {1, "--seed", CLI_INT, "N", .def = "1",
-     .help = "initialization and "
-             "data order"},
-    {1, "--dtype", CLI_CHOICE, .choices = "f32|bf16", .def = "f32",
+    {T_KEEP_LAST, "--keep-last", CLI_INT, "N", 0, 1e6, .def = "3",
+     .want = "an integer >= 0 (0: keep every checkpoint), like 3",
+     .help = "checkpoints kept (0: every one)"},
+    {T_LOG_EVERY, "--log-every", CLI_INT, "N", 1, 1e12, .def = "1",
+     .want = "a positive integer", .help = "a log line every N steps"},
+    {T_SEED, "--seed", CLI_INT, "N", 0, 9e15, .def = "1",
+     .want = "an integer >= 0", .help = "initialization and data order"},
+    {T_DTYPE, "--dtype", CLI_CHOICE, .choices = "f32|bf16", .def = "f32",
      .help = "bf16: mixed precision (f32 master weights)"},
-    {1, "--device", CLI_STR, "cpu|vulkan:N", .def = "cpu",
-     .help = "the "
-             "model, its gradients and AdamW's state there"},
-    {1, "--eager", CLI_FLAG, .help = "run op by op (the default)"},
-    {1, "--compile", CLI_FLAG, .help = "compile the training step's graph"},
-    {1, "--checkpoint-activations", CLI_FLAG,
-     .help = "recompute "
-             "activations in the backward (less memory)"},
-    {1, "--resume", CLI_FLAG,
-     .help = "go on from the last checkpoint in "
-             "--out"},
-    {1, "--quiet", CLI_FLAG, .help = "no progress lines"},
-    {1, "--peak-gflops", CLI_NUM, "G",
-     .def = "measured (tessera bench "
-            "peak)",
-     .help = "the peak for MFU"},
-    {1, "--shard", CLI_CHOICE, .choices = "none|grad-opt|full", .def = "none",
-     .help = "under mpirun -np N: data parallel, ZeRO-2, or "
-             "fully sharded"},
-    {1, "--bucket-mb", CLI_NUM, "MB", .def = "16",
-     .help = "data parallel: "
-             "MiB per all-reduce"},
-    {1, "--no-overlap", CLI_FLAG,
-     .help = "all-reduce after the backward, "
-             "not during it"},
-    {1, "--config", CLI_STR, "FILE.json",
-     .help = "the same options as a "
-             "JSON object (keys with - or _)"},
+    {T_DEVICE, "--device", CLI_STR, "cpu|vulkan:N", .def = "cpu",
+     .want = "cpu or vulkan:N",
+     .help = "the model, its gradients and AdamW's state there"},
+    {T_EAGER, "--eager", CLI_FLAG, .help = "run op by op (the default)"},
+    {T_COMPILE, "--compile", CLI_FLAG,
+     .help = "compile the training step's graph"},
+    {T_CKPT_ACT, "--checkpoint-activations", CLI_FLAG,
+     .help = "recompute activations in the backward (less memory)"},
+    {T_RESUME, "--resume", CLI_FLAG,
+     .help = "go on from the last checkpoint in --out"},
+    {T_QUIET, "--quiet", CLI_FLAG, .help = "no progress lines"},
+    {T_PEAK, "--peak-gflops", CLI_NUM, "G", 1e-3, 1e9,
+     .def = "measured (tessera bench peak)",
+     .want = "a positive float (GFLOP/s)", .help = "the peak for MFU"},
+    {T_SHARD, "--shard", CLI_CHOICE, .choices = "none|grad-opt|full",
+     .def = "none",
+     .help = "under mpirun -np N: data parallel, ZeRO-2, or fully sharded"},
+    {T_BUCKET_MB, "--bucket-mb", CLI_NUM, "MB", 1e-6, 1e6, .def = "16",
+     .want = "a positive float (MiB), like 16",
+     .help = "data parallel: MiB per all-reduce"},
+    {T_NO_OVERLAP, "--no-overlap", CLI_FLAG,
+     .help = "all-reduce after the backward, not during it"},
+    {T_CONFIG, "--config", CLI_STR, "FILE.json",
+     .help = "the same options as a JSON object (keys with - or _); later "
+             "flags override"},
     {0},
 };
 
@@ -339,83 +372,111 @@ static const cli_cmd TRAIN_CMD = {
     .short_threads = true,
 };
 
-/* the numeric options: name, range, integer or not, what to write */
-typedef struct {
-    const char *name;
-    double lo, hi;
-    bool integer;
-    const char *want;
-} num_opt;
-
-static const num_opt NUM_OPTS[] = {
-    {"batch", 1, 1 << 20, true, "an integer in 1..1048576, like 8"},
-    {"seq", 1, 1 << 20, true, "an integer in 1..1048576, like 256"},
-    {"grad-accum", 1, 64, true, "an integer in 1..64"},
-    {"steps", 1, 1e12, true, "a positive integer, like 1000"},
-    {"warmup", 0, 1e12, true, "an integer >= 0, like 100"},
-    {"eval-every", 0, 1e12, true, "an integer >= 0 (0: never)"},
-    {"eval-batches", 1, 1e6, true, "an integer in 1..1000000"},
-    {"save-every", 0, 1e12, true, "an integer >= 0 (0: only at the end)"},
-    {"log-every", 1, 1e12, true, "a positive integer"},
-    {"keep-last", 0, 1e6, true,
-     "an integer >= 0 (0: keep every checkpoint), like 3"},
-    {"seed", 0, 9e15, true, "an integer >= 0"},
-    {"lr", 1e-12, 10, false, "a positive float <= 10, like 3e-4"},
-    {"min-lr", 0, 10, false, "a float in 0..10 (<= --lr), like 3e-5"},
-    {"weight-decay", 0, 10, false, "a float in 0..10, like 0.1"},
-    {"clip", 0, 1e9, false, "a float >= 0 (0: no clipping), like 1.0"},
-    {"beta1", 0, 0.999999, false, "a float in [0, 1), like 0.9"},
-    {"beta2", 0, 0.999999, false, "a float in [0, 1), like 0.95"},
-    {"bucket-mb", 1e-6, 1e6, false, "a positive float (MiB), like 16"},
-    {"peak-gflops", 1e-3, 1e9, false, "a positive float (GFLOP/s)"},
-};
-
-/* options taking a string, and flags taking nothing */
-static const char *const STR_OPTS[] = {"model-config", "init-from", "data",
-                                       "out",          "tokenizer", "schedule",
-                                       "dtype",        "shard",     "device"};
-static const char *const FLAG_OPTS[] = {"eager",  "compile",
-                                        "resume", "checkpoint-activations",
-                                        "quiet",  "no-overlap"};
-#define COUNT(a) (sizeof(a) / sizeof *(a))
-
-static size_t edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b), row[64];
-    if (lb >= 64)
-        return 64;
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t best = diag + (a[i - 1] != b[j - 1]);
-            if (row[j] + 1 < best)
-                best = row[j] + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best, diag = up;
-        }
-    }
-    return row[lb];
+/* the option named k (without its dashes), or NULL */
+static const cli_opt *train_find(const char *k) {
+    for (const cli_opt *t = TRAIN_OPTS; t->id; t++)
+        if (!strcmp(t->names + 2, k))
+            return t;
+    return NULL;
 }
 
-/* the known option nearest to k, or NULL when none is near */
-static const char *closest_option(const char *k) {
-    const char *best = NULL;
-    size_t bd = (size_t)-1;
-    for (size_t i = 0; i < COUNT(NUM_OPTS) + COUNT(STR_OPTS) + COUNT(FLAG_OPTS);
-         i++) {
-        const char *n = i < COUNT(NUM_OPTS) ? NUM_OPTS[i].name
-                        : i < COUNT(NUM_OPTS) + COUNT(STR_OPTS)
-                            ? STR_OPTS[i - COUNT(NUM_OPTS)]
-                            : FLAG_OPTS[i - COUNT(NUM_OPTS) - COUNT(STR_OPTS)];
-        size_t d = edit_distance(k, n);
-        if (d < bd)
-            bd = d, best = n;
+/* "a, b" or "a, b or c": a choice option's values, for messages */
+static void choice_list(const cli_opt *t, char *buf, size_t cap) {
+    size_t n = 0, bars = 0;
+    for (const char *c = t->choices; *c; c++)
+        bars += *c == '|';
+    for (const char *c = t->choices; *c && n + 4 < cap; c++) {
+        if (*c != '|') {
+            buf[n++] = *c;
+            continue;
+        }
+        bool last = bars > 1 && !strchr(c + 1, '|');
+        n += (size_t)snprintf(buf + n, cap - n, last ? " or " : ", ");
     }
-    return bd <= 1 + strlen(k) / 3 ? best : NULL;
+    buf[n] = 0;
+}
+
+/* a numeric option's value into o */
+static bool train_number(ts_train_options *o, const cli_opt *t, const char *k,
+                         const char *v, char *err, size_t cap) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || !isfinite(x)) {
+        snprintf(err, cap, "--%s: \"%s\" is not a number; want %s", k, v,
+                 t->want);
+        return false;
+    }
+    if (t->kind == CLI_INT && x != floor(x)) {
+        snprintf(err, cap, "--%s: \"%s\" is not an integer; want %s", k, v,
+                 t->want);
+        return false;
+    }
+    if (!(x >= t->lo && x <= t->hi)) {
+        snprintf(err, cap, "--%s: %s is out of range; want %s", k, v, t->want);
+        return false;
+    }
+    int64_t i = (int64_t)x;
+    switch (t->id) {
+    case T_BATCH:
+        o->batch = i;
+        break;
+    case T_SEQ:
+        o->seq = i;
+        break;
+    case T_GRAD_ACCUM:
+        o->grad_accum = i;
+        break;
+    case T_STEPS:
+        o->steps = i;
+        break;
+    case T_WARMUP:
+        o->warmup = i;
+        break;
+    case T_EVAL_EVERY:
+        o->eval_every = i;
+        break;
+    case T_EVAL_BATCHES:
+        o->eval_batches = i;
+        break;
+    case T_SAVE_EVERY:
+        o->save_every = i;
+        break;
+    case T_LOG_EVERY:
+        o->log_every = i;
+        break;
+    case T_KEEP_LAST:
+        o->keep_last = i;
+        break;
+    case T_SEED:
+        o->seed = (uint64_t)i;
+        break;
+    case T_LR:
+        o->lr = x;
+        break;
+    case T_MIN_LR:
+        o->min_lr = x;
+        break;
+    case T_WEIGHT_DECAY:
+        o->weight_decay = x;
+        break;
+    case T_CLIP:
+        o->clip = x;
+        break;
+    case T_BETA1:
+        o->beta1 = x;
+        break;
+    case T_BETA2:
+        o->beta2 = x;
+        break;
+    case T_BUCKET_MB:
+        o->bucket_mb = x;
+        break;
+    case T_PEAK:
+        o->peak = x * 1e9;
+        break;
+    }
+    return true;
 }
 
 /* one option by name (without the dashes, '-' or '_' alike); false when
@@ -428,135 +489,90 @@ static bool train_opt(ts_train_options *o, const char *key, const char *v,
     for (char *c = k; *c; c++)
         if (*c == '_')
             *c = '-';
-    double x;
-    *used_value = true;
-    /* "--lr --steps 5": --lr's value is missing, not "--steps" */
-    bool missing = !v || (v[0] == '-' && v[1] == '-');
-    for (size_t i = 0; i < COUNT(NUM_OPTS); i++) {
-        const num_opt *n = &NUM_OPTS[i];
-        if (strcmp(k, n->name))
-            continue;
-        if (missing) {
-            snprintf(err, cap, "--%s needs a value: %s", k, n->want);
-            return false;
-        }
-        char *end;
-        errno = 0;
-        x = strtod(v, &end);
-        if (end == v || *end || !isfinite(x)) {
-            snprintf(err, cap, "--%s: \"%s\" is not a number; want %s", k, v,
-                     n->want);
-            return false;
-        }
-        if (n->integer && x != floor(x)) {
-            snprintf(err, cap, "--%s: \"%s\" is not an integer; want %s", k, v,
-                     n->want);
-            return false;
-        }
-        if (!(x >= n->lo && x <= n->hi)) {
-            snprintf(err, cap, "--%s: %s is out of range; want %s", k, v,
-                     n->want);
-            return false;
-        }
-        int64_t *iv = !strcmp(k, "batch")          ? &o->batch
-                      : !strcmp(k, "seq")          ? &o->seq
-                      : !strcmp(k, "grad-accum")   ? &o->grad_accum
-                      : !strcmp(k, "steps")        ? &o->steps
-                      : !strcmp(k, "warmup")       ? &o->warmup
-                      : !strcmp(k, "eval-every")   ? &o->eval_every
-                      : !strcmp(k, "eval-batches") ? &o->eval_batches
-                      : !strcmp(k, "save-every")   ? &o->save_every
-                      : !strcmp(k, "log-every")    ? &o->log_every
-                      : !strcmp(k, "keep-last")    ? &o->keep_last
-                                                   : NULL;
-        double *dv = !strcmp(k, "lr")             ? &o->lr
-                     : !strcmp(k, "min-lr")       ? &o->min_lr
-                     : !strcmp(k, "weight-decay") ? &o->weight_decay
-                     : !strcmp(k, "clip")         ? &o->clip
-                     : !strcmp(k, "beta1")        ? &o->beta1
-                     : !strcmp(k, "beta2")        ? &o->beta2
-                     : !strcmp(k, "bucket-mb")    ? &o->bucket_mb
-                                                  : NULL;
-        if (iv)
-            *iv = (int64_t)x;
-        else if (dv)
-            *dv = x;
-        else if (!strcmp(k, "seed"))
-            o->seed = (uint64_t)x;
-        else /* peak-gflops */
-            o->peak = x * 1e9;
-        return true;
-    }
-    if (!strcmp(k, "device")) { /* checked when the run starts */
-        if (missing || !*v) {
-            snprintf(err, cap, "--device needs a value: cpu or vulkan:N");
-            return false;
-        }
-        o->device = v;
-        return true;
-    }
-    static const char *const choices[][4] = {
-        {"schedule", "cosine", "constant", NULL},
-        {"dtype", "f32", "bf16", NULL},
-        {"shard", "none", "grad-opt", "full"}};
-    for (size_t i = 0; i < COUNT(choices); i++) {
-        if (strcmp(k, choices[i][0]))
-            continue;
-        int m = 1;
-        while (m < 4 && choices[i][m] && (missing || strcmp(v, choices[i][m])))
-            m++;
-        if (m == 4 || !choices[i][m]) {
-            char want[64];
-            snprintf(want, sizeof want, "%s, %s%s%s", choices[i][1],
-                     choices[i][2], choices[i][3] ? " or " : "",
-                     choices[i][3] ? choices[i][3] : "");
-            if (missing)
-                snprintf(err, cap, "--%s needs a value: one of %s", k, want);
-            else
-                snprintf(err, cap, "--%s: \"%s\" is not one of %s", k, v, want);
-            return false;
-        }
-        if (i == 0)
-            o->constant_lr = m == 2;
-        else if (i == 1)
-            o->bf16 = m == 2;
+    const cli_opt *t = train_find(k);
+    if (!t || t->id == T_CONFIG) { /* --config is read by the caller */
+        const char *names[64];
+        size_t n = 0;
+        for (const cli_opt *u = TRAIN_OPTS; u->id && n < 64; u++)
+            if (u->id != T_CONFIG)
+                names[n++] = u->names + 2;
+        const char *near = cli_closest(k, names, n);
+        if (near)
+            snprintf(err, cap,
+                     "unknown option \"--%s\"; did you mean \"--%s\"?", k,
+                     near);
         else
-            o->shard = m - 1;
+            snprintf(err, cap,
+                     "unknown option \"--%s\" (see tessera train --help)", k);
+        return false;
+    }
+    *used_value = t->kind != CLI_FLAG;
+    /* "--lr --steps 5": --lr's value is missing, not "--steps" */
+    bool missing =
+        !v || (v[0] == '-' && v[1] == '-') || (t->kind == CLI_STR && !*v);
+    char want[64];
+    if (t->kind == CLI_CHOICE) {
+        char list[48];
+        choice_list(t, list, sizeof list);
+        snprintf(want, sizeof want, "one of %s", list);
+    } else
+        snprintf(want, sizeof want, "%s", t->want ? t->want : "");
+    if (t->kind != CLI_FLAG && missing) {
+        snprintf(err, cap, "--%s needs a value: %s", k, want);
+        return false;
+    }
+    cli_val cv;
+    switch (t->kind) {
+    case CLI_INT:
+    case CLI_NUM:
+    case CLI_SIZE:
+        return train_number(o, t, k, v, err, cap);
+    case CLI_CHOICE:
+        if (!cli_value(t, v, &cv)) {
+            snprintf(err, cap, "--%s: \"%s\" is not %s", k, v, want);
+            return false;
+        }
+        if (t->id == T_SCHEDULE)
+            o->constant_lr = cv.choice == 1;
+        else if (t->id == T_DTYPE)
+            o->bf16 = cv.choice == 1;
+        else
+            o->shard = cv.choice;
+        return true;
+    case CLI_STR: {
+        const char **dst[] = {[T_MODEL_CONFIG] = &o->model_config,
+                              [T_INIT_FROM] = &o->init_from,
+                              [T_DATA] = &o->data_dir,
+                              [T_OUT] = &o->out_dir,
+                              [T_TOKENIZER] = &o->tokenizer_dir,
+                              [T_DEVICE] = &o->device};
+        *dst[t->id] = v; /* a device is checked when the run starts */
         return true;
     }
-    for (size_t i = 0; i < 5; i++) /* the paths */
-        if (!strcmp(k, STR_OPTS[i])) {
-            if (missing || !*v) {
-                snprintf(err, cap, "--%s needs a value: a %s", k,
-                         i == 0 ? "config.json file" : "folder");
-                return false;
-            }
-            const char **dst[] = {&o->model_config, &o->init_from, &o->data_dir,
-                                  &o->out_dir, &o->tokenizer_dir};
-            *dst[i] = v;
-            return true;
-        }
-    *used_value = false;
-    if (!strcmp(k, "eager"))
-        return o->eager = true;
-    if (!strcmp(k, "compile"))
-        return !(o->eager = false);
-    if (!strcmp(k, "resume"))
-        return o->resume = true;
-    if (!strcmp(k, "checkpoint-activations"))
-        return o->checkpoint_activations = true;
-    if (!strcmp(k, "quiet"))
-        return o->quiet = true;
-    if (!strcmp(k, "no-overlap"))
-        return o->no_overlap = true;
-    const char *near = closest_option(k);
-    if (near)
-        snprintf(err, cap, "unknown option \"--%s\"; did you mean \"--%s\"?", k,
-                 near);
-    else
-        snprintf(err, cap, "unknown option \"--%s\" (see tessera train --help)",
-                 k);
-    return false;
+    case CLI_FLAG:
+        break;
+    }
+    switch (t->id) {
+    case T_EAGER:
+        o->eager = true;
+        break;
+    case T_COMPILE:
+        o->eager = false;
+        break;
+    case T_RESUME:
+        o->resume = true;
+        break;
+    case T_CKPT_ACT:
+        o->checkpoint_activations = true;
+        break;
+    case T_QUIET:
+        o->quiet = true;
+        break;
+    case T_NO_OVERLAP:
+        o->no_overlap = true;
+        break;
+    }
+    return true;
 }
 
 int tessera_train(int argc, char **argv) {
@@ -686,18 +702,15 @@ int tessera_train(int argc, char **argv) {
 /* ---- bench peak ---- */
 
 static const cli_opt BENCH_OPTS[] = {
-    {1, "--fresh", CLI_FLAG,
-     .help = "accepted and ignored: nothing is "
-             "cached"},
+    {1, "--fresh", CLI_FLAG, .help = "accepted and ignored: nothing is cached"},
     {0},
 };
 
 static const cli_cmd BENCH_CMD = {
     .name = "bench",
     .usage = "bench peak",
-    .about = "The machine's f32 matmul peak (cores x clock x FLOP per "
-             "cycle) and the sgemm rate reached now: the denominator of "
-             "train's MFU.",
+    .about = "The machine's f32 matmul peak (cores x clock x FLOP per cycle) "
+             "and the sgemm rate reached now: the denominator of train's MFU.",
     .opts = BENCH_OPTS,
     .positional = "  peak                        the one benchmark\n",
     .short_threads = true,
