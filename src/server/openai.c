@@ -1214,6 +1214,13 @@ enum MHD_Result srv_generate(struct MHD_Connection *c, hreq *r) {
         int64_t left = srv.max_positions - (int64_t)ps[0].n;
         g.max_tokens = (int)(left < 4096 ? left : 4096);
     }
+    /* prompt + output within the context (--max-model-len or the model's):
+     * a longer max_tokens ends with finish_reason "length" there */
+    for (int p = 0; p < np; p++) {
+        int64_t left = srv.max_positions - (int64_t)ps[p].n;
+        if (left < g.max_tokens)
+            g.max_tokens = (int)left;
+    }
     r->n_prompts = np;
     r->per_prompt = g.best_of;
     r->n_out = g.n;
@@ -1255,6 +1262,7 @@ enum MHD_Result srv_generate(struct MHD_Connection *c, hreq *r) {
         MHD_SIZE_UNKNOWN, 16384, stream_reader, r, NULL);
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    srv_cors_headers(c, resp);
     ret = MHD_queue_response(c, 200, resp);
     MHD_destroy_response(resp);
     srv_count_status(200);
