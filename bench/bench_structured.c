@@ -35,7 +35,8 @@ static const char *SCHEMA =
     "{\"$defs\":{\"person\":{\"type\":\"object\",\"properties\":{"
     "\"name\":{\"type\":\"string\",\"maxLength\":24},"
     "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},"
-    "\"email\":{\"type\":\"string\",\"pattern\":\"[a-z]{1,12}@[a-z]{1,12}\\\\.(com|org)\"},"
+    "\"email\":{\"type\":\"string\",\"pattern\":\"[a-z]{1,12}@[a-z]{1,12}\\\\.("
+    "com|org)\"},"
     "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":"
     "12},\"maxItems\":6},"
     "\"address\":{\"type\":\"object\",\"properties\":{"
@@ -69,6 +70,9 @@ static void c_free(void *s) {
     free(s);
 }
 
+/* the tokenizer's vocabulary: the tokens a matcher's mask covers */
+static int32_t vocab_tokens;
+
 typedef struct {
     double tps;     /* tokens per second after every stream's first */
     int64_t tokens; /* generated in all */
@@ -89,8 +93,13 @@ static int run(ts_ctx *ctx, ts_engine *e, const int32_t *prompt, size_t n,
             mstate *ms = calloc(1, sizeof *ms);
             if (!ms || ts_matcher_new(ctx, g, &ms->m) != TS_OK)
                 return -1;
-            r.constraint = (ts_constraint){ms,        c_mask, c_accept,
-                                           c_can_end, c_done, c_free};
+            r.constraint = (ts_constraint){.state = ms,
+                                           .mask = c_mask,
+                                           .accept = c_accept,
+                                           .can_end = c_can_end,
+                                           .done = c_done,
+                                           .free = c_free,
+                                           .n_tokens = vocab_tokens};
         }
         int64_t id;
         if (ts_engine_add(e, &r, &id) != TS_OK) {
@@ -146,7 +155,8 @@ static int compare(ts_ctx *ctx, ts_engine *e, ts_grammar *g,
         printf("%s, %d stream%s: unconstrained %.1f tokens/s, json_schema "
                "%.1f tokens/s (%lld tokens): %.3fx (target >= 0.9: %s)\n",
                label, counts[c], counts[c] > 1 ? "s" : " ", best[0].tps,
-               best[1].tps, (long long)best[1].tokens, best[1].tps / best[0].tps,
+               best[1].tps, (long long)best[1].tokens,
+               best[1].tps / best[0].tps,
                best[1].tps / best[0].tps >= 0.9 ? "yes" : "no");
     }
     return 0;
@@ -195,6 +205,7 @@ static int bench_model(ts_ctx *ctx, ts_decoder *d, ts_tokenizer *tok,
     ts_vocab *v;
     if (ts_vocab_new(ctx, tok, &v) != TS_OK)
         return die(ctx, "vocabulary");
+    vocab_tokens = ts_vocab_size(v);
     ts_grammar *g = NULL;
     if (compile_times(ctx, v, &g))
         return 1;

@@ -68,7 +68,7 @@ ts_engine_options ts_engine_options_default(void);
  * all required. */
 typedef struct {
     void *state;
-    /* bits[(V + 31) / 32]: set the bit of every token allowed next */
+    /* bits[(n_tokens + 31) / 32]: set the bit of every token allowed next */
     void (*mask)(void *state, uint32_t *bits);
     /* t was drawn; false: it was not allowed (the request then ends) */
     bool (*accept)(void *state, int32_t t);
@@ -77,6 +77,9 @@ typedef struct {
     /* complete and nothing may follow: the request ends (TS_FINISH_STOP) */
     bool (*done)(const void *state);
     void (*free)(void *state);
+    /* the tokens mask writes bits for (its tokenizer's vocabulary); 0: the
+     * model's. More than the model has is refused */
+    int64_t n_tokens;
 } ts_constraint;
 
 /* OpenAI's logit_bias: added to a token's logit before sampling; -100
@@ -202,10 +205,11 @@ void ts_engine_set_eos(ts_engine *e, const int32_t *ids, int n);
 ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id);
 /* Drops a request (a client gone): its blocks are released. */
 ts_status ts_engine_abort(ts_engine *e, int64_t id);
-/* One scheduling step and one forward pass; out (cap >= max_seqs; 2 x
- * max_seqs never defers a constraint's STOP output) gets a token per
- * sequence that produced one. Outputs' prompt_lp and embedding are the
- * receiver's to free. */
+/* One scheduling step and one forward pass; out (cap >= max_seqs) gets a
+ * token per sequence that produced one, then the final outputs that did
+ * not fit (a constraint's STOP after its last token among them; what still
+ * does not fit comes out in the next step). Outputs' prompt_lp and embedding
+ * are the receiver's to free. */
 ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
                          int *n_out);
 bool ts_engine_has_work(const ts_engine *e);

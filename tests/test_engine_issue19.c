@@ -332,6 +332,55 @@ static void test_constraint_small_out(ts_ctx *ctx, ts_decoder *m) {
     ts_engine_free(e);
 }
 
+/* out's cap at max_seqs: a constraint's STOP after its last token waits for
+ * the next step rather than take the slot of another sequence's token */
+static void test_constraint_stop_keeps_others(ts_ctx *ctx, ts_decoder *m) {
+    ts_engine *e = engine(ctx, m, 64, 2, 64);
+    if (!e)
+        return;
+    int frees = 0;
+    int32_t p[2][8];
+    make_prompt(p[0], 8, 10), make_prompt(p[1], 8, 11);
+    ts_request r[2] = {gen_request(p[0], 8, 20), gen_request(p[1], 8, 6)};
+    r[0].constraint = toy_new(2, 2, &frees);
+    int64_t ids[2];
+    result res[2] = {0};
+    for (int i = 0; i < 2; i++)
+        CHECK_OK(ctx, ts_engine_add(e, &r[i], &ids[i]));
+    drain(ctx, e, ids, 2, 2, res);
+    CHECK(res[0].n == 3 && res[0].tok[2] == -1 &&
+          res[0].why[2] == TS_FINISH_STOP && frees == 1);
+    CHECK(res[1].n == 6 && res[1].why[5] == TS_FINISH_LENGTH);
+    for (int i = 0; i < res[1].n; i++)
+        CHECK(res[1].tok[i] >= 0 && res[1].tok[i] < V);
+    check_no_blocks_held(e);
+    ts_engine_free(e);
+}
+
+/* a mask over more tokens than the model has is refused; the caller keeps
+ * the state */
+static void test_constraint_vocab(ts_ctx *ctx, ts_decoder *m) {
+    ts_engine *e = engine(ctx, m, 64, 2, 64);
+    if (!e)
+        return;
+    int frees = 0;
+    int32_t p[8];
+    make_prompt(p, 8, 12);
+    ts_request r = gen_request(p, 8, 4);
+    r.constraint = toy_new(2, 2, &frees);
+    r.constraint.n_tokens = V + 1;
+    int64_t id;
+    CHECK(ts_engine_add(e, &r, &id) == TS_ERR_RANGE);
+    ts_clear_error(ctx);
+    CHECK(frees == 0);
+    r.constraint.n_tokens = V;
+    CHECK_OK(ctx, ts_engine_add(e, &r, &id));
+    result res = {0};
+    drain(ctx, e, &id, 1, 64, &res);
+    CHECK(res.n == 3 && frees == 1);
+    ts_engine_free(e);
+}
+
 /* ---- logit_bias ---- */
 
 /* the logits of the next token after p (a whole forward) */
@@ -642,6 +691,30 @@ static void test_embeddings(ts_ctx *ctx, ts_decoder *m) {
     }
 }
 
+/* requests that exactly fill a 2-block pool are admitted: an embedding of
+ * 32 tokens, a generation of 31 + 1 */
+static void test_pool_boundary(ts_ctx *ctx, ts_decoder *m) {
+    ts_engine *e = engine(ctx, m, 2, 2, 64);
+    if (!e)
+        return;
+    int32_t p[32];
+    make_prompt(p, 32, 13);
+    ts_request r[2] = {{.prompt = p, .n_prompt = 32, .pooling = TS_POOL_LAST},
+                       gen_request(p, 31, 1)};
+    for (int i = 0; i < 2; i++) {
+        int64_t id;
+        result res = {0};
+        CHECK_OK(ctx, ts_engine_add(e, &r[i], &id));
+        drain(ctx, e, &id, 1, 64, &res);
+        CHECK(res.n == 1 && res.why[0] != TS_FINISH_NONE &&
+              res.why[0] != TS_FINISH_ABORT);
+        CHECK(!i == (res.first.embedding != NULL));
+        result_free(&res, 1);
+        check_no_blocks_held(e);
+    }
+    ts_engine_free(e);
+}
+
 /* a second request waits behind the first: its queue time is counted */
 static void test_queue_time(ts_ctx *ctx, ts_decoder *m) {
     ts_engine *e = engine(ctx, m, 64, 1, 64);
@@ -682,10 +755,13 @@ int main(int argc, char **argv) {
         test_constraint_preemption(ctx, m);
         test_constraint_abort(ctx, m);
         test_constraint_small_out(ctx, m);
+        test_constraint_stop_keeps_others(ctx, m);
+        test_constraint_vocab(ctx, m);
         test_logit_bias(ctx, m);
         test_prompt_logprobs(ctx, m);
         test_forward_hidden(ctx, m);
         test_embeddings(ctx, m);
+        test_pool_boundary(ctx, m);
         test_queue_time(ctx, m);
     }
     ts_decoder_free(m);

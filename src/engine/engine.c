@@ -475,6 +475,11 @@ static ts_status check_extras(ts_engine *e, const ts_request *r) {
         return ts_set_error(e->ctx, TS_ERR_INVALID_ARG,
                             "constraint: mask, accept, can_end and done are "
                             "all required");
+    if (k->mask && (k->n_tokens < 0 || k->n_tokens > c->vocab))
+        return ts_set_error(e->ctx, TS_ERR_RANGE,
+                            "constraint: a mask over %lld tokens; the model "
+                            "has %lld",
+                            (long long)k->n_tokens, (long long)c->vocab);
     return TS_OK;
 }
 
@@ -720,8 +725,11 @@ static void admit(ts_engine *e) {
     while (e->n_waiting && e->n_running < e->opt.max_seqs) {
         seq *s = e->waiting[0];
         match_prefix(e, s);
-        int64_t need =
-            ((int64_t)s->n_tok + e->bs - 1) / e->bs - (int64_t)s->n_blocks + 1;
+        /* its tokens and the next one (none for an embedding): what
+         * check_sizes promised would fit the pool alone */
+        int64_t next = s->pooling ? 0 : 1;
+        int64_t need = ((int64_t)s->n_tok + next + e->bs - 1) / e->bs -
+                       (int64_t)s->n_blocks;
         if (blocks_available(e) < need) { /* FCFS: wait for room */
             seq_drop_blocks(e, s);
             break;
@@ -863,6 +871,20 @@ static ts_engine_output first_fields(seq *s) {
     return o;
 }
 
+/* a final output into pend (flushed at the end of the step); false when
+ * pend cannot grow */
+static bool pend_push(ts_engine *e, ts_engine_output *o) {
+    if (e->n_pend == e->cap_pend) {
+        int c = e->cap_pend ? 2 * e->cap_pend : 16;
+        ts_engine_output *p = realloc(e->pend, sizeof *p * (size_t)c);
+        if (!p)
+            return false;
+        e->pend = p, e->cap_pend = c;
+    }
+    e->pend[e->n_pend++] = *o;
+    return true;
+}
+
 /* o into out when there is room; else a final output waits in pend (the
  * request is gone, nothing of it can come out of order), another is
  * dropped */
@@ -872,15 +894,7 @@ static void emit(ts_engine *e, ts_engine_output *out, int cap, int *n_out,
         out[(*n_out)++] = *o;
         return;
     }
-    if (o->finish != TS_FINISH_NONE && e->n_pend == e->cap_pend) {
-        int c = e->cap_pend ? 2 * e->cap_pend : 16;
-        ts_engine_output *p = realloc(e->pend, sizeof *p * (size_t)c);
-        if (p)
-            e->pend = p, e->cap_pend = c;
-    }
-    if (o->finish != TS_FINISH_NONE && e->n_pend < e->cap_pend)
-        e->pend[e->n_pend++] = *o;
-    else
+    if (o->finish == TS_FINISH_NONE || !pend_push(e, o))
         output_free(o);
 }
 
@@ -935,7 +949,10 @@ static void sample_row(ts_engine *e, seq *s, const float *row, int64_t V,
                                  .cached_tokens = s->cached_tokens,
                                  .prompt_tokens = (int64_t)s->n_prompt,
                                  .queue_s = s->queue_s};
-        emit(e, out, cap, n_out, &stop);
+        /* a second output for s: it waits in pend so that it never takes
+         * the slot of another sequence's token (cap >= max_seqs) */
+        if (!pend_push(e, &stop))
+            emit(e, out, cap, n_out, &stop);
         why = TS_FINISH_STOP;
     }
     if (why != TS_FINISH_NONE)
@@ -1029,9 +1046,17 @@ static void plan_rows(readout *ro, const slice *x, int32_t t0, bool sample) {
 /* decodes first (one token each), then prefill chunks up to the budget;
  * blocks for every position written this step, preempting the youngest
  * sequences when the pool runs short. false: nothing can make room */
+/* 64 MiB of f32 logits rows for prompt log-probabilities per step */
+#define PLP_STEP_FLOATS ((int64_t)16 << 20)
+
 static bool schedule(ts_engine *e, slice *sl, int *n_sl_out) {
     int n_sl = 0;
     int64_t budget = e->opt.max_batch_tokens;
+    /* prompt log-probabilities read a logits row per prompt token: at most
+     * PLP_STEP_FLOATS of them a step (a long prompt's chunks get smaller) */
+    int64_t vocab = ts_decoder_get_config(e->m)->vocab;
+    int64_t plp_left =
+        PLP_STEP_FLOATS / vocab > 0 ? PLP_STEP_FLOATS / vocab : 1;
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < e->n_running && budget > 0; i++) {
             seq *s = e->running[i];
@@ -1040,6 +1065,13 @@ static bool schedule(ts_engine *e, slice *sl, int *n_sl_out) {
             if (decoding != (pass == 0))
                 continue;
             size_t n = left < (size_t)budget ? left : (size_t)budget;
+            if (s->want_plp && !s->out_once && !decoding) {
+                if (plp_left < 1)
+                    continue;
+                if (n > (size_t)plp_left)
+                    n = (size_t)plp_left;
+                plp_left -= (int64_t)n;
+            }
             sl[n_sl++] = (slice){s, s->n_computed, n};
             budget -= (int64_t)n;
         }
