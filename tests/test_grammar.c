@@ -422,6 +422,55 @@ static void expect_error(const ts_vocab *v, ts_grammar_kind k, const char *src,
     CHECK_MSG(ctx, needle);
 }
 
+/* 100000 quantifiers on one atom: refused at the second, never a stack
+ * overflow (each used to nest a repetition, lowered by recursion) */
+static void test_stacked_quantifiers(const ts_vocab *v) {
+    enum { N = 100000 };
+    char *src = malloc(3 * N + 64);
+    char *o = src + sprintf(src, "a");
+    for (int i = 0; i < N; i++)
+        o += sprintf(o, "{1}");
+    expect_error(v, TS_GRAMMAR_REGEX, src,
+                 "quantifier on a quantifier at offset 4 of");
+    o = src + sprintf(src, "root ::= \"a\"");
+    for (int i = 0; i < N; i++)
+        o += sprintf(o, "{1}");
+    expect_error(v, TS_GRAMMAR_EBNF, src,
+                 "quantifier on a quantifier at offset 15 (line 1)");
+    o = src + sprintf(src, "{\"type\":\"string\",\"pattern\":\"a");
+    memset(o, '*', N);
+    strcpy(o + N, "\"}");
+    expect_error(v, TS_GRAMMAR_JSON_SCHEMA, src,
+                 "bad \"pattern\" at /: regex: a quantifier on a quantifier "
+                 "at offset 2");
+    free(src);
+    expect_error(v, TS_GRAMMAR_REGEX, "a+*", "quantifier on a quantifier");
+    expect_error(v, TS_GRAMMAR_REGEX, "a{2}?{3}", "quantifier on a quantifier");
+    expect_error(v, TS_GRAMMAR_EBNF, "root ::= [a-z]+?", "on a quantifier");
+    /* a group between them is not stacking; lazy forms are one quantifier */
+    expect(v, TS_GRAMMAR_REGEX, "(?:a{2})*b??c+?", L("c", "aaaabcc"),
+           L("ac", "bb"));
+    expect(v, TS_GRAMMAR_EBNF, "root ::= (\"a\"{2})* \"b\"?",
+           L("", "aab", "aaaa"), L("a", "bb"));
+
+    /* the lowering's own bound, for trees no front end makes */
+    gbuild b;
+    gb_init(&b);
+    int r = gb_rule(&b, "deep");
+    gx *x = gx_str(&b, "a");
+    for (int i = 0; i < N; i++)
+        x = gx_rep(&b, x, 1, 1);
+    gb_define(&b, r, x);
+    ts_grammar g = {0};
+    ts_test_checks++;
+    if (tsg_lower(ctx, &b, &g) != TS_ERR_INVALID_ARG) {
+        ts_test_failures++;
+        fprintf(stderr, "a tree 100000 deep should be refused\n");
+    } else
+        CHECK_MSG(ctx, "rule \"deep\" nests expressions deeper than 256");
+    gb_free(&b);
+}
+
 static void test_errors(const ts_vocab *v) {
     ts_grammar_kind S = TS_GRAMMAR_JSON_SCHEMA, R = TS_GRAMMAR_REGEX,
                     E = TS_GRAMMAR_EBNF;
@@ -487,6 +536,8 @@ static void test_errors(const ts_vocab *v) {
     *o = 0;
     expect_error(v, R, deep, "nested too deeply");
     free(deep);
+
+    test_stacked_quantifiers(v);
 
     /* a huge enum compiles */
     size_t cap = 5000 * 16 + 64, k = 0;

@@ -12,6 +12,10 @@
 /* the lowered grammar's size limits: hostile input fails, never hangs */
 #define MAX_ELEMENTS (4 << 20)
 #define MAX_REPEAT   10000
+/* expression nesting lowered by recursion: the front ends' own limits
+ * (groups 100 deep, schemas 64) stay well below it; past it the grammar
+ * is refused rather than the stack overflowed */
+#define MAX_TREE_DEPTH 256
 
 /* ---- builder ---------------------------------------------------------- */
 
@@ -244,6 +248,9 @@ typedef struct {
     int32_t n_sets, cap_sets;
     int32_t *set_hash; /* open addressing over sets, -1 empty */
     uint32_t set_hcap;
+    int depth;         /* lower_into's recursion */
+    int32_t deep_rule; /* the rule that nested too deeply, or -1 */
+    int32_t rule;      /* the rule being lowered */
     bool oom, too_big;
 } lowering;
 
@@ -520,6 +527,8 @@ static void lower_repeat(lowering *L, gx *x, elvec *v) {
     el_push(L, v, G_REF, prev);
 }
 
+static void lower_node(lowering *L, gx *x, elvec *v);
+
 static void lower_into(lowering *L, gx *x, elvec *v) {
     if (L->oom || L->too_big)
         return;
@@ -527,6 +536,18 @@ static void lower_into(lowering *L, gx *x, elvec *v) {
         L->oom = true;
         return;
     }
+    if (L->depth >= MAX_TREE_DEPTH) {
+        L->too_big = true;
+        if (L->deep_rule < 0)
+            L->deep_rule = L->rule;
+        return;
+    }
+    L->depth++;
+    lower_node(L, x, v);
+    L->depth--;
+}
+
+static void lower_node(lowering *L, gx *x, elvec *v) {
     switch (x->kind) {
     case GX_EMPTY:
         break;
@@ -596,7 +617,7 @@ ts_status tsg_lower(ts_ctx *ctx, gbuild *b, ts_grammar *g) {
             return ts_set_error(ctx, TS_ERR_INVALID_ARG,
                                 "grammar: rule \"%s\" is used but not defined",
                                 b->names[i]);
-    lowering L = {.ctx = ctx, .b = b};
+    lowering L = {.ctx = ctx, .b = b, .deep_rule = -1};
     for (int i = 0; i < b->n_rules; i++)
         new_helper(&L, b->bodies[i]);
     /* the start: [REF 0, END] first, so position 0 is the start */
@@ -613,6 +634,7 @@ ts_status tsg_lower(ts_ctx *ctx, gbuild *b, ts_grammar *g) {
             break;
         }
         gx *body = L.body[r];
+        L.rule = r;
         L.alt_first[r] = L.n_alts;
         if (body && body->kind == GX_ALT) {
             for (int i = 0; i < body->n; i++)
@@ -625,12 +647,20 @@ ts_status tsg_lower(ts_ctx *ctx, gbuild *b, ts_grammar *g) {
     if (b->oom)
         L.oom = true;
     if (L.oom || L.too_big) {
+        int32_t deep = L.deep_rule;
         lowering_free(&L);
-        return L.oom ? ts_set_error(ctx, TS_ERR_OOM, "grammar: out of memory")
-                     : ts_set_error(ctx, TS_ERR_INVALID_ARG,
-                                    "grammar: too large (more than %d "
-                                    "elements or a repetition count over %d)",
-                                    MAX_ELEMENTS, MAX_REPEAT);
+        if (L.oom)
+            return ts_set_error(ctx, TS_ERR_OOM, "grammar: out of memory");
+        if (deep >= 0)
+            return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                "grammar: rule \"%s\" nests expressions "
+                                "deeper than %d",
+                                deep < b->n_rules ? b->names[deep] : "(helper)",
+                                MAX_TREE_DEPTH);
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "grammar: too large (more than %d "
+                            "elements or a repetition count over %d)",
+                            MAX_ELEMENTS, MAX_REPEAT);
     }
     g->el = L.all.el;
     g->n_el = L.all.n;

@@ -15,6 +15,9 @@
 #define MAX_BLANKS 32                 /* spaces or tabs in one whitespace run */
 #define MAX_BOUND  9007199254740991.0 /* 2^53 - 1 */
 #define NO_BOUND   INT64_MAX
+/* a pattern's tree, walked by recursion (the regex parser nests groups at
+ * most 100 deep, each a level or two) */
+#define MAX_PATTERN_DEPTH 256
 
 typedef struct {
     char *ptr;
@@ -412,13 +415,17 @@ static gx *number_schema(jsc *j, json_t *s, const char *ptr) {
 
 /* The pattern matches the decoded string: characters JSON must escape are
  * written as their escapes. */
-static void json_escape_tree(jsc *j, gx *x) {
-    if (!x || x->kind == GX_REF)
+static void json_escape_tree(jsc *j, gx *x, const char *ptr, int depth) {
+    if (!x || x->kind == GX_REF || j->st)
         return;
+    if (depth > MAX_PATTERN_DEPTH) {
+        fail(j, "\"pattern\" at %s nests deeper than %d", show(ptr),
+             MAX_PATTERN_DEPTH);
+        return;
+    }
     if (x->kind != GX_CLASS) {
         for (int i = 0; i < x->n; i++)
-            if (x->kind != GX_CLASS)
-                json_escape_tree(j, x->kids[i]);
+            json_escape_tree(j, x->kids[i], ptr, depth + 1);
         return;
     }
     bool special[128] = {0};
@@ -528,7 +535,9 @@ static gx *string_schema(jsc *j, json_t *s, const char *ptr) {
         snprintf(msg, sizeof msg, "%s", ts_errmsg(j->ctx));
         return fail(j, "bad \"pattern\" at %s: %s", show(ptr), msg);
     }
-    json_escape_tree(j, re);
+    json_escape_tree(j, re, ptr, 0);
+    if (j->st)
+        return NULL;
     /* a JSON Schema pattern matches anywhere unless anchored */
     gx *any = gx_rep(j->b, jchar(j), 0, -1);
     return seqv(j, 5, lit(j, "\""), a0 ? gx_empty(j->b) : any, re,
