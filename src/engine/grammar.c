@@ -15,6 +15,9 @@
 /* nodes one closure may make: past it a byte is refused (a left-recursive
  * or wildly ambiguous grammar), never a hang */
 #define CLOSURE_BUDGET (1 << 17)
+/* leaves the start may have: each costs a mask-entry lookup per step, so a
+ * grammar that opens with a huge alternation is refused when compiled */
+#define MAX_START_LEAVES 8192
 
 /* ---- vocabulary ------------------------------------------------------- */
 
@@ -405,6 +408,7 @@ struct mask_entry {
     int32_t n_acc;
     int32_t *unc; /* tokens to check against the whole stack */
     int32_t n_unc;
+    int32_t id; /* the cache's insertion order: a matcher's stamp index */
     mask_entry *next;
 };
 
@@ -463,7 +467,7 @@ static mask_entry *cache_insert(mask_cache *c, mask_entry *e) {
     uint32_t h = key_hash(e->key) & (c->nb - 1);
     e->next = c->bucket[h];
     c->bucket[h] = e;
-    c->n++;
+    e->id = (int32_t)c->n++;
     pthread_mutex_unlock(&c->mu);
     return e;
 }
@@ -508,8 +512,11 @@ struct ts_matcher {
     ts_grammar *g;
     tsg_pda p;
     tsg_set cur, tmp[2];
-    const mask_entry **applied;
-    int32_t cap_applied;
+    /* per mask entry (by id): the mask call that last ORed it in, so each
+     * entry's accepted tokens are applied once a step */
+    uint32_t *stamp;
+    int32_t cap_stamp;
+    uint32_t mask_gen;
     bool oom;
 };
 
@@ -793,7 +800,7 @@ void ts_matcher_free(ts_matcher *m) {
     tsg_set_free(&m->cur);
     tsg_set_free(&m->tmp[0]);
     tsg_set_free(&m->tmp[1]);
-    free(m->applied);
+    free(m->stamp);
     ts_grammar_unref(m->g);
     free(m);
 }
@@ -832,18 +839,34 @@ static bool leaf_accepts(ts_matcher *m, int32_t leaf, int32_t t) {
     return ok;
 }
 
+/* whether e's accepted tokens are still to be ORed in this step (and marks
+ * them done); true as well when the stamps cannot grow (then applied again) */
+static bool first_use(ts_matcher *m, const mask_entry *e) {
+    if (e->id >= m->cap_stamp) {
+        int32_t nc = m->cap_stamp ? m->cap_stamp : 64;
+        while (nc <= e->id)
+            nc *= 2;
+        uint32_t *ns = realloc(m->stamp, (size_t)nc * sizeof *ns);
+        if (!ns)
+            return true;
+        memset(ns + m->cap_stamp, 0, (size_t)(nc - m->cap_stamp) * sizeof *ns);
+        m->stamp = ns, m->cap_stamp = nc;
+    }
+    if (m->stamp[e->id] == m->mask_gen)
+        return false;
+    m->stamp[e->id] = m->mask_gen;
+    return true;
+}
+
 void ts_matcher_mask(ts_matcher *m, uint32_t *bits) {
     const ts_vocab *v = m->g->vocab;
     int32_t W = (v->V + 31) / 32;
     memset(bits, 0, (size_t)W * sizeof *bits);
-    if (m->cap_applied < m->cur.n) {
-        const mask_entry **na =
-            realloc(m->applied, (size_t)m->cur.n * sizeof *na);
-        if (!na)
-            return; /* nothing allowed: the caller ends the sequence */
-        m->applied = na, m->cap_applied = m->cur.n;
+    if (++m->mask_gen == 0) { /* wrapped: forget every stamp */
+        if (m->stamp)
+            memset(m->stamp, 0, (size_t)m->cap_stamp * sizeof *m->stamp);
+        m->mask_gen = 1;
     }
-    int32_t n_applied = 0;
     for (int32_t i = 0; i < m->cur.n; i++) {
         int32_t leaf = m->cur.ids[i];
         const mask_entry *e = entry_get(m, leaf);
@@ -853,11 +876,7 @@ void ts_matcher_mask(ts_matcher *m, uint32_t *bits) {
                     bits[t >> 5] |= 1u << (t & 31);
             continue;
         }
-        bool seen = false;
-        for (int32_t j = 0; j < n_applied && !seen; j++)
-            seen = m->applied[j] == e;
-        if (!seen) {
-            m->applied[n_applied++] = e;
+        if (first_use(m, e)) {
             if (e->acc_bits)
                 for (int32_t w = 0; w < W; w++)
                     bits[w] |= e->acc_bits[w];
@@ -915,6 +934,34 @@ static ts_status check_left_recursion(ts_ctx *ctx, ts_grammar *g,
                                                          : "(helper)");
             tsg_pda_rollback(&p, mark);
         }
+    tsg_set_free(&s);
+    tsg_pda_free(&p);
+    return st;
+}
+
+/* The start's leaves, refused here rather than met at every request's
+ * first step: more than MAX_START_LEAVES of them (each costs a mask-entry
+ * lookup per step), or a closure past its budget. */
+static ts_status check_start(ts_ctx *ctx, const ts_grammar *g) {
+    tsg_pda p;
+    tsg_set s = {0};
+    if (!tsg_pda_init(&p, g))
+        return ts_set_error(ctx, TS_ERR_OOM, "grammar: out of memory");
+    ts_status st = TS_OK;
+    if (!tsg_closure(&p, g->start, TSG_ROOT, &s))
+        st = p.n > CLOSURE_BUDGET
+                 ? ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                "grammar: too ambiguous at the start (more "
+                                "than %d stack nodes before the first byte)",
+                                CLOSURE_BUDGET)
+                 : ts_set_error(ctx, TS_ERR_OOM, "grammar: out of memory");
+    else if (s.n > MAX_START_LEAVES)
+        st = ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                          "grammar: %d alternatives may begin the text, more "
+                          "than the limit of %d (a huge enum, choice or "
+                          "alternation: give fewer, or factor out a common "
+                          "start)",
+                          (int)s.n, MAX_START_LEAVES);
     tsg_set_free(&s);
     tsg_pda_free(&p);
     return st;
@@ -989,6 +1036,8 @@ ts_status ts_grammar_compile(ts_ctx *ctx, const ts_vocab *v,
     st = tsg_lower(ctx, &b, g);
     if (!st && spec->kind == TS_GRAMMAR_EBNF)
         st = check_left_recursion(ctx, g, &b);
+    if (!st)
+        st = check_start(ctx, g);
     gb_free(&b);
     if (st) {
         grammar_free(g);
