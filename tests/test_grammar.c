@@ -471,6 +471,33 @@ static void test_stacked_quantifiers(const ts_vocab *v) {
     gb_free(&b);
 }
 
+/* 20000 rules, each the left corner of the one before: parsing (rule
+ * names hashed) and the left-recursion check are linear (both were
+ * quadratic: seconds for this grammar); with one cycle it is refused */
+static void test_long_chain(const ts_vocab *v) {
+    enum { N = 20000 };
+    char *src = malloc((size_t)N * 32 + 64), *o = src;
+    o += sprintf(o, "root ::= r0\n");
+    for (int i = 0; i < N; i++)
+        o += sprintf(o, "r%d ::= r%d \"x\"\n", i, i + 1);
+    sprintf(o, "r%d ::= \"y\"\n", N);
+    double t0 = now_ms();
+    ts_grammar *g = compile(v, TS_GRAMMAR_EBNF, src);
+    double t1 = now_ms();
+    char *text = malloc(N + 2);
+    text[0] = 'y';
+    memset(text + 1, 'x', N);
+    text[N + 1] = 0;
+    CHECK(g && matches(g, text) && !matches(g, "yxxx"));
+    free(text);
+    ts_grammar_unref(g);
+    sprintf(o, "r%d ::= \"y\" | r7 \"z\"\n", N);
+    expect_error(v, TS_GRAMMAR_EBNF, src, "is left-recursive");
+    printf("EBNF chain of %d rules: compiled in %.1f ms\n", N, t1 - t0);
+    CHECK(t1 - t0 < 2000); /* the quadratic check: about 5 s */
+    free(src);
+}
+
 static void test_errors(const ts_vocab *v) {
     ts_grammar_kind S = TS_GRAMMAR_JSON_SCHEMA, R = TS_GRAMMAR_REGEX,
                     E = TS_GRAMMAR_EBNF;
@@ -513,6 +540,14 @@ static void test_errors(const ts_vocab *v) {
     expect_error(v, E, "root ::= root \"x\" | \"y\"", "left-recursive");
     expect_error(v, E, "root ::= a\na ::= b \"x\"\nb ::= \"\" | a",
                  "left-recursive");
+    expect_error(v, E, "root ::= a\na ::= b \"x\"\nb ::= \"\" | a",
+                 "rule \"a\" is left-recursive (it reaches itself before "
+                 "reading a byte: a -> b -> a)");
+    expect_error(v, E, "root ::= \"a\"* root \"b\" | \"c\"", "root -> root");
+    /* cycles of tail references push nothing: they compile */
+    expect(v, E, "root ::= x\nx ::= \"a\" | y\ny ::= x", L("a"), L("", "aa"));
+    expect(v, E, "root ::= (\"a\"?)* \"b\"", L("b", "aab"), L("", "ba"));
+    test_long_chain(v);
     expect_error(v, E, "root ::= \"x\" \nroot ::= \"y\"", "defined twice");
     expect_error(v, E, "root ::= \"abc", "unterminated");
     expect_error(v, E, "root = \"a\"", "expected `name ::=`");
@@ -686,6 +721,41 @@ static void *walk_thread(void *arg) {
     return NULL;
 }
 
+typedef struct {
+    ts_grammar_cache *gc;
+    const ts_vocab *v;
+    ts_grammar *g;
+} cache_race;
+
+static void *cache_thread(void *arg) {
+    cache_race *r = arg;
+    ts_grammar_spec s = {TS_GRAMMAR_EBNF, "root ::= [a-z]+ \"!\"", NULL, NULL};
+    if (ts_grammar_cache_get(r->gc, NULL, &s, &r->g, NULL))
+        r->g = NULL;
+    return NULL;
+}
+
+/* one spec compiled by four threads at once: whichever compiles race to
+ * insert, all get the one cached grammar (its mask entries shared) */
+static void test_cache_race(const ts_vocab *v) {
+    enum { T = 4 };
+    ts_grammar_cache *gc = NULL;
+    CHECK_OK(ctx, ts_grammar_cache_new(ctx, v, 4, &gc));
+    cache_race r[T];
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) {
+        r[i] = (cache_race){gc, v, NULL};
+        CHECK(pthread_create(&th[i], NULL, cache_thread, &r[i]) == 0);
+    }
+    for (int i = 0; i < T; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < T; i++) {
+        CHECK(r[i].g && r[i].g == r[0].g);
+        ts_grammar_unref(r[i].g);
+    }
+    ts_grammar_cache_free(gc);
+}
+
 /* matchers of one grammar on four threads, the entries made concurrently,
  * give the texts of a single-threaded run */
 static void test_threads(const ts_vocab *v) {
@@ -731,6 +801,7 @@ int main(int argc, char **argv) {
     test_errors(v);
     test_fuzz(v);
     test_threads(v);
+    test_cache_race(v);
     printf("known answers %.0f ms, errors and fuzz %.0f ms\n", t1 - t0,
            now_ms() - t1);
     char walks[1100];

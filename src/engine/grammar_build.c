@@ -35,6 +35,7 @@ void gb_free(gbuild *b) {
         free(b->names[i]);
     free(b->names);
     free(b->bodies);
+    free(b->name_hash);
     memset(b, 0, sizeof *b);
 }
 
@@ -185,6 +186,43 @@ gx *gx_ref(gbuild *b, int rule) {
     return x;
 }
 
+static uint32_t name_hash(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+/* the slot of name in b->name_hash: its first rule's, or an empty one */
+static uint32_t name_slot(const gbuild *b, const char *name) {
+    uint32_t h = name_hash(name) & (b->name_hcap - 1);
+    while (b->name_hash[h] >= 0 && strcmp(b->names[b->name_hash[h]], name))
+        h = (h + 1) & (b->name_hcap - 1);
+    return h;
+}
+
+/* rules by name in a hash, so EBNF with many rules parses in linear time */
+static bool name_index(gbuild *b, int rule) {
+    if ((uint32_t)rule * 2 + 2 > b->name_hcap) {
+        uint32_t nc = b->name_hcap ? 2 * b->name_hcap : 64;
+        int32_t *nh = malloc(nc * sizeof *nh);
+        if (!nh)
+            return false;
+        memset(nh, 0xff, nc * sizeof *nh);
+        free(b->name_hash);
+        b->name_hash = nh, b->name_hcap = nc;
+        for (int i = 0; i < rule; i++) {
+            uint32_t h = name_slot(b, b->names[i]);
+            if (b->name_hash[h] < 0)
+                b->name_hash[h] = i;
+        }
+    }
+    uint32_t h = name_slot(b, b->names[rule]);
+    if (b->name_hash[h] < 0)
+        b->name_hash[h] = rule;
+    return true;
+}
+
 int gb_rule(gbuild *b, const char *name) {
     if (b->oom)
         return -1;
@@ -209,6 +247,11 @@ int gb_rule(gbuild *b, const char *name) {
     }
     b->names[b->n_rules] = s;
     b->bodies[b->n_rules] = NULL;
+    if (!name_index(b, b->n_rules)) {
+        free(s);
+        b->oom = true;
+        return -1;
+    }
     return b->n_rules++;
 }
 
@@ -220,10 +263,7 @@ void gb_define(gbuild *b, int rule, gx *body) {
 }
 
 int gb_find(const gbuild *b, const char *name) {
-    for (int i = 0; i < b->n_rules; i++)
-        if (!strcmp(b->names[i], name))
-            return i;
-    return -1;
+    return b->name_hcap ? b->name_hash[name_slot(b, name)] : -1;
 }
 
 /* ---- lowering --------------------------------------------------------- */
