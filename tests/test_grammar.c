@@ -128,6 +128,21 @@ static void test_known_answers(const ts_vocab *v) {
         L("{\"v\":1,\"kids\":[{\"v\":2},{\"v\":2},{\"v\":2}]}",
           "{\"kids\":[]}"));
 
+    /* "required" without "properties": the keys come first, their values
+     * additionalProperties' (absent: any value); never ignored */
+    expect(v, TS_GRAMMAR_JSON_SCHEMA,
+           "{\"type\":\"object\",\"required\":[\"a\",\"b\",\"a\"]}",
+           L("{\"a\":1,\"b\":\"x\"}", "{\"a\":{},\"b\":[],\"c\":3}"),
+           L("{}", "{\"a\":1}", "{\"b\":1}", "{\"c\":1,\"a\":1,\"b\":1}"));
+    expect(v, TS_GRAMMAR_JSON_SCHEMA, "{\"required\":[\"a\"]}",
+           L("{\"a\":null}"), L("{}", "{\"b\":1}"));
+    expect(v, TS_GRAMMAR_JSON_SCHEMA,
+           "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":"
+           "\"integer\"}},\"required\":[\"x\",\"y\"],"
+           "\"additionalProperties\":{\"type\":\"boolean\"}}",
+           L("{\"x\":1,\"y\":true}", "{\"x\":1,\"y\":false,\"z\":true}"),
+           L("{\"x\":1}", "{\"x\":1,\"y\":3}", "{\"y\":true}"));
+
     /* done: nothing may follow a closed object; prefix and suffix */
     ts_grammar_spec s = {TS_GRAMMAR_JSON_OBJECT, NULL, "<tool_call>\n",
                          "\n</tool_call>"};
@@ -216,6 +231,10 @@ static const walk_spec walk_specs[] = {
      "\"exclusiveMinimum\":5},{\"const\":{\"k\":[1,\"2\"]}},"
      "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"boolean\"}}]},"
      "\"maxItems\":4}"},
+    {TS_GRAMMAR_JSON_SCHEMA,
+     "{\"type\":\"object\",\"required\":[\"k\",\"n\"],"
+     "\"additionalProperties\":{\"type\":\"integer\",\"minimum\":0,"
+     "\"maximum\":9}}"},
     {TS_GRAMMAR_JSON_OBJECT, NULL},
     {TS_GRAMMAR_REGEX, "(\\d{1,3}\\.){3}\\d{1,3}"},
     {TS_GRAMMAR_REGEX, "[A-Z][a-z]{0,8}( [A-Z][a-z]{0,8})*, (19|20)\\d\\d"},
@@ -521,6 +540,13 @@ static void test_errors(const ts_vocab *v) {
                  "{\"type\":\"object\",\"properties\":{},"
                  "\"required\":[\"q\"]}",
                  "required property \"q\"");
+    expect_error(v, S,
+                 "{\"type\":\"object\",\"required\":[\"a\"],"
+                 "\"additionalProperties\":false}",
+                 "required property \"a\" at / is not in \"properties\", and "
+                 "\"additionalProperties\" is false");
+    expect_error(v, S, "{\"type\":\"object\",\"required\":[1]}",
+                 "\"required\" at / holds a non-string");
     expect_error(v, S, "{\"type\":\"strin\"}", "unknown type \"strin\"");
     expect_error(v, S, "{\"type\":", "not valid JSON");
     expect_error(v, S, "{\"type\":\"string\",\"pattern\":\"(a\"}",

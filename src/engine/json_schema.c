@@ -583,6 +583,100 @@ static gx *array_schema(jsc *j, json_t *s, const char *ptr) {
     return min == 0 ? altv(j, 2, empty, full) : full;
 }
 
+/* rule[2 k + first] := property k (key kx, value v), then rule[2 (k + 1)
+ * ...]: the properties after it; optional ones may be skipped */
+static void define_property(jsc *j, const int *rule, size_t k, gx *kx, gx *v,
+                            bool required, gx *sep) {
+    gx *pair = seqv(j, 5, kx, ws(j), lit(j, ":"), ws(j), v);
+    for (int first = 0; first < 2; first++) {
+        gx *take = seqv(j, 3, first ? gx_empty(j->b) : sep, pair,
+                        gx_ref(j->b, rule[2 * (k + 1)]));
+        gx *body = required ? take
+                            : altv(j, 2, take,
+                                   gx_ref(j->b, rule[2 * (k + 1) + first]));
+        gb_define(j->b, rule[2 * k + first], body);
+    }
+}
+
+static gx *key_literal(jsc *j, const char *key, const char *ptr) {
+    json_t *ks = json_string(key);
+    gx *kx = ks ? literal_value(j, ks, "a property name", ptr)
+                : fail(j, "out of memory");
+    json_decref(ks);
+    return kx;
+}
+
+/* additionalProperties' value: its schema's rule, or any value */
+static gx *addl_value(jsc *j, int addl_rule) {
+    return addl_rule >= 0 ? gx_ref(j->b, addl_rule) : jvalue(j);
+}
+
+/* Properties in schema order, then the required names "properties" does
+ * not list (their values: additionalProperties'), then, where allowed,
+ * further pairs. additionalProperties absent means false when
+ * "properties" is given (OpenAI strict), true when not (JSON Schema). */
+static gx *object_body(jsc *j, json_t *props, json_t *req_set, json_t *extras,
+                       json_t *addl, const char *ptr) {
+    bool addl_ok = addl ? !json_is_false(addl) : !props;
+    int addl_rule = -1; /* additionalProperties as a schema */
+    if (addl && json_is_object(addl)) {
+        char *p = ptr_join(ptr, "additionalProperties");
+        gx *v = p ? schema(j, addl, p) : fail(j, "out of memory");
+        free(p);
+        if (!v)
+            return NULL;
+        addl_rule = v->rule;
+    }
+    /* rule[2 i + first]: properties i.. remain; first: no comma before the
+     * next */
+    size_t n = (props ? json_object_size(props) : 0) + json_array_size(extras);
+    size_t k = 0;
+    int *rule = malloc((2 * n + 2) * sizeof *rule);
+    if (!rule)
+        return fail(j, "out of memory");
+    for (size_t i = 0; i <= n; i++) {
+        rule[2 * i] = gb_rule(j->b, "props");
+        rule[2 * i + 1] = gb_rule(j->b, "props");
+    }
+    gx *sep = seqv(j, 3, ws(j), lit(j, ","), ws(j));
+    if (addl_ok) {
+        gx *addl_pair = seqv(j, 5, jstring(j), ws(j), lit(j, ":"), ws(j),
+                             addl_value(j, addl_rule));
+        gx *more = gx_rep(j->b, seqv(j, 2, sep, addl_pair), 0, -1);
+        gb_define(j->b, rule[2 * n], more);
+        gb_define(j->b, rule[2 * n + 1],
+                  altv(j, 2, gx_empty(j->b), seqv(j, 2, addl_pair, more)));
+    } else {
+        gb_define(j->b, rule[2 * n], gx_empty(j->b));
+        gb_define(j->b, rule[2 * n + 1], gx_empty(j->b));
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(props, key, val) {
+        char *p = ptr_join(ptr, "properties"),
+             *pp = p ? ptr_join(p, key) : NULL;
+        free(p);
+        gx *v = pp ? schema(j, val, pp) : fail(j, "out of memory");
+        free(pp);
+        gx *kx = key_literal(j, key, ptr);
+        if (j->st)
+            break;
+        define_property(j, rule, k++, kx, v,
+                        json_object_get(req_set, key) != NULL, sep);
+    }
+    size_t i;
+    json_array_foreach(extras, i, val) {
+        if (j->st)
+            break;
+        gx *kx = key_literal(j, json_string_value(val), ptr);
+        define_property(j, rule, k++, kx, addl_value(j, addl_rule), true, sep);
+    }
+    gx *x = seqv(j, 5, lit(j, "{"), ws(j), gx_ref(j->b, rule[1]), ws(j),
+                 lit(j, "}"));
+    free(rule);
+    return j->st ? NULL : x;
+}
+
 static gx *object_schema(jsc *j, json_t *s, const char *ptr) {
     json_t *props = json_object_get(s, "properties");
     json_t *req = json_object_get(s, "required");
@@ -596,82 +690,42 @@ static gx *object_schema(jsc *j, json_t *s, const char *ptr) {
                     "\"additionalProperties\" at %s must be a boolean or "
                     "a schema",
                     show(ptr));
-    if (!props && !addl)
+    if (!props && !addl && !json_array_size(req))
         return jobject(j); /* any object */
-    size_t n = props ? json_object_size(props) : 0, k = 0;
-    const char *key;
-    json_t *val;
-    /* required names must be properties (extra ones cannot be written) */
-    for (size_t i = 0; req && i < json_array_size(req); i++) {
-        json_t *r = json_array_get(req, i);
-        if (!json_is_string(r))
-            return fail(j, "\"required\" at %s holds a non-string", show(ptr));
-        if (!props || !json_object_get(props, json_string_value(r)))
-            return fail(j,
-                        "required property \"%s\" at %s is not in "
-                        "\"properties\" (additional properties are not "
-                        "generated)",
-                        json_string_value(r), show(ptr));
-    }
-    gx *addl_pair = NULL;
-    if (addl && !json_is_false(addl)) {
-        gx *v;
-        if (json_is_true(addl))
-            v = jvalue(j);
-        else {
-            char *p = ptr_join(ptr, "additionalProperties");
-            v = p ? schema(j, addl, p) : fail(j, "out of memory");
-            free(p);
-        }
-        addl_pair = seqv(j, 5, jstring(j), ws(j), lit(j, ":"), ws(j), v);
-    }
-    /* rule[2 i + first]: properties i.. remain; first: no comma before the
-     * next */
-    int *rule = malloc((2 * n + 2) * sizeof *rule);
-    if (!rule)
+    bool addl_ok = addl ? !json_is_false(addl) : !props;
+    /* the required names as a set, and those "properties" does not list
+     * (in order, once each): written with additionalProperties' schema,
+     * or refused when it allows no other key */
+    json_t *req_set = json_object(), *extras = json_array();
+    if (!req_set || !extras) {
+        json_decref(req_set), json_decref(extras);
         return fail(j, "out of memory");
-    for (size_t i = 0; i <= n; i++) {
-        rule[2 * i] = gb_rule(j->b, "props");
-        rule[2 * i + 1] = gb_rule(j->b, "props");
     }
-    gx *sep = seqv(j, 3, ws(j), lit(j, ","), ws(j));
-    if (addl_pair) {
-        gx *more = gx_rep(j->b, seqv(j, 2, sep, addl_pair), 0, -1);
-        gb_define(j->b, rule[2 * n], more);
-        gb_define(j->b, rule[2 * n + 1],
-                  altv(j, 2, gx_empty(j->b), seqv(j, 2, addl_pair, more)));
-    } else {
-        gb_define(j->b, rule[2 * n], gx_empty(j->b));
-        gb_define(j->b, rule[2 * n + 1], gx_empty(j->b));
-    }
-    json_object_foreach(props, key, val) {
-        char *p = ptr_join(ptr, "properties"),
-             *pp = p ? ptr_join(p, key) : NULL;
-        free(p);
-        gx *v = pp ? schema(j, val, pp) : fail(j, "out of memory");
-        free(pp);
-        json_t *ks = json_string(key);
-        gx *kx = ks ? literal_value(j, ks, "a property name", ptr) : NULL;
-        json_decref(ks);
-        if (j->st)
+    size_t i;
+    json_t *r;
+    json_array_foreach(req, i, r) {
+        const char *name = json_string_value(r);
+        if (!name) {
+            fail(j, "\"required\" at %s holds a non-string", show(ptr));
             break;
-        bool required = false;
-        for (size_t i = 0; req && i < json_array_size(req); i++)
-            required |= !strcmp(json_string_value(json_array_get(req, i)), key);
-        gx *pair = seqv(j, 5, kx, ws(j), lit(j, ":"), ws(j), v);
-        for (int first = 0; first < 2; first++) {
-            gx *take = seqv(j, 3, first ? gx_empty(j->b) : sep, pair,
-                            gx_ref(j->b, rule[2 * (k + 1)]));
-            gx *body = required ? take
-                                : altv(j, 2, take,
-                                       gx_ref(j->b, rule[2 * (k + 1) + first]));
-            gb_define(j->b, rule[2 * k + first], body);
         }
-        k++;
+        if (json_object_get(req_set, name))
+            continue;
+        json_object_set_new(req_set, name, json_true());
+        if (props && json_object_get(props, name))
+            continue;
+        if (!addl_ok) {
+            fail(j,
+                 "required property \"%s\" at %s is not in \"properties\", "
+                 "and \"additionalProperties\" %s",
+                 name, show(ptr), addl ? "is false" : "is absent (so false)");
+            break;
+        }
+        json_array_append_new(extras, json_string(name));
     }
-    gx *x = seqv(j, 5, lit(j, "{"), ws(j), gx_ref(j->b, rule[1]), ws(j),
-                 lit(j, "}"));
-    free(rule);
+    gx *x = j->st ? NULL : object_body(j, props, req_set, extras, addl, ptr);
+    json_decref(req_set);
+    json_decref(extras);
     return x;
 }
 
@@ -827,7 +881,8 @@ static gx *schema_body(jsc *j, json_t *s, const char *ptr) {
                     show(ptr));
     /* no type: what the keywords imply, else any value */
     if (json_object_get(s, "properties") ||
-        json_object_get(s, "additionalProperties"))
+        json_object_get(s, "additionalProperties") ||
+        json_object_get(s, "required"))
         return object_schema(j, s, ptr);
     if (json_object_get(s, "items"))
         return array_schema(j, s, ptr);
