@@ -143,6 +143,23 @@ static void test_known_answers(const ts_vocab *v) {
            L("{\"x\":1,\"y\":true}", "{\"x\":1,\"y\":false,\"z\":true}"),
            L("{\"x\":1}", "{\"x\":1,\"y\":3}", "{\"y\":true}"));
 
+    /* beside const / enum / anyOf: annotations, $defs and a "type" every
+     * value has; without "type", the types the keywords apply to */
+    expect(v, TS_GRAMMAR_JSON_SCHEMA,
+           "{\"enum\":[\"a\",\"b\"],\"type\":\"string\",\"title\":\"T\"}",
+           L("\"a\"", "\"b\""), L("\"c\"", "1"));
+    expect(v, TS_GRAMMAR_JSON_SCHEMA,
+           "{\"const\":3,\"type\":[\"integer\",\"null\"]}", L("3"),
+           L("null", "4"));
+    expect(v, TS_GRAMMAR_JSON_SCHEMA,
+           "{\"anyOf\":[{\"type\":\"null\"}],\"description\":\"x\","
+           "\"default\":null}",
+           L("null"), L("1"));
+    expect(v, TS_GRAMMAR_JSON_SCHEMA, "{\"minimum\":5}", L("5", "7.5"),
+           L("4", "4.99", "null"));
+    expect(v, TS_GRAMMAR_JSON_SCHEMA, "{\"maxLength\":2,\"minimum\":0}",
+           L("\"ab\"", "3"), L("\"abc\"", "-1"));
+
     /* done: nothing may follow a closed object; prefix and suffix */
     ts_grammar_spec s = {TS_GRAMMAR_JSON_OBJECT, NULL, "<tool_call>\n",
                          "\n</tool_call>"};
@@ -547,6 +564,23 @@ static void test_errors(const ts_vocab *v) {
                  "\"additionalProperties\" is false");
     expect_error(v, S, "{\"type\":\"object\",\"required\":[1]}",
                  "\"required\" at / holds a non-string");
+    expect_error(v, S,
+                 "{\"$ref\":\"#/$defs/s\",\"maxLength\":3,"
+                 "\"$defs\":{\"s\":{\"type\":\"string\"}}}",
+                 "unsupported keyword combination \"$ref\" + \"maxLength\" "
+                 "at /");
+    expect_error(v, S,
+                 "{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":"
+                 "[\"x\",3],\"type\":\"string\"}}}",
+                 "unsupported keyword combination \"enum\" + \"type\" at "
+                 "/properties/a: the value 3 is not of that type");
+    expect_error(v, S, "{\"enum\":[\"ab\"],\"maxLength\":1}",
+                 "combination \"enum\" + \"maxLength\" at /");
+    expect_error(v, S, "{\"const\":\"ab\",\"pattern\":\"b\"}",
+                 "combination \"const\" + \"pattern\" at /");
+    expect_error(v, S,
+                 "{\"anyOf\":[{\"type\":\"string\"}],\"type\":\"string\"}",
+                 "combination \"anyOf\" + \"type\" at /");
     expect_error(v, S, "{\"type\":\"strin\"}", "unknown type \"strin\"");
     expect_error(v, S, "{\"type\":", "not valid JSON");
     expect_error(v, S, "{\"type\":\"string\",\"pattern\":\"(a\"}",

@@ -815,6 +815,117 @@ static int ref_rule(jsc *j, const char *ref, const char *ptr) {
     return r;
 }
 
+/* Keywords that do not constrain a value beside $ref, const, enum or
+ * anyOf: annotations, the containers of definitions, and "format" (ignored
+ * everywhere, as documented). */
+static bool neutral_keyword(const char *k) {
+    static const char *const neutral[] = {
+        "title",    "description", "$schema", "default",     "examples", "$id",
+        "$comment", "strict",      "$defs",   "definitions", "format",   NULL};
+    for (int i = 0; neutral[i]; i++)
+        if (!strcmp(neutral[i], k))
+            return true;
+    return false;
+}
+
+/* A keyword of s beside self (and also, when given) that would constrain
+ * the value: refused, never silently dropped. */
+static bool lone_keyword(jsc *j, json_t *s, const char *self, const char *also,
+                         const char *ptr) {
+    const char *key;
+    json_t *val;
+    json_object_foreach(s, key, val) {
+        if (strcmp(key, self) && !(also && !strcmp(key, also)) &&
+            !neutral_keyword(key)) {
+            fail(j, "unsupported keyword combination \"%s\" + \"%s\" at %s",
+                 self, key, show(ptr));
+            return false;
+        }
+    }
+    return true;
+}
+
+/* whether v is of the JSON Schema type name (1.0 is an integer) */
+static bool of_type(const char *name, json_t *v) {
+    if (!strcmp(name, "string"))
+        return json_is_string(v);
+    if (!strcmp(name, "integer"))
+        return json_is_integer(v) ||
+               (json_is_real(v) &&
+                json_real_value(v) == floor(json_real_value(v)));
+    if (!strcmp(name, "number"))
+        return json_is_number(v);
+    if (!strcmp(name, "boolean"))
+        return json_is_boolean(v);
+    if (!strcmp(name, "null"))
+        return json_is_null(v);
+    if (!strcmp(name, "object"))
+        return json_is_object(v);
+    return !strcmp(name, "array") && json_is_array(v);
+}
+
+/* const / enum (what) beside "type": each value must be of one of the
+ * types, else the combination is refused */
+static bool values_typed(jsc *j, json_t *type, json_t *values, bool one,
+                         const char *what, const char *ptr) {
+    if (!type)
+        return true;
+    if (!json_is_string(type) &&
+        !(json_is_array(type) && json_array_size(type)))
+        return fail(j, "\"type\" at %s must be a string or a non-empty array",
+                    show(ptr)),
+               false;
+    size_t n = one ? 1 : json_array_size(values);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = one ? values : json_array_get(values, i);
+        bool ok = false;
+        if (json_is_string(type))
+            ok = of_type(json_string_value(type), v);
+        for (size_t t = 0;
+             !ok && json_is_array(type) && t < json_array_size(type); t++) {
+            const char *name = json_string_value(json_array_get(type, t));
+            ok = name && of_type(name, v);
+        }
+        if (!ok) {
+            char *d = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+            fail(j,
+                 "unsupported keyword combination %s + \"type\" at %s: the "
+                 "value %.60s is not of that type",
+                 what, show(ptr), d ? d : "?");
+            free(d);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* No "type": the types the keywords present apply to (each alternative
+ * then honours its own), else any value. Values of other types would be
+ * valid too; they are not generated. */
+static gx *untyped(jsc *j, json_t *s, const char *ptr) {
+    static const struct {
+        const char *type, *keywords[5];
+    } families[] = {
+        {"object", {"properties", "additionalProperties", "required", NULL}},
+        {"array", {"items", "minItems", "maxItems", NULL}},
+        {"string", {"minLength", "maxLength", "pattern", NULL}},
+        {"number",
+         {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL}},
+    };
+    gx *alt = NULL;
+    for (size_t f = 0; f < sizeof families / sizeof *families && !j->st; f++) {
+        bool present = false;
+        for (int k = 0; families[f].keywords[k] && !present; k++)
+            present = json_object_get(s, families[f].keywords[k]) != NULL;
+        if (!present)
+            continue;
+        if (!alt)
+            alt = gx_alt(j->b);
+        gx_add(j->b, alt, typed(j, families[f].type, s, ptr));
+    }
+    return j->st ? NULL : alt ? alt : jvalue(j);
+}
+
 static gx *schema_body(jsc *j, json_t *s, const char *ptr) {
     if (json_is_true(s))
         return jvalue(j);
@@ -831,18 +942,27 @@ static gx *schema_body(jsc *j, json_t *s, const char *ptr) {
         if (!known)
             return fail(j, "unsupported keyword \"%s\" at %s", key, show(ptr));
     }
-    json_t *x;
+    json_t *x, *type = json_object_get(s, "type");
     if ((x = json_object_get(s, "$ref"))) {
         if (!json_is_string(x))
             return fail(j, "\"$ref\" at %s must be a string", show(ptr));
+        if (!lone_keyword(j, s, "$ref", NULL, ptr))
+            return NULL;
         return gx_ref(j->b, ref_rule(j, json_string_value(x), ptr));
     }
-    if ((x = json_object_get(s, "const")))
+    if ((x = json_object_get(s, "const"))) {
+        if (!lone_keyword(j, s, "const", "type", ptr) ||
+            !values_typed(j, type, x, true, "\"const\"", ptr))
+            return NULL;
         return literal_value(j, x, "\"const\"", ptr);
+    }
     if ((x = json_object_get(s, "enum"))) {
         if (!json_is_array(x) || !json_array_size(x))
             return fail(j, "\"enum\" at %s must be a non-empty array",
                         show(ptr));
+        if (!lone_keyword(j, s, "enum", "type", ptr) ||
+            !values_typed(j, type, x, false, "\"enum\"", ptr))
+            return NULL;
         gx *alt = gx_alt(j->b);
         for (size_t i = 0; i < json_array_size(x); i++)
             gx_add(j->b, alt,
@@ -853,6 +973,8 @@ static gx *schema_body(jsc *j, json_t *s, const char *ptr) {
         if (!json_is_array(x) || !json_array_size(x))
             return fail(j, "\"anyOf\" at %s must be a non-empty array",
                         show(ptr));
+        if (!lone_keyword(j, s, "anyOf", NULL, ptr))
+            return NULL;
         gx *alt = gx_alt(j->b);
         for (size_t i = 0; i < json_array_size(x) && !j->st; i++) {
             char *p = ptr_index(ptr, "anyOf", i);
@@ -863,7 +985,6 @@ static gx *schema_body(jsc *j, json_t *s, const char *ptr) {
         }
         return alt;
     }
-    json_t *type = json_object_get(s, "type");
     if (json_is_string(type))
         return typed(j, json_string_value(type), s, ptr);
     if (json_is_array(type) && json_array_size(type)) {
@@ -879,14 +1000,7 @@ static gx *schema_body(jsc *j, json_t *s, const char *ptr) {
     if (type)
         return fail(j, "\"type\" at %s must be a string or a non-empty array",
                     show(ptr));
-    /* no type: what the keywords imply, else any value */
-    if (json_object_get(s, "properties") ||
-        json_object_get(s, "additionalProperties") ||
-        json_object_get(s, "required"))
-        return object_schema(j, s, ptr);
-    if (json_object_get(s, "items"))
-        return array_schema(j, s, ptr);
-    return jvalue(j);
+    return untyped(j, s, ptr);
 }
 
 /* each schema is a rule of its own: trees are shared, never copied */
