@@ -118,6 +118,24 @@ static void test_known_answers(const ts_vocab *v) {
            "{\"type\":\"number\",\"exclusiveMinimum\":-2,\"maximum\":3}",
            L("-1.99", "3", "3.000", "0", "-0.5", "2.999"),
            L("-2", "-2.0", "3.001", "4", "1e2"));
+    /* an exclusive bound 0: zero in no spelling ("-0", "0.0", "-0.000") */
+    expect(v, TS_GRAMMAR_JSON_SCHEMA,
+           "{\"type\":\"number\",\"exclusiveMaximum\":0}",
+           L("-1", "-0.5", "-0.001", "-100", "-0.10"),
+           L("0", "-0", "-0.0", "-0.000", "0.0", "0.5", "1"));
+    expect(v, TS_GRAMMAR_JSON_SCHEMA,
+           "{\"type\":\"number\",\"exclusiveMinimum\":0}",
+           L("0.5", "1", "0.001", "12.0"),
+           L("0", "-0", "0.0", "-0.0", "0.000", "-0.5", "-1"));
+    expect(v, TS_GRAMMAR_JSON_SCHEMA,
+           "{\"type\":\"number\",\"minimum\":-3,\"exclusiveMaximum\":0}",
+           L("-3", "-3.0", "-2.5", "-0.01"),
+           L("-3.01", "-4", "0", "-0", "-0.0"));
+    expect(v, TS_GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"maximum\":0}",
+           L("0", "-0", "-0.0", "-7"), L("0.1", "1"));
+    expect(v, TS_GRAMMAR_JSON_SCHEMA,
+           "{\"type\":\"integer\",\"exclusiveMaximum\":0}", L("-1", "-20"),
+           L("0", "-0", "1"));
     expect(
         v, TS_GRAMMAR_JSON_SCHEMA,
         "{\"$defs\":{\"t\":{\"type\":\"object\",\"properties\":{"
@@ -551,6 +569,10 @@ static void test_errors(const ts_vocab *v) {
     expect_error(v, S, "{\"$ref\":\"http://x/y.json\"}", "local references");
     expect_error(v, S, "{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}",
                  "no integer");
+    expect_error(v, S,
+                 "{\"type\":\"number\",\"exclusiveMinimum\":0,"
+                 "\"maximum\":0}",
+                 "no number lies within the bounds at /");
     expect_error(v, S, "{\"type\":\"number\",\"minimum\":0.5}",
                  "non-integer bound");
     expect_error(v, S,

@@ -403,8 +403,10 @@ static gx *number_schema(jsc *j, json_t *s, const char *ptr) {
         gx_add(j->b, alt, magnitude(j, lo > 0 ? lo : 0, cex, hi, bd.hi_ex));
     }
     if (lo < 0) {
+        /* magnitudes m of -m: m > c (exclusive) or m >= c; an exclusive
+         * maximum 0 excludes "-0" and "-0.0" as well */
         int64_t c = hi < 0 ? -hi : 0, d = lo == -NO_BOUND ? NO_BOUND : -lo;
-        bool cex = hi < 0 && bd.hi_ex;
+        bool cex = hi <= 0 && bd.hi_ex;
         gx_add(j->b, alt,
                seqv(j, 2, lit(j, "-"), magnitude(j, c, cex, d, bd.lo_ex)));
     }
