@@ -15,6 +15,9 @@
 /* nodes one closure may make: past it a byte is refused (a left-recursive
  * or wildly ambiguous grammar), never a hang */
 #define CLOSURE_BUDGET (1 << 17)
+/* leaves the start may have: each costs a mask-entry lookup per step, so a
+ * grammar that opens with a huge alternation is refused when compiled */
+#define MAX_START_LEAVES 8192
 
 /* ---- vocabulary ------------------------------------------------------- */
 
@@ -405,6 +408,7 @@ struct mask_entry {
     int32_t n_acc;
     int32_t *unc; /* tokens to check against the whole stack */
     int32_t n_unc;
+    int32_t id; /* the cache's insertion order: a matcher's stamp index */
     mask_entry *next;
 };
 
@@ -463,7 +467,7 @@ static mask_entry *cache_insert(mask_cache *c, mask_entry *e) {
     uint32_t h = key_hash(e->key) & (c->nb - 1);
     e->next = c->bucket[h];
     c->bucket[h] = e;
-    c->n++;
+    e->id = (int32_t)c->n++;
     pthread_mutex_unlock(&c->mu);
     return e;
 }
@@ -508,8 +512,11 @@ struct ts_matcher {
     ts_grammar *g;
     tsg_pda p;
     tsg_set cur, tmp[2];
-    const mask_entry **applied;
-    int32_t cap_applied;
+    /* per mask entry (by id): the mask call that last ORed it in, so each
+     * entry's accepted tokens are applied once a step */
+    uint32_t *stamp;
+    int32_t cap_stamp;
+    uint32_t mask_gen;
     bool oom;
 };
 
@@ -793,7 +800,7 @@ void ts_matcher_free(ts_matcher *m) {
     tsg_set_free(&m->cur);
     tsg_set_free(&m->tmp[0]);
     tsg_set_free(&m->tmp[1]);
-    free(m->applied);
+    free(m->stamp);
     ts_grammar_unref(m->g);
     free(m);
 }
@@ -832,18 +839,34 @@ static bool leaf_accepts(ts_matcher *m, int32_t leaf, int32_t t) {
     return ok;
 }
 
+/* whether e's accepted tokens are still to be ORed in this step (and marks
+ * them done); true as well when the stamps cannot grow (then applied again) */
+static bool first_use(ts_matcher *m, const mask_entry *e) {
+    if (e->id >= m->cap_stamp) {
+        int32_t nc = m->cap_stamp ? m->cap_stamp : 64;
+        while (nc <= e->id)
+            nc *= 2;
+        uint32_t *ns = realloc(m->stamp, (size_t)nc * sizeof *ns);
+        if (!ns)
+            return true;
+        memset(ns + m->cap_stamp, 0, (size_t)(nc - m->cap_stamp) * sizeof *ns);
+        m->stamp = ns, m->cap_stamp = nc;
+    }
+    if (m->stamp[e->id] == m->mask_gen)
+        return false;
+    m->stamp[e->id] = m->mask_gen;
+    return true;
+}
+
 void ts_matcher_mask(ts_matcher *m, uint32_t *bits) {
     const ts_vocab *v = m->g->vocab;
     int32_t W = (v->V + 31) / 32;
     memset(bits, 0, (size_t)W * sizeof *bits);
-    if (m->cap_applied < m->cur.n) {
-        const mask_entry **na =
-            realloc(m->applied, (size_t)m->cur.n * sizeof *na);
-        if (!na)
-            return; /* nothing allowed: the caller ends the sequence */
-        m->applied = na, m->cap_applied = m->cur.n;
+    if (++m->mask_gen == 0) { /* wrapped: forget every stamp */
+        if (m->stamp)
+            memset(m->stamp, 0, (size_t)m->cap_stamp * sizeof *m->stamp);
+        m->mask_gen = 1;
     }
-    int32_t n_applied = 0;
     for (int32_t i = 0; i < m->cur.n; i++) {
         int32_t leaf = m->cur.ids[i];
         const mask_entry *e = entry_get(m, leaf);
@@ -853,11 +876,7 @@ void ts_matcher_mask(ts_matcher *m, uint32_t *bits) {
                     bits[t >> 5] |= 1u << (t & 31);
             continue;
         }
-        bool seen = false;
-        for (int32_t j = 0; j < n_applied && !seen; j++)
-            seen = m->applied[j] == e;
-        if (!seen) {
-            m->applied[n_applied++] = e;
+        if (first_use(m, e)) {
             if (e->acc_bits)
                 for (int32_t w = 0; w < W; w++)
                     bits[w] |= e->acc_bits[w];
@@ -891,30 +910,236 @@ bool ts_matcher_done(const ts_matcher *m) {
 
 /* ---- compiling -------------------------------------------------------- */
 
-/* Every alternative of the user's rules, closed from an unknown context:
- * a closure past its budget is left recursion (EBNF only; the other front
- * ends make none). */
-static ts_status check_left_recursion(ts_ctx *ctx, ts_grammar *g,
+/* Left recursion, in time linear in the grammar. A rule's left corners
+ * are the rules it may reference before reading a byte (a reference after
+ * nullable ones only). A reference in tail position pushes no frame, so a
+ * cycle of those ends (x ::= y* x, y nullable, closes over the same
+ * nodes); a cycle with a reference that pushes a frame grows the stack
+ * forever: that is the left recursion refused. So: which rules are
+ * nullable (a worklist: an alternative is once each of its references
+ * is), the left-corner edges, their strongly connected components
+ * (Tarjan, iterative), and a pushing edge inside a component. */
+typedef struct {
+    int32_t *nullable, *need, *alt_rule, *use_off, *use_alt, *queue;
+    int32_t *edge_off, *edge, *index, *low, *comp, *calls, *stack, *next;
+} lr_scratch;
+
+static void lr_free(lr_scratch *w) {
+    int32_t **all[] = {&w->nullable, &w->need,  &w->alt_rule, &w->use_off,
+                       &w->use_alt,  &w->queue, &w->edge_off, &w->edge,
+                       &w->index,    &w->low,   &w->comp,     &w->calls,
+                       &w->stack,    &w->next};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        free(*all[i]);
+}
+
+static int32_t *lr_alloc(int32_t n) {
+    return calloc((size_t)n + 1, sizeof(int32_t));
+}
+
+/* which rules are nullable; need, alt_rule, use lists and queue filled */
+static bool lr_nullable(const ts_grammar *g, lr_scratch *w, int32_t A) {
+    int32_t R = g->n_rules, n_uses = 0;
+    /* need[a]: a's references not yet known nullable (-1: a reads a byte) */
+    for (int32_t r = 0; r < R; r++)
+        for (int32_t a = g->alt_first[r]; a < g->alt_first[r] + g->alt_count[r];
+             a++) {
+            w->alt_rule[a] = r;
+            int32_t refs = 0;
+            const gelem *e = &g->el[g->alt_pos[a]];
+            for (; e->type != G_END && refs >= 0; e++)
+                refs = e->type == G_SET ? -1 : refs + 1;
+            w->need[a] = refs;
+            for (e = &g->el[g->alt_pos[a]]; refs > 0 && e->type != G_END; e++)
+                w->use_off[e->v + 1]++, n_uses++;
+        }
+    for (int32_t r = 0; r < R; r++)
+        w->use_off[r + 1] += w->use_off[r];
+    if (!(w->use_alt = lr_alloc(n_uses)))
+        return false;
+    int32_t *fill = w->next; /* free until the search */
+    for (int32_t r = 0; r < R; r++)
+        fill[r] = w->use_off[r];
+    for (int32_t a = 0; a < A; a++)
+        for (const gelem *e = &g->el[g->alt_pos[a]];
+             w->need[a] > 0 && e->type != G_END; e++)
+            w->use_alt[fill[e->v]++] = a;
+    int32_t qn = 0;
+    for (int32_t a = 0; a < A; a++)
+        if (w->need[a] == 0 && !w->nullable[w->alt_rule[a]])
+            w->nullable[w->alt_rule[a]] = 1, w->queue[qn++] = w->alt_rule[a];
+    for (int32_t q = 0; q < qn; q++) {
+        int32_t s = w->queue[q];
+        for (int32_t u = w->use_off[s]; u < w->use_off[s + 1]; u++) {
+            int32_t a = w->use_alt[u], r = w->alt_rule[a];
+            if (--w->need[a] == 0 && !w->nullable[r])
+                w->nullable[r] = 1, w->queue[qn++] = r;
+        }
+    }
+    return true;
+}
+
+/* left-corner edges, each 2 * target + (1 when it pushes a frame) */
+static bool lr_edges(const ts_grammar *g, lr_scratch *w, int32_t A) {
+    int32_t R = g->n_rules, n_edges = 0, *fill = w->next;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) {
+            for (int32_t r = 0; r < R; r++)
+                w->edge_off[r + 1] += w->edge_off[r];
+            if (!(w->edge = lr_alloc(n_edges)))
+                return false;
+            for (int32_t r = 0; r < R; r++)
+                fill[r] = w->edge_off[r];
+        }
+        for (int32_t a = 0; a < A; a++) {
+            int32_t r = w->alt_rule[a];
+            for (const gelem *e = &g->el[g->alt_pos[a]]; e->type == G_REF;
+                 e++) {
+                if (pass)
+                    w->edge[fill[r]++] = 2 * e->v + (e[1].type != G_END);
+                else
+                    w->edge_off[r + 1]++, n_edges++;
+                if (!w->nullable[e->v])
+                    break;
+            }
+        }
+    }
+    return true;
+}
+
+/* Tarjan's components: comp[r] the component's root */
+static void lr_components(int32_t R, lr_scratch *w) {
+    int32_t counter = 0;
+    for (int32_t r = 0; r < R; r++)
+        w->index[r] = -1;
+    for (int32_t s0 = 0; s0 < R; s0++) {
+        if (w->index[s0] >= 0)
+            continue;
+        int32_t top = 0, sn = 0;
+        w->calls[0] = s0;
+        w->index[s0] = w->low[s0] = counter++;
+        w->stack[sn++] = s0, w->comp[s0] = -1, w->next[s0] = w->edge_off[s0];
+        while (top >= 0) {
+            int32_t v = w->calls[top];
+            if (w->next[v] < w->edge_off[v + 1]) {
+                int32_t t = w->edge[w->next[v]++] >> 1;
+                if (w->index[t] < 0) {
+                    w->index[t] = w->low[t] = counter++;
+                    w->stack[sn++] = t, w->comp[t] = -1;
+                    w->next[t] = w->edge_off[t];
+                    w->calls[++top] = t;
+                } else if (w->comp[t] < 0 && w->index[t] < w->low[v])
+                    w->low[v] = w->index[t]; /* t still on the stack */
+                continue;
+            }
+            if (w->low[v] == w->index[v]) {
+                int32_t x;
+                do
+                    x = w->stack[--sn], w->comp[x] = v;
+                while (x != v);
+            }
+            if (--top >= 0 && w->low[v] < w->low[w->calls[top]])
+                w->low[w->calls[top]] = w->low[v];
+        }
+    }
+}
+
+/* "r -> t -> ... -> r": a path from t back to r inside their component
+ * (breadth first), for the message; the first rule of the user's on it
+ * in *named (else r) */
+static void lr_cycle(const gbuild *b, lr_scratch *w, int32_t R, int32_t r,
+                     int32_t t, int32_t *named, char *out, size_t cap) {
+    int32_t *parent = w->low, *queue = w->queue, qn = 0;
+    for (int32_t k = 0; k < R; k++)
+        parent[k] = -1;
+    parent[t] = t, queue[qn++] = t;
+    for (int32_t q = 0; q < qn && parent[r] < 0; q++) {
+        int32_t v = queue[q];
+        for (int32_t i = w->edge_off[v]; i < w->edge_off[v + 1]; i++) {
+            int32_t u = w->edge[i] >> 1;
+            if (w->comp[u] == w->comp[r] && parent[u] < 0)
+                parent[u] = v, queue[qn++] = u;
+        }
+    }
+    /* the path reversed: r, parent[r], ..., t */
+    int32_t n = 0, *path = w->stack;
+    for (int32_t v = r; n < R; v = parent[v]) {
+        path[n++] = v;
+        if (v == t)
+            break;
+    }
+    *named = r;
+    size_t o = 0;
+    out[0] = 0;
+    for (int32_t k = -1; k < n && o + 1 < cap; k++) {
+        int32_t v = k < 0 ? r : path[n - 1 - k];
+        if (*named >= b->n_rules && v < b->n_rules)
+            *named = v;
+        int m = snprintf(out + o, cap - o, "%s%s", k < 0 ? "" : " -> ",
+                         v < b->n_rules ? b->names[v] : "(helper)");
+        o += m > 0 ? (size_t)m : 0;
+    }
+}
+
+static ts_status check_left_recursion(ts_ctx *ctx, const ts_grammar *g,
                                       const gbuild *b) {
+    int32_t R = g->n_rules;
+    int32_t A = R ? g->alt_first[R - 1] + g->alt_count[R - 1] : 0;
+    lr_scratch w = {0};
+    w.nullable = lr_alloc(R), w.need = lr_alloc(A), w.alt_rule = lr_alloc(A);
+    w.use_off = lr_alloc(R + 1), w.queue = lr_alloc(R);
+    w.edge_off = lr_alloc(R + 1), w.index = lr_alloc(R), w.low = lr_alloc(R);
+    w.comp = lr_alloc(R), w.calls = lr_alloc(R), w.stack = lr_alloc(R);
+    w.next = lr_alloc(R);
+    if (!w.nullable || !w.need || !w.alt_rule || !w.use_off || !w.queue ||
+        !w.edge_off || !w.index || !w.low || !w.comp || !w.calls || !w.stack ||
+        !w.next || !lr_nullable(g, &w, A) || !lr_edges(g, &w, A)) {
+        lr_free(&w);
+        return ts_set_error(ctx, TS_ERR_OOM, "grammar: out of memory");
+    }
+    lr_components(R, &w);
+    ts_status st = TS_OK;
+    for (int32_t r = 0; r < R && !st; r++)
+        for (int32_t i = w.edge_off[r]; i < w.edge_off[r + 1] && !st; i++) {
+            int32_t t = w.edge[i] >> 1;
+            if (!(w.edge[i] & 1) || w.comp[t] != w.comp[r])
+                continue;
+            char path[256];
+            int32_t named;
+            lr_cycle(b, &w, R, r, t, &named, path, sizeof path);
+            st = ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                              "grammar: rule \"%s\" is left-recursive (it "
+                              "reaches itself before reading a byte: %s)",
+                              named < b->n_rules ? b->names[named] : "(helper)",
+                              path);
+        }
+    lr_free(&w);
+    return st;
+}
+
+/* The start's leaves, refused here rather than met at every request's
+ * first step: more than MAX_START_LEAVES of them (each costs a mask-entry
+ * lookup per step), or a closure past its budget. */
+static ts_status check_start(ts_ctx *ctx, const ts_grammar *g) {
     tsg_pda p;
     tsg_set s = {0};
     if (!tsg_pda_init(&p, g))
         return ts_set_error(ctx, TS_ERR_OOM, "grammar: out of memory");
     ts_status st = TS_OK;
-    for (int32_t r = 0; r < g->n_rules && !st; r++)
-        for (int32_t a = 0; a < g->alt_count[r] && !st; a++) {
-            int32_t mark = tsg_mark(&p);
-            if (!tsg_closure(&p, g->alt_pos[g->alt_first[r] + a], TSG_UNKNOWN,
-                             &s))
-                st = p.oom ? ts_set_error(ctx, TS_ERR_OOM,
-                                          "grammar: out of memory")
-                           : ts_set_error(ctx, TS_ERR_INVALID_ARG,
-                                          "grammar: rule \"%s\" is "
-                                          "left-recursive",
-                                          r < b->n_rules ? b->names[r]
-                                                         : "(helper)");
-            tsg_pda_rollback(&p, mark);
-        }
+    if (!tsg_closure(&p, g->start, TSG_ROOT, &s))
+        st = p.n > CLOSURE_BUDGET
+                 ? ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                "grammar: too ambiguous at the start (more "
+                                "than %d stack nodes before the first byte)",
+                                CLOSURE_BUDGET)
+                 : ts_set_error(ctx, TS_ERR_OOM, "grammar: out of memory");
+    else if (s.n > MAX_START_LEAVES)
+        st = ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                          "grammar: %d alternatives may begin the text, more "
+                          "than the limit of %d (a huge enum, choice or "
+                          "alternation: give fewer, or factor out a common "
+                          "start)",
+                          (int)s.n, MAX_START_LEAVES);
     tsg_set_free(&s);
     tsg_pda_free(&p);
     return st;
@@ -987,8 +1212,10 @@ ts_status ts_grammar_compile(ts_ctx *ctx, const ts_vocab *v,
     g->refs = 1;
     g->vocab = v;
     st = tsg_lower(ctx, &b, g);
-    if (!st && spec->kind == TS_GRAMMAR_EBNF)
+    if (!st) /* EBNF rules, or a schema's $ref cycle */
         st = check_left_recursion(ctx, g, &b);
+    if (!st)
+        st = check_start(ctx, g);
     gb_free(&b);
     if (st) {
         grammar_free(g);
@@ -1133,7 +1360,8 @@ ts_status ts_grammar_cache_get(ts_grammar_cache *c, ts_ctx *ctx,
     if (hit)
         *hit = false;
     /* compiled outside the lock: two threads may both compile one spec;
-     * the second keeps its own and the cache keeps the first */
+     * the second to finish takes the cached first (its mask entries are
+     * shared) and drops its own */
     ts_grammar *g = NULL;
     ts_status st = ts_grammar_compile(ctx, c->v, spec, &g);
     if (st)
@@ -1146,7 +1374,14 @@ ts_status ts_grammar_cache_get(ts_grammar_cache *c, ts_ctx *ctx,
                   .suffix = dup_or_null(spec->suffix, &oom),
                   .g = g};
     pthread_mutex_lock(&c->mu);
-    if (oom || cache_lookup(c, h, spec) >= 0) {
+    int raced = oom ? -1 : cache_lookup(c, h, spec);
+    if (oom || raced >= 0) {
+        if (raced >= 0) {
+            c->items[raced].used = ++c->clock;
+            ts_grammar *first = ts_grammar_ref(c->items[raced].g);
+            ts_grammar_unref(g);
+            g = first;
+        }
         pthread_mutex_unlock(&c->mu);
         it.g = NULL;
         item_clear(&it);

@@ -12,6 +12,10 @@
 /* the lowered grammar's size limits: hostile input fails, never hangs */
 #define MAX_ELEMENTS (4 << 20)
 #define MAX_REPEAT   10000
+/* expression nesting lowered by recursion: the front ends' own limits
+ * (groups 100 deep, schemas 64) stay well below it; past it the grammar
+ * is refused rather than the stack overflowed */
+#define MAX_TREE_DEPTH 256
 
 /* ---- builder ---------------------------------------------------------- */
 
@@ -31,6 +35,7 @@ void gb_free(gbuild *b) {
         free(b->names[i]);
     free(b->names);
     free(b->bodies);
+    free(b->name_hash);
     memset(b, 0, sizeof *b);
 }
 
@@ -181,6 +186,43 @@ gx *gx_ref(gbuild *b, int rule) {
     return x;
 }
 
+static uint32_t name_hash(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+/* the slot of name in b->name_hash: its first rule's, or an empty one */
+static uint32_t name_slot(const gbuild *b, const char *name) {
+    uint32_t h = name_hash(name) & (b->name_hcap - 1);
+    while (b->name_hash[h] >= 0 && strcmp(b->names[b->name_hash[h]], name))
+        h = (h + 1) & (b->name_hcap - 1);
+    return h;
+}
+
+/* rules by name in a hash, so EBNF with many rules parses in linear time */
+static bool name_index(gbuild *b, int rule) {
+    if ((uint32_t)rule * 2 + 2 > b->name_hcap) {
+        uint32_t nc = b->name_hcap ? 2 * b->name_hcap : 64;
+        int32_t *nh = malloc(nc * sizeof *nh);
+        if (!nh)
+            return false;
+        memset(nh, 0xff, nc * sizeof *nh);
+        free(b->name_hash);
+        b->name_hash = nh, b->name_hcap = nc;
+        for (int i = 0; i < rule; i++) {
+            uint32_t h = name_slot(b, b->names[i]);
+            if (b->name_hash[h] < 0)
+                b->name_hash[h] = i;
+        }
+    }
+    uint32_t h = name_slot(b, b->names[rule]);
+    if (b->name_hash[h] < 0)
+        b->name_hash[h] = rule;
+    return true;
+}
+
 int gb_rule(gbuild *b, const char *name) {
     if (b->oom)
         return -1;
@@ -205,6 +247,11 @@ int gb_rule(gbuild *b, const char *name) {
     }
     b->names[b->n_rules] = s;
     b->bodies[b->n_rules] = NULL;
+    if (!name_index(b, b->n_rules)) {
+        free(s);
+        b->oom = true;
+        return -1;
+    }
     return b->n_rules++;
 }
 
@@ -216,10 +263,7 @@ void gb_define(gbuild *b, int rule, gx *body) {
 }
 
 int gb_find(const gbuild *b, const char *name) {
-    for (int i = 0; i < b->n_rules; i++)
-        if (!strcmp(b->names[i], name))
-            return i;
-    return -1;
+    return b->name_hcap ? b->name_hash[name_slot(b, name)] : -1;
 }
 
 /* ---- lowering --------------------------------------------------------- */
@@ -244,6 +288,9 @@ typedef struct {
     int32_t n_sets, cap_sets;
     int32_t *set_hash; /* open addressing over sets, -1 empty */
     uint32_t set_hcap;
+    int depth;         /* lower_into's recursion */
+    int32_t deep_rule; /* the rule that nested too deeply, or -1 */
+    int32_t rule;      /* the rule being lowered */
     bool oom, too_big;
 } lowering;
 
@@ -520,6 +567,8 @@ static void lower_repeat(lowering *L, gx *x, elvec *v) {
     el_push(L, v, G_REF, prev);
 }
 
+static void lower_node(lowering *L, gx *x, elvec *v);
+
 static void lower_into(lowering *L, gx *x, elvec *v) {
     if (L->oom || L->too_big)
         return;
@@ -527,6 +576,18 @@ static void lower_into(lowering *L, gx *x, elvec *v) {
         L->oom = true;
         return;
     }
+    if (L->depth >= MAX_TREE_DEPTH) {
+        L->too_big = true;
+        if (L->deep_rule < 0)
+            L->deep_rule = L->rule;
+        return;
+    }
+    L->depth++;
+    lower_node(L, x, v);
+    L->depth--;
+}
+
+static void lower_node(lowering *L, gx *x, elvec *v) {
     switch (x->kind) {
     case GX_EMPTY:
         break;
@@ -596,7 +657,7 @@ ts_status tsg_lower(ts_ctx *ctx, gbuild *b, ts_grammar *g) {
             return ts_set_error(ctx, TS_ERR_INVALID_ARG,
                                 "grammar: rule \"%s\" is used but not defined",
                                 b->names[i]);
-    lowering L = {.ctx = ctx, .b = b};
+    lowering L = {.ctx = ctx, .b = b, .deep_rule = -1};
     for (int i = 0; i < b->n_rules; i++)
         new_helper(&L, b->bodies[i]);
     /* the start: [REF 0, END] first, so position 0 is the start */
@@ -613,6 +674,7 @@ ts_status tsg_lower(ts_ctx *ctx, gbuild *b, ts_grammar *g) {
             break;
         }
         gx *body = L.body[r];
+        L.rule = r;
         L.alt_first[r] = L.n_alts;
         if (body && body->kind == GX_ALT) {
             for (int i = 0; i < body->n; i++)
@@ -625,12 +687,20 @@ ts_status tsg_lower(ts_ctx *ctx, gbuild *b, ts_grammar *g) {
     if (b->oom)
         L.oom = true;
     if (L.oom || L.too_big) {
+        int32_t deep = L.deep_rule;
         lowering_free(&L);
-        return L.oom ? ts_set_error(ctx, TS_ERR_OOM, "grammar: out of memory")
-                     : ts_set_error(ctx, TS_ERR_INVALID_ARG,
-                                    "grammar: too large (more than %d "
-                                    "elements or a repetition count over %d)",
-                                    MAX_ELEMENTS, MAX_REPEAT);
+        if (L.oom)
+            return ts_set_error(ctx, TS_ERR_OOM, "grammar: out of memory");
+        if (deep >= 0)
+            return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                                "grammar: rule \"%s\" nests expressions "
+                                "deeper than %d",
+                                deep < b->n_rules ? b->names[deep] : "(helper)",
+                                MAX_TREE_DEPTH);
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "grammar: too large (more than %d "
+                            "elements or a repetition count over %d)",
+                            MAX_ELEMENTS, MAX_REPEAT);
     }
     g->el = L.all.el;
     g->n_el = L.all.n;

@@ -23,14 +23,17 @@ typedef struct {
     ts_status st;
 } eb;
 
+static int line_at(const eb *e) {
+    int line = 1;
+    for (size_t k = 0; k < e->i && k < e->n; k++)
+        line += e->src[k] == '\n';
+    return line;
+}
+
 static gx *eb_fail(eb *e, const char *what) {
-    if (!e->st) {
-        int line = 1;
-        for (size_t k = 0; k < e->i && k < e->n; k++)
-            line += e->src[k] == '\n';
+    if (!e->st)
         e->st = ts_set_error(e->ctx, TS_ERR_INVALID_ARG,
-                             "grammar: %s at line %d", what, line);
-    }
+                             "grammar: %s at line %d", what, line_at(e));
     return NULL;
 }
 
@@ -143,6 +146,16 @@ static gx *parse_postfix(eb *e, gx *x) {
             min = (int)a, max = (int)b;
         } else
             return x;
+        /* "a"{1}{1}... would nest one repetition per quantifier (and
+         * recurse as deep when lowered) */
+        if (e->i < e->n && strchr("*+?{", e->src[e->i])) {
+            if (!e->st)
+                e->st = ts_set_error(e->ctx, TS_ERR_INVALID_ARG,
+                                     "grammar: a quantifier on a quantifier "
+                                     "at offset %zu (line %d)",
+                                     e->i, line_at(e));
+            return NULL;
+        }
         x = gx_rep(e->b, x, min, max);
     }
 }
@@ -190,8 +203,11 @@ static gx *parse_seq(eb *e) {
 }
 
 static gx *parse_alts(eb *e) {
+    gx *first = parse_seq(e);
+    if (e->st || e->i >= e->n || e->src[e->i] != '|')
+        return first; /* no alternation node: one level less to lower */
     gx *alt = gx_alt(e->b);
-    gx_add(e->b, alt, parse_seq(e));
+    gx_add(e->b, alt, first);
     while (!e->st && e->i < e->n && e->src[e->i] == '|') {
         e->i++;
         gx_add(e->b, alt, parse_seq(e));

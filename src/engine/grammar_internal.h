@@ -47,6 +47,8 @@ typedef struct {
     char **names;
     gx **bodies; /* NULL until defined */
     int n_rules, cap_rules;
+    int32_t *name_hash; /* open addressing: each name's first rule, -1 */
+    uint32_t name_hcap;
     bool oom;
 } gbuild;
 

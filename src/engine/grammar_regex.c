@@ -328,6 +328,10 @@ static gx *parse_quant(rx *r, gx *x) {
             r->i++; /* lazy: the same strings match */
         else if (r->i < r->n && r->src[r->i] == '+')
             return rx_fail(r, "possessive quantifiers are not supported");
+        /* a{1}{1}... would nest one repetition per quantifier (and recurse
+         * as deep when lowered); Python's re refuses it too */
+        if (r->i < r->n && strchr("*+?{", r->src[r->i]))
+            return rx_fail(r, "a quantifier on a quantifier");
         x = gx_rep(r->b, x, min, max);
     }
     return x;

@@ -15,6 +15,9 @@
 #define MAX_BLANKS 32                 /* spaces or tabs in one whitespace run */
 #define MAX_BOUND  9007199254740991.0 /* 2^53 - 1 */
 #define NO_BOUND   INT64_MAX
+/* a pattern's tree, walked by recursion (the regex parser nests groups at
+ * most 100 deep, each a level or two) */
+#define MAX_PATTERN_DEPTH 256
 
 typedef struct {
     char *ptr;
@@ -400,8 +403,10 @@ static gx *number_schema(jsc *j, json_t *s, const char *ptr) {
         gx_add(j->b, alt, magnitude(j, lo > 0 ? lo : 0, cex, hi, bd.hi_ex));
     }
     if (lo < 0) {
+        /* magnitudes m of -m: m > c (exclusive) or m >= c; an exclusive
+         * maximum 0 excludes "-0" and "-0.0" as well */
         int64_t c = hi < 0 ? -hi : 0, d = lo == -NO_BOUND ? NO_BOUND : -lo;
-        bool cex = hi < 0 && bd.hi_ex;
+        bool cex = hi <= 0 && bd.hi_ex;
         gx_add(j->b, alt,
                seqv(j, 2, lit(j, "-"), magnitude(j, c, cex, d, bd.lo_ex)));
     }
@@ -412,13 +417,17 @@ static gx *number_schema(jsc *j, json_t *s, const char *ptr) {
 
 /* The pattern matches the decoded string: characters JSON must escape are
  * written as their escapes. */
-static void json_escape_tree(jsc *j, gx *x) {
-    if (!x || x->kind == GX_REF)
+static void json_escape_tree(jsc *j, gx *x, const char *ptr, int depth) {
+    if (!x || x->kind == GX_REF || j->st)
         return;
+    if (depth > MAX_PATTERN_DEPTH) {
+        fail(j, "\"pattern\" at %s nests deeper than %d", show(ptr),
+             MAX_PATTERN_DEPTH);
+        return;
+    }
     if (x->kind != GX_CLASS) {
         for (int i = 0; i < x->n; i++)
-            if (x->kind != GX_CLASS)
-                json_escape_tree(j, x->kids[i]);
+            json_escape_tree(j, x->kids[i], ptr, depth + 1);
         return;
     }
     bool special[128] = {0};
@@ -528,7 +537,9 @@ static gx *string_schema(jsc *j, json_t *s, const char *ptr) {
         snprintf(msg, sizeof msg, "%s", ts_errmsg(j->ctx));
         return fail(j, "bad \"pattern\" at %s: %s", show(ptr), msg);
     }
-    json_escape_tree(j, re);
+    json_escape_tree(j, re, ptr, 0);
+    if (j->st)
+        return NULL;
     /* a JSON Schema pattern matches anywhere unless anchored */
     gx *any = gx_rep(j->b, jchar(j), 0, -1);
     return seqv(j, 5, lit(j, "\""), a0 ? gx_empty(j->b) : any, re,
@@ -574,6 +585,100 @@ static gx *array_schema(jsc *j, json_t *s, const char *ptr) {
     return min == 0 ? altv(j, 2, empty, full) : full;
 }
 
+/* rule[2 k + first] := property k (key kx, value v), then rule[2 (k + 1)
+ * ...]: the properties after it; optional ones may be skipped */
+static void define_property(jsc *j, const int *rule, size_t k, gx *kx, gx *v,
+                            bool required, gx *sep) {
+    gx *pair = seqv(j, 5, kx, ws(j), lit(j, ":"), ws(j), v);
+    for (int first = 0; first < 2; first++) {
+        gx *take = seqv(j, 3, first ? gx_empty(j->b) : sep, pair,
+                        gx_ref(j->b, rule[2 * (k + 1)]));
+        gx *body = required ? take
+                            : altv(j, 2, take,
+                                   gx_ref(j->b, rule[2 * (k + 1) + first]));
+        gb_define(j->b, rule[2 * k + first], body);
+    }
+}
+
+static gx *key_literal(jsc *j, const char *key, const char *ptr) {
+    json_t *ks = json_string(key);
+    gx *kx = ks ? literal_value(j, ks, "a property name", ptr)
+                : fail(j, "out of memory");
+    json_decref(ks);
+    return kx;
+}
+
+/* additionalProperties' value: its schema's rule, or any value */
+static gx *addl_value(jsc *j, int addl_rule) {
+    return addl_rule >= 0 ? gx_ref(j->b, addl_rule) : jvalue(j);
+}
+
+/* Properties in schema order, then the required names "properties" does
+ * not list (their values: additionalProperties'), then, where allowed,
+ * further pairs. additionalProperties absent means false when
+ * "properties" is given (OpenAI strict), true when not (JSON Schema). */
+static gx *object_body(jsc *j, json_t *props, json_t *req_set, json_t *extras,
+                       json_t *addl, const char *ptr) {
+    bool addl_ok = addl ? !json_is_false(addl) : !props;
+    int addl_rule = -1; /* additionalProperties as a schema */
+    if (addl && json_is_object(addl)) {
+        char *p = ptr_join(ptr, "additionalProperties");
+        gx *v = p ? schema(j, addl, p) : fail(j, "out of memory");
+        free(p);
+        if (!v)
+            return NULL;
+        addl_rule = v->rule;
+    }
+    /* rule[2 i + first]: properties i.. remain; first: no comma before the
+     * next */
+    size_t n = (props ? json_object_size(props) : 0) + json_array_size(extras);
+    size_t k = 0;
+    int *rule = malloc((2 * n + 2) * sizeof *rule);
+    if (!rule)
+        return fail(j, "out of memory");
+    for (size_t i = 0; i <= n; i++) {
+        rule[2 * i] = gb_rule(j->b, "props");
+        rule[2 * i + 1] = gb_rule(j->b, "props");
+    }
+    gx *sep = seqv(j, 3, ws(j), lit(j, ","), ws(j));
+    if (addl_ok) {
+        gx *addl_pair = seqv(j, 5, jstring(j), ws(j), lit(j, ":"), ws(j),
+                             addl_value(j, addl_rule));
+        gx *more = gx_rep(j->b, seqv(j, 2, sep, addl_pair), 0, -1);
+        gb_define(j->b, rule[2 * n], more);
+        gb_define(j->b, rule[2 * n + 1],
+                  altv(j, 2, gx_empty(j->b), seqv(j, 2, addl_pair, more)));
+    } else {
+        gb_define(j->b, rule[2 * n], gx_empty(j->b));
+        gb_define(j->b, rule[2 * n + 1], gx_empty(j->b));
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(props, key, val) {
+        char *p = ptr_join(ptr, "properties"),
+             *pp = p ? ptr_join(p, key) : NULL;
+        free(p);
+        gx *v = pp ? schema(j, val, pp) : fail(j, "out of memory");
+        free(pp);
+        gx *kx = key_literal(j, key, ptr);
+        if (j->st)
+            break;
+        define_property(j, rule, k++, kx, v,
+                        json_object_get(req_set, key) != NULL, sep);
+    }
+    size_t i;
+    json_array_foreach(extras, i, val) {
+        if (j->st)
+            break;
+        gx *kx = key_literal(j, json_string_value(val), ptr);
+        define_property(j, rule, k++, kx, addl_value(j, addl_rule), true, sep);
+    }
+    gx *x = seqv(j, 5, lit(j, "{"), ws(j), gx_ref(j->b, rule[1]), ws(j),
+                 lit(j, "}"));
+    free(rule);
+    return j->st ? NULL : x;
+}
+
 static gx *object_schema(jsc *j, json_t *s, const char *ptr) {
     json_t *props = json_object_get(s, "properties");
     json_t *req = json_object_get(s, "required");
@@ -587,82 +692,42 @@ static gx *object_schema(jsc *j, json_t *s, const char *ptr) {
                     "\"additionalProperties\" at %s must be a boolean or "
                     "a schema",
                     show(ptr));
-    if (!props && !addl)
+    if (!props && !addl && !json_array_size(req))
         return jobject(j); /* any object */
-    size_t n = props ? json_object_size(props) : 0, k = 0;
-    const char *key;
-    json_t *val;
-    /* required names must be properties (extra ones cannot be written) */
-    for (size_t i = 0; req && i < json_array_size(req); i++) {
-        json_t *r = json_array_get(req, i);
-        if (!json_is_string(r))
-            return fail(j, "\"required\" at %s holds a non-string", show(ptr));
-        if (!props || !json_object_get(props, json_string_value(r)))
-            return fail(j,
-                        "required property \"%s\" at %s is not in "
-                        "\"properties\" (additional properties are not "
-                        "generated)",
-                        json_string_value(r), show(ptr));
-    }
-    gx *addl_pair = NULL;
-    if (addl && !json_is_false(addl)) {
-        gx *v;
-        if (json_is_true(addl))
-            v = jvalue(j);
-        else {
-            char *p = ptr_join(ptr, "additionalProperties");
-            v = p ? schema(j, addl, p) : fail(j, "out of memory");
-            free(p);
-        }
-        addl_pair = seqv(j, 5, jstring(j), ws(j), lit(j, ":"), ws(j), v);
-    }
-    /* rule[2 i + first]: properties i.. remain; first: no comma before the
-     * next */
-    int *rule = malloc((2 * n + 2) * sizeof *rule);
-    if (!rule)
+    bool addl_ok = addl ? !json_is_false(addl) : !props;
+    /* the required names as a set, and those "properties" does not list
+     * (in order, once each): written with additionalProperties' schema,
+     * or refused when it allows no other key */
+    json_t *req_set = json_object(), *extras = json_array();
+    if (!req_set || !extras) {
+        json_decref(req_set), json_decref(extras);
         return fail(j, "out of memory");
-    for (size_t i = 0; i <= n; i++) {
-        rule[2 * i] = gb_rule(j->b, "props");
-        rule[2 * i + 1] = gb_rule(j->b, "props");
     }
-    gx *sep = seqv(j, 3, ws(j), lit(j, ","), ws(j));
-    if (addl_pair) {
-        gx *more = gx_rep(j->b, seqv(j, 2, sep, addl_pair), 0, -1);
-        gb_define(j->b, rule[2 * n], more);
-        gb_define(j->b, rule[2 * n + 1],
-                  altv(j, 2, gx_empty(j->b), seqv(j, 2, addl_pair, more)));
-    } else {
-        gb_define(j->b, rule[2 * n], gx_empty(j->b));
-        gb_define(j->b, rule[2 * n + 1], gx_empty(j->b));
-    }
-    json_object_foreach(props, key, val) {
-        char *p = ptr_join(ptr, "properties"),
-             *pp = p ? ptr_join(p, key) : NULL;
-        free(p);
-        gx *v = pp ? schema(j, val, pp) : fail(j, "out of memory");
-        free(pp);
-        json_t *ks = json_string(key);
-        gx *kx = ks ? literal_value(j, ks, "a property name", ptr) : NULL;
-        json_decref(ks);
-        if (j->st)
+    size_t i;
+    json_t *r;
+    json_array_foreach(req, i, r) {
+        const char *name = json_string_value(r);
+        if (!name) {
+            fail(j, "\"required\" at %s holds a non-string", show(ptr));
             break;
-        bool required = false;
-        for (size_t i = 0; req && i < json_array_size(req); i++)
-            required |= !strcmp(json_string_value(json_array_get(req, i)), key);
-        gx *pair = seqv(j, 5, kx, ws(j), lit(j, ":"), ws(j), v);
-        for (int first = 0; first < 2; first++) {
-            gx *take = seqv(j, 3, first ? gx_empty(j->b) : sep, pair,
-                            gx_ref(j->b, rule[2 * (k + 1)]));
-            gx *body = required ? take
-                                : altv(j, 2, take,
-                                       gx_ref(j->b, rule[2 * (k + 1) + first]));
-            gb_define(j->b, rule[2 * k + first], body);
         }
-        k++;
+        if (json_object_get(req_set, name))
+            continue;
+        json_object_set_new(req_set, name, json_true());
+        if (props && json_object_get(props, name))
+            continue;
+        if (!addl_ok) {
+            fail(j,
+                 "required property \"%s\" at %s is not in \"properties\", "
+                 "and \"additionalProperties\" %s",
+                 name, show(ptr), addl ? "is false" : "is absent (so false)");
+            break;
+        }
+        json_array_append_new(extras, json_string(name));
     }
-    gx *x = seqv(j, 5, lit(j, "{"), ws(j), gx_ref(j->b, rule[1]), ws(j),
-                 lit(j, "}"));
-    free(rule);
+    gx *x = j->st ? NULL : object_body(j, props, req_set, extras, addl, ptr);
+    json_decref(req_set);
+    json_decref(extras);
     return x;
 }
 
@@ -752,6 +817,117 @@ static int ref_rule(jsc *j, const char *ref, const char *ptr) {
     return r;
 }
 
+/* Keywords that do not constrain a value beside $ref, const, enum or
+ * anyOf: annotations, the containers of definitions, and "format" (ignored
+ * everywhere, as documented). */
+static bool neutral_keyword(const char *k) {
+    static const char *const neutral[] = {
+        "title",    "description", "$schema", "default",     "examples", "$id",
+        "$comment", "strict",      "$defs",   "definitions", "format",   NULL};
+    for (int i = 0; neutral[i]; i++)
+        if (!strcmp(neutral[i], k))
+            return true;
+    return false;
+}
+
+/* A keyword of s beside self (and also, when given) that would constrain
+ * the value: refused, never silently dropped. */
+static bool lone_keyword(jsc *j, json_t *s, const char *self, const char *also,
+                         const char *ptr) {
+    const char *key;
+    json_t *val;
+    json_object_foreach(s, key, val) {
+        if (strcmp(key, self) && !(also && !strcmp(key, also)) &&
+            !neutral_keyword(key)) {
+            fail(j, "unsupported keyword combination \"%s\" + \"%s\" at %s",
+                 self, key, show(ptr));
+            return false;
+        }
+    }
+    return true;
+}
+
+/* whether v is of the JSON Schema type name (1.0 is an integer) */
+static bool of_type(const char *name, json_t *v) {
+    if (!strcmp(name, "string"))
+        return json_is_string(v);
+    if (!strcmp(name, "integer"))
+        return json_is_integer(v) ||
+               (json_is_real(v) &&
+                json_real_value(v) == floor(json_real_value(v)));
+    if (!strcmp(name, "number"))
+        return json_is_number(v);
+    if (!strcmp(name, "boolean"))
+        return json_is_boolean(v);
+    if (!strcmp(name, "null"))
+        return json_is_null(v);
+    if (!strcmp(name, "object"))
+        return json_is_object(v);
+    return !strcmp(name, "array") && json_is_array(v);
+}
+
+/* const / enum (what) beside "type": each value must be of one of the
+ * types, else the combination is refused */
+static bool values_typed(jsc *j, json_t *type, json_t *values, bool one,
+                         const char *what, const char *ptr) {
+    if (!type)
+        return true;
+    if (!json_is_string(type) &&
+        !(json_is_array(type) && json_array_size(type)))
+        return fail(j, "\"type\" at %s must be a string or a non-empty array",
+                    show(ptr)),
+               false;
+    size_t n = one ? 1 : json_array_size(values);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = one ? values : json_array_get(values, i);
+        bool ok = false;
+        if (json_is_string(type))
+            ok = of_type(json_string_value(type), v);
+        for (size_t t = 0;
+             !ok && json_is_array(type) && t < json_array_size(type); t++) {
+            const char *name = json_string_value(json_array_get(type, t));
+            ok = name && of_type(name, v);
+        }
+        if (!ok) {
+            char *d = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+            fail(j,
+                 "unsupported keyword combination %s + \"type\" at %s: the "
+                 "value %.60s is not of that type",
+                 what, show(ptr), d ? d : "?");
+            free(d);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* No "type": the types the keywords present apply to (each alternative
+ * then honours its own), else any value. Values of other types would be
+ * valid too; they are not generated. */
+static gx *untyped(jsc *j, json_t *s, const char *ptr) {
+    static const struct {
+        const char *type, *keywords[5];
+    } families[] = {
+        {"object", {"properties", "additionalProperties", "required", NULL}},
+        {"array", {"items", "minItems", "maxItems", NULL}},
+        {"string", {"minLength", "maxLength", "pattern", NULL}},
+        {"number",
+         {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL}},
+    };
+    gx *alt = NULL;
+    for (size_t f = 0; f < sizeof families / sizeof *families && !j->st; f++) {
+        bool present = false;
+        for (int k = 0; families[f].keywords[k] && !present; k++)
+            present = json_object_get(s, families[f].keywords[k]) != NULL;
+        if (!present)
+            continue;
+        if (!alt)
+            alt = gx_alt(j->b);
+        gx_add(j->b, alt, typed(j, families[f].type, s, ptr));
+    }
+    return j->st ? NULL : alt ? alt : jvalue(j);
+}
+
 static gx *schema_body(jsc *j, json_t *s, const char *ptr) {
     if (json_is_true(s))
         return jvalue(j);
@@ -768,18 +944,27 @@ static gx *schema_body(jsc *j, json_t *s, const char *ptr) {
         if (!known)
             return fail(j, "unsupported keyword \"%s\" at %s", key, show(ptr));
     }
-    json_t *x;
+    json_t *x, *type = json_object_get(s, "type");
     if ((x = json_object_get(s, "$ref"))) {
         if (!json_is_string(x))
             return fail(j, "\"$ref\" at %s must be a string", show(ptr));
+        if (!lone_keyword(j, s, "$ref", NULL, ptr))
+            return NULL;
         return gx_ref(j->b, ref_rule(j, json_string_value(x), ptr));
     }
-    if ((x = json_object_get(s, "const")))
+    if ((x = json_object_get(s, "const"))) {
+        if (!lone_keyword(j, s, "const", "type", ptr) ||
+            !values_typed(j, type, x, true, "\"const\"", ptr))
+            return NULL;
         return literal_value(j, x, "\"const\"", ptr);
+    }
     if ((x = json_object_get(s, "enum"))) {
         if (!json_is_array(x) || !json_array_size(x))
             return fail(j, "\"enum\" at %s must be a non-empty array",
                         show(ptr));
+        if (!lone_keyword(j, s, "enum", "type", ptr) ||
+            !values_typed(j, type, x, false, "\"enum\"", ptr))
+            return NULL;
         gx *alt = gx_alt(j->b);
         for (size_t i = 0; i < json_array_size(x); i++)
             gx_add(j->b, alt,
@@ -790,6 +975,8 @@ static gx *schema_body(jsc *j, json_t *s, const char *ptr) {
         if (!json_is_array(x) || !json_array_size(x))
             return fail(j, "\"anyOf\" at %s must be a non-empty array",
                         show(ptr));
+        if (!lone_keyword(j, s, "anyOf", NULL, ptr))
+            return NULL;
         gx *alt = gx_alt(j->b);
         for (size_t i = 0; i < json_array_size(x) && !j->st; i++) {
             char *p = ptr_index(ptr, "anyOf", i);
@@ -800,7 +987,6 @@ static gx *schema_body(jsc *j, json_t *s, const char *ptr) {
         }
         return alt;
     }
-    json_t *type = json_object_get(s, "type");
     if (json_is_string(type))
         return typed(j, json_string_value(type), s, ptr);
     if (json_is_array(type) && json_array_size(type)) {
@@ -816,13 +1002,7 @@ static gx *schema_body(jsc *j, json_t *s, const char *ptr) {
     if (type)
         return fail(j, "\"type\" at %s must be a string or a non-empty array",
                     show(ptr));
-    /* no type: what the keywords imply, else any value */
-    if (json_object_get(s, "properties") ||
-        json_object_get(s, "additionalProperties"))
-        return object_schema(j, s, ptr);
-    if (json_object_get(s, "items"))
-        return array_schema(j, s, ptr);
-    return jvalue(j);
+    return untyped(j, s, ptr);
 }
 
 /* each schema is a rule of its own: trees are shared, never copied */

@@ -1,14 +1,16 @@
 /* structured.c — structured outputs on the server's side (structured.h):
  * which request field asks for which grammar, the one vocabulary and
  * grammar cache of the server, and the matcher-as-constraint glue. The
- * grammars themselves are src/grammar's. Compiling runs on connection
- * threads: the cache is thread-safe, but a ts_ctx's error is not, so the
- * compiles share a context of their own under a mutex. */
+ * grammars themselves are src/engine/grammar*.c's. Compiling runs on
+ * connection threads with no lock of ours held: the cache looks up and
+ * inserts under its own lock and compiles outside it (a racing insert of
+ * the same spec keeps the first), and each compile has a ts_ctx of its own
+ * for its error, so one slow grammar holds up no other request. */
 #include "structured.h"
 
+#include "core/core.h"
 #include "core/strbuf.h"
 
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,19 +19,28 @@
 #define GRAMMAR_CACHE_CAP 64
 
 static struct {
-    ts_ctx *ctx;
+    ts_ctx *ctx; /* init's */
     ts_vocab *vocab;
     ts_grammar_cache *cache;
-    pthread_mutex_t mu;
 } so;
 
+/* A context for errors only: it leaves the thread pool as it is (ts_ctx_new
+ * applies its thread count to the whole process) and, running no ops, has
+ * no TS_PROFILE report to print when freed. */
+static ts_ctx *ctx_new(void) {
+    ts_ctx *ctx = NULL;
+    ts_ctx_options o = {.num_threads = ts_threads_count()};
+    if (ts_ctx_new(&ctx, &o) != TS_OK)
+        return NULL;
+    ctx->profile = false;
+    return ctx;
+}
+
 int so_init(ts_tokenizer *tok, char *err, size_t cap) {
-    ts_ctx_options o = {.num_threads = 1};
-    if (ts_ctx_new(&so.ctx, &o) != TS_OK) {
+    if (!(so.ctx = ctx_new())) {
         snprintf(err, cap, "structured outputs: cannot create a context");
         return 1;
     }
-    pthread_mutex_init(&so.mu, NULL);
     if (ts_vocab_new(so.ctx, tok, &so.vocab) != TS_OK ||
         ts_grammar_cache_new(so.ctx, so.vocab, GRAMMAR_CACHE_CAP, &so.cache) !=
             TS_OK) {
@@ -46,7 +57,6 @@ void so_fini(void) {
     ts_grammar_cache_free(so.cache);
     ts_vocab_free(so.vocab);
     ts_ctx_free(so.ctx);
-    pthread_mutex_destroy(&so.mu);
     memset(&so, 0, sizeof so);
 }
 
@@ -245,13 +255,13 @@ int so_compile(const ts_grammar_spec *spec, const char *field, ts_grammar **g,
     if (!so.cache)
         return bad(err, field, "%s: structured outputs are not available",
                    field);
-    pthread_mutex_lock(&so.mu);
-    ts_status st = ts_grammar_cache_get(so.cache, so.ctx, spec, g, NULL);
-    if (st != TS_OK) {
-        bad(err, field, "%s: %s", field, ts_errmsg(so.ctx));
-        ts_clear_error(so.ctx);
-    }
-    pthread_mutex_unlock(&so.mu);
+    ts_ctx *ctx = ctx_new();
+    if (!ctx)
+        return bad(err, field, "%s: out of memory", field);
+    ts_status st = ts_grammar_cache_get(so.cache, ctx, spec, g, NULL);
+    if (st != TS_OK)
+        bad(err, field, "%s: %s", field, ts_errmsg(ctx));
+    ts_ctx_free(ctx);
     return st == TS_OK ? 0 : -1;
 }
 
@@ -274,12 +284,8 @@ static void c_free(void *s) {
 }
 
 bool so_constraint(ts_grammar *g, ts_constraint *out) {
-    ts_matcher *m = NULL;
-    pthread_mutex_lock(&so.mu);
-    if (ts_matcher_new(so.ctx, g, &m) != TS_OK)
-        ts_clear_error(so.ctx);
-    pthread_mutex_unlock(&so.mu);
-    if (!m)
+    ts_matcher *m = NULL; /* its only error is out of memory: no context */
+    if (ts_matcher_new(NULL, g, &m) != TS_OK || !m)
         return false;
     *out = (ts_constraint){.state = m,
                            .mask = c_mask,
