@@ -292,6 +292,7 @@ bool so_constraint(ts_grammar *g, ts_constraint *out) {
                            .accept = c_accept,
                            .can_end = c_can_end,
                            .done = c_done,
-                           .free = c_free};
+                           .free = c_free,
+                           .n_tokens = ts_vocab_size(so.vocab)};
     return true;
 }
