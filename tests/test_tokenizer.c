@@ -611,6 +611,70 @@ static void test_added_strip(ts_ctx *ctx, const char *work) {
     }
 }
 
+/* Streaming decoding emits only valid UTF-8: an ill-formed sequence of
+ * byte tokens (overlong C0 80, surrogate ED A0 80, F4 90 80 80 past
+ * U+10FFFF, a character cut short) becomes U+FFFD per maximal subpart, as
+ * Python's bytes.decode("utf-8", "replace") gives; a character split
+ * across tokens still comes whole. (Qwen3's byte-level vocabulary has a
+ * token for every byte.) */
+static void test_decode_step_invalid(ts_ctx *ctx, ts_tokenizer *tok) {
+    int32_t byte_id[256];
+    for (int b = 0; b < 256; b++)
+        byte_id[b] = -1;
+    for (int32_t id = 0; id < ts_tokenizer_vocab_size(tok); id++) {
+        unsigned char one[8];
+        bool special = false;
+        if (ts_tokenizer_token_bytes(tok, id, one, sizeof one, &special) == 1 &&
+            !special && byte_id[one[0]] < 0)
+            byte_id[one[0]] = id;
+    }
+#define FFFD "\xEF\xBF\xBD"
+    static const struct {
+        const char *bytes, *want;
+    } cases[] = {
+        {"\xC0\x80\x41", FFFD FFFD "A"}, /* \x41: "A" */
+        {"\xED\xA0\x80\x41", FFFD FFFD FFFD "A"},
+        {"\xF4\x90\x80\x80", FFFD FFFD FFFD FFFD},
+        {"\xE0\x80\xAF", FFFD FFFD FFFD},
+        {"\xE2\x82\x41", FFFD "A"},
+        {"\xF0\x9F\x98\x41\xFF", FFFD "A" FFFD},
+        {"x\xE2\x82\xAC\xF0\x9F\x98\x80", "x\xE2\x82\xAC\xF0\x9F\x98\x80"},
+    };
+#undef FFFD
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        ts_detok_state st = {0};
+        char got[128];
+        size_t at = 0;
+        bool valid = true;
+        for (const unsigned char *b = (const unsigned char *)cases[c].bytes; *b;
+             b++) {
+            CHECK(byte_id[*b] >= 0);
+            size_t pl = 0;
+            CHECK_OK(ctx,
+                     ts_tokenizer_decode_step(tok, &st, byte_id[*b], got + at,
+                                              sizeof got - at, &pl));
+            /* each piece on its own is valid UTF-8 */
+            utf8proc_int32_t cp;
+            for (size_t q = 0; q < pl;) {
+                utf8proc_ssize_t l =
+                    utf8proc_iterate((const utf8proc_uint8_t *)got + at + q,
+                                     (utf8proc_ssize_t)(pl - q), &cp);
+                if (l <= 0) {
+                    valid = false;
+                    break;
+                }
+                q += (size_t)l;
+            }
+            at += pl;
+        }
+        got[at] = 0;
+        CHECK(valid);
+        CHECK(!strcmp(got, cases[c].want) && st.n_pending == 0);
+        if (strcmp(got, cases[c].want))
+            fprintf(stderr, "decode_step case %zu: wrong replacement\n", c);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: %s TOKENIZER_JSON CORPUS PEER_JSON WORK_DIR\n",
@@ -631,6 +695,7 @@ int main(int argc, char **argv) {
         test_check_vocab(ctx, tok);
         test_regex_budget(ctx, argv[4]);
         test_added_strip(ctx, argv[4]);
+        test_decode_step_invalid(ctx, tok);
         ts_tokenizer_free(tok);
     }
     ts_ctx_free(ctx);

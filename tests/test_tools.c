@@ -269,7 +269,7 @@ static void expect_error(const ts_chat *chat, const char *body,
     CHECK(r == -1 && t == NULL && err.status == 400);
     CHECK(err.param && !strcmp(err.param, param));
     if (!strstr(err.msg, needle))
-        fprintf(stderr, "ts_tools_parse(%s): \"%s\" lacks \"%s\"\n", body,
+        fprintf(stderr, "ts_tools_parse(%.300s): \"%s\" lacks \"%s\"\n", body,
                 err.msg, needle);
     CHECK(strstr(err.msg, needle) != NULL);
     ts_tools_free(t);
@@ -325,6 +325,108 @@ static void test_tools_parse(ts_ctx *ctx) {
     b = parse("{\"messages\": []}");
     t = (ts_tool_request *)1;
     CHECK(ts_tools_parse(b, chat, &t, &err) == 0 && t == NULL);
+    json_decref(b);
+    ts_chat_free(chat);
+}
+
+/* n tools named f0, f1, ... (tools[dup] named as tools[dup_of] when
+ * dup >= 0) in a body; the caller frees it */
+static char *many_tools_body(size_t n, long dup, long dup_of) {
+    json_t *tools = json_array();
+    for (size_t i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "f%zu",
+                 (long)i == dup ? (size_t)dup_of : i);
+        json_array_append_new(tools,
+                              json_pack("{s:s, s:{s:s, s:{s:s}}}", "type",
+                                        "function", "function", "name", name,
+                                        "parameters", "type", "object"));
+    }
+    json_t *b = json_pack("{s:o}", "tools", tools);
+    char *s = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    return s;
+}
+
+/* At most TS_TOOLS_MAX (1024) tools, refused by name; a shared name found
+ * among many (once an O(n^2) scan) names the first repeat. */
+static void test_tools_limits(ts_ctx *ctx) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/" QWEN3_DIR, node_modules);
+    ts_chat *chat = NULL;
+    CHECK_OK(ctx, ts_chat_load(ctx, dir, &chat));
+    char *body = many_tools_body(TS_TOOLS_MAX + 1, -1, 0);
+    expect_error(chat, body, "tools", "at most 1024 tools in a request (1025");
+    free(body);
+    body = many_tools_body(TS_TOOLS_MAX, 1000, 3);
+    expect_error(chat, body, "tools",
+                 "tools[3] and tools[1000] are both named \"f3\"");
+    free(body);
+    body = many_tools_body(TS_TOOLS_MAX, -1, 0);
+    json_t *b = parse(body);
+    ts_tool_request *t = NULL;
+    ts_prompt_error err = {0};
+    CHECK(ts_tools_parse(b, chat, &t, &err) == 0 && t != NULL);
+    ts_tools_free(t);
+    json_decref(b);
+    free(body);
+    /* the first repeat (by its later index), not the first pair by name */
+    expect_error(chat,
+                 "{\"tools\": [{\"function\": {\"name\": \"b\"}}, "
+                 "{\"function\": {\"name\": \"a\"}}, {\"function\": "
+                 "{\"name\": \"b\"}}, {\"function\": {\"name\": \"a\"}}]}",
+                 "tools", "tools[0] and tools[2] are both named \"b\"");
+    ts_chat_free(chat);
+}
+
+/* A template that does not read `tools` gets them in Hermes' words
+ * (prompt.c), so its reply is parsed as Hermes even when its text looks
+ * like Llama 3's (<|python_tag|>): the grammar of a required call and
+ * the parser agree with what the prompt told the model. */
+static void test_syntax_agrees(ts_ctx *ctx) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/" LLAMA31_DIR, node_modules);
+    char path[] = "/tmp/ts_tools_py_XXXXXX";
+    int fd = mkstemp(path);
+    const char *src = "{# <|python_tag|> #}{% for m in messages %}"
+                      "{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                      "{% if add_generation_prompt %}assistant:{% endif %}";
+    CHECK(fd >= 0 && write(fd, src, strlen(src)) == (ssize_t)strlen(src));
+    close(fd);
+    ts_chat *chat = NULL;
+    CHECK_OK(ctx, ts_chat_load_with(ctx, dir, path, &chat));
+    unlink(path);
+    if (!chat)
+        return;
+    CHECK(!ts_chat_takes_tools(chat));
+    CHECK(!strcmp(ts_chat_tool_syntax(chat), "llama3"));
+    char body[4096];
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+             "\"tools\": %s, \"tool_choice\": \"required\"}",
+             TOOLS);
+    json_t *b = parse(body);
+    char *text = NULL;
+    size_t len = 0;
+    ts_prompt_error err = {0};
+    CHECK(ts_openai_chat_text(chat, ctx, NULL, b, &text, &len, &err) == 0);
+    CHECK(text && strstr(text, "<tool_call></tool_call> XML tags"));
+    free(text);
+    ts_tool_request *t = NULL;
+    CHECK(ts_tools_parse(b, chat, &t, &err) == 0 && t);
+    ts_grammar_spec spec;
+    CHECK(t && ts_tools_grammar(t, &spec));
+    CHECK(t && spec.prefix && !strcmp(spec.prefix, "<tool_call>\n"));
+    CHECK(t && strstr(spec.src, "\"arguments\"") &&
+          !strstr(spec.src, "\"parameters\""));
+    if (t) {
+        const char *names[] = {"get_time"}, *args[] = {"{}"};
+        check_parse(t,
+                    "<tool_call>\n{\"name\": \"get_time\", \"arguments\": "
+                    "{}}\n</tool_call>",
+                    "", 1, names, args);
+    }
+    ts_tools_free(t);
     json_decref(b);
     ts_chat_free(chat);
 }
@@ -697,6 +799,8 @@ int main(int argc, char **argv) {
     test_hermes_parser();
     test_llama3_parser();
     test_tools_parse(ctx);
+    test_tools_limits(ctx);
+    test_syntax_agrees(ctx);
     test_grammar();
     test_render_vs_jinja2(ctx);
     test_prompt_errors(ctx);

@@ -113,10 +113,24 @@ static void inputs_free(input *ins, int n) {
     free(ins);
 }
 
-/* the inputs into the engine and the active list, all or none; false with
- * msg set */
-static bool add_all(hreq *r, const input *ins, char *msg, size_t cap) {
+/* the inputs into the engine and the active list, all or none: 0, or the
+ * HTTP status (400: the engine refused one, 503: out of memory) with msg
+ * set */
+static int add_all(hreq *r, const input *ins, char *msg, size_t cap) {
     srv_eng_lock();
+    /* room in the active list before the engine has any of them: a
+     * vector no one waits for would never be collected */
+    pthread_mutex_lock(&srv.out_mu);
+    bool room = srv_active_reserve(r->n_ech);
+    pthread_mutex_unlock(&srv.out_mu);
+    if (!room) {
+        for (int i = 0; i < r->n_ech; i++)
+            r->ech[i].finished = true; /* nothing to abort at the end */
+        pthread_mutex_unlock(&srv.eng_mu);
+        snprintf(msg, cap, "out of memory for %d more running inputs",
+                 r->n_ech);
+        return 503;
+    }
     ts_status st = TS_OK;
     int added = 0;
     for (; added < r->n_ech && st == TS_OK; added++) {
@@ -141,26 +155,17 @@ static bool add_all(hreq *r, const input *ins, char *msg, size_t cap) {
         for (int i = 0; i < r->n_ech; i++)
             r->ech[i].finished = true; /* nothing to abort at the end */
         pthread_mutex_unlock(&srv.eng_mu);
-        return false;
+        return 400;
     }
     pthread_mutex_lock(&srv.out_mu);
-    if (srv.n_active + r->n_ech > srv.cap_active) {
-        int cap2 = srv.cap_active ? srv.cap_active : 64;
-        while (cap2 < srv.n_active + r->n_ech)
-            cap2 *= 2;
-        choice **p = realloc(srv.active, sizeof *p * (size_t)cap2);
-        if (p)
-            srv.active = p, srv.cap_active = cap2;
-    }
     for (int i = 0; i < r->n_ech; i++) {
-        if (srv.n_active < srv.cap_active)
-            srv.active[srv.n_active++] = &r->ech[i];
+        srv.active[srv.n_active++] = &r->ech[i];
         srv.prompt_tokens += ins[i].n;
     }
     pthread_mutex_unlock(&srv.out_mu);
     pthread_cond_signal(&srv.eng_cv);
     pthread_mutex_unlock(&srv.eng_mu);
-    return true;
+    return 0;
 }
 
 static const char B64[] =
@@ -219,10 +224,12 @@ static json_t *embedding_json(float *v, int64_t dim, int64_t d, bool b64) {
 static enum MHD_Result respond(struct MHD_Connection *c, hreq *r, int64_t d,
                                bool b64) {
     pthread_mutex_lock(&srv.out_mu);
-    for (int i = 0; i < r->n_ech; i++)
-        while (!r->ech[i].finished)
-            pthread_cond_wait(&srv.out_cv, &srv.out_mu);
+    bool done = srv_wait_finished(c, r->ech, r->n_ech);
     pthread_mutex_unlock(&srv.out_mu);
+    if (!done) { /* the client left: its inputs are aborted */
+        r->status = 499;
+        return MHD_NO;
+    }
     json_t *data = json_array();
     int64_t tokens = 0;
     for (int i = 0; i < r->n_ech; i++) {
@@ -334,9 +341,12 @@ enum MHD_Result srv_embeddings(struct MHD_Connection *c, hreq *r) {
         (unsigned)getpid(),
         (unsigned long long)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
     r->t_start = srv_now();
-    if (!add_all(r, ins, err, sizeof err)) {
-        ret = srv_send_error(c, 400, "invalid_request_error", "input", NULL,
-                             "%s", err);
+    int st = add_all(r, ins, err, sizeof err);
+    if (st) {
+        ret = st == 400 ? srv_send_error(c, 400, "invalid_request_error",
+                                         "input", NULL, "%s", err)
+                        : srv_send_error(c, st, "server_error", NULL, NULL,
+                                         "%s", err);
         goto out;
     }
     ret = respond(c, r, d, b64);

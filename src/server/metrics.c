@@ -251,8 +251,9 @@ static void sum_request(const hreq *r, const choice *ch, int n,
     size_t k = 0;
     for (int i = 0; i < n; i++) {
         s->completion += ch[i].n_tokens;
-        /* the choices of one completion share its prompt */
-        if (r->embed || i == 0)
+        /* the choices of one prompt share it (per_prompt: best_of or n
+         * of them); a list of prompts counts each */
+        if (r->embed || i % (r->per_prompt > 0 ? r->per_prompt : n) == 0)
             s->prompt += ch[i].prompt_tokens, s->cached += ch[i].cached;
         if (i < 4)
             k += (size_t)snprintf(

@@ -13,23 +13,39 @@
 #include "structured.h"
 #include "tools.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-/* the end of a choice with tools: the parser flushed, its calls taken;
- * a call makes the finish reason "tool_calls" (out_mu held) */
-static void finish_tools(choice *c) {
+/* the first n bytes of c->raw through the tool parser (final: nothing
+ * follows), and taken from raw; the parser's content goes to c->text */
+static void feed_tools(choice *c, size_t n, bool final) {
     json_t *deltas = NULL;
-    ts_tool_parser_feed(c->tp, "", 0, true, &c->text, &deltas);
+    ts_tool_parser_feed(c->tp, c->raw.p ? c->raw.p : "", n, final, &c->text,
+                        &deltas);
+    if (n) {
+        memmove(c->raw.p, c->raw.p + n, c->raw.n - n);
+        c->raw.n -= n;
+        c->raw.p[c->raw.n] = 0;
+    }
     if (deltas) {
         if (!c->tool_deltas)
             c->tool_deltas = json_array();
         json_array_extend(c->tool_deltas, deltas);
         json_decref(deltas);
     }
+}
+
+/* the end of a choice with tools: what raw holds (nothing past a stop),
+ * the parser flushed, its calls taken; a call makes the finish reason
+ * "tool_calls" (out_mu held) */
+static void finish_tools(choice *c) {
+    feed_tools(c, c->raw.n, true);
     json_t *calls = ts_tool_parser_calls(c->tp);
     if (calls && json_array_size(calls)) {
         c->tool_calls = calls;
@@ -39,21 +55,41 @@ static void finish_tools(choice *c) {
         json_decref(calls);
 }
 
-/* a decoded piece into c's text: through the tool parser when there is
- * one (it keeps calls out of the content) */
-static void add_text(choice *c, const char *piece, size_t pl) {
+/* t cut at the earliest stop string that starts at or after from (so
+ * nothing after any stop stays); true when there was one */
+static bool cut_at_stop(const hreq *r, ts_sbuf *t, size_t from) {
+    char *first = NULL;
+    for (int k = 0; k < r->n_stops && t->n > from; k++) {
+        char *hit =
+            memmem(t->p + from, t->n - from, r->stops[k], strlen(r->stops[k]));
+        if (hit && (!first || hit < first))
+            first = hit;
+    }
+    if (!first)
+        return false;
+    t->n = (size_t)(first - t->p);
+    t->p[t->n] = 0;
+    return true;
+}
+
+/* a decoded piece into c's text; true when a stop string ended it. With
+ * tools, stops are cut from the model's own text (c->raw, not yet parsed)
+ * before the parser sees it, as vLLM does: text after a stop reaches
+ * neither the content nor a call, and a stop inside a call is one. The
+ * parser gets what can no longer become part of a stop. */
+static bool add_text(choice *c, const char *piece, size_t pl) {
+    hreq *r = c->req;
     if (!c->tp) {
+        size_t from = c->text.n > r->max_stop ? c->text.n - r->max_stop : 0;
         ts_sb_add(&c->text, piece, pl);
-        return;
+        return cut_at_stop(r, &c->text, from);
     }
-    json_t *deltas = NULL;
-    ts_tool_parser_feed(c->tp, piece, pl, false, &c->text, &deltas);
-    if (deltas) {
-        if (!c->tool_deltas)
-            c->tool_deltas = json_array();
-        json_array_extend(c->tool_deltas, deltas);
-        json_decref(deltas);
-    }
+    ts_sb_add(&c->raw, piece, pl); /* raw: at most max_stop - 1 + pl bytes */
+    bool hit = cut_at_stop(r, &c->raw, 0);
+    size_t hold = hit || !r->max_stop ? 0 : r->max_stop - 1;
+    if (!hit && c->raw.n > hold)
+        feed_tools(c, c->raw.n - hold, false);
+    return hit;
 }
 
 /* the engine's output o for choice c (out_mu held); true when c must be
@@ -108,19 +144,10 @@ bool srv_deliver(choice *c, const ts_engine_output *o) {
             pl = 0;
         }
         pthread_mutex_unlock(&srv.tok_mu);
-        size_t from = c->text.n > r->max_stop ? c->text.n - r->max_stop : 0;
-        add_text(c, piece, pl);
-        for (int k = 0; k < r->n_stops && c->text.n; k++) {
-            char *hit = memmem(c->text.p + from, c->text.n - from, r->stops[k],
-                               strlen(r->stops[k]));
-            if (hit) {
-                c->text.n = (size_t)(hit - c->text.p);
-                c->text.p[c->text.n] = 0;
-                c->finished = true;
-                c->finish_reason = "stop";
-                abort_it = o->finish == TS_FINISH_NONE;
-                break;
-            }
+        if (add_text(c, piece, pl)) {
+            c->finished = true;
+            c->finish_reason = "stop";
+            abort_it = o->finish == TS_FINISH_NONE;
         }
     }
     if (!c->finished && o->finish != TS_FINISH_NONE) {
@@ -131,9 +158,14 @@ bool srv_deliver(choice *c, const ts_engine_output *o) {
     }
     if (c->finished && c->tp)
         finish_tools(c);
-    /* hold back what could still become a stop string */
-    size_t hold = r->max_stop ? r->max_stop - 1 : 0;
+    /* hold back what could still become a stop string (with tools, raw
+     * holds it), and a character cut by that */
+    size_t hold = c->tp || !r->max_stop ? 0 : r->max_stop - 1;
     c->safe = c->finished ? c->text.n : c->text.n > hold ? c->text.n - hold : 0;
+    for (int k = 0; !c->finished && k < 3 && c->safe > c->sent &&
+                    (c->text.p[c->safe] & 0xC0) == 0x80;
+         k++)
+        c->safe--;
     if (c->safe < c->sent)
         c->safe = c->sent;
     if (c->finished)
@@ -626,6 +658,49 @@ static json_t *usage_json(const hreq *r) {
                      "cached_tokens", (json_int_t)cached);
 }
 
+/* The bytes of a well-formed UTF-8 character at s (n > 0 there), or 0:
+ * no overlong form, surrogate or code point past U+10FFFF */
+static size_t utf8_char_len(const unsigned char *s, size_t n) {
+    unsigned char c = s[0];
+    size_t need = c < 0x80                 ? 1
+                  : c >= 0xC2 && c <= 0xDF ? 2
+                  : c >= 0xE0 && c <= 0xEF ? 3
+                  : c >= 0xF0 && c <= 0xF4 ? 4
+                                           : 0;
+    if (need > n)
+        return 0;
+    for (size_t j = 1; j < need; j++)
+        if ((s[j] & 0xC0) != 0x80)
+            return 0;
+    if ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] > 0x9F) ||
+        (c == 0xF0 && s[1] < 0x90) || (c == 0xF4 && s[1] > 0x8F))
+        return 0;
+    return need;
+}
+
+/* text as a JSON string, never NULL for bad bytes: each byte that does not
+ * begin a well-formed character becomes U+FFFD (a token's part of a
+ * character; the decoder's own output is whole UTF-8). A chunk is never
+ * dropped or waited for because its text is not JSON. */
+static json_t *json_text(const char *text, size_t n) {
+    json_t *s = json_stringn(text ? text : "", text ? n : 0);
+    if (s)
+        return s;
+    ts_sbuf b = {0};
+    const unsigned char *u = (const unsigned char *)text;
+    for (size_t i = 0; i < n;) {
+        size_t l = utf8_char_len(u + i, n - i);
+        if (l)
+            ts_sb_add(&b, text + i, l);
+        else
+            ts_sb_add(&b, "\xEF\xBF\xBD", 3);
+        i += l ? l : 1;
+    }
+    s = json_stringn(b.p ? b.p : "", b.n);
+    free(b.p);
+    return s ? s : json_string("");
+}
+
 /* one token's text (lossy where it holds part of a character) and bytes */
 static json_t *token_json(int32_t id, json_t **bytes) {
     char *text = NULL;
@@ -639,19 +714,7 @@ static json_t *token_json(int32_t id, json_t **bytes) {
         for (size_t i = 0; i < len; i++)
             json_array_append_new(*bytes, json_integer((unsigned char)text[i]));
     }
-    json_t *s = json_stringn(text ? text : "", len);
-    if (!s) { /* not whole UTF-8: U+FFFD, as a lossy decode shows it */
-        ts_sbuf b = {0};
-        for (size_t i = 0; i < len; i++) {
-            unsigned char ch = (unsigned char)text[i];
-            if (ch < 0x80)
-                ts_sb_add(&b, text + i, 1);
-            else if ((ch & 0xC0) != 0x80)
-                ts_sb_add(&b, "\xEF\xBF\xBD", 3);
-        }
-        s = json_string(b.p ? b.p : "");
-        free(b.p);
-    }
+    json_t *s = json_text(text, len);
     free(text);
     return s;
 }
@@ -759,13 +822,12 @@ static bool stream_opening(hreq *r, int i, ts_sbuf *b) {
     if (r->echo && !c->echo_sent) {
         if (r->logprobs && !c->n_tokens && !c->finished)
             return false;
-        json_t *t = json_stringn(c->echo ? c->echo : "", c->n_echo);
+        json_t *t = json_text(c->echo, c->n_echo);
         json_t *lp =
             r->logprobs ? logprobs_json(r, c, 0, 0, 0, true) : json_null();
         sse_choice(r, b,
-                   json_pack("{s:i, s:o, s:o, s:n}", "index", i, "text",
-                             t ? t : json_string(""), "logprobs", lp,
-                             "finish_reason"));
+                   json_pack("{s:i, s:o, s:o, s:n}", "index", i, "text", t,
+                             "logprobs", lp, "finish_reason"));
         c->echo_sent = true;
     }
     return true;
@@ -781,12 +843,7 @@ static void stream_ready(hreq *r, ts_sbuf *b) {
             continue;
         }
         if (c->safe > c->sent) {
-            json_t *piece =
-                json_stringn(c->text.p + c->sent, c->safe - c->sent);
-            if (!piece) { /* not yet whole UTF-8 (cannot happen): wait */
-                all_final = false;
-                continue;
-            }
+            json_t *piece = json_text(c->text.p + c->sent, c->safe - c->sent);
             json_t *ch;
             if (r->kind == REQ_CHAT)
                 ch = json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", i, "delta",
@@ -872,8 +929,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 /* one finished choice as the client sees it, at index */
 static json_t *choice_json(const hreq *r, choice *ch, int index) {
     if (r->kind == REQ_CHAT) {
-        json_t *txt = json_stringn(ch->text.p ? ch->text.p : "", ch->text.n);
-        if (!txt || (ch->tool_calls && !ch->text.n)) /* only calls: null */
+        json_t *txt = json_text(ch->text.p, ch->text.n);
+        if (ch->tool_calls && !ch->text.n) /* only calls: null */
             json_decref(txt), txt = json_null();
         json_t *msg =
             json_pack("{s:s, s:o}", "role", "assistant", "content", txt);
@@ -889,13 +946,12 @@ static json_t *choice_json(const hreq *r, choice *ch, int index) {
         ts_sb_add(&t, ch->echo, ch->n_echo);
     if (ch->text.n)
         ts_sb_add(&t, ch->text.p, ch->text.n);
-    json_t *txt = json_stringn(t.p ? t.p : "", t.n);
+    json_t *txt = json_text(t.p, t.n);
     free(t.p);
     json_t *lp = r->logprobs ? logprobs_json(r, ch, 0, ch->n_lp, 0, r->echo)
                              : json_null();
-    return json_pack("{s:i, s:o, s:o, s:s}", "index", index, "text",
-                     txt ? txt : json_string(""), "logprobs", lp,
-                     "finish_reason", ch->finish_reason);
+    return json_pack("{s:i, s:o, s:o, s:s}", "index", index, "text", txt,
+                     "logprobs", lp, "finish_reason", ch->finish_reason);
 }
 
 static double mean_lp(const choice *c) {
@@ -925,15 +981,101 @@ static json_t *choices_json(const hreq *r) {
     return choices;
 }
 
+/* ---- waiting for a whole response ---- */
+
+/* how often a request waiting for its whole response looks at its client */
+#define WAIT_CHECK_MS 100
+
+/* whether c's client hung up (a read of EOF, a reset) or its socket was
+ * shut down (MHD_stop_daemon does so before joining its thread). A request
+ * pipelined behind this one is data, not a hang-up. */
+static bool client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci || ci->connect_fd < 0)
+        return false;
+    struct pollfd pf = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&pf, 1, 0) <= 0)
+        return false;
+    if (pf.revents & (POLLHUP | POLLERR | POLLNVAL | POLLRDHUP))
+        return true;
+    char b;
+    ssize_t got = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                        errno != EINTR);
+}
+
+/* ch's unfinished choices aborted in the engine and finished (out_mu held,
+ * released around the engine's lock: eng_mu is never taken with another
+ * lock held), in batches */
+static void abort_choices(choice *ch, int n) {
+    for (;;) {
+        int64_t ids[64];
+        int k = 0;
+        for (int i = 0; i < n && k < 64; i++)
+            if (!ch[i].finished) {
+                ids[k++] = ch[i].eid;
+                ch[i].finished = true, ch[i].finish_reason = "abort";
+                ch[i].safe = ch[i].text.n;
+                srv_active_remove(&ch[i]);
+            }
+        if (!k)
+            return;
+        pthread_mutex_unlock(&srv.out_mu);
+        srv_eng_lock();
+        for (int i = 0; i < k; i++)
+            if (ts_engine_abort(srv.eng, ids[i]) != TS_OK)
+                ts_clear_error(srv.ctx); /* finished meanwhile */
+        pthread_mutex_unlock(&srv.eng_mu);
+        pthread_mutex_lock(&srv.out_mu);
+    }
+}
+
+/* whether any unfinished choice of ch is still in the active list (out_mu
+ * held): one that is not will never be delivered to */
+static bool any_active(const choice *ch, int n) {
+    for (int a = 0; a < srv.n_active; a++)
+        if (srv.active[a] >= ch && srv.active[a] < ch + n)
+            return true;
+    return false;
+}
+
+bool srv_wait_finished(struct MHD_Connection *c, choice *ch, int n) {
+    double next_check = srv_now() + WAIT_CHECK_MS * 1e-3;
+    for (;;) {
+        int i = 0;
+        while (i < n && ch[i].finished)
+            i++;
+        if (i == n)
+            return true;
+        /* the engine wakes waiters every step: the client is looked at on
+         * a clock, not on each wake-up */
+        if (srv_now() >= next_check) {
+            next_check = srv_now() + WAIT_CHECK_MS * 1e-3;
+            /* at SIGTERM running requests finish (the drain); one that no
+             * longer is in the engine's list never would */
+            if (client_gone(c) || (srv_signal && !any_active(ch, n))) {
+                abort_choices(ch, n);
+                return false;
+            }
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)WAIT_CHECK_MS * 1000000;
+        ts.tv_sec += ts.tv_nsec / 1000000000;
+        ts.tv_nsec %= 1000000000;
+        pthread_cond_timedwait(&srv.out_cv, &srv.out_mu, &ts);
+    }
+}
+
 static enum MHD_Result respond_whole(struct MHD_Connection *c, hreq *r) {
     pthread_mutex_lock(&srv.out_mu);
-    bool done = false;
-    while (!done) {
-        done = true;
-        for (int i = 0; i < r->n; i++)
-            done &= r->ch[i].finished;
-        if (!done)
-            pthread_cond_wait(&srv.out_cv, &srv.out_mu);
+    if (!srv_wait_finished(c, r->ch, r->n)) {
+        /* no one to answer: MHD closes the connection and completed()
+         * frees r; 499 (nginx's "client closed request") for the log */
+        r->status = 499;
+        pthread_mutex_unlock(&srv.out_mu);
+        return MHD_NO;
     }
     json_t *kvx = NULL;
     if (r->kv_prefill) {
@@ -969,7 +1111,7 @@ static const char *param_of(const hreq *r, const char *msg) {
 /* ---- structured outputs and tools ---- */
 
 /* the grammar the request imposes (NULL: none): response_format & co., or
- * a required or named tool_choice; -1 with e filled */
+ * a required or named tool_choice (r->tools, parsed); -1 with e filled */
 static int grammar_of(hreq *r, json_t *b, ts_grammar **g, ts_prompt_error *e) {
     *g = NULL;
     so_request q;
@@ -977,10 +1119,6 @@ static int grammar_of(hreq *r, json_t *b, ts_grammar **g, ts_prompt_error *e) {
     if (got < 0)
         return -1;
     if (r->kind == REQ_CHAT) {
-        if (ts_tools_parse(b, srv.chat, &r->tools, e)) {
-            so_request_free(&q);
-            return -1;
-        }
         ts_grammar_spec spec;
         if (r->tools && ts_tools_grammar(r->tools, &spec)) {
             if (got) {
@@ -1010,6 +1148,8 @@ void srv_openai_release(hreq *r) {
         c->tp = NULL;
         json_decref(c->tool_deltas), json_decref(c->tool_calls);
         c->tool_deltas = c->tool_calls = NULL;
+        free(c->raw.p);
+        c->raw = (ts_sbuf){0};
     }
     if (r->tools)
         ts_tools_free(r->tools);
@@ -1088,12 +1228,36 @@ static bool choice_setup(hreq *r, const gen_params *g, const prompt_in *ps,
     return true;
 }
 
-/* the choices into the engine, all or none; 0 or -1 with msg filled */
+bool srv_active_reserve(int n) {
+    if (srv.n_active + n <= srv.cap_active)
+        return true;
+    int cap = srv.cap_active ? srv.cap_active : 64;
+    while (cap < srv.n_active + n)
+        cap *= 2;
+    choice **pp = realloc(srv.active, sizeof *pp * (size_t)cap);
+    if (!pp)
+        return false;
+    srv.active = pp, srv.cap_active = cap;
+    return true;
+}
+
+/* the choices into the engine, all or none: 0, or the HTTP status (400:
+ * the engine refused one, 503: out of memory) with msg filled */
 static int engine_add(hreq *r, const gen_params *g, const prompt_in *ps,
                       ts_constraint *cons, char *msg, size_t cap) {
     static uint64_t counter;
     uint64_t salt = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
     srv_eng_lock();
+    /* a choice in the engine but not in the active list would never be
+     * delivered to nor finish: the room first */
+    pthread_mutex_lock(&srv.out_mu);
+    bool room = srv_active_reserve(r->n);
+    pthread_mutex_unlock(&srv.out_mu);
+    if (!room) {
+        pthread_mutex_unlock(&srv.eng_mu);
+        snprintf(msg, cap, "out of memory for %d more running choices", r->n);
+        return 503;
+    }
     ts_status st = TS_OK;
     int added = 0;
     for (; added < r->n; added++) {
@@ -1125,26 +1289,19 @@ static int engine_add(hreq *r, const gen_params *g, const prompt_in *ps,
     }
     if (st != TS_OK)
         for (int i = 0; i < added; i++)
-            ts_engine_abort(srv.eng, r->ch[i].eid);
+            if (ts_engine_abort(srv.eng, r->ch[i].eid) != TS_OK)
+                ts_clear_error(srv.ctx);
     if (st == TS_OK) {
         pthread_mutex_lock(&srv.out_mu);
-        for (int i = 0; i < r->n; i++) {
-            if (srv.n_active == srv.cap_active) {
-                int cap2 = srv.cap_active ? srv.cap_active * 2 : 64;
-                choice **pp = realloc(srv.active, sizeof *pp * (size_t)cap2);
-                if (pp)
-                    srv.active = pp, srv.cap_active = cap2;
-            }
-            if (srv.n_active < srv.cap_active)
-                srv.active[srv.n_active++] = &r->ch[i];
-        }
+        for (int i = 0; i < r->n; i++)
+            srv.active[srv.n_active++] = &r->ch[i];
         for (int p = 0; p < r->n_prompts; p++)
             srv.prompt_tokens += ps[p].n;
         pthread_mutex_unlock(&srv.out_mu);
         pthread_cond_signal(&srv.eng_cv);
     }
     pthread_mutex_unlock(&srv.eng_mu);
-    return st == TS_OK ? 0 : -1;
+    return st == TS_OK ? 0 : 400;
 }
 
 static void free_constraints(ts_constraint *cons, int n) {
@@ -1192,6 +1349,13 @@ enum MHD_Result srv_generate(struct MHD_Connection *c, hreq *r) {
         ret =
             srv_send_error(c, 500, "server_error", NULL, NULL, "out of memory"),
         sent = true;
+    /* tools checked (their number bounded) before the template renders
+     * them; a prefill checks them but parses no calls */
+    if (!sent && r->kind == REQ_CHAT &&
+        ts_tools_parse(b, srv.chat, &r->tools, &pe))
+        ret = prompt_error(c, &pe), sent = true;
+    if (!sent && r->kv_prefill && r->tools)
+        ts_tools_free(r->tools), r->tools = NULL;
     if (!sent && (prompts_of(r, b, &g, ps, &np, &pe) ||
                   (!r->kv_prefill && grammar_of(r, b, &gram, &pe))))
         ret = prompt_error(c, &pe), sent = true;
@@ -1236,7 +1400,7 @@ enum MHD_Result srv_generate(struct MHD_Connection *c, hreq *r) {
     ts_constraint cons[MAX_CHOICES];
     memset(cons, 0, sizeof cons);
     char msg[512] = "";
-    int rc = -1;
+    int rc = 503;
     if (!choice_setup(r, &g, ps, gram, cons))
         snprintf(msg, sizeof msg, "out of memory");
     else
@@ -1253,6 +1417,8 @@ enum MHD_Result srv_generate(struct MHD_Connection *c, hreq *r) {
     if (rc) {
         srv_openai_release(r);
         r->n = 0; /* nothing of it is in the engine */
+        if (rc != 400)
+            return srv_send_error(c, rc, "server_error", NULL, NULL, "%s", msg);
         return srv_send_error(c, 400, "invalid_request_error", param_of(r, msg),
                               NULL, "%s", msg);
     }

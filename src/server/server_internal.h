@@ -57,8 +57,11 @@ typedef struct choice {
     size_t n_plp;
     bool echo_sent;
     /* tool calling: the parser fed with the decoded text (content goes
-     * to text), stream deltas not yet sent, the calls once finished */
+     * to text) once no stop string can start in it (raw: the decoded
+     * text not yet fed), stream deltas not yet sent, the calls once
+     * finished */
     struct ts_tool_parser *tp;
+    ts_sbuf raw;
     json_t *tool_deltas, *tool_calls;
     /* embeddings (server.c / embeddings.c) */
     float *embedding; /* malloc'd: the engine's pooled vector, dim floats */
@@ -221,6 +224,16 @@ void srv_embed_free(hreq *r);
 int srv_openai_init(char *err, size_t cap);
 void srv_openai_fini(void);
 bool srv_deliver(choice *c, const ts_engine_output *o);
+/* room in srv.active for n more choices (out_mu held), taken before they
+ * enter the engine so that none is left outside the list; false when out
+ * of memory. Every caller holds eng_mu, so the room stays theirs. */
+bool srv_active_reserve(int n);
+/* Waits (out_mu held) until ch[0, n) are finished. false when the client
+ * of c hung up (or MHD shut its socket down at exit), or the server is
+ * stopping and nothing will ever finish them: then those still running
+ * are aborted in the engine (their slots and KV blocks freed) and marked
+ * finished, "abort". */
+bool srv_wait_finished(struct MHD_Connection *c, choice *ch, int n);
 enum MHD_Result srv_generate(struct MHD_Connection *c, hreq *r);
 /* frees what openai.c keeps in r and its choices (echo text, prompt
  * log-probabilities, tool parsers and calls); idempotent. server.c's

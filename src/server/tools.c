@@ -64,10 +64,52 @@ static const char *tool_name(json_t *tool) {
         json_object_get(json_object_get(tool, "function"), "name"));
 }
 
+/* a tool's index and name, sorted by name then index to find two that
+ * share a name in O(n log n) */
+typedef struct {
+    const char *name;
+    size_t index;
+} named_tool;
+
+static int by_name(const void *a, const void *b) {
+    const named_tool *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* 0, or -1 with e naming the first tools[i] whose name an earlier
+ * tools[k] has (the smallest such i, and its first k) */
+static int check_unique(json_t *tools, ts_prompt_error *e) {
+    size_t n = json_array_size(tools);
+    named_tool *v = malloc(sizeof *v * (n ? n : 1));
+    if (!v)
+        return bad(e, "tools", "out of memory");
+    for (size_t i = 0; i < n; i++)
+        v[i] = (named_tool){tool_name(json_array_get(tools, i)), i};
+    qsort(v, n, sizeof *v, by_name);
+    size_t first = 0, k = 0, i = n; /* i: the smallest repeat's index */
+    for (size_t j = 1; j < n; j++) {
+        if (strcmp(v[j].name, v[j - 1].name))
+            first = j;
+        else if (j == first + 1 && v[j].index < i)
+            k = v[first].index, i = v[j].index;
+    }
+    const char *name = i < n ? tool_name(json_array_get(tools, i)) : NULL;
+    free(v);
+    if (name)
+        return bad(e, "tools",
+                   "tools[%zu] and tools[%zu] are both named \"%s\"", k, i,
+                   name);
+    return 0;
+}
+
 /* 0, or -1 with e naming tools[i] */
 static int check_tools(json_t *tools, ts_prompt_error *e) {
-    size_t i, k;
+    size_t i;
     json_t *t;
+    if (json_array_size(tools) > TS_TOOLS_MAX)
+        return bad(e, "tools", "at most %d tools in a request (%zu given)",
+                   TS_TOOLS_MAX, json_array_size(tools));
     json_array_foreach(tools, i, t) {
         json_t *type = json_object_get(t, "type");
         json_t *fn = json_object_get(t, "function");
@@ -91,13 +133,8 @@ static int check_tools(json_t *tools, ts_prompt_error *e) {
                        "must be a JSON Schema object whose \"type\" is a "
                        "string or a list of strings",
                        i, name);
-        for (k = 0; k < i; k++)
-            if (!strcmp(tool_name(json_array_get(tools, k)), name))
-                return bad(e, "tools",
-                           "tools[%zu] and tools[%zu] are both named \"%s\"", k,
-                           i, name);
     }
-    return 0;
+    return check_unique(tools, e);
 }
 
 /* tool_choice: 1 (none), 0 with *choice and *named, or -1 */
@@ -185,9 +222,12 @@ int ts_tools_parse(json_t *body, const ts_chat *chat, ts_tool_request **out,
     int r = read_choice(tc, tools, &choice, &named, err);
     if (r)
         return r > 0 ? 0 : -1;
-    /* a template without `tools` gets them in Hermes' words (prompt.c) */
-    const char *syn = ts_chat_tool_syntax(chat);
-    if (!*syn && chat && ts_chat_takes_tools(chat))
+    /* a template without `tools` gets them in Hermes' words (prompt.c's
+     * fallback), whatever its own syntax looks like; one that takes them
+     * is answered in its own syntax */
+    bool takes = chat && ts_chat_takes_tools(chat);
+    const char *syn = takes ? ts_chat_tool_syntax(chat) : "hermes";
+    if (!*syn)
         return bad(err, "tools",
                    "this model's chat template takes tools but its "
                    "tool-call syntax is not one we parse (hermes, llama3)");

@@ -18,11 +18,17 @@
 
 typedef struct ts_tool_request ts_tool_request;
 
+/* the most tools one request may carry */
+#define TS_TOOLS_MAX 1024
+
 /* A chat body's tools and tool_choice ("auto", "none", "required", or
- * {"type":"function","function":{"name":...}}). 0 with *out NULL when
- * there are no tools (or tool_choice is "none"); -1 with err filled (400
- * naming "tools" or "tool_choice") when they are malformed, name an
- * unknown function, or the model has no known tool-call syntax. */
+ * {"type":"function","function":{"name":...}}), checked before the chat
+ * template renders them. 0 with *out NULL when there are no tools (or
+ * tool_choice is "none"); -1 with err filled (400 naming "tools" or
+ * "tool_choice") when they are malformed, more than TS_TOOLS_MAX, share a
+ * name, name an unknown function, or the model has no known tool-call
+ * syntax. The syntax parsed is the template's own when it reads `tools`,
+ * else Hermes' (what prompt.c's fallback tells the model). */
 int ts_tools_parse(json_t *body, const ts_chat *chat, ts_tool_request **out,
                    ts_prompt_error *err);
 void ts_tools_free(ts_tool_request *t);

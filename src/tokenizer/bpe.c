@@ -1768,13 +1768,41 @@ ts_status ts_tokenizer_decode(ts_tokenizer *t, const int32_t *ids, size_t n,
     return TS_OK;
 }
 
-/* length of the UTF-8 sequence a lead byte starts; 0 for a bad lead */
-static int seq_len(unsigned char c) {
-    return c < 0x80         ? 1
-           : (c >> 5) == 6  ? 2
-           : (c >> 4) == 14 ? 3
-           : (c >> 3) == 30 ? 4
-                            : 0;
+/* The UTF-8 character at s (n > 0 bytes there), by the Unicode Standard's
+ * table 3-7 of well-formed sequences (no overlong forms, no surrogates,
+ * nothing past U+10FFFF): 1 with *len its bytes; 0 when s[0, n) is only the
+ * start of one (more bytes may complete it); -1 when it is ill-formed,
+ * *len the bytes of its maximal subpart, which become one U+FFFD (as
+ * Hugging Face's decoders, Rust's from_utf8_lossy and Python's
+ * errors="replace" do: C0 80 is two, ED A0 80 three). */
+static int utf8_char(const unsigned char *s, size_t n, size_t *len) {
+    unsigned char c = s[0], lo = 0x80, hi = 0xBF;
+    size_t need = c < 0x80                 ? 1
+                  : c >= 0xC2 && c <= 0xDF ? 2
+                  : c >= 0xE0 && c <= 0xEF ? 3
+                  : c >= 0xF0 && c <= 0xF4 ? 4
+                                           : 0;
+    *len = 1;
+    if (!need)
+        return -1; /* a continuation byte, C0, C1, F5..FF */
+    if (c == 0xE0)
+        lo = 0xA0; /* overlong below U+0800 */
+    else if (c == 0xED)
+        hi = 0x9F; /* surrogates U+D800..DFFF */
+    else if (c == 0xF0)
+        lo = 0x90; /* overlong below U+10000 */
+    else if (c == 0xF4)
+        hi = 0x8F; /* past U+10FFFF */
+    for (size_t j = 1; j < need; j++) {
+        if (j == n)
+            return 0;
+        if (s[j] < (j == 1 ? lo : 0x80) || s[j] > (j == 1 ? hi : 0xBF)) {
+            *len = j;
+            return -1;
+        }
+    }
+    *len = need;
+    return 1;
 }
 
 ts_status ts_tokenizer_decode_step(ts_tokenizer *t, ts_detok_state *st,
@@ -1803,15 +1831,13 @@ ts_status ts_tokenizer_decode_step(ts_tokenizer *t, ts_detok_state *st,
         st->started = true;
     ts_status s = TS_OK;
     while (i < n) {
-        int l = seq_len(buf[i]);
-        bool ok = l > 0;
-        for (int j = 1; ok && j < l && i + (size_t)j < n; j++)
-            ok = (buf[i + j] & 0xC0) == 0x80;
-        if (ok && i + (size_t)l > n)
+        size_t l;
+        int got = utf8_char(buf + i, n - i, &l);
+        if (got == 0)
             break; /* a partial character: keep it */
         const char *emit =
-            ok ? (const char *)buf + i : "\xEF\xBF\xBD"; /* U+FFFD */
-        size_t el = ok ? (size_t)l : 3;
+            got > 0 ? (const char *)buf + i : "\xEF\xBF\xBD"; /* U+FFFD */
+        size_t el = got > 0 ? l : 3;
         if (k + el > out_cap) {
             s = ts_set_error(t->ctx, TS_ERR_RANGE,
                              "tokenizer_decode_step: out of room");
@@ -1819,7 +1845,7 @@ ts_status ts_tokenizer_decode_step(ts_tokenizer *t, ts_detok_state *st,
         }
         memcpy(out + k, emit, el);
         k += el;
-        i += ok ? (size_t)l : 1;
+        i += l;
     }
     st->n_pending = (int)(n - i < sizeof st->pending ? n - i : 0);
     memcpy(st->pending, buf + i, (size_t)st->n_pending);

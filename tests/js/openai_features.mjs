@@ -6,7 +6,8 @@
 // naming an unsupported schema keyword), a tool-call round trip streamed
 // and whole, logprobs consistent with the prompt's (echo), echo, lists of
 // prompts, logit_bias, best_of, suffix, and a 400 naming an unsupported
-// field. The tiny model is random: every schema bounds its strings and
+// field; stop strings with tools (nothing after a stop reaches the content
+// or a call); too many tools refused before the template renders them. The tiny model is random: every schema bounds its strings and
 // arrays so that answers end. Its context is raised to 2048 positions (a
 // copy of the folder) so that the tools' system message fits.
 import OpenAI from "openai";
@@ -225,6 +226,44 @@ async function tools() {
     "tool_choice");
 }
 
+// the answer whole and streamed: content, tool calls, finish reason
+async function chatBoth(body) {
+  const w = await raw("/v1/chat/completions", body);
+  assert.equal(w.status, 200, JSON.stringify(w.json));
+  const m = w.json.choices[0];
+  let content = "", fin = null, calls = 0;
+  for await (const c of await client.chat.completions.create({ ...body, stream: true })) {
+    content += c.choices[0]?.delta?.content ?? "";
+    calls += (c.choices[0]?.delta?.tool_calls ?? []).length;
+    fin = c.choices[0]?.finish_reason ?? fin;
+  }
+  return { whole: { content: m.message.content ?? "", calls: m.message.tool_calls?.length ?? 0,
+    fin: m.finish_reason }, streamed: { content, calls, fin } };
+}
+
+// Stop strings with tools are cut from the model's own text before the
+// tool-call parser reads it (vLLM's order): a stop inside a call ends it
+// there (the cut-short call stays content, no call), and nothing after a
+// stop reaches the client. The output is forced with a regex.
+async function toolStops() {
+  const call = '<tool_call>\\n\\{"name": "get_time", "arguments": \\{"zone": "utc"\\}\\}\\n</tool_call>';
+  const base = { model: M, messages: [{ role: "user", content: "time?" }], tools: TOOLS, max_tokens: 300,
+    temperature: 0 };
+  // the forced call alone is a call
+  const plain = await chatBoth({ ...base, guided_regex: call });
+  for (const a of [plain.whole, plain.streamed]) assert.deepEqual(a, { content: "", calls: 1, fin: "tool_calls" });
+  for (const [stop, re, want] of [
+    ["utc", call, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "'],
+    ["Hi <t", "Hi " + call, ""],
+    ["END", "Hi END" + call, "Hi "],
+    [["zone", "get"], call, '<tool_call>\n{"name": "'],
+  ]) {
+    const r = await chatBoth({ ...base, guided_regex: re, stop });
+    for (const a of [r.whole, r.streamed])
+      assert.deepEqual(a, { content: want, calls: 0, fin: "stop" }, `stop ${JSON.stringify(stop)}`);
+  }
+}
+
 async function logprobsEchoLists() {
   // greedy: each chosen token is the most likely; the top ones sum to <= 1
   const g = await client.chat.completions.create({ model: M, messages: [{ role: "user", content: "Hi" }],
@@ -318,6 +357,13 @@ async function fields() {
   await expect400("/v1/completions", { model: M, prompt: "x", store: true }, "store");
   await expect400("/v1/chat/completions", { model: M, messages: [{ role: "user", content: "x" }],
     parallel_tool_calls: false }, "parallel_tool_calls");
+  // tools are checked (at most 1024) before the template renders them: a
+  // bad message after them is not reached
+  const many = Array.from({ length: 1025 }, (_, i) => ({ type: "function", function: { name: `f${i}` } }));
+  await expect400("/v1/chat/completions", { model: M, messages: "x", tools: many }, "tools",
+    /at most 1024 tools in a request \(1025 given\)/);
+  await expect400("/v1/chat/completions", { model: M, messages: "x", tools: [...TOOLS, TOOLS[0]] }, "tools",
+    /tools\[0\] and tools\[2\] are both named "get_weather"/);
   // harmless ones are accepted
   const ok = await raw("/v1/chat/completions", { model: M, messages: [{ role: "user", content: "x" }],
     max_tokens: 2, user: "u", metadata: { a: "b" }, store: false, service_tier: "auto",
@@ -331,6 +377,7 @@ async function main() {
   await logprobsEchoLists();
   await structured();
   await tools();
+  await toolStops();
   const file = join(dir, "cases.json");
   writeFileSync(file, JSON.stringify(cases));
   const chk = spawnSync("/usr/bin/python3", [checkPy, file], { encoding: "utf8" });

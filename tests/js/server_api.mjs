@@ -7,9 +7,14 @@
 // the field), /version, /v1/embeddings (alone = in a batch beside a running
 // generation, unit norm, base64 = the floats, dimensions, mean pooling),
 // /metrics (every sample with HELP and TYPE, vLLM's names and labels), the
-// log line per request (and none with --no-log-requests), --max-model-len.
+// log line per request (and none with --no-log-requests), --max-model-len;
+// a list of prompts counted whole in the metrics; a client of a whole
+// response that hangs up frees its engine slots (completions, embeddings);
+// an empty --api-key refused.
 import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
+import net from "node:net";
+import { once } from "node:events";
 import assert from "node:assert/strict";
 
 const [exe, modelDir, promptIdsFile] = process.argv.slice(2);
@@ -298,6 +303,62 @@ async function metrics(s) {
   assert.ok(u >= 0 && u <= 1);
 }
 
+const sample = async (s, name) => {
+  const { samples } = parseMetrics(await (await call(s, "/metrics")).text());
+  return samples.get(name)[0].value;
+};
+
+// a list of prompts: every prompt's tokens in the request's prompt-token
+// histogram and its log line (once only the first prompt's were)
+async function promptList(s, h = {}) {
+  const before = await sample(s, "vllm:request_prompt_tokens_sum");
+  const r = await json(await call(s, "/v1/completions", { prompt: ["Hello world", "The quick brown fox"],
+    n: 2, max_tokens: 2, temperature: 0 }, h));
+  const counts = await Promise.all(["Hello world", "The quick brown fox"].map(async (p) =>
+    (await json(await call(s, "/tokenize", { prompt: p }, h))).count));
+  assert.equal(r.usage.prompt_tokens, counts[0] + counts[1]);
+  assert.equal(await sample(s, "vllm:request_prompt_tokens_sum") - before, r.usage.prompt_tokens);
+  return r;
+}
+
+// the engine's running + waiting requests
+const inEngine = async (s) => await sample(s, "tessera_requests_running") +
+  await sample(s, "tessera_requests_waiting");
+
+// a POST on a raw socket, its answer never read; the socket
+async function postRaw(s, path, body) {
+  const sock = net.connect(Number(new URL(s.base).port), "127.0.0.1");
+  await once(sock, "connect");
+  const data = JSON.stringify(body);
+  sock.on("error", () => {});
+  sock.write(`POST ${path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+    `Content-Length: ${Buffer.byteLength(data)}\r\n\r\n${data}`);
+  return sock;
+}
+
+// A client of a whole (non-streamed) response that hangs up: its engine
+// requests are aborted within moments, not computed to the end (their
+// slots and KV blocks free; with one slot the next request is served at
+// once).
+async function hangUp(s, path, body, fullTokens) {
+  const gen0 = await sample(s, "vllm:generation_tokens_total");
+  const sock = await postRaw(s, path, body);
+  for (let i = 0; i < 500 && (await inEngine(s)) === 0; i++) await new Promise((r) => setTimeout(r, 10));
+  assert.ok(await inEngine(s) > 0, `${path}: never reached the engine`);
+  sock.destroy();
+  const t0 = Date.now();
+  while ((await inEngine(s)) > 0 && Date.now() - t0 < 5000) await new Promise((r) => setTimeout(r, 20));
+  assert.equal(await inEngine(s), 0, `${path}: still computing 5 s after its client left`);
+  if (fullTokens) {
+    const made = await sample(s, "vllm:generation_tokens_total") - gen0;
+    assert.ok(made < fullTokens / 2, `${path}: ${made} of ${fullTokens} tokens made for a client gone`);
+  }
+  const t1 = Date.now();
+  const next = await json(await call(s, "/v1/completions", { prompt: "Hello", max_tokens: 2 }));
+  assert.equal(next.usage.completion_tokens, 2);
+  assert.ok(Date.now() - t1 < 2000, `the next request waited ${Date.now() - t1} ms`);
+}
+
 async function main() {
   // 1. the key from the flag, CORS, the log
   const a = await start(["--api-key", "sek-123", "--allowed-origins", "http://ok.example, http://b.example:8080"]);
@@ -310,7 +371,10 @@ async function main() {
     temperature: 0 }, KEY));
   await embeddings(a, KEY);
   await metrics(a);
+  const pl = await promptList(a, KEY);
   await stop(a);
+  assert.match(a.log, new RegExp(`^tessera serve: req ${pl.id} POST /v1/completions 200 ` +
+    `prompt=${pl.usage.prompt_tokens} completion=8 `, "m"));
   // one line per request: id, method, path, status, tokens, times, finish
   const line = a.log.split("\n").find((l) => l.includes(c.id));
   assert.match(line, new RegExp(`^tessera serve: req ${c.id} POST /v1/completions 200 prompt=2 ` +
@@ -339,7 +403,26 @@ async function main() {
   await stop(b);
   assert.ok(!/tessera serve: req /.test(b.log), b.log);
 
-  // 3. a max model length beyond the model's: a startup error naming both
+  // 3. clients that hang up on a whole response, one engine slot: 128
+  // choices of 250 tokens; 2048 inputs of 240 tokens (distinct: no cache)
+  const one = await start(["--max-seqs", "1", "--kv-blocks", "256"]);
+  await hangUp(one, "/v1/completions", { prompt: "Hello", n: 128, max_tokens: 250, ignore_eos: true },
+    128 * 250);
+  await hangUp(one, "/v1/embeddings",
+    { input: Array.from({ length: 2048 }, (_, i) => `${i} ` + "x ".repeat(119)) });
+  await stop(one);
+  assert.match(one.log, /^tessera serve: req cmpl-\S+ POST \/v1\/completions 499$/m);
+  assert.match(one.log, /^tessera serve: req embd-\S+ POST \/v1\/embeddings 499$/m);
+
+  // 4. an empty --api-key is refused (it would turn TESSERA_API_KEY off)
+  const empty = spawn(exe, ["serve", "-m", modelDir, "--port", String(nextPort++), "--api-key", ""],
+    { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, TESSERA_API_KEY: "env-key" } });
+  let emptyLog = "";
+  empty.stderr.on("data", (d) => { emptyLog += d; });
+  assert.equal(await new Promise((res) => empty.on("exit", res)), 2);
+  assert.match(emptyLog, /--api-key "": want KEY \(not empty\)/);
+
+  // 5. a max model length beyond the model's: a startup error naming both
   const bad = spawn(exe, ["serve", "-m", modelDir, "--port", String(nextPort++), "--max-model-len", "1000"],
     { stdio: ["ignore", "ignore", "pipe"] });
   let badLog = "";
