@@ -64,7 +64,9 @@ int64_t ts_tokenizer_token_bytes(const ts_tokenizer *tok, int32_t id,
 
 /* Streaming detokenizer: feed ids one at a time; each call appends to out
  * (at most out_cap bytes) only the complete UTF-8 characters decoded so
- * far, keeping a partial character for the next call. */
+ * far, keeping a partial character for the next call. Out is always valid
+ * UTF-8: an ill-formed sequence (overlong, a surrogate, past U+10FFFF, a
+ * character cut short) becomes U+FFFD, as Python's errors="replace". */
 typedef struct {
     unsigned char pending[8];
     int n_pending;
