@@ -6,6 +6,7 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 static const float L4[4] = {2, 1, 0, -1};
 
@@ -40,6 +41,142 @@ static void check_freq(const char *what, const double *got,
             fprintf(stderr, "%s: token %d at %.4f, expected %.4f\n", what, i,
                     got[i], want[i]);
     }
+}
+
+/* ---- the reference: every filter over a full sort (the sampler sorts
+ * only the best tokens), the same generator and draw ---- */
+
+typedef struct {
+    uint64_t s[4];
+} ref_rng;
+
+static uint64_t ref_rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
+
+static double ref_uniform(ref_rng *g) {
+    uint64_t *s = g->s;
+    uint64_t r = ref_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0], s[3] ^= s[1], s[1] ^= s[2], s[0] ^= s[3], s[2] ^= t;
+    s[3] = ref_rotl(s[3], 45);
+    return (double)(r >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static ref_rng ref_seed(uint64_t x) {
+    ref_rng g;
+    for (int i = 0; i < 4; i++) { /* splitmix64 */
+        uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        g.s[i] = z ^ (z >> 31);
+    }
+    return g;
+}
+
+static const float *ref_l;
+static int ref_desc(const void *a, const void *b) {
+    float x = ref_l[*(const int32_t *)a], y = ref_l[*(const int32_t *)b];
+    if (x != y)
+        return x < y ? 1 : -1;
+    return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+/* *sorted: l and ord hold this row's scaled logits and order already (the
+ * row and temperature are the same for a case's draws) */
+static int32_t ref_next(const ts_sampling *s, ref_rng *g, const float *logits,
+                        int V, float *l, int32_t *ord, bool *sorted) {
+    double mx = -INFINITY;
+    for (int i = 0; i < V; i++) {
+        if (!*sorted)
+            l[i] = logits[i] / (float)s->temperature, ord[i] = i;
+        mx = l[i] > mx ? l[i] : mx;
+    }
+    double r = ref_uniform(g);
+    if ((s->top_k == 0 || s->top_k >= V) && s->top_p >= 1 && s->min_p <= 0) {
+        double sum = 0, u;
+        for (int i = 0; i < V; i++)
+            sum += (float)exp(l[i] - mx);
+        u = r * sum;
+        for (int i = 0; i < V; i++)
+            if ((u -= (float)exp(l[i] - mx)) < 0)
+                return i;
+        return V - 1;
+    }
+    ref_l = l;
+    if (!*sorted)
+        qsort(ord, (size_t)V, sizeof *ord, ref_desc);
+    *sorted = true;
+    int keep = s->top_k > 0 && s->top_k < V ? (int)s->top_k : V;
+    double sum = 0, acc = 0;
+    for (int i = 0; i < keep; i++)
+        sum += exp(l[ord[i]] - mx);
+    for (int i = 0; s->top_p < 1 && i < keep; i++)
+        if ((acc += exp(l[ord[i]] - mx) / sum) >= s->top_p) {
+            keep = i + 1;
+            break;
+        }
+    for (int i = 1; s->min_p > 0 && i < keep; i++)
+        if (l[ord[i]] - mx < log(s->min_p)) {
+            keep = i;
+            break;
+        }
+    sum = 0;
+    for (int i = 0; i < keep; i++)
+        sum += exp(l[ord[i]] - mx);
+    double u = r * sum;
+    for (int i = 0; i < keep; i++)
+        if ((u -= exp(l[ord[i]] - mx)) < 0)
+            return ord[i];
+    return ord[keep - 1];
+}
+
+/* a 151936-token row (Qwen3's vocabulary): a few likely tokens, a long
+ * tail, a flat stretch and banned ones; every filter draws what the full
+ * sort draws, draw by draw */
+static void test_against_full_sort(ts_ctx *ctx) {
+    enum { BIG = 151936, DRAWS = 20 };
+    float *row = malloc(sizeof(float) * BIG),
+          *work = malloc(sizeof(float) * BIG);
+    int32_t *ord = malloc(sizeof(int32_t) * BIG);
+    uint64_t x = 12345;
+    for (int i = 0; i < BIG; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        double v = (double)(x >> 40) / (double)(1ull << 24); /* [0, 1) */
+        row[i] = i % 5000 == 7   ? (float)(8 + 4 * v)
+                 : i % 1000 == 3 ? -INFINITY
+                 : i > 140000    ? 1.0f
+                                 : (float)(30 * v - 25);
+    }
+    struct {
+        double temp, top_p, min_p;
+        int64_t top_k;
+    } cases[] = {{1, 1, 0, 0},    {0.7, 0.9, 0, 0},    {1, 0.999, 0, 0},
+                 {1, 1, 0, 50},   {1, 1, 0, 100000},   {1, 0.95, 0, 40},
+                 {1, 1, 0.05, 0}, {1, 1, 1e-9, 0},     {2, 0.99, 1e-4, 0},
+                 {0.3, 1, 0, 20}, {1, 0.9999999, 0, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ts_sampling s = ts_sampling_default();
+        s.temperature = cases[c].temp, s.top_p = cases[c].top_p;
+        s.min_p = cases[c].min_p, s.top_k = cases[c].top_k;
+        s.seed = 77 + c;
+        ts_sampler *sm = NULL;
+        CHECK_OK(ctx, ts_sampler_new(ctx, &s, &sm));
+        ref_rng g = ref_seed(s.seed);
+        int same = 0;
+        bool sorted = false;
+        for (int d = 0; sm && d < DRAWS; d++) {
+            int32_t got = ts_sampler_next(sm, row, BIG, NULL, 0);
+            int32_t want = ref_next(&s, &g, row, BIG, work, ord, &sorted);
+            same += got == want;
+            CHECK(got >= 0 && got < BIG && row[got] != -INFINITY);
+        }
+        CHECK(same == DRAWS);
+        if (same != DRAWS)
+            fprintf(stderr, "case %zu: %d of %d draws as the full sort's\n", c,
+                    same, DRAWS);
+        ts_sampler_free(sm);
+    }
+    free(row), free(work), free(ord);
 }
 
 int main(void) {
@@ -118,6 +255,7 @@ int main(void) {
     CHECK_OK(ctx, ts_sampler_new(ctx, &m, &sm));
     CHECK(ts_sampler_next(sm, masked, 6, NULL, 0) == 1);
     ts_sampler_free(sm);
+    test_against_full_sort(ctx);
     /* errors name the parameter */
     ts_sampling bad = ts_sampling_default();
     bad.top_p = 0;

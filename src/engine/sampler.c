@@ -116,6 +116,35 @@ static int by_logit_desc(const void *a, const void *b, void *base) {
     return *(const int32_t *)a - *(const int32_t *)b; /* ties: lower id first */
 }
 
+/* ord[0..n): the tokens whose logit is at least thr, best first */
+static int64_t gather_sorted(float *l, int64_t V, float thr, int32_t *ord) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (l[i] >= thr)
+            ord[n++] = (int32_t)i;
+    qsort_r(ord, (size_t)n, sizeof *ord, by_logit_desc, l);
+    return n;
+}
+
+/* no filter: a draw (r in [0, 1)) from the whole softmax, walked in id
+ * order; no sort. l's entries become their exp(l - mx) */
+static int32_t draw_all(float *l, int64_t V, float mx, double r) {
+    double sum = 0;
+    for (int64_t i = 0; i < V; i++)
+        sum += l[i] = (float)exp((double)l[i] - mx);
+    double u = r * sum;
+    int32_t last = -1;
+    for (int64_t i = 0; i < V; i++) {
+        if (l[i] == 0)
+            continue;
+        last = (int32_t)i;
+        u -= l[i];
+        if (u < 0)
+            return last;
+    }
+    return last; /* rounding left u: the last token that may be drawn */
+}
+
 int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
                         const int32_t *seen, size_t n_seen) {
     if (!sm || !logits || V <= 0)
@@ -167,39 +196,75 @@ int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
                 best = (int32_t)i;
         return best;
     }
-    for (int64_t i = 0; i < V; i++)
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < V; i++) {
         l[i] /= (float)s->temperature;
+        mx = l[i] > mx ? l[i] : mx;
+    }
+    if (mx == -INFINITY) /* everything banned: as the sorted walk's end */
+        return 0;
+    bool cut_k = s->top_k > 0 && s->top_k < V;
+    double r = (double)(next_u64(sm->rng) >> 11) * (1.0 / 9007199254740992.0);
+    if (!cut_k && s->top_p >= 1 && s->min_p <= 0)
+        return draw_all(l, V, mx, r);
+    /* The filters read the best tokens in order: sort only those within
+     * delta of the best, widening until the kept prefix ends inside them
+     * (a near-flat row ends in a full sort). */
     int32_t *ord = sm->order;
-    for (int64_t i = 0; i < V; i++)
-        ord[i] = (int32_t)i;
-    qsort_r(ord, (size_t)V, sizeof *ord, by_logit_desc, l);
-    int64_t keep = s->top_k > 0 && s->top_k < V ? s->top_k : V;
-    /* softmax over the kept, in order */
-    double mx = l[ord[0]], sum = 0;
-    for (int64_t i = 0; i < keep; i++)
-        sum += exp((double)l[ord[i]] - mx);
-    if (s->top_p < 1) { /* smallest prefix whose mass reaches top_p */
-        double acc = 0;
-        for (int64_t i = 0; i < keep; i++) {
-            acc += exp((double)l[ord[i]] - mx) / sum;
-            if (acc >= s->top_p) {
+    double total = -1, log_min_p = s->min_p > 0 ? log(s->min_p) : -INFINITY;
+    int64_t n = 0, keep = 0;
+    for (float delta = 16;; delta = delta < 1024 ? delta * 4 : INFINITY) {
+        bool all = delta == INFINITY;
+        n = gather_sorted(l, V, all ? -INFINITY : mx - delta, ord);
+        keep = cut_k ? s->top_k : V;
+        if (keep > n && cut_k && !all)
+            continue;
+        if (all && keep > n)
+            keep = n;
+        double sum = 0;
+        if (keep <= n)
+            for (int64_t i = 0; i < keep; i++)
+                sum += exp((double)l[ord[i]] - mx);
+        else { /* every token is kept so far: the whole row's mass */
+            if (total < 0) {
+                total = 0;
+                for (int64_t i = 0; i < V; i++)
+                    total += exp((double)l[i] - mx);
+            }
+            sum = total;
+        }
+        if (s->top_p < 1) { /* smallest prefix whose mass reaches top_p */
+            double acc = 0;
+            int64_t m = keep < n ? keep : n, i = 0;
+            for (; i < m; i++) {
+                acc += exp((double)l[ord[i]] - mx) / sum;
+                if (acc >= s->top_p)
+                    break;
+            }
+            if (i < m)
                 keep = i + 1;
-                break;
+            else if (keep > n)
+                continue; /* the prefix goes on past the sorted tokens */
+        }
+        if (s->min_p > 0) { /* p >= min_p * p(best) */
+            int64_t m = keep < n ? keep : n;
+            for (int64_t i = 1; i < m; i++)
+                if ((double)l[ord[i]] - mx < log_min_p) {
+                    keep = i;
+                    break;
+                }
+            if (keep > n) { /* all sorted ones pass; the rest are below */
+                if (!all && -(double)delta > log_min_p)
+                    continue;
+                keep = n;
             }
         }
+        break;
     }
-    if (s->min_p >
-        0) /* p >= min_p * p(best), i.e. logit >= best + log(min_p) */
-        for (int64_t i = 1; i < keep; i++)
-            if ((double)l[ord[i]] - mx < log(s->min_p)) {
-                keep = i;
-                break;
-            }
-    sum = 0;
+    double sum = 0;
     for (int64_t i = 0; i < keep; i++)
         sum += exp((double)l[ord[i]] - mx);
-    double u =
-        (double)(next_u64(sm->rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
+    double u = r * sum;
     for (int64_t i = 0; i < keep; i++) {
         u -= exp((double)l[ord[i]] - mx);
         if (u < 0)
