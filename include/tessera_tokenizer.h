@@ -59,8 +59,7 @@ ts_status ts_tokenizer_decode(ts_tokenizer *tok, const int32_t *ids, size_t n,
  * buf (at most cap written); returns the full length, or -1 for an id not
  * in the vocabulary. *special (may be NULL): a special added token. */
 int64_t ts_tokenizer_token_bytes(const ts_tokenizer *tok, int32_t id,
-                                 unsigned char *buf, size_t cap,
-                                 bool *special);
+                                 unsigned char *buf, size_t cap, bool *special);
 
 /* Streaming detokenizer: feed ids one at a time; each call appends to out
  * (at most out_cap bytes) only the complete UTF-8 characters decoded so
