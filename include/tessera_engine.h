@@ -205,11 +205,12 @@ void ts_engine_set_eos(ts_engine *e, const int32_t *ids, int n);
 ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id);
 /* Drops a request (a client gone): its blocks are released. */
 ts_status ts_engine_abort(ts_engine *e, int64_t id);
-/* One scheduling step and one forward pass; out (cap >= max_seqs) gets a
- * token per sequence that produced one, then the final outputs that did
- * not fit (a constraint's STOP after its last token among them; what still
- * does not fit comes out in the next step). Outputs' prompt_lp and embedding
- * are the receiver's to free. */
+/* One scheduling step and one forward pass; out (cap >= max_seqs; a
+ * smaller cap also bounds how many sequences run at once) gets a token per
+ * sequence that produced one, then the final outputs that did not fit (a
+ * constraint's STOP after its last token among them); those that still do
+ * not fit go out in a later step, and no sequence starts while they wait.
+ * Outputs' prompt_lp and embedding are the receiver's to free. */
 ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
                          int *n_out);
 bool ts_engine_has_work(const ts_engine *e);

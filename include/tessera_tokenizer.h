@@ -65,7 +65,9 @@ int64_t ts_tokenizer_token_bytes(const ts_tokenizer *tok, int32_t id,
  * (at most out_cap bytes) only the complete UTF-8 characters decoded so
  * far, keeping a partial character for the next call. Out is always valid
  * UTF-8: an ill-formed sequence (overlong, a surrogate, past U+10FFFF, a
- * character cut short) becomes U+FFFD, as Python's errors="replace". */
+ * lead byte whose continuation bytes do not follow) becomes U+FFFD, as
+ * Python's errors="replace"; a character still incomplete when the ids
+ * stop is held, never emitted. */
 typedef struct {
     unsigned char pending[8];
     int n_pending;

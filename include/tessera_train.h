@@ -111,7 +111,7 @@ typedef struct {
     char isa[64];           /* e.g. "AVX2+FMA" */
     char isa_note[128];     /* e.g. that the CPU has AVX-512, unused */
     int cores;              /* in use */
-    double clock_hz;        /* measured */
+    double clock_hz;        /* measured (at least what the sgemm needs) */
     double flops_per_cycle; /* f32, per core */
     double hardware;        /* FLOP/s: cores x clock x flops_per_cycle */
     double sgemm;           /* FLOP/s achieved now (0 unless asked) */

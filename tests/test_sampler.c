@@ -255,6 +255,16 @@ int main(void) {
     CHECK_OK(ctx, ts_sampler_new(ctx, &m, &sm));
     CHECK(ts_sampler_next(sm, masked, 6, NULL, 0) == 1);
     ts_sampler_free(sm);
+    /* temperatures so small that the scaled logits overflow: greedy */
+    for (int k = 0; k < 2; k++) {
+        ts_sampling t = ts_sampling_default();
+        t.temperature = k ? 1e-38 : 1e-45, t.seed = 3;
+        float big[4] = {-1, 7, 6.5f, -INFINITY};
+        CHECK_OK(ctx, ts_sampler_new(ctx, &t, &sm));
+        for (int i = 0; sm && i < 20; i++)
+            CHECK(ts_sampler_next(sm, big, 4, NULL, 0) == 1);
+        ts_sampler_free(sm);
+    }
     test_against_full_sort(ctx);
     /* errors name the parameter */
     ts_sampling bad = ts_sampling_default();

@@ -721,8 +721,12 @@ static void match_prefix(ts_engine *e, seq *s) {
     s->last_hash = parent;
 }
 
-static void admit(ts_engine *e) {
-    while (e->n_waiting && e->n_running < e->opt.max_seqs) {
+/* waiting sequences start while fewer than max_seqs run and fewer than
+ * room: each running one may give an output a step, and outputs waiting in
+ * pend need their turn in out */
+static void admit(ts_engine *e, int room) {
+    while (e->n_waiting && e->n_running < e->opt.max_seqs &&
+           e->n_running < room) {
         seq *s = e->waiting[0];
         match_prefix(e, s);
         /* its tokens and the next one (none for an embedding): what
@@ -1215,7 +1219,7 @@ static ts_status forward(ts_engine *e, const slice *sl, int n_sl, readout *ro,
 static ts_status step_run(ts_engine *e, ts_engine_output *out, int cap,
                           int *n_out) {
     ts_ctx *ctx = e->ctx;
-    admit(e);
+    admit(e, cap - e->n_pend);
     if (!e->n_running)
         return TS_OK;
     slice *sl = calloc((size_t)e->n_running, sizeof *sl);

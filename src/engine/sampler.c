@@ -116,6 +116,15 @@ static int by_logit_desc(const void *a, const void *b, void *base) {
     return *(const int32_t *)a - *(const int32_t *)b; /* ties: lower id first */
 }
 
+/* greedy: the first of the best */
+static int32_t argmax(const float *l, int64_t V) {
+    int32_t best = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (l[i] > l[best])
+            best = (int32_t)i;
+    return best;
+}
+
 /* ord[0..n): the tokens whose logit is at least thr, best first */
 static int64_t gather_sorted(float *l, int64_t V, float thr, int32_t *ord) {
     int64_t n = 0;
@@ -189,13 +198,16 @@ int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
             l[t] -= (float)s->frequency_penalty +
                     (first ? (float)s->presence_penalty : 0.0f);
         }
-    if (s->temperature == 0 || s->top_k == 1) { /* greedy: first of the best */
-        int32_t best = 0;
-        for (int64_t i = 1; i < V; i++)
-            if (l[i] > l[best])
-                best = (int32_t)i;
-        return best;
-    }
+    if (s->temperature == 0 || s->top_k == 1)
+        return argmax(l, V);
+    /* a temperature so small that the scaled logits overflow: its limit,
+     * greedy (the order of l is that of l / temperature) */
+    double amax = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (isfinite(l[i]) && fabs(l[i]) > amax)
+            amax = fabs(l[i]);
+    if ((float)s->temperature == 0 || amax / s->temperature > 1e37)
+        return argmax(l, V);
     float mx = -INFINITY;
     for (int64_t i = 0; i < V; i++) {
         l[i] /= (float)s->temperature;

@@ -87,8 +87,12 @@ static bool add_text(choice *c, const char *piece, size_t pl) {
     ts_sb_add(&c->raw, piece, pl); /* raw: at most max_stop - 1 + pl bytes */
     bool hit = cut_at_stop(r, &c->raw, 0);
     size_t hold = hit || !r->max_stop ? 0 : r->max_stop - 1;
-    if (!hit && c->raw.n > hold)
-        feed_tools(c, c->raw.n - hold, false);
+    size_t n = c->raw.n > hold ? c->raw.n - hold : 0;
+    /* never a character cut in two: its rest comes with the next piece */
+    for (int k = 0; !hit && k < 3 && n > 0 && (c->raw.p[n] & 0xC0) == 0x80; k++)
+        n--;
+    if (!hit && n > 0)
+        feed_tools(c, n, false);
     return hit;
 }
 
