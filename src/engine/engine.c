@@ -1047,12 +1047,12 @@ static void plan_rows(readout *ro, const slice *x, int32_t t0, bool sample) {
             }
 }
 
-/* decodes first (one token each), then prefill chunks up to the budget;
- * blocks for every position written this step, preempting the youngest
- * sequences when the pool runs short. false: nothing can make room */
 /* 64 MiB of f32 logits rows for prompt log-probabilities per step */
 #define PLP_STEP_FLOATS ((int64_t)16 << 20)
 
+/* decodes first (one token each), then prefill chunks up to the budget;
+ * blocks for every position written this step, preempting the youngest
+ * sequences when the pool runs short. false: nothing can make room */
 static bool schedule(ts_engine *e, slice *sl, int *n_sl_out) {
     int n_sl = 0;
     int64_t budget = e->opt.max_batch_tokens;

@@ -200,21 +200,23 @@ int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
         }
     if (s->temperature == 0 || s->top_k == 1)
         return argmax(l, V);
-    /* a temperature so small that the scaled logits overflow: its limit,
-     * greedy (the order of l is that of l / temperature) */
+    /* the best token and the largest finite magnitude: a temperature so
+     * small that the scaled logits overflow samples at its limit, greedy
+     * (the order of l is that of l / temperature) */
+    int32_t best = 0;
     double amax = 0;
-    for (int64_t i = 0; i < V; i++)
+    for (int64_t i = 0; i < V; i++) {
+        best = l[i] > l[best] ? (int32_t)i : best;
         if (isfinite(l[i]) && fabs(l[i]) > amax)
             amax = fabs(l[i]);
-    if ((float)s->temperature == 0 || amax / s->temperature > 1e37)
-        return argmax(l, V);
-    float mx = -INFINITY;
-    for (int64_t i = 0; i < V; i++) {
-        l[i] /= (float)s->temperature;
-        mx = l[i] > mx ? l[i] : mx;
     }
-    if (mx == -INFINITY) /* everything banned: as the sorted walk's end */
+    if ((float)s->temperature == 0 || amax / s->temperature > 1e37)
+        return best;
+    if (l[best] == -INFINITY) /* everything banned: the sorted walk's end */
         return 0;
+    for (int64_t i = 0; i < V; i++)
+        l[i] /= (float)s->temperature;
+    float mx = l[best];
     bool cut_k = s->top_k > 0 && s->top_k < V;
     double r = (double)(next_u64(sm->rng) >> 11) * (1.0 / 9007199254740992.0);
     if (!cut_k && s->top_p >= 1 && s->min_p <= 0)

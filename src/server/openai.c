@@ -662,44 +662,16 @@ static json_t *usage_json(const hreq *r) {
                      "cached_tokens", (json_int_t)cached);
 }
 
-/* The bytes of a well-formed UTF-8 character at s (n > 0 there), or 0:
- * no overlong form, surrogate or code point past U+10FFFF */
-static size_t utf8_char_len(const unsigned char *s, size_t n) {
-    unsigned char c = s[0];
-    size_t need = c < 0x80                 ? 1
-                  : c >= 0xC2 && c <= 0xDF ? 2
-                  : c >= 0xE0 && c <= 0xEF ? 3
-                  : c >= 0xF0 && c <= 0xF4 ? 4
-                                           : 0;
-    if (need > n)
-        return 0;
-    for (size_t j = 1; j < need; j++)
-        if ((s[j] & 0xC0) != 0x80)
-            return 0;
-    if ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] > 0x9F) ||
-        (c == 0xF0 && s[1] < 0x90) || (c == 0xF4 && s[1] > 0x8F))
-        return 0;
-    return need;
-}
-
-/* text as a JSON string, never NULL for bad bytes: each byte that does not
- * begin a well-formed character becomes U+FFFD (a token's part of a
- * character; the decoder's own output is whole UTF-8). A chunk is never
+/* text as a JSON string, never NULL for bad bytes: each ill-formed part
+ * becomes U+FFFD (a token's part of a character; the decoder's own output
+ * is whole UTF-8). A chunk is never
  * dropped or waited for because its text is not JSON. */
 static json_t *json_text(const char *text, size_t n) {
     json_t *s = json_stringn(text ? text : "", text ? n : 0);
     if (s)
         return s;
     ts_sbuf b = {0};
-    const unsigned char *u = (const unsigned char *)text;
-    for (size_t i = 0; i < n;) {
-        size_t l = utf8_char_len(u + i, n - i);
-        if (l)
-            ts_sb_add(&b, text + i, l);
-        else
-            ts_sb_add(&b, "\xEF\xBF\xBD", 3);
-        i += l ? l : 1;
-    }
+    ts_sb_add_lossy(&b, text, n);
     s = json_stringn(b.p ? b.p : "", b.n);
     free(b.p);
     return s ? s : json_string("");

@@ -19,6 +19,7 @@
 
 #include "bytelevel.h"
 #include "core/core.h"
+#include "core/strbuf.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
@@ -1768,43 +1769,6 @@ ts_status ts_tokenizer_decode(ts_tokenizer *t, const int32_t *ids, size_t n,
     return TS_OK;
 }
 
-/* The UTF-8 character at s (n > 0 bytes there), by the Unicode Standard's
- * table 3-7 of well-formed sequences (no overlong forms, no surrogates,
- * nothing past U+10FFFF): 1 with *len its bytes; 0 when s[0, n) is only the
- * start of one (more bytes may complete it); -1 when it is ill-formed,
- * *len the bytes of its maximal subpart, which become one U+FFFD (as
- * Hugging Face's decoders, Rust's from_utf8_lossy and Python's
- * errors="replace" do: C0 80 is two, ED A0 80 three). */
-static int utf8_char(const unsigned char *s, size_t n, size_t *len) {
-    unsigned char c = s[0], lo = 0x80, hi = 0xBF;
-    size_t need = c < 0x80                 ? 1
-                  : c >= 0xC2 && c <= 0xDF ? 2
-                  : c >= 0xE0 && c <= 0xEF ? 3
-                  : c >= 0xF0 && c <= 0xF4 ? 4
-                                           : 0;
-    *len = 1;
-    if (!need)
-        return -1; /* a continuation byte, C0, C1, F5..FF */
-    if (c == 0xE0)
-        lo = 0xA0; /* overlong below U+0800 */
-    else if (c == 0xED)
-        hi = 0x9F; /* surrogates U+D800..DFFF */
-    else if (c == 0xF0)
-        lo = 0x90; /* overlong below U+10000 */
-    else if (c == 0xF4)
-        hi = 0x8F; /* past U+10FFFF */
-    for (size_t j = 1; j < need; j++) {
-        if (j == n)
-            return 0;
-        if (s[j] < (j == 1 ? lo : 0x80) || s[j] > (j == 1 ? hi : 0xBF)) {
-            *len = j;
-            return -1;
-        }
-    }
-    *len = need;
-    return 1;
-}
-
 ts_status ts_tokenizer_decode_step(ts_tokenizer *t, ts_detok_state *st,
                                    int32_t id, char *out, size_t out_cap,
                                    size_t *out_len) {
@@ -1832,7 +1796,7 @@ ts_status ts_tokenizer_decode_step(ts_tokenizer *t, ts_detok_state *st,
     ts_status s = TS_OK;
     while (i < n) {
         size_t l;
-        int got = utf8_char(buf + i, n - i, &l);
+        int got = ts_utf8_char(buf + i, n - i, &l);
         if (got == 0)
             break; /* a partial character: keep it */
         const char *emit =
