@@ -278,6 +278,19 @@ ts_status ts_print(ts_tensor *t, FILE *f);
 /* Same text into a new malloc'd string; caller frees. NULL on error. */
 char *ts_to_string(ts_tensor *t);
 
+/* ---- DLPack (zero-copy exchange with PyTorch, NumPy, ...) --------------
+ * The unversioned DLManagedTensor of dlpack.h (Debian's libdlpack-dev).
+ * ts_to_dlpack: a new DLManagedTensor viewing t's host memory (t is
+ * computed first in compiled mode; a tensor on another device is
+ * TS_ERR_UNSUPPORTED); it holds a reference to t until the consumer calls
+ * its deleter. ts_from_dlpack: a tensor viewing m's memory (host memory;
+ * f32, bf16, f16, i32 or i64; any non-negative strides), which takes m
+ * over: m's deleter runs when the last view of it dies. On failure (NULL,
+ * the reason in ts_errmsg) m stays the caller's. */
+struct DLManagedTensor;
+ts_status ts_to_dlpack(ts_tensor *t, struct DLManagedTensor **out);
+ts_tensor *ts_from_dlpack(ts_ctx *ctx, struct DLManagedTensor *m);
+
 /* ---- autograd ----------------------------------------------------------- */
 
 ts_status ts_set_requires_grad(ts_tensor *t, bool on); /* leaves only */
