@@ -179,6 +179,7 @@ _PROTOS = {
     "ts_attention": (T, [T, T, T, T, c_bool, c_double]),
     "ts_cross_entropy": (T, [T, T, c_int64, c_int]),
     "ts_gather": (T, [T, c_int, T]),
+    "ts_split": (c_int, [T, c_int, c_int, P_INT64, ctypes.POINTER(c_void_p)]),
 }
 for _name in ("neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "relu", "silu"):
     _PROTOS["ts_" + _name] = (T, [T])

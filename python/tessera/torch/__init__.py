@@ -1,0 +1,334 @@
+"""tessera.torch — PyTorch modules run on Tessera's devices, unchanged.
+
+    cm = tessera.torch.compile(model, device="cpu")        # or "vulkan:0"
+    logits = cm(ids)                                        # torch tensors in and out
+
+    cm = tessera.torch.compile(model, train=True)
+    loss = F.cross_entropy(cm(x).flatten(0, 1), y.flatten())
+    loss.backward()                  # Tessera's autograd fills every p.grad
+    opt.step()                       # torch.optim as usual
+
+At the first call for each set of input shapes (dtypes, requires_grad) the
+module is captured with torch.fx (make_fx: aten ops at those shapes),
+simplified (_capture.py) and lowered to Tessera calls (_lower.py); later
+calls replay it in Tessera's compiled mode, whose own plan cache (keyed by
+the graph's structure and shapes) serves the repeated graph. Parameters are
+handed over once: on the host Tessera reads the torch parameters' memory
+itself (DLPack, zero copy), so optimizer steps are seen at once; on another
+device they are copied there and copied again only when a parameter's
+version changes (torch bumps it at every in-place update). Buffers are
+constants of the capture (recaptured when one changes).
+
+On torch >= 2 the same is registered as torch.compile(model,
+backend="tessera").
+"""
+
+import builtins
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .. import _lib
+from .._lib import Error, lib as L
+from ..tensor import Tensor, _wrap
+from . import _capture, _lower
+from ._lower import UnsupportedOp, torch_to_ts, ts_to_torch
+
+__all__ = ["compile", "UnsupportedOp", "CompiledModule"]
+
+_c = _lib.ctypes
+
+
+def _split(h, dim, n, sizes):
+    outs = (_c.c_void_p * n)()
+    _lib.check(L.ts_split(h, dim, n, sizes, outs))
+    return tuple(_wrap(outs[i]) for i in range(n))
+
+
+def _cat(ts, dim):
+    arr = (_c.c_void_p * len(ts))(*[t._h for t in ts])
+    return _wrap(L.ts_concat(len(ts), arr, dim))
+
+
+class Program:
+    """One capture: the generated function and what it closes over."""
+
+    def __init__(self, cm, nodes, inputs, out, device_code):
+        self.out_flat, self.out_spec = pytree.tree_flatten(out)
+        g = _lower.Codegen(device_code, cm.train)
+        body, fallbacks = [], []
+        last = {}
+        live = [n for n in nodes if n.op != "const"]
+        for i, n in enumerate(live):
+            n.var = f"v{i}"
+            for a in _capture._nodes_in(n.args, n.kwargs):
+                if not a.const:
+                    last[id(a)] = i
+        outs = {id(a) for a in self.out_flat if isinstance(a, _capture.N)}
+        for i, n in enumerate(live):
+            if n.op == "input":
+                body.append(f"{n.var} = I[{n.input_index}]")
+                continue
+            rhs = None
+            op = _lower._INPLACE.get(n.op, n.op)
+            if op != n.op and getattr(n.args[0], "users", 0) != 1:
+                op = None  # an in-place update of a value read again later
+            if op in _lower.LOWER:
+                if n.op == "getitem" and n.args[0].op in (
+                        "aten.native_layer_norm.default", "aten.nll_loss_forward.default",
+                        "aten.native_dropout.default") and n.args[1] != 0:
+                    err = _lower.unsupported(n.args[0], "its auxiliary outputs (statistics, masks)")
+                else:
+                    try:
+                        rhs = _lower.LOWER[op](g, n)
+                        err = None
+                    except (Error, KeyError, TypeError, ValueError, IndexError) as e:
+                        err = _lower.unsupported(n, str(e))
+            else:
+                err = _lower.unsupported(n)
+            if rhs is None:
+                if not cm.fallback:
+                    raise err
+                if cm.train and any(not a.const for a in _capture._nodes_in(n.args, n.kwargs)):
+                    raise UnsupportedOp(str(err).replace(
+                        "pass fallback=True to run it in PyTorch",
+                        "a PyTorch fallback has no gradient in Tessera's backward (train=True)"))
+                fallbacks.append(_lower.fallback_fn(n, device_code))
+                vs = [a.var for a in _capture._nodes_in(n.args, n.kwargs) if not a.const]
+                rhs = f"FB[{len(fallbacks) - 1}]({', '.join(vs)})"
+            body.append(f"{n.var} {rhs}" if rhs.startswith("=") else f"{n.var} = {rhs}")
+            dead = sorted({a.var for a in _capture._nodes_in(n.args, n.kwargs)
+                           if not a.const and last.get(id(a)) == i and id(a) not in outs})
+            if dead:
+                body.append("del " + ", ".join(dead))
+        rets = []
+        self.out_kinds = []
+        for a in self.out_flat:
+            if isinstance(a, _capture.N) and not a.const:
+                rets.append(a.var)
+                self.out_kinds.append("ts")
+            else:
+                self.out_kinds.append("const")
+        src = "def run(I):\n    " + "\n    ".join(body or ["pass"]) + \
+              f"\n    return ({', '.join(rets)}{',' if len(rets) == 1 else ''})\n"
+        self.source = src
+        glb = {"W": _wrap, "L": L, "C": [t for _, t in g.consts], "FB": fallbacks,
+               "CTX": _lib.ctx(), "SPLIT": _split, "CAT": _cat, "c_int64": _c.c_int64,
+               "c_int": _c.c_int, "c_void_p": _c.c_void_p, "inf": float("inf"),
+               "nan": float("nan")}
+        self._consts = g.consts  # the torch values the Tessera constants view
+        exec(builtins.compile(src, f"<tessera.torch.compile {type(cm.module).__name__}>", "exec"), glb)
+        self.fn = glb["run"]
+
+    def outputs(self, ts_outs):
+        """The module's output structure with torch tensors."""
+        it = iter(ts_outs)
+        flat = []
+        for a, kind in zip(self.out_flat, self.out_kinds):
+            if kind == "ts":
+                flat.append(next(it))
+            else:
+                flat.append(a.value if isinstance(a, _capture.N) else a)
+        return pytree.tree_unflatten(flat, self.out_spec)
+
+
+class _Mode:
+    """Tessera's compiled (or eager) mode, grad mode and device for a call."""
+
+    def __init__(self, cm, grad):
+        self.cm, self.grad = cm, grad
+
+    def __enter__(self):
+        c = _lib.ctx()
+        self.old_mode = L.ts_set_mode(c, 0 if self.cm.mode == "eager" else 1)
+        self.old_grad = L.ts_set_grad_enabled(c, self.grad)
+        self.old_dev = L.ts_get_device(c)
+        if self.cm.device is not None:
+            _lib.check(L.ts_set_device(c, self.cm.device))
+
+    def __exit__(self, *exc):
+        c = _lib.ctx()
+        L.ts_set_device(c, self.old_dev)
+        L.ts_set_grad_enabled(c, self.old_grad)
+        L.ts_set_mode(c, self.old_mode)  # back to eager runs what is left
+
+
+class _TesseraFunction(torch.autograd.Function):
+    """The compiled module as one autograd node: forward in Tessera (its
+    graph kept for backward), backward by Tessera's autograd."""
+
+    @staticmethod
+    def forward(ctx, cm, prog, n_user, *tensors):
+        user, params = tensors[:n_user], tensors[n_user:]
+        with _Mode(cm, True):
+            state = cm._state(params, grad=True)
+            ins = [cm._input(t, grad=t.requires_grad) for t in user]
+            outs = prog.fn(state + ins)
+            torch_outs = [ts_to_torch(o) for o in outs]
+        ctx.cm, ctx.outs = cm, outs
+        ctx.leaves = state + ins
+        ctx.leaf_grad = [p.requires_grad for p in params] + [t.requires_grad for t in user]
+        ctx.n_user = n_user
+        ctx.mark_non_differentiable(*[t for t in torch_outs if not t.is_floating_point()])
+        return tuple(torch_outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        cm, outs = ctx.cm, ctx.outs
+        with _Mode(cm, False):
+            pairs = [(o, g) for o, g in zip(outs, grads)
+                     if g is not None and L.ts_tensor_dtype(o._h) in (0, 1, 2)]
+            if pairs:
+                gts = [torch_to_ts(g.contiguous(), cm.device) for _, g in pairs]
+                if len(pairs) == 1:
+                    _lib.check(L.ts_backward(pairs[0][0]._h, gts[0]._h))
+                else:
+                    root = None
+                    for (o, _), g in zip(pairs, gts):
+                        term = _wrap(L.ts_sum(_wrap(L.ts_mul(o._h, g._h))._h, 0, None, False))
+                        root = term if root is None else _wrap(L.ts_add(root._h, term._h))
+                    _lib.check(L.ts_backward(root._h, None))
+            grads_out = []
+            for leaf, wants in zip(ctx.leaves, ctx.leaf_grad):
+                gh = L.ts_grad(leaf._h) if wants else None
+                if gh:
+                    grads_out.append(ts_to_torch(_wrap(L.ts_retain(gh))))
+                    L.ts_zero_grad(leaf._h)
+                else:
+                    grads_out.append(None)
+        ctx.outs = ctx.leaves = None  # the forward's graph goes with them
+        n_params = len(grads_out) - ctx.n_user
+        # autograd's order: cm, prog, n_user, user tensors, then parameters
+        return (None, None, None, *grads_out[n_params:], *grads_out[:n_params])
+
+
+class CompiledModule:
+    """What compile() returns: call it as the module."""
+
+    def __init__(self, module, device="cpu", train=False, fallback=False, mode="compiled"):
+        if not isinstance(module, torch.nn.Module):
+            raise Error(f"tessera.torch.compile: expected a torch.nn.Module, got {type(module).__name__}")
+        if mode not in ("compiled", "eager"):
+            raise Error(f"tessera.torch.compile: mode {mode!r} is not 'compiled' or 'eager'")
+        self.module, self.train, self.fallback, self.mode = module, bool(train), bool(fallback), mode
+        d = _lib.parse_device(device)
+        self.device = None if (d.kind == 0 and d.index == 0) else d
+        self.device_name = _lib.device_name(d)
+        self._programs = {}
+        self._params = {}  # id(param) -> (data_ptr, version, ts tensor)
+        self.captures = 0
+
+    def __repr__(self):
+        return f"tessera.torch.compile({type(self.module).__name__}, device={self.device_name!r})"
+
+    # ---- handing tensors to Tessera ----
+    def _state(self, params, grad):
+        out = []
+        for p in params:
+            ent = self._params.get(id(p))
+            ptr, ver = p.data_ptr(), p._version
+            if ent is None or ent[0] != ptr or ent[3] is not p:
+                t = torch_to_ts(p.detach(), self.device)
+                ent = [ptr, ver, t, p]
+                self._params[id(p)] = ent
+            elif self.device is not None and ent[1] != ver:
+                host = torch_to_ts(p.detach(), None)
+                _lib.check(L.ts_copy_(ent[2]._h, host._h))
+                ent[1] = ver
+            t = ent[2]
+            want = bool(grad and p.requires_grad)
+            if L.ts_requires_grad(t._h) != want:
+                _lib.check(L.ts_set_requires_grad(t._h, want))
+            out.append(t)
+        return out
+
+    def _input(self, x, grad):
+        t = torch_to_ts(x.detach(), self.device)
+        if grad:
+            if self.device is None:
+                t = _wrap(L.ts_detach(t._h))  # a leaf of its own
+            _lib.check(L.ts_set_requires_grad(t._h, True))
+        return t
+
+    # ---- capture ----
+    def _capture(self, args, tensors):
+        names, params = zip(*self.module.named_parameters()) if list(self.module.parameters()) else ((), ())
+        bnames_bufs = list(self.module.named_buffers())
+        bnames = [n for n, _ in bnames_bufs]
+        bufs = [b for _, b in bnames_bufs]
+        flat, spec = pytree.tree_flatten(args)
+        slots = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+
+        def rebuild(ts):
+            f = list(flat)
+            for i, t in zip(slots, ts):
+                f[i] = t
+            return pytree.tree_unflatten(f, spec)
+
+        gm = _capture.trace(self.module, list(names) + bnames,
+                            [p.detach() for p in params] + [b.detach() for b in bufs],
+                            [t.detach() for t in tensors], rebuild)
+        nodes, inputs, out = _capture.to_ir(gm, len(params), len(bufs), [b.detach() for b in bufs])
+        nodes = _capture.simplify(nodes, out)
+        self.captures += 1
+        return Program(self, nodes, inputs, out, self.device), [(b, b._version) for b in bufs]
+
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            raise Error("tessera.torch.compile: keyword arguments are not taken; pass them positionally")
+        flat, spec = pytree.tree_flatten(args)
+        tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+        grad = self.train and torch.is_grad_enabled()
+        key = (str(spec), self.module.training, grad,
+               tuple((tuple(a.shape), a.dtype, a.requires_grad) if isinstance(a, torch.Tensor)
+                     else ("value", repr(a)) for a in flat))
+        ent = self._programs.get(key)
+        if ent is not None and any(b._version != v for b, v in ent[1]):
+            ent = None  # a buffer changed: its value is baked in
+        if ent is None:
+            ent = self._capture(args, tensors)
+            self._programs[key] = ent
+        prog = ent[0]
+        params = list(self.module.parameters())
+        if grad and (any(p.requires_grad for p in params) or any(t.requires_grad for t in tensors)):
+            outs = _TesseraFunction.apply(self, prog, len(tensors), *tensors, *params)
+            return prog.outputs(outs)
+        with _Mode(self, False):
+            state = self._state(params, grad=False)
+            ins = [torch_to_ts(t.detach(), self.device) for t in tensors]
+            outs = prog.fn(state + ins)
+            return prog.outputs([ts_to_torch(o) for o in outs])
+
+
+def compile(module, device="cpu", train=False, fallback=False, mode="compiled"):
+    """module captured onto Tessera (see the package's doc): a callable with
+    the module's signature whose outputs are torch tensors.
+
+    device: "cpu" or "vulkan:0", ...; train: run the backward in Tessera and
+    fill the parameters' .grad; fallback: ops Tessera lacks run in PyTorch
+    (forward only) instead of raising UnsupportedOp; mode: "compiled" (one
+    planned graph per call) or "eager" (op by op, to debug)."""
+    return CompiledModule(module, device=device, train=train, fallback=fallback, mode=mode)
+
+
+def _register_dynamo():
+    dyn = getattr(torch, "_dynamo", None)
+    if dyn is None or not hasattr(dyn, "register_backend"):
+        return
+
+    def tessera_backend(gm, example_inputs, **options):
+        cm = CompiledModule(gm, **options)
+
+        def run(*a):
+            out = cm(*a)
+            return out if isinstance(out, (tuple, list)) else (out,)
+
+        return run
+
+    try:
+        dyn.register_backend(name="tessera")(tessera_backend)
+    except Exception:  # registered already, or an API that moved
+        pass
+
+
+_register_dynamo()

@@ -1,0 +1,378 @@
+"""_capture — a torch.nn.Module to a small graph of aten ops (IR), ready to
+lower onto Tessera: captured with make_fx at concrete shapes (as
+torch.compile's static-shape mode), parameters and user inputs as graph
+inputs, buffers and everything computable from constants folded in
+PyTorch at capture time, then peephole passes that give back what aten's
+decompositions took apart: batched matmuls from expand/reshape/bmm,
+linear layers, RMSNorm and scaled dot-product attention (fused kernels in
+Tessera, with their backward rules).
+
+Owns the IR (N) and the passes; lowering to Tessera calls is _lower.py's.
+"""
+
+import operator
+import os
+import re
+
+import torch
+from torch.fx.experimental import proxy_tensor
+from torch.nn.utils import stateless
+from torch.utils import _pytree as pytree
+
+aten = torch.ops.aten
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
+
+
+class N:
+    """One value of the graph: an input, a constant (value set), or an op
+    over other N's (args may hold N's, lists of N's and Python constants)."""
+
+    __slots__ = ("op", "target", "args", "kwargs", "shape", "dtype", "src", "users", "value",
+                 "const", "input_index", "idx", "var")
+
+    def __init__(self, op, target=None, args=(), kwargs=None):
+        self.op, self.target, self.args, self.kwargs = op, target, tuple(args), kwargs or {}
+        self.shape = self.dtype = self.src = self.value = None
+        self.users, self.const, self.input_index, self.idx, self.var = 0, False, -1, -1, None
+
+    def __repr__(self):
+        return f"N({self.op}, shape={self.shape})"
+
+
+def op_name(target):
+    if target is operator.getitem:
+        return "getitem"
+    return str(target)  # "aten.add.Tensor"
+
+
+def user_frame(stack_trace):
+    """(file, line, code) of the innermost frame of the user's code in an fx
+    node's stack trace (neither torch's nor Tessera's)."""
+    if not stack_trace:
+        return None
+    for m in _FRAME.finditer(stack_trace):
+        f = os.path.abspath(m.group(1))
+        if f.startswith(_TORCH_DIR) or f.startswith(_PKG_DIR):
+            continue
+        return f"{m.group(1)}:{m.group(2)} in {m.group(3)}: {m.group(4).strip()}"
+    return None
+
+
+def _walk(a, fn):
+    if isinstance(a, (list, tuple)):
+        return type(a)(_walk(x, fn) for x in a)
+    return fn(a)
+
+
+def _has_node(a):
+    if isinstance(a, N):
+        return True
+    if isinstance(a, (list, tuple)):
+        return any(_has_node(x) for x in a)
+    return False
+
+
+def trace(module, state_names, state, inputs, rebuild):
+    """make_fx of module(*rebuild(inputs)) with state (parameters, buffers)
+    as explicit inputs; returns the fx GraphModule. rebuild puts the input
+    tensors back among the call's other (constant) arguments."""
+    n_state = len(state)
+
+    def f(*flat):
+        d = dict(zip(state_names, flat[:n_state]))
+        return stateless.functional_call(module, d, tuple(rebuild(flat[n_state:])))
+
+    old = proxy_tensor.PythonKeyTracer.record_stack_traces
+    proxy_tensor.PythonKeyTracer.record_stack_traces = True
+    try:
+        with torch.no_grad():
+            return proxy_tensor.make_fx(f)(*state, *inputs)
+    finally:
+        proxy_tensor.PythonKeyTracer.record_stack_traces = old
+
+
+def to_ir(gm, n_params, n_buffers, buffers):
+    """The fx graph as a list of N (in order) and the output structure.
+    Placeholders: parameters (graph inputs), buffers (constants: their
+    values now), then the user's inputs (graph inputs)."""
+    env, nodes, inputs = {}, [], []
+    k = 0
+    out = None
+    for fx in gm.graph.nodes:
+        if fx.op == "placeholder":
+            if n_params <= k < n_params + n_buffers:
+                n = N("const")
+                n.const, n.value = True, buffers[k - n_params]
+            else:
+                n = N("input")
+                n.input_index = len(inputs)
+                inputs.append(n)
+            k += 1
+        elif fx.op == "call_function":
+            args = _walk(fx.args, lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
+            kwargs = {key: _walk(v, lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
+                      for key, v in fx.kwargs.items()}
+            n = N(op_name(fx.target), fx.target, args, kwargs)
+            n.src = user_frame(getattr(fx, "stack_trace", None))
+            if not _has_node(list(args) + list(kwargs.values())) or all(
+                    a.const for a in _nodes_in(args, kwargs)):
+                _fold(n)
+        elif fx.op == "output":
+            out = _walk(fx.args[0], lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
+            continue
+        else:
+            raise RuntimeError(f"tessera.torch: unexpected fx node {fx.op} {fx.target}")
+        meta = fx.meta.get("tensor_meta")
+        if meta is not None and hasattr(meta, "shape"):
+            n.shape, n.dtype = tuple(meta.shape), meta.dtype
+        env[fx] = n
+        nodes.append(n)
+    return nodes, inputs, out
+
+
+def _nodes_in(args, kwargs):
+    found = []
+
+    def visit(a):
+        if isinstance(a, N):
+            found.append(a)
+        return a
+
+    _walk(list(args), visit)
+    _walk(list(kwargs.values()), visit)
+    return found
+
+
+def _value(a):
+    return a.value if isinstance(a, N) else a
+
+
+def _fold(n):
+    """Evaluates an op over constants in PyTorch, now."""
+    args = _walk(n.args, _value)
+    kwargs = {k: _walk(v, _value) for k, v in n.kwargs.items()}
+    with torch.no_grad():
+        n.value = n.target(*args, **kwargs)
+    n.const = True
+    n.op = "const"
+
+
+# ---- peephole passes -------------------------------------------------------
+
+
+def count_users(nodes, out):
+    for n in nodes:
+        n.users = 0
+    for n in nodes:
+        if n.op in ("const", "dead"):
+            continue
+        for a in _nodes_in(n.args, n.kwargs):
+            a.users += 1
+    for a in _nodes_in([out], {}):
+        a.users += 1
+
+
+def _is(n, *ops):
+    return isinstance(n, N) and not n.const and n.op in ops
+
+
+_VIEWS = ("aten.view.default", "aten._reshape_alias.default", "aten._unsafe_view.default",
+          "aten.reshape.default")
+
+
+def _unexpand(r):
+    """bmm operand r = view(expand(A, s), [prod(s[:-2]), m, n]) with A of
+    shape s (the expand a no-op): A, else None."""
+    if not _is(r, *_VIEWS) or r.users != 1:
+        return None
+    e = r.args[0]
+    if _is(e, "aten.clone.default") and e.users == 1 and not e.kwargs.get("memory_format"):
+        e = e.args[0]  # the copy reshape makes of a strided operand
+    elif _is(e, "aten.clone.default") and e.users == 1:
+        e = e.args[0]
+    if not _is(e, "aten.expand.default") or e.users != 1:
+        return None
+    a = e.args[0]
+    if not isinstance(a, N) or a.shape is None or tuple(a.shape) != tuple(e.shape):
+        return None
+    return a
+
+
+def fold_matmuls(nodes):
+    """view(bmm(view(expand(A)), view(expand(B))), s) -> matmul(A, B): the
+    4-D products torch.matmul decomposes into 3-D ones (and copies)."""
+    for n in nodes:
+        if not _is(n, *_VIEWS) or len(n.args) < 1:
+            continue
+        b = n.args[0]
+        if not _is(b, "aten.bmm.default") or b.users != 1:
+            continue
+        A, B = _unexpand(b.args[0]), _unexpand(b.args[1])
+        if A is None or B is None or len(A.shape) != len(n.shape) or len(B.shape) != len(n.shape):
+            continue
+        n.op, n.target, n.args, n.kwargs = "ts.matmul", None, (A, B), {}
+        b.op = "dead"
+
+
+def fold_linear(nodes):
+    """addmm(b, x, t(W)) -> linear(x, W, b); mm(x, t(W)) -> linear(x, W)."""
+    for n in nodes:
+        if _is(n, "aten.addmm.default") and not n.kwargs:
+            bias, x, wt = n.args
+            if _is(wt, "aten.t.default") and isinstance(x, N):
+                n.op, n.args = "ts.linear", (x, wt.args[0], bias)
+        elif _is(n, "aten.mm.default"):
+            x, wt = n.args
+            if _is(wt, "aten.t.default"):
+                n.op, n.args = "ts.linear", (x, wt.args[0], None)
+
+
+def fold_rmsnorm(nodes):
+    """x * rsqrt(mean(x^2 | x*x, -1, keepdim) + eps) [* w] -> rms_norm."""
+    for n in nodes:
+        if not _is(n, "aten.mul.Tensor"):
+            continue
+        for side in (0, 1):
+            x, r = n.args[side], n.args[1 - side]
+            if not (_is(r, "aten.rsqrt.default") and r.users == 1 and isinstance(x, N)):
+                continue
+            a = r.args[0]
+            if not (_is(a, "aten.add.Tensor", "aten.add.Scalar") and a.users == 1
+                    and isinstance(a.args[1], (int, float)) and not a.kwargs):
+                continue
+            m = a.args[0]
+            if not (_is(m, "aten.mean.dim") and m.users == 1 and list(m.args[1]) in ([-1], [len(x.shape) - 1])
+                    and len(m.args) > 2 and m.args[2]):
+                continue
+            q = m.args[0]
+            ok = (_is(q, "aten.pow.Tensor_Scalar") and q.args[0] is x and q.args[1] == 2) or (
+                _is(q, "aten.mul.Tensor") and q.args[0] is x and q.args[1] is x)
+            if not ok or q.users != 1 or x.shape != n.shape:
+                continue
+            n.op, n.args, n.kwargs = "ts.rms_norm", (x, None, float(a.args[1])), {}
+            for d in (r, a, m, q):
+                d.op = "dead"
+            break
+    # rms_norm(x) * w (or w * rms_norm(x)) with w a 1-D weight -> rms_norm(x, w)
+    for n in nodes:
+        if not _is(n, "aten.mul.Tensor"):
+            continue
+        for side in (0, 1):
+            r, w = n.args[side], n.args[1 - side]
+            if (_is(r, "ts.rms_norm") and r.users == 1 and r.args[1] is None and isinstance(w, N)
+                    and w.shape is not None and len(w.shape) == 1 and w.shape[0] == r.shape[-1]
+                    and w.dtype == r.dtype):
+                n.op, n.args = "ts.rms_norm", (r.args[0], w, r.args[2])
+                r.op = "dead"
+                break
+
+
+def _transposed_last(k):
+    """K when k is K transposed over its last two dims."""
+    if _is(k, "aten.transpose.int") and k.users == 1:
+        nd = len(k.shape)
+        d0, d1 = sorted(d % nd for d in k.args[1:3])
+        if (d0, d1) == (nd - 2, nd - 1):
+            return k.args[0]
+    if _is(k, "aten.permute.default") and k.users == 1:
+        p = list(k.args[1])
+        nd = len(p)
+        if [d % nd for d in p] == list(range(nd - 2)) + [nd - 1, nd - 2]:
+            return k.args[0]
+    return None
+
+
+def _causal_mask(mask, T, S):
+    """True when mask (bool, True where masked) is exactly the causal one of
+    the last T queries over S keys, broadcast."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        return False
+    ref = torch.ones(T, S, dtype=torch.bool).triu(S - T + 1)
+    try:
+        return bool(torch.equal(mask.expand(*mask.shape[:-2], T, S), ref.expand(*mask.shape[:-2], T, S)))
+    except RuntimeError:
+        return False
+
+
+def fold_attention(nodes, dtype_ok=lambda dt: dt == torch.float32):
+    """matmul(softmax([masked_fill|add](matmul(Q, K^T) [/ c | * c], mask), -1), V)
+    -> scaled_dot_product_attention(Q, K, V, mask, causal, scale)."""
+    for n in nodes:
+        if not _is(n, "ts.matmul"):
+            continue
+        p, V = n.args
+        if not (_is(p, "aten._softmax.default") and p.users == 1 and p.args[1] in (-1, len(p.shape) - 1)):
+            continue
+        s = p.args[0]
+        mask = causal = None
+        chain = [p]
+        if _is(s, "aten.masked_fill.Scalar") and s.users == 1 and s.args[2] == float("-inf") \
+                and isinstance(s.args[1], N) and s.args[1].const:
+            mask, chain = ("fill", s.args[1].value), chain + [s]
+            s = s.args[0]
+        elif _is(s, "aten.add.Tensor") and s.users == 1 and isinstance(s.args[1], N) and s.args[1].const \
+                and not s.kwargs:
+            mask, chain = ("add", s.args[1].value), chain + [s]
+            s = s.args[0]
+        scale = 1.0
+        if _is(s, "aten.div.Tensor") and s.users == 1 and isinstance(s.args[1], (int, float)):
+            scale, chain = 1.0 / float(s.args[1]), chain + [s]
+            s = s.args[0]
+        elif _is(s, "aten.mul.Tensor") and s.users == 1 and isinstance(s.args[1], (int, float)):
+            scale, chain = float(s.args[1]), chain + [s]
+            s = s.args[0]
+        if not (_is(s, "ts.matmul") and s.users == 1):
+            continue
+        Q, KT = s.args
+        K = _transposed_last(KT)
+        if K is None or not all(isinstance(x, N) and x.shape is not None and len(x.shape) == 4
+                                for x in (Q, K, V)):
+            continue
+        if not all(dtype_ok(x.dtype) for x in (Q, K, V)) or Q.shape[-1] != K.shape[-1] \
+                or K.shape[:-1] != V.shape[:-1]:
+            continue
+        T, S = Q.shape[2], K.shape[2]
+        m_add = None
+        causal = False
+        if mask is not None:
+            kind, mv = mask
+            if kind == "fill" and _causal_mask(mv, T, S):
+                causal = True
+            elif kind == "fill":
+                m_add = torch.zeros(mv.shape, dtype=torch.float32).masked_fill(mv.bool(), float("-inf"))
+            else:
+                m_add = mv.to(torch.float32)
+            if m_add is not None:
+                try:
+                    torch.broadcast_shapes(m_add.shape, tuple(Q.shape[:2]) + (T, S))
+                except RuntimeError:
+                    continue
+        n.op, n.args, n.kwargs = "ts.attention", (Q, K, V, m_add, causal, scale), {}
+        for d in chain + [s, KT]:
+            d.op = "dead"
+
+
+def dead_code(nodes, out):
+    """Counts readers again and kills what nothing reads (the views and
+    expands around a folded bmm, ...), and so what only they read."""
+    count_users(nodes, out)
+    for n in reversed(nodes):
+        if n.op not in ("dead", "input", "const") and n.users == 0:
+            n.op = "dead"
+            for a in _nodes_in(n.args, n.kwargs):
+                a.users -= 1
+
+
+def simplify(nodes, out):
+    for fold in (fold_matmuls, fold_linear, fold_rmsnorm, fold_attention):
+        dead_code(nodes, out)
+        fold(nodes)
+    dead_code(nodes, out)
+    return [n for n in nodes if n.op != "dead"]
+
+
+def flatten_out(out):
+    return pytree.tree_flatten(out)
