@@ -75,7 +75,7 @@ class Program:
                 op = None  # an in-place update of a value read again later
             if op in _lower.LOWER:
                 if n.op == "getitem" and n.args[0].op in (
-                        "aten.native_layer_norm.default", "aten.nll_loss_forward.default",
+                        "aten.native_layer_norm.default", "ts.cross_entropy",
                         "aten.native_dropout.default") and n.args[1] != 0:
                     err = _lower.unsupported(n.args[0], "its auxiliary outputs (statistics, masks)")
                 else:

@@ -120,6 +120,9 @@ def to_ir(gm, n_params, n_buffers, buffers):
             if not _has_node(list(args) + list(kwargs.values())) or all(
                     a.const for a in _nodes_in(args, kwargs)):
                 _fold(n)
+        elif fx.op == "get_attr":  # a tensor constant the trace lifted
+            n = N("const")
+            n.const, n.value = True, getattr(gm, fx.target)
         elif fx.op == "output":
             out = _walk(fx.args[0], lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
             continue
@@ -297,6 +300,37 @@ def _causal_mask(mask, T, S):
         return False
 
 
+def fold_repeat_interleave(nodes):
+    """index_select(x, d, [0]*r + [1]*r + ...) (repeat_interleave(r, dim=d),
+    how grouped-query attention repeats its key/value heads) -> repeat_kv."""
+    for n in nodes:
+        if not _is(n, "aten.index_select.default"):
+            continue
+        x, d, idx = n.args
+        if not (isinstance(idx, N) and idx.const and isinstance(x, N) and x.shape is not None):
+            continue
+        d = d % len(x.shape)
+        size = x.shape[d]
+        iv = idx.value
+        if iv.dim() != 1 or size == 0 or iv.numel() % size:
+            continue
+        r = iv.numel() // size
+        if torch.equal(iv.cpu().long(), torch.arange(size).repeat_interleave(r)):
+            n.op, n.args = "ts.repeat_kv", (x, d, r)
+
+
+def fold_cross_entropy(nodes):
+    """nll_loss(log_softmax(z, -1), t) -> cross_entropy(z, t): one fused
+    pass (and its backward) instead of a log-probability tensor."""
+    for n in nodes:
+        if _is(n, "aten.nll_loss_forward.default"):
+            x = n.args[0]
+            if _is(x, "aten._log_softmax.default") and x.users == 1 and x.args[1] in (-1, 1) \
+                    and len(x.shape) == 2:
+                n.op, n.args = "ts.cross_entropy", (x.args[0],) + tuple(n.args[1:])
+                x.op = "dead"
+
+
 def fold_attention(nodes, dtype_ok=lambda dt: dt == torch.float32):
     """matmul(softmax([masked_fill|add](matmul(Q, K^T) [/ c | * c], mask), -1), V)
     -> scaled_dot_product_attention(Q, K, V, mask, causal, scale)."""
@@ -328,11 +362,17 @@ def fold_attention(nodes, dtype_ok=lambda dt: dt == torch.float32):
             continue
         Q, KT = s.args
         K = _transposed_last(KT)
+        # grouped-query attention: the kernel reads each key/value head for
+        # its H / KV query heads itself
+        if _is(K, "ts.repeat_kv") and K.args[1] == 1 and K.users == 1 and \
+                _is(V, "ts.repeat_kv") and V.args[1] == 1 and V.users == 1:
+            chain += [K, V]
+            K, V = K.args[0], V.args[0]
         if K is None or not all(isinstance(x, N) and x.shape is not None and len(x.shape) == 4
                                 for x in (Q, K, V)):
             continue
         if not all(dtype_ok(x.dtype) for x in (Q, K, V)) or Q.shape[-1] != K.shape[-1] \
-                or K.shape[:-1] != V.shape[:-1]:
+                or K.shape[:-1] != V.shape[:-1] or Q.shape[1] % K.shape[1]:
             continue
         T, S = Q.shape[2], K.shape[2]
         m_add = None
@@ -340,6 +380,9 @@ def fold_attention(nodes, dtype_ok=lambda dt: dt == torch.float32):
         if mask is not None:
             kind, mv = mask
             if kind == "fill" and _causal_mask(mv, T, S):
+                causal = True
+            elif kind == "add" and isinstance(mv, torch.Tensor) and mv.is_floating_point() \
+                    and _causal_mask(torch.isneginf(mv), T, S) and bool((mv[~torch.isneginf(mv)] == 0).all()):
                 causal = True
             elif kind == "fill":
                 m_add = torch.zeros(mv.shape, dtype=torch.float32).masked_fill(mv.bool(), float("-inf"))
@@ -367,7 +410,8 @@ def dead_code(nodes, out):
 
 
 def simplify(nodes, out):
-    for fold in (fold_matmuls, fold_linear, fold_rmsnorm, fold_attention):
+    for fold in (fold_matmuls, fold_linear, fold_rmsnorm, fold_repeat_interleave, fold_attention,
+                 fold_cross_entropy):
         dead_code(nodes, out)
         fold(nodes)
     dead_code(nodes, out)

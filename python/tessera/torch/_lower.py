@@ -439,6 +439,28 @@ def _split(g, n):
     return f"=SPLIT({g.t(x)}, {dim}, {k}, {s})"
 
 
+@lower("ts.repeat_kv")
+def _repeat_kv(g, n):
+    x, d, r = n.args
+    es = list(x.shape[:d + 1]) + [r] + list(x.shape[d + 1:])
+    e, k = _shape(es)
+    s, ks = _shape(n.shape)
+    return (f"W(L.ts_reshape(W(L.ts_expand(W(L.ts_unsqueeze({g.t(x)}, {d + 1}))._h, {k}, {e}))._h, "
+            f"{ks}, {s}))")
+
+
+@lower("aten.index_select.default")
+def _index_select(g, n):
+    x, d, idx = n.args
+    if not (getattr(idx, "const", False)):
+        raise Error("an index that is not a constant")
+    d = d % len(x.shape)
+    view = [1] * len(x.shape)
+    view[d] = -1
+    index = idx.value.long().view(view).expand(n.shape).contiguous()
+    return f"W(L.ts_gather({g.t(x)}, {d}, C[{g.const(index)}]._h))"
+
+
 @lower("aten.embedding.default")
 def _embedding(g, n):
     w, ids = n.args[0], n.args[1]
@@ -476,14 +498,14 @@ def _dropout(g, n):
     return f"=({n.args[0].var}, None)"
 
 
-@lower("aten.nll_loss_forward.default")
+@lower("ts.cross_entropy")
 def _nll(g, n):
     x, target, weight, reduction, ignore = n.args
     if weight is not None:
         raise Error("class weights")
-    # nll(log_softmax(z)) is cross_entropy(z); over log-probabilities
-    # themselves, log_softmax is the identity, so cross_entropy(x) is nll(x)
-    z = x.args[0] if (getattr(x, "op", None) == "aten._log_softmax.default" and x.users == 1) else x
+    # nll(log_softmax(z)), folded by the capture (an nll over other
+    # inputs has no lowering)
+    z = x
     red = {0: 2, 1: 0, 2: 1}[int(reduction)]
     return f"=(W(L.ts_cross_entropy({g.t(z)}, {g.t(target)}, {int(ignore)}, {red})), None)"
 
