@@ -20,7 +20,9 @@ context). Prints the CPU and the ISA paths of the build.
 """
 import argparse
 import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 
@@ -96,6 +98,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per side (default 3)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--calls", type=int, default=200000, help="calls per binding timing")
+    ap.add_argument("--c-path", metavar="BENCH_TRAIN", help="also run the C path (build/bench_train "
+                    "--model qwen3 --no-eager) and compare its lead over PyTorch with this one")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     tessera.set_num_threads(args.threads)
@@ -135,6 +139,7 @@ def main():
             else:
                 loss = F.cross_entropy(fn(ids).reshape(-1, V), tg.reshape(-1))
             loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             return loss.item()
 
@@ -155,6 +160,18 @@ def main():
         results[label] = te / tc
         print(f"train step ({label}): torch eager {te * 1e3:.1f} ms, tessera compiled "
               f"{tc * 1e3:.1f} ms -> {te / tc:.2f}x ({B * T / tc:.0f} tokens/s)")
+    if args.c_path:
+        cmd = [args.c_path, "--model", "qwen3", "--no-eager", "--steps", str(args.rounds),
+               "--threads", str(args.threads)] + (["--small"] if args.small else [])
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        m = re.search(r"per-round ratios \(median\): compiled/torch ([0-9.]+)x", out)
+        if not m:
+            raise SystemExit("bench_train printed no compiled/torch ratio:\n" + out)
+        c_lead = float(m.group(1))
+        py_lead = results["loss inside the module"]
+        print(f"C path (bench_train, same model and batch): compiled/torch {c_lead:.2f}x; "
+              f"torch module through tessera.torch.compile: {py_lead:.2f}x -> "
+              f"{py_lead / c_lead * 100:.0f}% of the C path's lead")
 
 
 if __name__ == "__main__":
