@@ -1,7 +1,9 @@
 /* test_tensor.c — the tensor core: dtype conversions, shapes and views,
- * element access, printing, the caching allocator and error messages. */
+ * element access, printing, the caching allocator, error messages and
+ * DLPack exchange. */
 #include "test_util.h"
 
+#include <dlpack/dlpack.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -306,8 +308,121 @@ static void test_random(ts_ctx *ctx) {
     ts_release(a), ts_release(b), ts_release(u);
 }
 
+/* a producer's DLManagedTensor over a malloc'd buffer, counting deleter
+ * calls */
+typedef struct {
+    DLManagedTensor m;
+    int64_t shape[3], strides[3];
+    float *buf;
+    int *deleted;
+} producer;
+
+static void producer_deleter(DLManagedTensor *m) {
+    producer *p = m->manager_ctx;
+    (*p->deleted)++;
+    free(p->buf);
+    free(p);
+}
+
+static producer *producer_new(int *deleted) {
+    producer *p = calloc(1, sizeof *p);
+    p->buf = malloc(sizeof(float) * 24);
+    for (int i = 0; i < 24; i++)
+        p->buf[i] = (float)i;
+    p->deleted = deleted;
+    /* a (3, 4) view of a (4, 6) buffer's columns 1..4 of rows 1..3 */
+    p->shape[0] = 3, p->shape[1] = 4;
+    p->strides[0] = 6, p->strides[1] = 1;
+    p->m.dl_tensor = (DLTensor){.data = p->buf,
+                                .device = {kDLCPU, 0},
+                                .ndim = 2,
+                                .dtype = {kDLFloat, 32, 1},
+                                .shape = p->shape,
+                                .strides = p->strides,
+                                .byte_offset = 7 * sizeof(float)};
+    p->m.manager_ctx = p;
+    p->m.deleter = producer_deleter;
+    return p;
+}
+
+static void test_dlpack(ts_ctx *ctx) {
+    /* import: strides and byte offset kept, no copy, deleter run once when
+     * the last view dies */
+    int deleted = 0;
+    producer *p = producer_new(&deleted);
+    ts_tensor *t = ts_from_dlpack(ctx, &p->m);
+    CHECK(t != NULL);
+    CHECK(ts_tensor_dim(t, 0) == 3 && ts_tensor_dim(t, 1) == 4);
+    CHECK(ts_tensor_data(t) == (void *)(p->buf + 7));
+    double v = 0;
+    int64_t idx[2] = {2, 3};
+    CHECK_OK(ctx, ts_get(t, idx, &v));
+    CHECK(v == 7 + 2 * 6 + 3);
+    p->buf[7] = 100; /* shared memory */
+    int64_t z[2] = {0, 0};
+    CHECK_OK(ctx, ts_get(t, z, &v));
+    CHECK(v == 100);
+    ts_tensor *sum = ts_sum(t, 0, NULL, false);
+    double s = 0;
+    CHECK_OK(ctx, ts_item(sum, &s));
+    double want = 100 - 7;
+    for (int r = 1; r <= 3; r++)
+        for (int c = 1; c <= 4; c++)
+            want += r * 6 + c;
+    CHECK(s == want);
+    ts_tensor *tt = ts_transpose(t, 0, 1);
+    ts_release(t);
+    CHECK(deleted == 0); /* the transposed view still holds it */
+    ts_release(tt), ts_release(sum);
+    CHECK(deleted == 1);
+
+    /* refused imports keep the producer's ownership, with the reason */
+    p = producer_new(&deleted);
+    p->m.dl_tensor.dtype = (DLDataType){kDLFloat, 64, 1};
+    CHECK(ts_from_dlpack(ctx, &p->m) == NULL);
+    CHECK_MSG(ctx, "64 bits");
+    ts_clear_error(ctx);
+    p->m.dl_tensor.dtype = (DLDataType){kDLFloat, 32, 1};
+    p->m.dl_tensor.device.device_type = kDLCUDA;
+    CHECK(ts_from_dlpack(ctx, &p->m) == NULL);
+    CHECK_MSG(ctx, "not host memory");
+    ts_clear_error(ctx);
+    p->m.dl_tensor.device.device_type = kDLCPU;
+    p->strides[1] = -1;
+    CHECK(ts_from_dlpack(ctx, &p->m) == NULL);
+    CHECK_MSG(ctx, "negative stride");
+    ts_clear_error(ctx);
+    CHECK(deleted == 1);
+    p->m.deleter(&p->m);
+    CHECK(deleted == 2);
+
+    /* export: a view of the tensor's memory holding a reference to it */
+    int64_t shape[2] = {2, 3};
+    ts_tensor *a = ts_arange(ctx, TS_F32, 0, 6, 1);
+    ts_tensor *a2 = ts_reshape(a, 2, shape);
+    ts_tensor *at = ts_transpose(a2, 0, 1);
+    ts_release(a), ts_release(a2);
+    DLManagedTensor *m = NULL;
+    CHECK_OK(ctx, ts_to_dlpack(at, &m));
+    ts_release(at); /* the export keeps it alive */
+    CHECK(m && m->dl_tensor.ndim == 2 && m->dl_tensor.shape[0] == 3 &&
+          m->dl_tensor.shape[1] == 2 && m->dl_tensor.strides[0] == 1 &&
+          m->dl_tensor.strides[1] == 3);
+    CHECK(m->dl_tensor.dtype.code == kDLFloat && m->dl_tensor.dtype.bits == 32);
+    const float *d = m->dl_tensor.data;
+    CHECK(d[2 * 1 + 1 * 3] == 5); /* element [2][1] = a2[1][2] */
+    /* and back in: the same memory again */
+    ts_tensor *back = ts_from_dlpack(ctx, m);
+    CHECK(back && ts_tensor_data(back) == (void *)d);
+    int64_t i21[2] = {2, 1};
+    CHECK_OK(ctx, ts_get(back, i21, &v));
+    CHECK(v == 5);
+    ts_release(back); /* runs the export's deleter, releasing at */
+}
+
 int main(void) {
     ts_ctx *ctx = test_ctx();
+    test_dlpack(ctx);
     test_bf16_rounding();
     test_f16_against_f16c();
     test_views(ctx);

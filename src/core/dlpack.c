@@ -157,7 +157,8 @@ ts_tensor *ts_from_dlpack(ts_ctx *ctx, struct DLManagedTensor *m) {
         span = 0;
     int64_t flat[1] = {span};
     char *base = (char *)dl->data + dl->byte_offset;
-    ts_tensor *whole = ts_tensor_wrap(ctx, dt, 1, flat, base, m, import_release);
+    ts_tensor *whole =
+        ts_tensor_wrap(ctx, dt, 1, flat, base, m, import_release);
     if (!whole)
         return NULL;
     ts_tensor *t = ts_tensor_view_of(whole, dl->ndim, dl->shape, strides, 0);
