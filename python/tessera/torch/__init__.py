@@ -50,38 +50,54 @@ def _cat(ts, dim):
     return _wrap(L.ts_concat(len(ts), arr, dim))
 
 
-class Program:
-    """One capture: the generated function and what it closes over."""
+_TUPLE_OPS = ("aten.native_layer_norm.default", "ts.cross_entropy", "aten.native_dropout.default")
 
-    def __init__(self, cm, nodes, inputs, out, device_code):
+
+class Segment:
+    """Consecutive ops lowered to Tessera: a generated function of the
+    values it reads from outside (in_nodes, in order) returning the values
+    read after it (out_nodes)."""
+
+    def __init__(self, nodes, in_nodes, out_nodes, lines, glb, name):
+        self.nodes, self.in_nodes, self.out_nodes = nodes, in_nodes, out_nodes
+        body = [f"{x.var} = I[{j}]" for j, x in enumerate(in_nodes)] + lines
+        rets = [x.var for x in out_nodes]
+        self.source = "def run(I):\n    " + "\n    ".join(body or ["pass"]) + \
+            f"\n    return ({', '.join(rets)}{',' if len(rets) == 1 else ''})\n"
+        g = dict(glb)
+        exec(builtins.compile(self.source, name, "exec"), g)
+        self.fn = g["run"]
+
+
+class Program:
+    """One capture: Tessera segments, split where ops run in PyTorch
+    (fallback), and the module's output structure."""
+
+    def __init__(self, cm, nodes, inputs, out, device_code, n_params):
         self.out_flat, self.out_spec = pytree.tree_flatten(out)
+        self.inputs, self.n_params = inputs, n_params
         g = _lower.Codegen(device_code, cm.train)
-        body, fallbacks = [], []
-        last = {}
         live = [n for n in nodes if n.op != "const"]
         for i, n in enumerate(live):
             n.var = f"v{i}"
-            for a in _capture._nodes_in(n.args, n.kwargs):
-                if not a.const:
-                    last[id(a)] = i
-        outs = {id(a) for a in self.out_flat if isinstance(a, _capture.N)}
-        for i, n in enumerate(live):
+        # each op: its line of Tessera code, or a PyTorch fallback
+        items = []  # ("ts", node, line) | ("fb", node, fn) | ("get", node, None)
+        for n in live:
             if n.op == "input":
-                body.append(f"{n.var} = I[{n.input_index}]")
                 continue
-            rhs = None
+            rhs, err = None, None
             op = _lower._INPLACE.get(n.op, n.op)
             if op != n.op and getattr(n.args[0], "users", 0) != 1:
                 op = None  # an in-place update of a value read again later
+            if n.op == "getitem" and items and any(k == "fb" and m is n.args[0] for k, m, _ in items):
+                items.append(("get", n, None))  # an element of a fallback's result
+                continue
             if op in _lower.LOWER:
-                if n.op == "getitem" and n.args[0].op in (
-                        "aten.native_layer_norm.default", "ts.cross_entropy",
-                        "aten.native_dropout.default") and n.args[1] != 0:
+                if n.op == "getitem" and n.args[0].op in _TUPLE_OPS and n.args[1] != 0:
                     err = _lower.unsupported(n.args[0], "its auxiliary outputs (statistics, masks)")
                 else:
                     try:
                         rhs = _lower.LOWER[op](g, n)
-                        err = None
                     except (Error, KeyError, TypeError, ValueError, IndexError) as e:
                         err = _lower.unsupported(n, str(e))
             else:
@@ -89,43 +105,80 @@ class Program:
             if rhs is None:
                 if not cm.fallback:
                     raise err
-                if cm.train and any(not a.const for a in _capture._nodes_in(n.args, n.kwargs)):
-                    raise UnsupportedOp(str(err).replace(
-                        "pass fallback=True to run it in PyTorch",
-                        "a PyTorch fallback has no gradient in Tessera's backward (train=True)"))
-                fallbacks.append(_lower.fallback_fn(n, device_code))
-                vs = [a.var for a in _capture._nodes_in(n.args, n.kwargs) if not a.const]
-                rhs = f"FB[{len(fallbacks) - 1}]({', '.join(vs)})"
-            body.append(f"{n.var} {rhs}" if rhs.startswith("=") else f"{n.var} = {rhs}")
-            dead = sorted({a.var for a in _capture._nodes_in(n.args, n.kwargs)
-                           if not a.const and last.get(id(a)) == i and id(a) not in outs})
-            if dead:
-                body.append("del " + ", ".join(dead))
-        rets = []
-        self.out_kinds = []
+                items.append(("fb", n, _lower.fallback_fn(n, device_code, cm.train)))
+            else:
+                items.append(("ts", n, f"{n.var} {rhs}" if rhs.startswith("=") else f"{n.var} = {rhs}"))
+        glb = {"W": _wrap, "L": L, "C": [t for _, t in g.consts], "CTX": _lib.ctx(),
+               "SPLIT": _split, "CAT": _cat, "c_int64": _c.c_int64, "c_int": _c.c_int,
+               "c_void_p": _c.c_void_p, "inf": float("inf"), "nan": float("nan")}
+        self._consts = g.consts  # the torch values the Tessera constants view
+        # where each value is read last (item index); outputs: past the end
+        last = {}
+        for k, (_, n, _) in enumerate(items):
+            for a in _capture._nodes_in(n.args, n.kwargs):
+                last[id(a)] = k
+        for a in self.out_flat:
+            if isinstance(a, _capture.N):
+                last[id(a)] = len(items)
+        # runs of Tessera ops become segments
+        self.steps = []  # ("seg", Segment) | ("fb", node, fn) | ("get", node)
+        name = f"<tessera.torch.compile {type(cm.module).__name__}>"
+        k = 0
+        while k < len(items):
+            kind, n, x = items[k]
+            if kind != "ts":
+                self.steps.append((kind, n, x))
+                k += 1
+                continue
+            j = k
+            while j < len(items) and items[j][0] == "ts":
+                j += 1
+            seg_nodes = [items[i][1] for i in range(k, j)]
+            inside = {id(m) for m in seg_nodes}
+            in_nodes, seen = [], set()
+            if k == 0 and j == len(items):
+                in_nodes = list(inputs)  # the whole program: every input, in order
+                seen = {id(m) for m in inputs}
+            lines = []
+            for i in range(k, j):
+                n = items[i][1]
+                for a in _capture._nodes_in(n.args, n.kwargs):
+                    if not a.const and id(a) not in inside and id(a) not in seen:
+                        seen.add(id(a))
+                        in_nodes.append(a)
+                lines.append(items[i][2])
+                dead = sorted({a.var for a in _capture._nodes_in(n.args, n.kwargs)
+                               if not a.const and last.get(id(a)) == i})
+                if dead:
+                    lines.append("del " + ", ".join(dead))
+            out_nodes = [m for m in seg_nodes if last.get(id(m), -1) >= j]
+            self.steps.append(("seg", Segment(seg_nodes, in_nodes, out_nodes, lines, glb, name), None))
+            k = j
+        self.single = len(self.steps) == 1 and self.steps[0][0] == "seg" and \
+            self.steps[0][1].in_nodes == list(inputs)
+        self.source = "\n".join(st[1].source if st[0] == "seg" else f"# PyTorch: {st[1].op}\n"
+                                for st in self.steps)
+
+    def run(self, env, seg_fn):
+        """Runs the steps over env (id(N) -> value, the inputs filled in);
+        seg_fn(segment, values) runs a segment. Returns the output values."""
+        for kind, n, x in self.steps:
+            if kind == "seg":
+                outs = seg_fn(n, [env[id(a)] for a in n.in_nodes])
+                for m, v in zip(n.out_nodes, outs):
+                    env[id(m)] = v
+            elif kind == "fb":
+                env[id(n)] = x(*[env[id(a)] for a in _capture._nodes_in(n.args, n.kwargs) if not a.const])
+            else:
+                env[id(n)] = env[id(n.args[0])][int(n.args[1])]
+        return [env[id(a)] for a in self.out_flat if isinstance(a, _capture.N) and not a.const]
+
+    def outputs(self, values):
+        """The module's output structure with the run's values."""
+        it = iter(values)
+        flat = []
         for a in self.out_flat:
             if isinstance(a, _capture.N) and not a.const:
-                rets.append(a.var)
-                self.out_kinds.append("ts")
-            else:
-                self.out_kinds.append("const")
-        src = "def run(I):\n    " + "\n    ".join(body or ["pass"]) + \
-              f"\n    return ({', '.join(rets)}{',' if len(rets) == 1 else ''})\n"
-        self.source = src
-        glb = {"W": _wrap, "L": L, "C": [t for _, t in g.consts], "FB": fallbacks,
-               "CTX": _lib.ctx(), "SPLIT": _split, "CAT": _cat, "c_int64": _c.c_int64,
-               "c_int": _c.c_int, "c_void_p": _c.c_void_p, "inf": float("inf"),
-               "nan": float("nan")}
-        self._consts = g.consts  # the torch values the Tessera constants view
-        exec(builtins.compile(src, f"<tessera.torch.compile {type(cm.module).__name__}>", "exec"), glb)
-        self.fn = glb["run"]
-
-    def outputs(self, ts_outs):
-        """The module's output structure with torch tensors."""
-        it = iter(ts_outs)
-        flat = []
-        for a, kind in zip(self.out_flat, self.out_kinds):
-            if kind == "ts":
                 flat.append(next(it))
             else:
                 flat.append(a.value if isinstance(a, _capture.N) else a)
@@ -154,21 +207,24 @@ class _Mode:
 
 
 class _TesseraFunction(torch.autograd.Function):
-    """The compiled module as one autograd node: forward in Tessera (its
-    graph kept for backward), backward by Tessera's autograd."""
+    """A Tessera segment as one autograd node: forward in Tessera (its graph
+    kept for backward), backward by Tessera's autograd; its inputs are the
+    torch values it reads (parameters among them, whose gradients PyTorch
+    then accumulates into .grad)."""
 
     @staticmethod
-    def forward(ctx, cm, prog, n_user, *tensors):
-        user, params = tensors[:n_user], tensors[n_user:]
+    def forward(ctx, cm, seg, n_params, *tensors):
         with _Mode(cm, True):
-            state = cm._state(params, grad=True)
-            ins = [cm._input(t, grad=t.requires_grad) for t in user]
-            outs = prog.fn(state + ins)
+            leaves = []
+            for a, t in zip(seg.in_nodes, tensors):
+                if a.op == "input" and a.input_index < n_params:
+                    leaves.extend(cm._state([t], grad=True))
+                else:
+                    leaves.append(cm._input(t, grad=t.requires_grad and t.is_floating_point()))
+            outs = seg.fn(leaves)
             torch_outs = [ts_to_torch(o) for o in outs]
-        ctx.cm, ctx.outs = cm, outs
-        ctx.leaves = state + ins
-        ctx.leaf_grad = [p.requires_grad for p in params] + [t.requires_grad for t in user]
-        ctx.n_user = n_user
+        ctx.cm, ctx.outs, ctx.leaves = cm, outs, leaves
+        ctx.leaf_grad = [t.requires_grad for t in tensors]
         ctx.mark_non_differentiable(*[t for t in torch_outs if not t.is_floating_point()])
         return tuple(torch_outs)
 
@@ -197,9 +253,7 @@ class _TesseraFunction(torch.autograd.Function):
                 else:
                     grads_out.append(None)
         ctx.outs = ctx.leaves = None  # the forward's graph goes with them
-        n_params = len(grads_out) - ctx.n_user
-        # autograd's order: cm, prog, n_user, user tensors, then parameters
-        return (None, None, None, *grads_out[n_params:], *grads_out[:n_params])
+        return (None, None, None, *grads_out)
 
 
 class CompiledModule:
@@ -271,7 +325,7 @@ class CompiledModule:
         nodes, inputs, out = _capture.to_ir(gm, len(params), len(bufs), [b.detach() for b in bufs])
         nodes = _capture.simplify(nodes, out)
         self.captures += 1
-        return Program(self, nodes, inputs, out, self.device), [(b, b._version) for b in bufs]
+        return Program(self, nodes, inputs, out, self.device, len(params)), [(b, b._version) for b in bufs]
 
     def __call__(self, *args, **kwargs):
         if kwargs:
@@ -291,13 +345,19 @@ class CompiledModule:
         prog = ent[0]
         params = list(self.module.parameters())
         if grad and (any(p.requires_grad for p in params) or any(t.requires_grad for t in tensors)):
-            outs = _TesseraFunction.apply(self, prog, len(tensors), *tensors, *params)
+            env = {id(a): v for a, v in zip(prog.inputs, params + tensors)}
+            n_params = prog.n_params
+            outs = prog.run(env, lambda seg, vals: _TesseraFunction.apply(self, seg, n_params, *vals))
             return prog.outputs(outs)
         with _Mode(self, False):
             state = self._state(params, grad=False)
             ins = [torch_to_ts(t.detach(), self.device) for t in tensors]
-            outs = prog.fn(state + ins)
-            return prog.outputs([ts_to_torch(o) for o in outs])
+            if prog.single:
+                outs = prog.steps[0][1].fn(state + ins)
+            else:
+                env = {id(a): v for a, v in zip(prog.inputs, state + ins)}
+                outs = prog.run(env, lambda seg, vals: seg.fn(vals))
+            return prog.outputs([ts_to_torch(o) if isinstance(o, Tensor) else o for o in outs])
 
 
 def compile(module, device="cpu", train=False, fallback=False, mode="compiled"):

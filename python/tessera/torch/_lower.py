@@ -531,21 +531,18 @@ _INPLACE = {"aten.add_.Tensor": "aten.add.Tensor", "aten.mul_.Tensor": "aten.mul
             "aten.add_.Scalar": "aten.add.Scalar", "aten.mul_.Scalar": "aten.mul.Scalar"}
 
 
-def fallback_fn(n, device):
-    """Runs n's aten op in PyTorch on the host over Tessera values."""
+def fallback_fn(n, device, train):
+    """Runs n's aten op in PyTorch on the host. Over Tessera values (train
+    off: they are converted both ways through DLPack, no copy on the host)
+    or, with train, over torch values with autograd on, between Tessera
+    segments that are autograd nodes themselves."""
     from ._capture import N, _walk
 
     target = n.target
-    dev = device
-
-    def to_torch(v):
-        if v is None or isinstance(v, (int, float, bool, str)):
-            return v
-        return ts_to_torch(v)
 
     def to_ts(r):
         if isinstance(r, torch.Tensor):
-            return torch_to_ts(r.contiguous() if r.dtype not in _TS_DTYPE else r, dev)
+            return torch_to_ts(r, device)
         if isinstance(r, (tuple, list)):
             return type(r)(to_ts(x) for x in r)
         return r
@@ -555,11 +552,16 @@ def fallback_fn(n, device):
 
         def pick(a):
             if isinstance(a, N):
-                return a.value if a.const else to_torch(next(vi))
+                if a.const:
+                    return a.value
+                v = next(vi)
+                return v if train or v is None else ts_to_torch(v)
             return a
 
         args = _walk(n.args, pick)
         kwargs = {k: _walk(v, pick) for k, v in n.kwargs.items()}
+        if train:
+            return target(*args, **kwargs)
         with torch.no_grad():
             return to_ts(target(*args, **kwargs))
 
