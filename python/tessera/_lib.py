@@ -177,6 +177,7 @@ _PROTOS = {
     "ts_rmsnorm": (T, [T, T, c_double]),
     "ts_layernorm": (T, [T, T, T, c_double]),
     "ts_attention": (T, [T, T, T, T, c_bool, c_double]),
+    "ts_rope": (T, [T, T, T]),
     "ts_cross_entropy": (T, [T, T, c_int64, c_int]),
     "ts_gather": (T, [T, c_int, T]),
     "ts_split": (c_int, [T, c_int, c_int, P_INT64, ctypes.POINTER(c_void_p)]),

@@ -319,6 +319,81 @@ def fold_repeat_interleave(nodes):
             n.op, n.args = "ts.repeat_kv", (x, d, r)
 
 
+def _rotate_half_of(c):
+    """x when c is cat([-x[..., h:], x[..., :h]], -1) (Hugging Face's
+    rotate_half), read only here; else None."""
+    if not (_is(c, "aten.cat.default") and c.users == 1 and len(c.args[0]) == 2):
+        return None
+    nd = len(c.shape)
+    dim = c.args[1] if len(c.args) > 1 else 0
+    if dim % nd != nd - 1:
+        return None
+    ng, lo = c.args[0]
+    if not (_is(ng, "aten.neg.default") and ng.users == 1):
+        return None
+    hi = ng.args[0]
+    for sl in (hi, lo):
+        if not (_is(sl, "aten.slice.Tensor") and sl.users == 1 and sl.args[1] % nd == nd - 1
+                and (len(sl.args) < 5 or sl.args[4] == 1)):
+            return None
+    x = hi.args[0]
+    D = c.shape[-1]
+    h = D // 2
+    if lo.args[0] is not x or D % 2 or hi.args[2] != h or lo.args[2] not in (0, None) or lo.args[3] != h \
+            or hi.args[3] < D:
+        return None
+    return x
+
+
+def _rope_table(t, T, D):
+    """A (T, D) float32 table from a constant broadcast to (..., T, D)."""
+    if not (isinstance(t, N) and t.const and isinstance(t.value, torch.Tensor)):
+        return None
+    v = t.value
+    if v.dim() < 1 or v.shape[-1] != D or any(d != 1 for d in v.shape[:-2]):
+        return None
+    v = v.reshape(-1, D) if v.dim() >= 2 else v.reshape(1, D)
+    if v.shape[0] not in (1, T):
+        return None
+    return v.expand(T, D).to(torch.float32).contiguous()
+
+
+def fold_rope(nodes):
+    """x * cos + rotate_half(x) * sin -> rope(x, cos, sin), cos and sin
+    constant tables (T, D) (positions folded at capture)."""
+    for n in nodes:
+        if not (_is(n, "aten.add.Tensor") and not n.kwargs):
+            continue
+        for side in (0, 1):
+            m1, m2 = n.args[side], n.args[1 - side]
+            if not (_is(m1, "aten.mul.Tensor") and _is(m2, "aten.mul.Tensor") and m1.users == 1
+                    and m2.users == 1):
+                continue
+            x = c = cos = sin = None
+            for a, b in ((m2.args[0], m2.args[1]), (m2.args[1], m2.args[0])):
+                if isinstance(a, N) and _rotate_half_of(a) is not None:
+                    c, sin, x = a, b, _rotate_half_of(a)
+                    break
+            if x is None:
+                continue
+            if m1.args[0] is x:
+                cos = m1.args[1]
+            elif m1.args[1] is x:
+                cos = m1.args[0]
+            if cos is None or x.shape is None or len(x.shape) < 2 or x.shape != n.shape or \
+                    x.dtype != torch.float32:
+                continue
+            T, D = x.shape[-2], x.shape[-1]
+            tc, tsn = _rope_table(cos, T, D), _rope_table(sin, T, D)
+            if tc is None or tsn is None:
+                continue
+            ng, lo = c.args[0]
+            n.op, n.target, n.args, n.kwargs = "ts.rope", None, (x, tc, tsn), {}
+            for d in (m1, m2, c, ng, ng.args[0], lo):
+                d.op = "dead"
+            break
+
+
 def fold_cross_entropy(nodes):
     """nll_loss(log_softmax(z, -1), t) -> cross_entropy(z, t): one fused
     pass (and its backward) instead of a log-probability tensor."""
@@ -411,7 +486,7 @@ def dead_code(nodes, out):
 
 def simplify(nodes, out):
     for fold in (fold_matmuls, fold_linear, fold_rmsnorm, fold_repeat_interleave, fold_attention,
-                 fold_cross_entropy):
+                 fold_cross_entropy, fold_rope):
         dead_code(nodes, out)
         fold(nodes)
     dead_code(nodes, out)

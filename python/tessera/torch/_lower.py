@@ -311,6 +311,12 @@ def _rms(g, n):
     return f"W(L.ts_rmsnorm({g.t(x)}, {g.t(w)}, {eps!r}))"
 
 
+@lower("ts.rope")
+def _rope(g, n):
+    x, cos, sin = n.args
+    return f"W(L.ts_rope({g.t(x)}, C[{g.const(cos)}]._h, C[{g.const(sin)}]._h))"
+
+
 @lower("ts.attention")
 def _attn(g, n):
     q, k, v, mask, causal, scale = n.args
