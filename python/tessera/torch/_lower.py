@@ -467,6 +467,16 @@ def _index_select(g, n):
     return f"W(L.ts_gather({g.t(x)}, {d}, C[{g.const(index)}]._h))"
 
 
+@lower("aten.unbind.int")
+def _unbind(g, n):
+    x = n.args[0]
+    dim = int(n.args[1]) if len(n.args) > 1 else 0
+    dim %= len(x.shape)
+    k = x.shape[dim]
+    return (f"=tuple(W(L.ts_squeeze(t._h, {dim})) for t in "
+            f"SPLIT({g.t(x)}, {dim}, {k}, (c_int64 * {k})(*{(1,) * k!r})))")
+
+
 @lower("aten.embedding.default")
 def _embedding(g, n):
     w, ids = n.args[0], n.args[1]
