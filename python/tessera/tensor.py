@@ -209,7 +209,8 @@ class Tensor:
                 i = it + n if it < 0 else it
                 if not 0 <= i < n:
                     raise IndexError(f"index {it} is out of range for dim {dim} of size {n}")
-                t = _wrap(lib.ts_squeeze(_wrap(lib.ts_slice(t._h, dim, i, i + 1, 1))._h, dim))
+                one = _wrap(lib.ts_slice(t._h, dim, i, i + 1, 1))  # alive through the squeeze
+                t = _wrap(lib.ts_squeeze(one._h, dim))
             else:
                 raise TypeError(f"tessera.Tensor indexes by ints and slices, not {type(it).__name__}")
         return t
@@ -231,7 +232,8 @@ class Tensor:
         return _wrap(lib.ts_add_scalar(self._h, -float(o)))
 
     def __rsub__(self, o):
-        return _wrap(lib.ts_add_scalar(_wrap(lib.ts_neg(self._h))._h, float(o)))
+        neg = _wrap(lib.ts_neg(self._h))  # alive through the next call
+        return _wrap(lib.ts_add_scalar(neg._h, float(o)))
 
     def __truediv__(self, o):
         if isinstance(o, Tensor):

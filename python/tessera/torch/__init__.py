@@ -102,12 +102,16 @@ class Program:
                         err = _lower.unsupported(n, str(e))
             else:
                 err = _lower.unsupported(n)
+            pre, tmps = g.take_pre()
             if rhs is None:
                 if not cm.fallback:
                     raise err
                 items.append(("fb", n, _lower.fallback_fn(n, device_code, cm.train)))
             else:
-                items.append(("ts", n, f"{n.var} {rhs}" if rhs.startswith("=") else f"{n.var} = {rhs}"))
+                line = f"{n.var} {rhs}" if rhs.startswith("=") else f"{n.var} = {rhs}"
+                if pre:  # temporaries alive through the line, then gone
+                    line = "\n    ".join(pre + [line, "del " + ", ".join(tmps)])
+                items.append(("ts", n, line))
         glb = {"W": _wrap, "L": L, "C": [t for _, t in g.consts], "CTX": _lib.ctx(),
                "SPLIT": _split, "CAT": _cat, "c_int64": _c.c_int64, "c_int": _c.c_int,
                "c_void_p": _c.c_void_p, "inf": float("inf"), "nan": float("nan")}
@@ -241,7 +245,8 @@ class _TesseraFunction(torch.autograd.Function):
                 else:
                     root = None
                     for (o, _), g in zip(pairs, gts):
-                        term = _wrap(L.ts_sum(_wrap(L.ts_mul(o._h, g._h))._h, 0, None, False))
+                        prod = _wrap(L.ts_mul(o._h, g._h))
+                        term = _wrap(L.ts_sum(prod._h, 0, None, False))
                         root = term if root is None else _wrap(L.ts_add(root._h, term._h))
                     _lib.check(L.ts_backward(root._h, None))
             grads_out = []
@@ -323,7 +328,7 @@ class CompiledModule:
                             [p.detach() for p in params] + [b.detach() for b in bufs],
                             [t.detach() for t in tensors], rebuild)
         nodes, inputs, out = _capture.to_ir(gm, len(params), len(bufs), [b.detach() for b in bufs])
-        nodes = _capture.simplify(nodes, out)
+        nodes, out = _capture.simplify(nodes, out)
         self.captures += 1
         return Program(self, nodes, inputs, out, self.device, len(params)), [(b, b._version) for b in bufs]
 

@@ -300,6 +300,33 @@ def _causal_mask(mask, T, S):
         return False
 
 
+def _replace_uses(nodes, out, old, new):
+    def sub(a):
+        return new if a is old else a
+
+    for n in nodes:
+        if n.op in ("dead", "const"):
+            continue
+        n.args = _walk(n.args, sub)
+        n.kwargs = {k: _walk(v, sub) for k, v in n.kwargs.items()}
+    return _walk(out, sub)
+
+
+def fold_noop_slices(nodes, out):
+    """slice(x, d, 0, >= size, 1) (what x[:, :, None] leaves around the
+    new axis) is x itself."""
+    for n in nodes:
+        if _is(n, "aten.slice.Tensor") and isinstance(n.args[0], N) and n.args[0].shape is not None:
+            a = list(n.args) + [None] * 5
+            x = a[0]
+            d = (a[1] or 0) % len(x.shape)
+            if (a[2] in (0, None)) and (a[3] is None or a[3] >= x.shape[d]) and a[4] in (1, None) \
+                    and n.shape == x.shape:
+                out = _replace_uses(nodes, out, n, x)
+                n.op = "dead"
+    return out
+
+
 def fold_repeat_interleave(nodes):
     """index_select(x, d, [0]*r + [1]*r + ...) (repeat_interleave(r, dim=d),
     how grouped-query attention repeats its key/value heads) -> repeat_kv."""
@@ -317,6 +344,29 @@ def fold_repeat_interleave(nodes):
         r = iv.numel() // size
         if torch.equal(iv.cpu().long(), torch.arange(size).repeat_interleave(r)):
             n.op, n.args = "ts.repeat_kv", (x, d, r)
+    # Hugging Face's repeat_kv: x[:, :, None].expand(B, KV, r, S, D).reshape(B, KV * r, S, D)
+    for n in nodes:
+        if not _is(n, *_VIEWS):
+            continue
+        e = n.args[0]
+        if _is(e, "aten.clone.default") and e.users == 1:
+            e = e.args[0]
+        if not (_is(e, "aten.expand.default") and e.users == 1):
+            continue
+        u = e.args[0]
+        if not (_is(u, "aten.unsqueeze.default") and u.users == 1):
+            continue
+        x = u.args[0]
+        if not isinstance(x, N) or x.shape is None:
+            continue
+        d1 = u.args[1] % (len(x.shape) + 1)
+        if d1 == 0:
+            continue
+        d = d1 - 1
+        r = e.shape[d1]
+        want = tuple(x.shape[:d]) + (x.shape[d] * r,) + tuple(x.shape[d + 1:])
+        if tuple(e.shape[:d1]) + tuple(e.shape[d1 + 1:]) == tuple(x.shape) and tuple(n.shape) == want:
+            n.op, n.target, n.args, n.kwargs = "ts.repeat_kv", None, (x, d, r), {}
 
 
 def _rotate_half_of(c):
@@ -426,6 +476,11 @@ def fold_attention(nodes, dtype_ok=lambda dt: dt == torch.float32):
                 and not s.kwargs:
             mask, chain = ("add", s.args[1].value), chain + [s]
             s = s.args[0]
+        elif _is(s, "aten.add.Tensor") and s.users == 1 and isinstance(s.args[1], N) and not s.kwargs \
+                and s.args[1].dtype == torch.float32 and s.args[1].shape is not None \
+                and len(s.args[1].shape) == 4:
+            mask, chain = ("input", s.args[1]), chain + [s]  # a mask the caller passes
+            s = s.args[0]
         scale = 1.0
         if _is(s, "aten.div.Tensor") and s.users == 1 and isinstance(s.args[1], (int, float)):
             scale, chain = 1.0 / float(s.args[1]), chain + [s]
@@ -461,11 +516,13 @@ def fold_attention(nodes, dtype_ok=lambda dt: dt == torch.float32):
                 causal = True
             elif kind == "fill":
                 m_add = torch.zeros(mv.shape, dtype=torch.float32).masked_fill(mv.bool(), float("-inf"))
+            elif kind == "input":
+                m_add = mv
             else:
                 m_add = mv.to(torch.float32)
             if m_add is not None:
                 try:
-                    torch.broadcast_shapes(m_add.shape, tuple(Q.shape[:2]) + (T, S))
+                    torch.broadcast_shapes(tuple(m_add.shape), tuple(Q.shape[:2]) + (T, S))
                 except RuntimeError:
                     continue
         n.op, n.args, n.kwargs = "ts.attention", (Q, K, V, m_add, causal, scale), {}
@@ -485,12 +542,13 @@ def dead_code(nodes, out):
 
 
 def simplify(nodes, out):
+    out = fold_noop_slices(nodes, out)
     for fold in (fold_matmuls, fold_linear, fold_rmsnorm, fold_repeat_interleave, fold_attention,
                  fold_cross_entropy, fold_rope):
         dead_code(nodes, out)
         fold(nodes)
     dead_code(nodes, out)
-    return [n for n in nodes if n.op != "dead"]
+    return [n for n in nodes if n.op != "dead"], out
 
 
 def flatten_out(out):

@@ -65,6 +65,7 @@ class Codegen:
         self.lines, self.consts, self.fallbacks = [], [], []
         self.device, self.train = device, train
         self.const_ids = {}
+        self.pre, self.n_tmp = [], 0
 
     # the expression for a tensor argument's handle
     def t(self, a):
@@ -91,8 +92,20 @@ class Codegen:
             self.consts.append((value, torch_to_ts(value.contiguous(), self.device)))
         return self.const_ids[key]
 
-    def emit(self, line):
-        self.lines.append(line)
+    def sub(self, expr):
+        """A temporary for expr (a W(...) of a new handle), assigned in a
+        statement of its own before the node's line, so that it stays alive
+        while the node's call reads its handle: `W(...)._h` inline would
+        free the tensor before the outer call runs. Returns `name._h`."""
+        name = f"_t{self.n_tmp}"
+        self.n_tmp += 1
+        self.pre.append(f"{name} = {expr}")
+        return f"{name}._h"
+
+    def take_pre(self):
+        pre, self.pre = self.pre, []
+        names = [ln.split(" = ", 1)[0] for ln in pre]
+        return pre, names
 
 
 def _scalar(a):
@@ -129,7 +142,7 @@ def _cast_to(g, n, a):
         return g.t(a)
     if isinstance(a, N) and a.const:
         return f"C[{g.const(a.value, n.dtype)}]._h"
-    return f"W(L.ts_cast({g.t(a)}, {ts_dtype(n.dtype)}))._h"
+    return g.sub(f"W(L.ts_cast({g.t(a)}, {ts_dtype(n.dtype)}))")
 
 
 def _shape(s):
@@ -166,7 +179,7 @@ def _binary(cname, cscalar=None, scalar_first=None):
         if sa is not None and scalar_first and not (hasattr(a, "shape") and a.shape and len(a.shape) > 0):
             return scalar_first(g, n, _cast_to(g, n, b), sa, alpha)
         if alpha != 1:
-            bb = f"W(L.ts_mul_scalar({_cast_to(g, n, b)}, {float(alpha)!r}))._h"
+            bb = g.sub(f"W(L.ts_mul_scalar({_cast_to(g, n, b)}, {float(alpha)!r}))")
         else:
             bb = _cast_to(g, n, b)
         return f"W(L.{cname}({_cast_to(g, n, a)}, {bb}))"
@@ -191,7 +204,7 @@ def _div_s(g, n, a, s):
 
 
 def _rsub_first(g, n, b, s, alpha):  # s - b*alpha
-    return f"W(L.ts_add_scalar(W(L.ts_mul_scalar({b}, {-float(alpha)!r}))._h, {s!r}))"
+    return f"W(L.ts_add_scalar({g.sub(f'W(L.ts_mul_scalar({b}, {-float(alpha)!r}))')}, {s!r}))"
 
 
 def _mul_first(g, n, b, s, alpha):
@@ -199,12 +212,12 @@ def _mul_first(g, n, b, s, alpha):
 
 
 def _add_first(g, n, b, s, alpha):
-    return f"W(L.ts_add_scalar(W(L.ts_mul_scalar({b}, {float(alpha)!r}))._h, {s!r}))" if alpha != 1 \
+    return f"W(L.ts_add_scalar({g.sub(f'W(L.ts_mul_scalar({b}, {float(alpha)!r}))')}, {s!r}))" if alpha != 1 \
         else f"W(L.ts_add_scalar({b}, {s!r}))"
 
 
 def _div_first(g, n, b, s, alpha):
-    return f"W(L.ts_mul_scalar(W(L.ts_pow_scalar({b}, -1.0))._h, {s!r}))"
+    return f"W(L.ts_mul_scalar({g.sub(f'W(L.ts_pow_scalar({b}, -1.0))')}, {s!r}))"
 
 
 LOWER["aten.add.Tensor"] = LOWER["aten.add.Scalar"] = _binary("ts_add", _add_s, _add_first)
@@ -213,7 +226,7 @@ LOWER["aten.div.Tensor"] = LOWER["aten.div.Scalar"] = _binary("ts_div", _div_s, 
 
 
 def _sub_first(g, n, b, s, alpha):
-    return f"W(L.ts_add_scalar(W(L.ts_mul_scalar({b}, {-float(alpha)!r}))._h, {s!r}))"
+    return f"W(L.ts_add_scalar({g.sub(f'W(L.ts_mul_scalar({b}, {-float(alpha)!r}))')}, {s!r}))"
 
 
 LOWER["aten.sub.Tensor"] = LOWER["aten.sub.Scalar"] = _binary("ts_sub", _sub_s, _sub_first)
@@ -226,7 +239,8 @@ def _rsub(g, n):
     sb = _scalar(b)
     if sb is not None:
         return _rsub_first(g, n, _cast_to(g, n, a), sb, alpha)
-    return f"W(L.ts_sub({_cast_to(g, n, b)}, W(L.ts_mul_scalar({_cast_to(g, n, a)}, {alpha!r}))._h))"
+    scaled = g.sub(f"W(L.ts_mul_scalar({_cast_to(g, n, a)}, {alpha!r}))")
+    return f"W(L.ts_sub({_cast_to(g, n, b)}, {scaled}))"
 
 
 for _nm in ("neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "relu", "silu"):
@@ -302,7 +316,7 @@ def _addmm(g, n):
     if n.kwargs.get("beta", 1) != 1 or n.kwargs.get("alpha", 1) != 1:
         raise Error("beta/alpha other than 1")
     b, x, w = n.args
-    return f"W(L.ts_add(W(L.ts_matmul({g.t(x)}, {g.t(w)}))._h, {g.t(b)}))"
+    return f"W(L.ts_add({g.sub(f'W(L.ts_matmul({g.t(x)}, {g.t(w)}))')}, {g.t(b)}))"
 
 
 @lower("ts.rms_norm")
@@ -384,7 +398,7 @@ def _select(g, n):
     size = x.shape[dim] if x.shape is not None else None
     if size is not None and i < 0:
         i += size
-    return f"W(L.ts_squeeze(W(L.ts_slice({g.t(x)}, {dim}, {i}, {i + 1}, 1))._h, {dim}))"
+    return f"W(L.ts_squeeze({g.sub(f'W(L.ts_slice({g.t(x)}, {dim}, {i}, {i + 1}, 1))')}, {dim}))"
 
 
 @lower("aten.clone.default")
@@ -451,8 +465,9 @@ def _repeat_kv(g, n):
     es = list(x.shape[:d + 1]) + [r] + list(x.shape[d + 1:])
     e, k = _shape(es)
     s, ks = _shape(n.shape)
-    return (f"W(L.ts_reshape(W(L.ts_expand(W(L.ts_unsqueeze({g.t(x)}, {d + 1}))._h, {k}, {e}))._h, "
-            f"{ks}, {s}))")
+    u = g.sub(f"W(L.ts_unsqueeze({g.t(x)}, {d + 1}))")
+    ex = g.sub(f"W(L.ts_expand({u}, {k}, {e}))")
+    return f"W(L.ts_reshape({ex}, {ks}, {s}))"
 
 
 @lower("aten.index_select.default")
