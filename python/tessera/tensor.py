@@ -361,7 +361,17 @@ def from_dlpack(obj):
     memory; float32/bfloat16/float16/int32/int64."""
     if isinstance(obj, Tensor):
         return obj
-    cap = obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
+    if hasattr(obj, "__dlpack__"):
+        try:
+            cap = obj.__dlpack__()
+        except (RuntimeError, BufferError, TypeError, ValueError) as e:
+            # the producer refuses (torch and NumPy have no DLPack bool, ...)
+            dt = getattr(obj, "dtype", None)
+            raise Error(f"from_dlpack: a tensor of dtype {dt} cannot be exchanged "
+                        f"({e}); Tessera's dtypes are float32, bfloat16, float16, int32 and int64",
+                        "DTYPE") from None
+    else:
+        cap = obj
     if not _cap_is_valid(cap, b"dltensor"):
         raise Error("from_dlpack: not a DLPack capsule (or one already consumed)")
     p = _cap_get(cap, b"dltensor")
@@ -398,11 +408,13 @@ def tensor(data, dtype=None, device=None):
         npdt = (np.float32, np.float32, np.float16, np.int32, np.int64)[code]
     elif a.dtype.kind == "f":
         code, npdt = (2, np.float16) if a.dtype == np.float16 else (0, np.float32)
+    elif a.dtype == np.int32:
+        code, npdt = (3, np.int32)  # kept, as torch.tensor keeps it
     elif a.dtype.kind in "iub":
         code, npdt = (4, np.int64)
     else:
         raise Error(f"tensor: cannot make a tensor of {a.dtype}", "DTYPE")
-    a = np.ascontiguousarray(a, dtype=npdt)
+    a = np.asarray(a, dtype=npdt, order="C")  # 0-d stays 0-d
     n, shape = _lib.shape_arg(a.shape)
     c = _lib.ctx()
     if code == 1:  # bf16: from f32, rounded by the runtime

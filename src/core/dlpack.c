@@ -98,6 +98,29 @@ static bool ts_dtype_of(DLDataType d, ts_dtype *out) {
     return true;
 }
 
+/* "float64", "uint8", "complex64", "bool", "float32x4" as NumPy and
+ * PyTorch name them */
+static const char *dl_dtype_name(DLDataType d, char *buf, size_t n) {
+    const char *kind = d.code == kDLInt      ? "int"
+                       : d.code == kDLUInt   ? "uint"
+                       : d.code == kDLFloat  ? "float"
+                       : d.code == kDLBfloat ? "bfloat"
+                       : d.code == 5         ? "complex" /* kDLComplex */
+                       : d.code == 6         ? "bool"    /* kDLBool */
+                                             : NULL;
+    if (!kind)
+        snprintf(buf, n, "(code %u, %u bits)", d.code, d.bits);
+    else if (d.code == 6)
+        snprintf(buf, n, "bool");
+    else
+        snprintf(buf, n, "%s%u", kind, d.bits);
+    if (d.lanes != 1) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, n - l, "x%u", d.lanes);
+    }
+    return buf;
+}
+
 ts_tensor *ts_from_dlpack(ts_ctx *ctx, struct DLManagedTensor *m) {
     if (!ctx)
         return NULL;
@@ -108,17 +131,18 @@ ts_tensor *ts_from_dlpack(ts_ctx *ctx, struct DLManagedTensor *m) {
     const DLTensor *dl = &m->dl_tensor;
     ts_dtype dt = TS_F32;
     const char *why = NULL;
-    char wb[96];
+    char wb[160];
     if (dl->device.device_type != kDLCPU &&
         dl->device.device_type != kDLCUDAHost) {
         snprintf(wb, sizeof wb, "its device type %d is not host memory",
                  (int)dl->device.device_type);
         why = wb;
     } else if (!ts_dtype_of(dl->dtype, &dt)) {
+        char dn[48];
         snprintf(wb, sizeof wb,
-                 "its dtype (code %u, %u bits, %u lanes) is none of f32, "
-                 "bf16, f16, i32, i64",
-                 dl->dtype.code, dl->dtype.bits, dl->dtype.lanes);
+                 "dtype %s is not a Tessera dtype (float32, bfloat16, "
+                 "float16, int32, int64)",
+                 dl_dtype_name(dl->dtype, dn, sizeof dn));
         why = wb;
     } else if (dl->ndim < 0 || dl->ndim > TS_MAX_DIMS) {
         snprintf(wb, sizeof wb, "it has %d dims (at most %d)", dl->ndim,

@@ -324,7 +324,9 @@ class CompiledModule:
                 f[i] = t
             return pytree.tree_unflatten(f, spec)
 
-        gm = _capture.trace(self.module, list(names) + bnames,
+        state_names = _capture.state_aliases(self.module, params, "_parameters") + \
+            _capture.state_aliases(self.module, bufs, "_buffers")
+        gm = _capture.trace(self.module, state_names,
                             [p.detach() for p in params] + [b.detach() for b in bufs],
                             [t.detach() for t in tensors], rebuild)
         nodes, inputs, out = _capture.to_ir(gm, len(params), len(bufs), [b.detach() for b in bufs])

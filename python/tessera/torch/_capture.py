@@ -62,27 +62,48 @@ def user_frame(stack_trace):
 
 
 def _walk(a, fn):
-    if isinstance(a, (list, tuple)):
-        return type(a)(_walk(x, fn) for x in a)
+    """fn over the leaves of nested lists, tuples, namedtuples and dicts
+    (fx's immutable ones become plain lists and dicts)."""
+    if isinstance(a, tuple) and hasattr(a, "_fields"):
+        return type(a)(*(_walk(x, fn) for x in a))
+    if isinstance(a, tuple):
+        return tuple(_walk(x, fn) for x in a)
+    if isinstance(a, list):
+        return [_walk(x, fn) for x in a]
+    if isinstance(a, dict):
+        d = {k: _walk(v, fn) for k, v in a.items()}
+        return d if type(a).__name__ == "immutable_dict" else type(a)(d)
     return fn(a)
 
 
 def _has_node(a):
-    if isinstance(a, N):
-        return True
-    if isinstance(a, (list, tuple)):
-        return any(_has_node(x) for x in a)
-    return False
+    found = []
+    _walk(a, lambda x: found.append(x) if isinstance(x, N) else None)
+    return bool(found)
+
+
+def state_aliases(module, tensors, kind):
+    """For each tensor (parameters or buffers of module, kind "_parameters"
+    or "_buffers"), every name it has: a tied weight (GPT-2's wte and
+    lm_head) is one tensor under two names, and functional_call must swap
+    both for the same graph input."""
+    names = {id(t): [] for t in tensors}
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        for name, t in getattr(m, kind).items():
+            if t is not None and id(t) in names:
+                names[id(t)].append(f"{prefix}.{name}" if prefix else name)
+    return [names[id(t)] for t in tensors]
 
 
 def trace(module, state_names, state, inputs, rebuild):
     """make_fx of module(*rebuild(inputs)) with state (parameters, buffers)
-    as explicit inputs; returns the fx GraphModule. rebuild puts the input
-    tensors back among the call's other (constant) arguments."""
+    as explicit inputs, state_names[i] the names of state[i]; returns the fx
+    GraphModule. rebuild puts the input tensors back among the call's other
+    (constant) arguments."""
     n_state = len(state)
 
     def f(*flat):
-        d = dict(zip(state_names, flat[:n_state]))
+        d = {name: t for names, t in zip(state_names, flat[:n_state]) for name in names}
         return stateless.functional_call(module, d, tuple(rebuild(flat[n_state:])))
 
     old = proxy_tensor.PythonKeyTracer.record_stack_traces
@@ -111,6 +132,11 @@ def to_ir(gm, n_params, n_buffers, buffers):
                 n.input_index = len(inputs)
                 inputs.append(n)
             k += 1
+        elif fx.op == "call_function" and isinstance(fx.target, type) and \
+                issubclass(fx.target, tuple) and hasattr(fx.target, "_fields"):
+            # a namedtuple the module returns: the structure, not an op
+            env[fx] = fx.target(*_walk(fx.args, lambda a: env[a] if isinstance(a, torch.fx.Node) else a))
+            continue
         elif fx.op == "call_function":
             args = _walk(fx.args, lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
             kwargs = {key: _walk(v, lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
