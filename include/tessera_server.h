@@ -75,12 +75,19 @@ typedef struct {
     /* written once listening (the port actually bound, e.g. for port 0) */
     void (*on_listen)(int port, void *arg);
     void *on_listen_arg;
+    /* SIGINT and SIGTERM left alone (a host program, e.g. Python, keeps its
+     * own handlers): only ts_server_stop ends the server */
+    bool no_signal_handlers;
 } ts_server_options;
 
-/* Loads the model and serves until SIGINT or SIGTERM, then stops taking
- * requests, finishes the running ones and returns 0 (1 on a startup error,
- * printed to stderr). */
+/* Loads the model and serves until SIGINT or SIGTERM (or ts_server_stop),
+ * then stops taking requests, finishes the running ones and returns 0 (1
+ * on a startup error, printed to stderr). One server per process at a
+ * time. */
 int ts_server_run(const ts_server_options *o);
+/* From any thread: the running server stops as on SIGTERM (ts_server_run
+ * returns once its running requests are done). A no-op when none runs. */
+void ts_server_stop(void);
 
 #ifdef __cplusplus
 }

@@ -131,6 +131,15 @@ double ts_train_flops_per_token(int64_t n_params_no_embed, int64_t layers,
 /* ---- the training loop ----------------------------------------------------
  */
 
+/* One step's figures, what each log line holds. */
+typedef struct ts_train_step_info {
+    int64_t step, steps; /* 1-based, of steps */
+    double loss, lr, grad_norm;
+    double tokens_per_s; /* this step's (all ranks) */
+    double mfu;          /* tokens_per_s against the peak */
+    double step_s;       /* this step's seconds */
+    double val_loss;     /* NaN unless evaluated after this step */
+} ts_train_step_info;
 typedef struct {
     const char *model_config; /* a Hugging Face config.json: a new model */
     const char *init_from;    /* or a model folder to start from */
@@ -181,6 +190,10 @@ typedef struct {
     bool no_overlap;
     double bucket_mb; /* data parallel: MiB of f32 gradients per all-reduce
                          (torch DDP's bucket_cap_mb; 16) */
+    /* after every step (every rank): its figures; returning true ends the
+     * run there, its last checkpoint written as at the end. NULL: none */
+    bool (*on_step)(void *arg, const struct ts_train_step_info *info);
+    void *on_step_arg;
 } ts_train_options;
 
 ts_train_options ts_train_default_options(void);

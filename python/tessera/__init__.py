@@ -17,6 +17,9 @@ from ._lib import Error, lib as _L
 from .tensor import (Tensor, arange, from_dlpack, from_numpy, full, ones,
                      randn, tensor, zeros)
 from .tensor import _wrap
+from .models import Model, Tokenizer, load
+from .serve import Server, serve
+from .train import prepare_data, train
 
 __version__ = "0.20.0"
 
@@ -26,7 +29,8 @@ __all__ = [
     "get_num_threads", "set_mode", "get_mode", "sync", "no_grad", "matmul", "linear",
     "embedding", "softmax", "log_softmax", "rms_norm", "layer_norm", "gelu", "silu", "relu",
     "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "where", "masked_fill", "cat",
-    "scaled_dot_product_attention", "cross_entropy",
+    "scaled_dot_product_attention", "cross_entropy", "load", "Model", "Tokenizer", "serve",
+    "Server", "train", "prepare_data",
 ]
 
 

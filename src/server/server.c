@@ -737,6 +737,14 @@ static void on_signal(int sig) {
     srv_signal = sig;
 }
 
+/* set while ts_server_run serves: what ts_server_stop may end */
+static volatile sig_atomic_t srv_running;
+
+void ts_server_stop(void) {
+    if (srv_running)
+        srv_signal = -1; /* not a signal: asked by the host program */
+}
+
 /* ---- run ---- */
 
 int ts_server_run(const ts_server_options *o) {
@@ -745,6 +753,7 @@ int ts_server_run(const ts_server_options *o) {
         return 1;
     }
     memset(&srv, 0, sizeof srv);
+    srv_signal = 0; /* a server run before this one in the process */
     srv.kv_fd = -1;
     srv.no_kv_events = o->no_kv_events;
     srv.api_key = o->api_key && *o->api_key ? o->api_key : NULL;
@@ -934,13 +943,17 @@ int ts_server_run(const ts_server_options *o) {
     if (srv.kv_fd >= 0)
         fprintf(stderr, "tessera serve: KV transfers on %s:%d\n",
                 o->host ? o->host : "127.0.0.1", srv.kv_port);
+    srv_running = 1;
     if (o->on_listen)
         o->on_listen(port, o->on_listen_arg);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+    if (!o->no_signal_handlers) {
+        signal(SIGINT, on_signal);
+        signal(SIGTERM, on_signal);
+    }
     signal(SIGPIPE, SIG_IGN);
     while (!srv_signal)
         usleep(100000);
+    srv_running = 0;
     /* drain: no new connections; running requests finish */
     MHD_quiesce_daemon(d);
     for (;;) {
@@ -952,7 +965,11 @@ int ts_server_run(const ts_server_options *o) {
             break;
         usleep(50000);
     }
-    fprintf(stderr, "tessera serve: stopped (signal %d)\n", (int)srv_signal);
+    if (srv_signal > 0)
+        fprintf(stderr, "tessera serve: stopped (signal %d)\n",
+                (int)srv_signal);
+    else
+        fprintf(stderr, "tessera serve: stopped\n");
     rc = 0;
 done:
     if (kv_started) {

@@ -1403,7 +1403,8 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
     bool peak_logged = false;
     double comm_window = ts_dist_comm_seconds(r.dist);
     out.n_params = n_all;
-    while (st == TS_OK && r.step < o->steps) {
+    bool stop = false; /* on_step asked to end the run */
+    while (st == TS_OK && r.step < o->steps && !stop) {
         double loss = 0, gnorm = 0;
         double lr = lr_at(o, r.step);
         double t_step = now_s();
@@ -1443,8 +1444,22 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
             out.last_val_loss = val;
             r.val_now = val;
         }
+        if (st == TS_OK && o->on_step) {
+            double tps1 = t_step > 0 ? (double)step_tokens / t_step : 0;
+            ts_train_step_info info = {.step = r.step,
+                                       .steps = o->steps,
+                                       .loss = loss,
+                                       .lr = lr,
+                                       .grad_norm = gnorm,
+                                       .tokens_per_s = tps1,
+                                       .mfu = peak > 0 ? tps1 * fpt / peak : 0,
+                                       .step_s = t_step,
+                                       .val_loss = val};
+            stop = o->on_step(o->on_step_arg, &info);
+        }
         double t = now_s();
-        if (r.step % o->log_every == 0 || r.step == o->steps || !isnan(val)) {
+        if (r.step % o->log_every == 0 || r.step == o->steps || !isnan(val) ||
+            stop) {
             double dt = t - t_window;
             double tps = win_step_s > 0 ? (double)win_tokens / win_step_s : 0;
             double mfu = peak > 0 ? tps * fpt / peak : 0;
@@ -1525,7 +1540,7 @@ ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
             t_window = t, win_tokens = 0, win_step_s = 0;
         }
         if (st == TS_OK && ((o->save_every && r.step % o->save_every == 0) ||
-                            r.step == o->steps)) {
+                            r.step == o->steps || stop)) {
             ts_set_mode(ctx, TS_MODE_EAGER);
             st = save_checkpoint(&r);
             ts_set_mode(ctx, o->eager || r.shard_full ? TS_MODE_EAGER

@@ -1,0 +1,169 @@
+"""serve — the OpenAI-compatible server (the C ts_server_run, as `tessera
+serve` runs it) started in-process on a background thread: tessera.serve
+returns once it listens, with the port it bound; Server.stop() ends it as
+SIGTERM would (running requests finish). One server per process at a
+time; Python's own signal handlers are left alone.
+"""
+
+import ctypes as C
+import os
+import threading
+
+from . import _lib
+from ._lib import Error, lib as L
+
+
+class _EngineOptions(C.Structure):
+    _fields_ = [("block_size", C.c_int64), ("n_blocks", C.c_int64), ("kv_memory", C.c_int64),
+                ("max_seqs", C.c_int), ("max_batch_tokens", C.c_int64),
+                ("no_prefix_cache", C.c_bool)]
+
+
+_ON_LISTEN = C.CFUNCTYPE(None, C.c_int, C.c_void_p)
+
+
+class _ServerOptions(C.Structure):
+    """ts_server_options (tessera_server.h), field for field."""
+    _fields_ = [("model_dir", C.c_char_p), ("model_name", C.c_char_p), ("host", C.c_char_p),
+                ("port", C.c_int), ("weight_dtype", C.c_int), ("no_check_weights", C.c_bool),
+                ("device_map", C.c_char_p), ("engine", _EngineOptions), ("kv_port", C.c_int),
+                ("no_kv_events", C.c_bool), ("kv_peers", C.c_char_p), ("kv_senders", C.c_char_p),
+                ("api_key", C.c_char_p), ("chat_template", C.c_char_p),
+                ("allowed_origins", C.c_char_p), ("pooling", C.c_int),
+                ("max_model_len", C.c_int64), ("no_log_requests", C.c_bool),
+                ("max_connections", C.c_int), ("max_connections_per_client", C.c_int),
+                ("conn_timeout_s", C.c_int), ("on_listen", _ON_LISTEN), ("on_listen_arg", C.c_void_p),
+                ("no_signal_handlers", C.c_bool)]
+
+
+L.ts_engine_options_default.restype = _EngineOptions
+L.ts_engine_options_default.argtypes = []
+L.ts_server_run.restype = C.c_int
+L.ts_server_run.argtypes = [C.POINTER(_ServerOptions)]
+L.ts_server_stop.restype = None
+L.ts_server_stop.argtypes = []
+L.ts_model_dir_check.restype = C.c_int
+L.ts_model_dir_check.argtypes = [C.c_void_p, C.c_char_p, C.c_uint]
+
+_running = threading.Lock()  # one server per process
+
+# keyword -> (field, converter); the engine's under "engine."
+_OPTIONS = {
+    "model_name": ("model_name", "str"), "api_key": ("api_key", "str"),
+    "chat_template": ("chat_template", "str"), "allowed_origins": ("allowed_origins", "str"),
+    "device_map": ("device_map", "str"), "max_model_len": ("max_model_len", "int"),
+    "max_num_seqs": ("engine.max_seqs", "int"), "max_seqs": ("engine.max_seqs", "int"),
+    "num_kv_blocks": ("engine.n_blocks", "int"), "kv_memory": ("engine.kv_memory", "int"),
+    "block_size": ("engine.block_size", "int"),
+    "max_batch_tokens": ("engine.max_batch_tokens", "int"),
+    "no_prefix_cache": ("engine.no_prefix_cache", "bool"),
+    "no_log_requests": ("no_log_requests", "bool"), "check_weights": ("no_check_weights", "notbool"),
+    "kv_port": ("kv_port", "int"), "kv_peers": ("kv_peers", "str"), "kv_senders": ("kv_senders", "str"),
+    "no_kv_events": ("no_kv_events", "bool"), "max_connections": ("max_connections", "int"),
+    "conn_timeout_s": ("conn_timeout_s", "int"),
+}
+
+
+class Server:
+    """A running server: .port, .url, .stop(); a context manager."""
+
+    def __init__(self, opts, keep):
+        self._opts, self._keep = opts, keep  # the option strings must outlive the run
+        self._listening = threading.Event()
+        self.port = None
+        self.returncode = None
+
+        def on_listen(port, arg):
+            self.port = port
+            self._listening.set()
+
+        self._cb = _ON_LISTEN(on_listen)
+        opts.on_listen = self._cb
+        self._thread = threading.Thread(target=self._run, name="tessera-serve", daemon=True)
+
+    def _run(self):
+        try:
+            self.returncode = L.ts_server_run(C.byref(self._opts))
+        finally:
+            self._listening.set()
+            _running.release()
+
+    @property
+    def url(self):
+        host = self._opts.host.decode()
+        return f"http://{host}:{self.port}"
+
+    @property
+    def running(self):
+        return self._thread.is_alive()
+
+    def stop(self, timeout=None):
+        """Stops taking requests, lets the running ones finish, and waits
+        for the server to end (timeout seconds at most; None: no limit)."""
+        if self._thread.is_alive():
+            L.ts_server_stop()
+            self._thread.join(timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def __repr__(self):
+        state = "running" if self.running else "stopped"
+        return f"tessera.Server({self.url}, {state})"
+
+
+def serve(model_dir, host="127.0.0.1", port=8000, dtype="float32", **options):
+    """Starts `tessera serve` on model_dir in this process and returns a
+    Server once it listens (port 0: any free port, Server.port says which).
+    options are the CLI's flags by their Python names: model_name, api_key,
+    chat_template, allowed_origins, device_map, max_model_len, max_num_seqs,
+    num_kv_blocks, kv_memory, block_size, max_batch_tokens, no_prefix_cache,
+    no_log_requests, check_weights, kv_port, kv_peers, kv_senders,
+    no_kv_events, max_connections, conn_timeout_s."""
+    model_dir = os.fspath(model_dir)
+    c = _lib.ctx()
+    _lib.check(L.ts_model_dir_check(c, model_dir.encode(), 7))
+    if dtype not in ("float32", "bfloat16"):
+        raise Error(f"serve: dtype {dtype!r}: float32 or bfloat16", "DTYPE")
+    if not 0 <= int(port) <= 65535:
+        raise Error(f"serve: port {port} is out of range (0-65535)", "RANGE")
+    o = _ServerOptions()
+    keep = [model_dir.encode(), host.encode()]
+    o.model_dir, o.host, o.port = keep[0], keep[1], int(port)
+    o.weight_dtype = 1 if dtype == "bfloat16" else 0
+    o.engine = L.ts_engine_options_default()
+    o.kv_port, o.pooling, o.no_signal_handlers = -1, 1, True
+    env_key = os.environ.get("TESSERA_API_KEY")
+    if env_key:
+        keep.append(env_key.encode())
+        o.api_key = keep[-1]
+    for k, v in options.items():
+        if k not in _OPTIONS:
+            raise Error(f"serve: unknown option {k!r} (options: {', '.join(sorted(_OPTIONS))})")
+        field, kind = _OPTIONS[k]
+        if kind == "str":
+            keep.append(str(v).encode())
+            v = keep[-1]
+        elif kind == "int":
+            v = int(v)
+        elif kind == "bool":
+            v = bool(v)
+        else:
+            v = not bool(v)
+        target = o
+        if field.startswith("engine."):
+            target, field = o.engine, field[7:]
+        setattr(target, field, v)
+    if not _running.acquire(blocking=False):
+        raise Error("serve: a server already runs in this process (stop it first)", "STATE")
+    srv = Server(o, keep)
+    srv._thread.start()
+    srv._listening.wait()
+    if srv.port is None:
+        srv._thread.join()
+        raise Error(f"serve: the server on {model_dir} did not start (exit {srv.returncode}); "
+                    "the reason is on stderr", "STATE")
+    return srv
