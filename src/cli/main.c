@@ -25,7 +25,7 @@ int tessera_devices(int argc, char **argv);
 int tessera_chat(int argc, char **argv);
 
 #ifndef TS_VERSION
-#define TS_VERSION "0.19.0" /* the project's version (issue 19) */
+#define TS_VERSION "0.20.0" /* the project's version (issue 20) */
 #endif
 #ifndef TS_GIT_COMMIT
 #define TS_GIT_COMMIT "unknown" /* set by CMake at configure time */

@@ -83,6 +83,21 @@ class TestGenerate(unittest.TestCase):
         self.assertEqual(a, b)
         self.assertEqual(a, c)
 
+    def test_device_map(self):
+        want = self.m.generate("And God said", max_tokens=24)
+        split = tessera.load(MODEL, device_map="embed,0-3:cpu:0;4-7,head:cpu:1")
+        self.assertEqual(split.generate("And God said", max_tokens=24), want)
+        self.assertEqual(split.generate("And God said", max_tokens=24),
+                         cli_run("-p", "And God said", "-n", "24", "--device-map",
+                                 "embed,0-3:cpu:0;4-7,head:cpu:1"))
+        if "vulkan:0" in tessera.devices():
+            gpu = tessera.load(MODEL, device_map="vulkan:0")
+            self.assertEqual(gpu.generate("And God said", max_tokens=24),
+                             cli_run("-p", "And God said", "-n", "24", "--device", "vulkan:0"))
+        with self.assertRaises(tessera.Error) as e:
+            tessera.load(MODEL, device_map="embed,0-1:cpu:0;2-3,head:cpu:1")
+        self.assertIn("layer 4 is not placed", str(e.exception))
+
     def test_bad_input(self):
         with self.assertRaises(tessera.Error):
             self.m.generate("x", temperature=-1)
