@@ -82,12 +82,17 @@ typedef struct {
 
 /* Loads the model and serves until SIGINT or SIGTERM (or ts_server_stop),
  * then stops taking requests, finishes the running ones and returns 0 (1
- * on a startup error, printed to stderr). One server per process at a
- * time. */
+ * on a startup error, printed to stderr and kept for
+ * ts_server_last_error). One server per process at a time. */
 int ts_server_run(const ts_server_options *o);
 /* From any thread: the running server stops as on SIGTERM (ts_server_run
- * returns once its running requests are done). A no-op when none runs. */
+ * returns once its running requests are done; asked while the model still
+ * loads, it returns as soon as it listens). A no-op when none runs. */
 void ts_server_stop(void);
+/* Why the last ts_server_run returned 1 ("cannot listen on
+ * 127.0.0.1:8000 (Address already in use)"); "" after a clean run. Read
+ * it once ts_server_run has returned. */
+const char *ts_server_last_error(void);
 
 #ifdef __cplusplus
 }

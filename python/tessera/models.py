@@ -11,10 +11,11 @@ import codecs
 import ctypes as C
 import json
 import os
+import threading
 
 from . import _lib
 from ._lib import Error, lib as L
-from .tensor import Tensor, _wrap
+from .tensor import _wrap
 
 TS_MODEL_ALL = 7
 
@@ -82,6 +83,23 @@ for _name, _r, _a in (
     _f.restype, _f.argtypes = _r, _a
 
 _DTYPES = {"float32": 0, "f32": 0, "bfloat16": 1, "bf16": 1}
+
+
+class _no_grad:
+    """Gradients off (and eager or compiled mode) on the context for one
+    generation step, restored after it: a paused stream leaves the
+    context as the caller set it."""
+
+    def __init__(self, c, compiled):
+        self.c, self.compiled = c, compiled
+
+    def __enter__(self):
+        self.grad = L.ts_set_grad_enabled(self.c, False)
+        self.mode = L.ts_set_mode(self.c, 1 if self.compiled else 0)
+
+    def __exit__(self, *exc):
+        L.ts_set_mode(self.c, self.mode)
+        L.ts_set_grad_enabled(self.c, self.grad)
 _MAX_EOS = 8
 
 
@@ -98,12 +116,17 @@ class Tokenizer:
     reads), as Hugging Face's tokenizer encodes and decodes."""
 
     def __init__(self, handle):
-        self._h = handle
+        self._h = handle  # None once its model is closed
+
+    def _handle(self):
+        if not self._h:
+            raise Error("the tokenizer's model is closed", "STATE")
+        return self._h
 
     def encode(self, text, add_special_tokens=True):
         b = text.encode("utf-8")
         ids, n = _P_I32(), C.c_size_t()
-        _lib.check(L.ts_tokenizer_encode_text(self._h, b, len(b), add_special_tokens,
+        _lib.check(L.ts_tokenizer_encode_text(self._handle(), b, len(b), add_special_tokens,
                                               C.byref(ids), C.byref(n)))
         try:
             return ids[:n.value]
@@ -113,17 +136,17 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens=False):
         arr = (C.c_int32 * len(ids))(*ids)
         p, n = C.c_void_p(), C.c_size_t()
-        _lib.check(L.ts_tokenizer_decode(self._h, arr, len(ids), skip_special_tokens,
+        _lib.check(L.ts_tokenizer_decode(self._handle(), arr, len(ids), skip_special_tokens,
                                          C.byref(p), C.byref(n)))
         return _take_string(p.value, n.value).decode("utf-8", "replace")
 
     def token_id(self, token):
-        i = L.ts_tokenizer_token_id(self._h, token.encode())
+        i = L.ts_tokenizer_token_id(self._handle(), token.encode())
         return None if i < 0 else i
 
     @property
     def vocab_size(self):
-        return L.ts_tokenizer_vocab_size(self._h)
+        return L.ts_tokenizer_vocab_size(self._handle())
 
 
 class Model:
@@ -139,6 +162,12 @@ class Model:
             raise Error(f"load: dtype {dtype!r}: the weights are float32 or bfloat16", "DTYPE")
         self.path = path
         self._lm = self._tok = self._chat = self._kc = None
+        self.tokenizer = None
+        # the KV cache's owner: the generation that ran last (an older
+        # stream resumed after it raises rather than read a cache that is
+        # no longer its own); the lock keeps threads out of each other's
+        # steps
+        self._gen, self._lock = 0, threading.Lock()
         c = _lib.ctx()
         _lib.check(L.ts_model_dir_check(c, path.encode(), TS_MODEL_ALL))
         self._dm = device_map.encode() if device_map else None
@@ -191,15 +220,20 @@ class Model:
 
     # ---- lifetime ----
     def close(self):
-        if self._kc:
-            L.ts_lm_cache_free(self._kc)
-        if self._chat:
-            L.ts_chat_free(self._chat)
-        if self._tok:
-            L.ts_tokenizer_free(self._tok)
-        if self._lm:
-            L.ts_lm_free(self._lm)
-        self._kc = self._chat = self._tok = self._lm = None
+        with self._lock:  # not while another thread runs a step
+            self._gen += 1  # a stream still open ends with an error
+            self._cached = []
+            if self.tokenizer is not None:
+                self.tokenizer._h = None
+            if self._kc:
+                L.ts_lm_cache_free(self._kc)
+            if self._chat:
+                L.ts_chat_free(self._chat)
+            if self._tok:
+                L.ts_tokenizer_free(self._tok)
+            if self._lm:
+                L.ts_lm_free(self._lm)
+            self._kc = self._chat = self._tok = self._lm = None
 
     def __del__(self):
         try:
@@ -296,14 +330,23 @@ class Model:
         Sampling defaults: generation_config.json's, else greedy; seed 0.
         stream=True: an iterator of text pieces as they are decoded; else the
         whole text. Generation ends at an end token (unless ignore_eos), a
-        stop string (cut before it) or max_tokens."""
+        stop string (cut before it) or max_tokens. The model has one KV
+        cache: a stream resumed after a later generate() on the same model
+        raises tessera.Error (drop or finish it first)."""
         self._need()
         if max_tokens < 0:
             raise Error(f"generate: max_tokens {max_tokens} < 0", "RANGE")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not isinstance(s, str) for s in stops):
+            raise Error(f"generate: stop {stop!r}: a string or a list of strings")
         if len(stops) > 8 or any(not s for s in stops):
             raise Error("generate: at most 8 stop strings, none empty", "RANGE")
         ids, templated = self._prompt_ids(prompt, messages, chat, system)
+        if not ids:
+            raise Error("generate: the prompt is empty")
+        if len(ids) + 1 > self.max_T:
+            raise Error(f"generate: the prompt ({len(ids)} tokens) does not fit the context of "
+                        f"{self.max_T} tokens (ctx_size)", "RANGE")
         eos = list(self.eos)
         if templated:
             eot = L.ts_chat_eos_token(self._chat_handle()).decode()
@@ -314,59 +357,74 @@ class Model:
         it = self._generate(ids, max_tokens, sampling, [s.encode() for s in stops], eos, ignore_eos)
         return it if stream else "".join(it)
 
+    def _own(self, me):
+        """Raises unless generation me still owns the model's KV cache."""
+        if not self._lm:
+            raise Error("generate: the model was closed during this stream", "STATE")
+        if self._gen != me:
+            raise Error("generate: a later generate() on this model took its KV cache while "
+                        "this stream was open; finish (or close()) a stream before starting "
+                        "another on the same model", "STATE")
+
     def _generate(self, ids, max_new, sampling, stops, eos, ignore_eos):
         c = _lib.ctx()
         n_prompt = len(ids)
-        if n_prompt == 0:
-            raise Error("generate: the prompt is empty")
-        if n_prompt + 1 > self.max_T:
-            raise Error(f"generate: the prompt ({n_prompt} tokens) does not fit the context of "
-                        f"{self.max_T} tokens (ctx_size)", "RANGE")
-        sm = C.c_void_p()
-        _lib.check(L.ts_sampler_new(c, C.byref(sampling), C.byref(sm)))
-        if not self._kc:
-            kc = C.c_void_p()
-            _lib.check(L.ts_lm_cache_new(self._lm, self.max_T, C.byref(kc)))
-            self._kc = kc.value
+        with self._lock:
+            self._need()
+            self._gen += 1
+            me = self._gen
+            sm = C.c_void_p()
+            _lib.check(L.ts_sampler_new(c, C.byref(sampling), C.byref(sm)))
+            try:
+                if not self._kc:
+                    kc = C.c_void_p()
+                    _lib.check(L.ts_lm_cache_new(self._lm, self.max_T, C.byref(kc)))
+                    self._kc = kc.value
+            except BaseException:
+                L.ts_sampler_free(sm)
+                raise
+            keep = 0  # the longest cached prefix, leaving a token to run
+            while keep < len(self._cached) and keep + 1 < n_prompt and \
+                    self._cached[keep] == ids[keep]:
+                keep += 1
+            L.ts_lm_cache_truncate(self._kc, keep)
+            self._cached = []
         seq = (C.c_int32 * (n_prompt + max_new))(*ids)
-        keep = 0  # the longest cached prefix, leaving a token to run
-        while keep < len(self._cached) and keep + 1 < n_prompt and self._cached[keep] == ids[keep]:
-            keep += 1
-        L.ts_lm_cache_truncate(self._kc, keep)
-        self._cached = []
         max_stop = max((len(s) for s in stops), default=0)
         text, printed, n, feed_from, generated = b"", 0, n_prompt, keep, 0
         st = _Detok()
         buf = C.create_string_buffer(64)
         piece_len = C.c_size_t()
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        old_grad = L.ts_set_grad_enabled(c, False)
-        old_mode = L.ts_set_mode(c, 1 if self.compiled else 0)
-        stopped = False
+        stopped, consistent = False, True  # consistent: the cache holds seq[:n - 1]
         try:
             while generated < max_new and not stopped and n < self.max_T:
-                T = n - feed_from
-                shape = (C.c_int64 * 2)(1, T)
-                chunk = (C.c_int64 * T)(*seq[feed_from:n])
-                x = _wrap(L.ts_from_data(c, 4, 2, shape, chunk))
-                logits = _wrap(L.ts_lm_forward_cached(self._lm, self._kc, x._h, True))
-                del x
-                if logits.device != "cpu:0":
-                    logits = logits.to("cpu:0")
-                row = L.ts_tensor_data(logits._h)
-                if not row:
-                    raise _lib.last_error()
-                V = logits.shape[2]
-                nxt = L.ts_sampler_next(sm, C.cast(row, C.POINTER(C.c_float)), V, seq, n)
-                del logits
-                feed_from = n
-                seq[n] = nxt
-                n += 1
-                generated += 1
-                if not ignore_eos and nxt in eos:
-                    break
-                _lib.check(L.ts_tokenizer_decode_step(self._tok, C.byref(st), nxt, buf, 64,
-                                                      C.byref(piece_len)))
+                with self._lock, _no_grad(c, self.compiled):
+                    self._own(me)
+                    consistent = False
+                    T = n - feed_from
+                    shape = (C.c_int64 * 2)(1, T)
+                    chunk = (C.c_int64 * T)(*seq[feed_from:n])
+                    x = _wrap(L.ts_from_data(c, 4, 2, shape, chunk))
+                    logits = _wrap(L.ts_lm_forward_cached(self._lm, self._kc, x._h, True))
+                    del x
+                    if logits.device != "cpu:0":
+                        logits = logits.to("cpu:0")
+                    row = L.ts_tensor_data(logits._h)
+                    if not row:
+                        raise _lib.last_error()
+                    V = logits.shape[2]
+                    nxt = L.ts_sampler_next(sm, C.cast(row, C.POINTER(C.c_float)), V, seq, n)
+                    del logits
+                    feed_from = n
+                    seq[n] = nxt
+                    n += 1
+                    generated += 1
+                    consistent = True
+                    if not ignore_eos and nxt in eos:
+                        break
+                    _lib.check(L.ts_tokenizer_decode_step(self._tok, C.byref(st), nxt, buf, 64,
+                                                          C.byref(piece_len)))
                 text += buf.raw[:piece_len.value]
                 for s in stops:
                     hit = text.find(s, printed - max_stop if printed > max_stop else 0)
@@ -387,11 +445,11 @@ class Model:
             if rest:
                 yield rest
         finally:
-            L.ts_set_mode(c, old_mode)
-            L.ts_set_grad_enabled(c, old_grad)
             L.ts_sampler_free(sm)
-            # the cache now holds seq[0 .. n-1) (the last token was not run)
-            self._cached = list(seq[:n - 1]) if n else []
+            if self._gen == me:
+                # the cache holds seq[0 .. n-1) (the last token was not
+                # run); after a failed step, nothing reusable
+                self._cached = list(seq[:n - 1]) if consistent else []
 
 
 def load(path, device_map=None, dtype="float32", check_weights=True, chat_template=None,

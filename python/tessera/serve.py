@@ -42,6 +42,8 @@ L.ts_server_run.restype = C.c_int
 L.ts_server_run.argtypes = [C.POINTER(_ServerOptions)]
 L.ts_server_stop.restype = None
 L.ts_server_stop.argtypes = []
+L.ts_server_last_error.restype = C.c_char_p
+L.ts_server_last_error.argtypes = []
 L.ts_model_dir_check.restype = C.c_int
 L.ts_model_dir_check.argtypes = [C.c_void_p, C.c_char_p, C.c_uint]
 
@@ -115,9 +117,11 @@ class Server:
         return f"tessera.Server({self.url}, {state})"
 
 
-def serve(model_dir, host="127.0.0.1", port=8000, dtype="float32", **options):
+def serve(model_dir, host="127.0.0.1", port=0, dtype="float32", **options):
     """Starts `tessera serve` on model_dir in this process and returns a
-    Server once it listens (port 0: any free port, Server.port says which).
+    Server once it listens (port 0, the default: any free port, Server.port
+    says which). A startup failure (the folder, the port in use, a bad
+    option) raises tessera.Error with the server's reason.
     options are the CLI's flags by their Python names: model_name, api_key,
     chat_template, allowed_origins, device_map, max_model_len, max_num_seqs,
     num_kv_blocks, kv_memory, block_size, max_batch_tokens, no_prefix_cache,
@@ -160,10 +164,18 @@ def serve(model_dir, host="127.0.0.1", port=8000, dtype="float32", **options):
     if not _running.acquire(blocking=False):
         raise Error("serve: a server already runs in this process (stop it first)", "STATE")
     srv = Server(o, keep)
-    srv._thread.start()
-    srv._listening.wait()
+    try:
+        srv._thread.start()
+        srv._listening.wait()
+    except BaseException:  # Ctrl-C while the model loads: it ends once listening
+        if srv._thread.ident is None:
+            _running.release()
+        while srv._thread.is_alive():
+            L.ts_server_stop()  # again, in case the thread had not begun the run
+            srv._thread.join(0.1)
+        raise
     if srv.port is None:
         srv._thread.join()
-        raise Error(f"serve: the server on {model_dir} did not start (exit {srv.returncode}); "
-                    "the reason is on stderr", "STATE")
+        why = (L.ts_server_last_error() or b"").decode("utf-8", "replace")
+        raise Error(f"serve: {why or 'the server did not start'}", "STATE")
     return srv

@@ -83,14 +83,16 @@ def train(config, callback=None):
     "cosine"|"constant", weight_decay, clip, beta1, beta2, grad_accum,
     eval_every, eval_batches, save_every, log_every, keep_last, seed,
     device, eager, checkpoint_activations, dtype "float32"|"bfloat16",
-    resume, quiet, peak). callback(info) after every step with a dict
-    {step, steps, loss, lr, grad_norm, tokens_per_s, mfu, step_s,
-    val_loss}; returning True ends the run there (its checkpoint written).
+    resume, quiet, peak (FLOP/s) or peak_gflops). callback(info) after
+    every step with a dict {step, steps, loss, lr, grad_norm, tokens_per_s,
+    mfu, step_s, val_loss}; returning True ends the run there (its checkpoint written).
     Returns the run's figures as a dict."""
+    if not isinstance(config, dict):
+        raise Error(f"train: config is a dict of options, not {type(config).__name__}")
     o = L.ts_train_default_options()
     fields = _fields()
     keep = []
-    for k, v in dict(config).items():
+    for k, v in config.items():
         name = _ALIASES.get(k, k)
         if k == "schedule":
             if v not in ("cosine", "constant"):
@@ -100,6 +102,9 @@ def train(config, callback=None):
         if k == "compile":
             o.eager = not bool(v)
             continue
+        if k == "peak_gflops":  # the CLI's --peak-gflops
+            o.peak = float(v) * 1e9
+            continue
         if k == "dtype":
             if v not in ("float32", "f32", "bfloat16", "bf16"):
                 raise Error(f"train: dtype {v!r}: float32 or bfloat16")
@@ -107,17 +112,24 @@ def train(config, callback=None):
             continue
         if name not in fields:
             raise Error(f"train: unknown option {k!r} (options: {', '.join(sorted(fields))}, "
-                        "schedule, dtype, compile)")
-        if name in _STR:
-            keep.append(os.fspath(v).encode())
-            v = keep[-1]
-        elif fields[name] is C.c_bool:
-            v = bool(v)
-        elif fields[name] is C.c_double:
-            v = float(v)
-        else:
-            v = int(v)
-        setattr(o, name, v)
+                        "schedule, dtype, compile, peak_gflops)")
+        try:
+            if name in _STR:
+                keep.append(os.fspath(v).encode())
+                v = keep[-1]
+            elif fields[name] is C.c_bool:
+                v = bool(v)
+            elif fields[name] is C.c_double:
+                v = float(v)
+            elif isinstance(v, float) and not v.is_integer():
+                raise ValueError(v)
+            else:
+                v = int(v)
+            setattr(o, name, v)
+        except (TypeError, ValueError, OverflowError):
+            want = ("a path" if name in _STR else "a number" if fields[name] is C.c_double
+                    else "an integer")
+            raise Error(f"train: {k} {v!r}: want {want}") from None
     raised = []
 
     def on_step(arg, p):
@@ -147,7 +159,9 @@ def prepare_data(files, tokenizer_dir, out_dir, val_fraction=0.05, shard_tokens=
                  model_config=None, quiet=True):
     """Tokenizes text files into out_dir's train/val shards, as `tessera
     prepare-data` does; returns the counts."""
-    files = [os.fspath(f).encode() for f in files]
+    if isinstance(files, (str, bytes, os.PathLike)):
+        files = [files]
+    files = [os.fsencode(f) for f in files]
     arr = (C.c_char_p * len(files))(*files)
     mc = os.fspath(model_config).encode() if model_config else None
     o = _PrepareOptions(os.fspath(tokenizer_dir).encode(), os.fspath(out_dir).encode(),

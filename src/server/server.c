@@ -33,6 +33,7 @@
 #include "prompt.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -737,7 +738,8 @@ static void on_signal(int sig) {
     srv_signal = sig;
 }
 
-/* set while ts_server_run serves: what ts_server_stop may end */
+/* set from the start of ts_server_run to its return: a ts_server_stop
+ * while the model loads ends the server as soon as it listens */
 static volatile sig_atomic_t srv_running;
 
 void ts_server_stop(void) {
@@ -745,22 +747,50 @@ void ts_server_stop(void) {
         srv_signal = -1; /* not a signal: asked by the host program */
 }
 
+/* why the last ts_server_run could not start (ts_server_last_error) */
+static char srv_error[1024];
+
+/* A startup failure: kept for ts_server_last_error and printed as the
+ * CLI always printed it. */
+static void startup_error(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+static void startup_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(srv_error, sizeof srv_error, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "tessera serve: %s\n", srv_error);
+}
+
+const char *ts_server_last_error(void) {
+    return srv_error;
+}
+
 /* ---- run ---- */
 
+static int server_run(const ts_server_options *o);
+
 int ts_server_run(const ts_server_options *o) {
+    srv_error[0] = 0;
+    srv_signal = 0; /* a server run before this one in the process */
+    srv_running = 1;
+    int rc = server_run(o);
+    srv_running = 0;
+    return rc;
+}
+
+static int server_run(const ts_server_options *o) {
     if (!o || !o->model_dir) {
-        fprintf(stderr, "tessera serve: no model folder\n");
+        startup_error("no model folder");
         return 1;
     }
     memset(&srv, 0, sizeof srv);
-    srv_signal = 0; /* a server run before this one in the process */
     srv.kv_fd = -1;
     srv.no_kv_events = o->no_kv_events;
     srv.api_key = o->api_key && *o->api_key ? o->api_key : NULL;
     srv.no_log_requests = o->no_log_requests;
     if (o->pooling < TS_POOL_NONE || o->pooling > TS_POOL_MEAN) {
-        fprintf(stderr, "tessera serve: pooling %d (want last or mean)\n",
-                (int)o->pooling);
+        startup_error("pooling %d (want last or mean)", (int)o->pooling);
         return 1;
     }
     srv.pooling = o->pooling == TS_POOL_MEAN ? TS_POOL_MEAN : TS_POOL_LAST;
@@ -768,7 +798,7 @@ int ts_server_run(const ts_server_options *o) {
     if (o->allowed_origins) {
         char err[400];
         if (ts_origins_parse(o->allowed_origins, &origins, err, sizeof err)) {
-            fprintf(stderr, "tessera serve: %s\n", err);
+            startup_error("%s", err);
             return 1;
         }
         srv.origins = &origins;
@@ -785,7 +815,7 @@ int ts_server_run(const ts_server_options *o) {
     if (o->kv_peers) {
         char err[400];
         if (ts_kv_peers_parse(o->kv_peers, &peers, err, sizeof err)) {
-            fprintf(stderr, "tessera serve: %s\n", err);
+            startup_error("%s", err);
             return 1;
         }
         srv.kv_peers = &peers;
@@ -794,15 +824,17 @@ int ts_server_run(const ts_server_options *o) {
     if (o->kv_senders) {
         char err[400];
         if (ts_kv_senders_parse(o->kv_senders, &senders, err, sizeof err)) {
-            fprintf(stderr, "tessera serve: %s\n", err);
+            startup_error("%s", err);
             return 1;
         }
         srv.kv_senders = &senders;
     }
     const char *fault = getenv("TESSERA_FAULT_KV_CORRUPT");
     srv.fault_corrupt = fault && *fault && strcmp(fault, "0");
-    if (ts_ctx_new(&srv.ctx, NULL) != TS_OK)
+    if (ts_ctx_new(&srv.ctx, NULL) != TS_OK) {
+        startup_error("cannot create a context (out of memory)");
         return 1;
+    }
     ts_set_grad_enabled(srv.ctx, false);
     ts_load_options lo = {.weight_dtype = o->weight_dtype,
                           .device_map = o->device_map,
@@ -816,37 +848,35 @@ int ts_server_run(const ts_server_options *o) {
         ts_tokenizer_load(srv.ctx, o->model_dir, &srv.tok) != TS_OK ||
         ts_tokenizer_check_vocab(srv.ctx, srv.tok,
                                  ts_lm_config(srv.lm)->vocab) != TS_OK) {
-        fprintf(stderr, "tessera serve: %s\n", ts_errmsg(srv.ctx));
+        startup_error("%s", ts_errmsg(srv.ctx));
         goto done;
     }
     char oerr[512];
     if (srv_openai_init(oerr, sizeof oerr)) {
-        fprintf(stderr, "tessera serve: %s\n", oerr);
+        startup_error("%s", oerr);
         goto done;
     }
     if (o->chat_template && *o->chat_template) { /* given: it must load */
         if (ts_chat_load_with(srv.ctx, o->model_dir, o->chat_template,
                               &srv.chat) != TS_OK) {
-            fprintf(stderr, "tessera serve: --chat-template: %s\n",
-                    ts_errmsg(srv.ctx));
+            startup_error("--chat-template: %s", ts_errmsg(srv.ctx));
             goto done;
         }
     } else if (ts_chat_load(srv.ctx, o->model_dir, &srv.chat) != TS_OK)
         ts_clear_error(srv.ctx); /* no chat template: completions only */
     if (ts_engine_new(srv.ctx, ts_lm_decoder(srv.lm), &o->engine, &srv.eng) !=
         TS_OK) {
-        fprintf(stderr, "tessera serve: %s\n", ts_errmsg(srv.ctx));
+        startup_error("%s", ts_errmsg(srv.ctx));
         goto done;
     }
     const ts_model_config *mc = ts_lm_config(srv.lm);
     srv.max_positions = mc->max_positions;
     if (o->max_model_len < 0 || o->max_model_len > mc->max_positions) {
-        fprintf(stderr,
-                "tessera serve: --max-model-len %lld is %s the model's "
-                "max_position_embeddings %lld (config.json)\n",
-                (long long)o->max_model_len,
-                o->max_model_len < 0 ? "negative, unlike" : "larger than",
-                (long long)mc->max_positions);
+        startup_error("--max-model-len %lld is %s the model's "
+                      "max_position_embeddings %lld (config.json)",
+                      (long long)o->max_model_len,
+                      o->max_model_len < 0 ? "negative, unlike" : "larger than",
+                      (long long)mc->max_positions);
         goto done;
     }
     if (o->max_model_len > 0)
@@ -885,7 +915,7 @@ int ts_server_run(const ts_server_options *o) {
     pthread_cond_init(&srv.eng_cv, NULL);
     pthread_cond_init(&srv.out_cv, NULL);
     if (pthread_create(&engine_thread, NULL, engine_loop, NULL)) {
-        fprintf(stderr, "tessera serve: cannot start the engine thread\n");
+        startup_error("cannot start the engine thread");
         goto done;
     }
     thread_started = true;
@@ -894,11 +924,11 @@ int ts_server_run(const ts_server_options *o) {
         srv.kv_fd = ts_kvx_listen(o->host ? o->host : "127.0.0.1", o->kv_port,
                                   &srv.kv_port, err, sizeof err);
         if (srv.kv_fd < 0) {
-            fprintf(stderr, "tessera serve: %s\n", err);
+            startup_error("%s", err);
             goto done;
         }
         if (pthread_create(&kv_thread, NULL, kv_listen_loop, NULL)) {
-            fprintf(stderr, "tessera serve: cannot start the KV thread\n");
+            startup_error("cannot start the KV thread");
             goto done;
         }
         kv_started = true;
@@ -907,14 +937,14 @@ int ts_server_run(const ts_server_options *o) {
                                .sin_port = htons((uint16_t)o->port)};
     if (inet_pton(AF_INET, o->host ? o->host : "127.0.0.1", &addr.sin_addr) !=
         1) {
-        fprintf(stderr, "tessera serve: bad --host \"%s\" (an IPv4 address)\n",
-                o->host);
+        startup_error("bad --host \"%s\" (an IPv4 address)", o->host);
         goto done;
     }
     /* the timeout is MHD's idle limit: it runs while a request is read
      * and a response written, not while the handler or a stream's
      * callback waits for the engine (a stream writes a keep-alive every
      * second); a client that sends nothing is dropped after it */
+    errno = 0; /* MHD leaves bind's or listen's errno */
     d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
             MHD_USE_POLL |
@@ -926,8 +956,10 @@ int ts_server_run(const ts_server_options *o) {
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)per_client,
         MHD_OPTION_END);
     if (!d) {
-        fprintf(stderr, "tessera serve: cannot listen on %s:%d\n",
-                o->host ? o->host : "127.0.0.1", o->port);
+        int e = errno;
+        startup_error("cannot listen on %s:%d%s%s%s",
+                      o->host ? o->host : "127.0.0.1", o->port, e ? " (" : "",
+                      e ? strerror(e) : "", e ? ")" : "");
         goto done;
     }
     const union MHD_DaemonInfo *info =
@@ -943,7 +975,6 @@ int ts_server_run(const ts_server_options *o) {
     if (srv.kv_fd >= 0)
         fprintf(stderr, "tessera serve: KV transfers on %s:%d\n",
                 o->host ? o->host : "127.0.0.1", srv.kv_port);
-    srv_running = 1;
     if (o->on_listen)
         o->on_listen(port, o->on_listen_arg);
     if (!o->no_signal_handlers) {
@@ -953,7 +984,6 @@ int ts_server_run(const ts_server_options *o) {
     signal(SIGPIPE, SIG_IGN);
     while (!srv_signal)
         usleep(100000);
-    srv_running = 0;
     /* drain: no new connections; running requests finish */
     MHD_quiesce_daemon(d);
     for (;;) {

@@ -18,6 +18,7 @@ each against what the CLI or the server gives for the same input:
 """
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,10 +33,14 @@ BIN, MODEL = sys.argv[1], sys.argv[2]
 del sys.argv[1:3]
 
 
-def cli_run(*args):
-    r = subprocess.run([BIN, "run", "-m", MODEL, *args], capture_output=True, text=True, check=True)
+def cli_run_in(model, *args):
+    r = subprocess.run([BIN, "run", "-m", model, *args], capture_output=True, text=True, check=True)
     assert r.stdout.endswith("\n"), r.stdout
     return r.stdout[:-1]  # run ends the reply with a newline
+
+
+def cli_run(*args):
+    return cli_run_in(MODEL, *args)
 
 
 class TestGenerate(unittest.TestCase):
@@ -83,6 +88,61 @@ class TestGenerate(unittest.TestCase):
         self.assertEqual(a, b)
         self.assertEqual(a, c)
 
+    def test_streams_and_the_kv_cache(self):
+        m = tessera.load(MODEL)
+        want = m.generate("And God said unto Moses", max_tokens=16)
+        # a stream left open, then another prompt, then the stream dropped:
+        # the cache's bookkeeping stays the later call's (it was the
+        # dropped stream's, so the next call reused a prefix it lacked)
+        g = m.generate("And God said unto Moses", max_tokens=16, stream=True)
+        next(g)
+        m.generate("Jesus wept", max_tokens=8)
+        del g
+        self.assertEqual(m.generate("And God said unto Moses", max_tokens=16), want)
+        # an older stream resumed after a newer generation raises; the
+        # newer one is unaffected
+        a = m.generate("And God said", max_tokens=10, stream=True)
+        b = m.generate("Jesus wept", max_tokens=10, stream=True)
+        first_a, first_b = next(a), next(b)
+        with self.assertRaises(tessera.Error) as e:
+            next(a)
+        self.assertIn("took its KV cache", str(e.exception))
+        self.assertEqual(first_b + "".join(b), m.generate("Jesus wept", max_tokens=10))
+        self.assertTrue(m.generate("And God said", max_tokens=10).startswith(first_a))
+        # closed under an open stream, and the tokenizer after close
+        s = m.generate("And God said", max_tokens=10, stream=True)
+        next(s)
+        tok = m.tokenizer
+        m.close()
+        with self.assertRaises(tessera.Error) as e:
+            next(s)
+        self.assertIn("closed", str(e.exception))
+        with self.assertRaises(tessera.Error):
+            tok.encode("And God said")
+        with self.assertRaises(tessera.Error):
+            m.generate("And God said")
+
+    def test_end_token_after_held_back_text(self):
+        # "," made an end token (generation_config.json): the text held
+        # back while it might start a stop string is still returned when an
+        # end token ends the reply (`tessera run --stop` drops it)
+        with tempfile.TemporaryDirectory() as d:
+            for f in os.listdir(MODEL):
+                if f != "generation_config.json":
+                    os.symlink(os.path.abspath(os.path.join(MODEL, f)), os.path.join(d, f))
+            comma = self.m.tokenizer.encode(",", add_special_tokens=False)[0]
+            with open(os.path.join(d, "generation_config.json"), "w") as f:
+                json.dump({"eos_token_id": [self.m.eos[0], comma]}, f)
+            m = tessera.load(d)
+            plain = m.generate("In the beginning God created", max_tokens=40)
+            self.assertTrue(0 < len(plain) < len(self.m.generate("In the beginning God created",
+                                                                 max_tokens=40)))
+            self.assertNotIn(",", plain)
+            self.assertEqual(m.generate("In the beginning God created", max_tokens=40,
+                                        stop="zzzzzzzzzz"), plain)
+            self.assertEqual("".join(m.generate("In the beginning God created", max_tokens=40,
+                                                stop="zzzzzzzzzz", stream=True)), plain)
+
     def test_device_map(self):
         want = self.m.generate("And God said", max_tokens=24)
         split = tessera.load(MODEL, device_map="embed,0-3:cpu:0;4-7,head:cpu:1")
@@ -103,6 +163,12 @@ class TestGenerate(unittest.TestCase):
             self.m.generate("x", temperature=-1)
         with self.assertRaises(tessera.Error):
             self.m.generate("x", max_tokens=-2)
+        with self.assertRaises(tessera.Error) as e:
+            self.m.generate("x", stop=[1])
+        self.assertIn("stop", str(e.exception))
+        with self.assertRaises(tessera.Error) as e:  # raised by the call, not the first next()
+            self.m.generate("word " * 5000, stream=True)
+        self.assertIn("does not fit the context", str(e.exception))
         with self.assertRaises(tessera.Error) as e:
             tessera.load("/nonexistent/model")
         self.assertIn("/nonexistent/model", str(e.exception))
@@ -168,6 +234,16 @@ class TestServe(unittest.TestCase):
     def test_bad_options(self):
         with self.assertRaises(tessera.Error):
             tessera.serve("/nonexistent/model", port=0)
+        with socket.socket() as busy:  # the server's own reason, not a hang
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            with self.assertRaises(tessera.Error) as e:
+                tessera.serve(MODEL, port=busy.getsockname()[1])
+            self.assertIn("cannot listen on 127.0.0.1:%d (Address already in use)"
+                          % busy.getsockname()[1], str(e.exception))
+        with self.assertRaises(tessera.Error) as e:
+            tessera.serve(MODEL, host="localhost")
+        self.assertIn('bad --host "localhost"', str(e.exception))
         with self.assertRaises(tessera.Error) as e:
             tessera.serve(MODEL, port=0, not_an_option=1)
         self.assertIn("not_an_option", str(e.exception))
@@ -211,15 +287,20 @@ class TestTrain(unittest.TestCase):
         self.assertLess(steps[-1]["loss"], steps[0]["loss"])
         self.assertAlmostEqual(res["last_loss"], steps[-1]["loss"])
         # the result is a model folder tessera.load reads
-        final = os.path.join(out, open(os.path.join(out, "latest")).read().strip())
-        self.assertTrue(os.path.exists(os.path.join(final, "model.safetensors")))
+        with open(os.path.join(out, "latest")) as f:
+            final = os.path.join(out, f.read().strip())
+        with tessera.load(final) as m:
+            self.assertEqual(m.config["num_hidden_layers"], 2)
+            self.assertEqual(m.generate("In the beginning", max_tokens=6),
+                             cli_run_in(final, "-p", "In the beginning", "-n", "6"))
 
     def test_callback_stops_the_run(self):
         out = os.path.join(self.d, "out2")
         res = tessera.train({"model_config": self.cfg, "data_dir": self.data, "out_dir": out,
-                             "batch": 2, "seq": 16, "steps": 100, "quiet": True},
-                            callback=lambda s: s["step"] >= 3)
+                             "batch": 2, "seq": 16, "steps": 100, "quiet": True,
+                             "peak_gflops": 50}, callback=lambda s: s["step"] >= 3)
         self.assertEqual(res["steps_done"], 3)
+        self.assertEqual(res["peak"], 50e9)
         self.assertTrue(os.path.isdir(os.path.join(out, "step_000003")))
 
     def test_callback_error_propagates(self):
@@ -235,6 +316,11 @@ class TestTrain(unittest.TestCase):
         with self.assertRaises(tessera.Error) as e:
             tessera.train({"model_config": self.cfg, "bogus": 1})
         self.assertIn("bogus", str(e.exception))
+        with self.assertRaises(tessera.Error) as e:
+            tessera.train({"model_config": self.cfg, "batch": "four"})
+        self.assertIn("batch 'four'", str(e.exception))
+        with self.assertRaises(tessera.Error):
+            tessera.train([("model_config", self.cfg)])
         with self.assertRaises(tessera.Error):
             tessera.train({"model_config": self.cfg, "data_dir": "/nonexistent",
                            "out_dir": os.path.join(self.d, "o")})
