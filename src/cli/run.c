@@ -207,7 +207,9 @@ static ts_status generate(session *S, const run_opts *o, const int32_t *ids,
             printed = safe;
         }
     }
-    if (!stopped && tl > printed)
+    /* what was held back for the stop strings, when an end token (or the
+     * length) ended the reply; a stop string's cut printed all up to it */
+    if (tl > printed)
         fwrite(text + printed, 1, tl - printed, stdout);
     fflush(stdout);
     double t1 = now();

@@ -125,7 +125,7 @@ class TestGenerate(unittest.TestCase):
     def test_end_token_after_held_back_text(self):
         # "," made an end token (generation_config.json): the text held
         # back while it might start a stop string is still returned when an
-        # end token ends the reply (`tessera run --stop` drops it)
+        # end token ends the reply, by generate and by `tessera run --stop`
         with tempfile.TemporaryDirectory() as d:
             for f in os.listdir(MODEL):
                 if f != "generation_config.json":
@@ -142,6 +142,10 @@ class TestGenerate(unittest.TestCase):
                                         stop="zzzzzzzzzz"), plain)
             self.assertEqual("".join(m.generate("In the beginning God created", max_tokens=40,
                                                 stop="zzzzzzzzzz", stream=True)), plain)
+            r = subprocess.run([BIN, "run", "-m", d, "-p", "In the beginning God created", "-n",
+                                "40", "--stop", "zzzzzzzzzz"], capture_output=True, text=True,
+                               check=True)
+            self.assertEqual(r.stdout[:-1], plain)
 
     def test_device_map(self):
         want = self.m.generate("And God said", max_tokens=24)
