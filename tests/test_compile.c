@@ -449,6 +449,42 @@ static void test_fused_kernel_choice(void) {
     }
 }
 
+/* softmax(q @ k^T * s) @ v that the attention kernel cannot take stays op
+ * by op: a value head dim other than the query's (the kernel read past v),
+ * and a scale <= 0 (the kernel's "default 1/sqrt(D)") */
+static ts_tensor *attention_misfit(ts_ctx *ctx, int64_t Dv, double scale) {
+    int64_t qs[4] = {2, 3, 5, 8}, vs[4] = {2, 3, 5, Dv};
+    ts_tensor *q = ts_randn(ctx, TS_F32, 4, qs, 1, 1);
+    ts_tensor *k = ts_randn(ctx, TS_F32, 4, qs, 1, 2);
+    ts_tensor *v = ts_randn(ctx, TS_F32, 4, vs, 1, 3);
+    ts_tensor *kt = ts_transpose(k, 2, 3), *s = ts_matmul(q, kt);
+    ts_tensor *ss = ts_mul_scalar(s, scale), *p = ts_softmax(ss, -1);
+    ts_tensor *o = ts_matmul(p, v);
+    ts_tensor *tmp[] = {q, k, v, kt, s, ss, p};
+    for (int i = 0; i < 7; i++)
+        ts_release(tmp[i]);
+    return o;
+}
+
+static void test_attention_misfits_stay_unfused(void) {
+    const int64_t dv[3] = {4, 8, 8};
+    const double scale[3] = {0.3, 0.0, -0.5};
+    for (int c = 0; c < 3; c++) {
+        ts_ctx *ce = test_ctx(), *cc = test_ctx();
+        ts_tensor *want = attention_misfit(ce, dv[c], scale[c]);
+        ts_set_mode(cc, TS_MODE_COMPILED);
+        ts_set_grad_enabled(cc, false);
+        ts_tensor *got = attention_misfit(cc, dv[c], scale[c]);
+        CHECK_OK(cc, ts_sync(cc));
+        ts_compile_stats st;
+        ts_get_compile_stats(cc, &st);
+        CHECK(st.patterns_rewritten == 0);
+        test_allclose("attention misfit vs eager", got, want, 1e-5, 1e-5);
+        ts_release(want), ts_release(got);
+        ts_ctx_free(ce), ts_ctx_free(cc);
+    }
+}
+
 /* matmul epilogues: gelu(x @ w + b) + r runs the product in row panels,
  * each eaten by the fused loop while in cache. One panel gives eager's
  * bits; several panels may not (OpenBLAS splits a smaller product across
@@ -638,6 +674,7 @@ static void test_reads_see_recorded_writes(void) {
 
 int main(void) {
     setenv("TS_POISON_FREED", "1", 1); /* dead buffers become NaN */
+    test_attention_misfits_stay_unfused();
     test_block_and_training_match_eager();
     test_cache_by_shape_and_dce();
     test_buffers_shared_by_liveness();

@@ -20,7 +20,7 @@ class Tensor:
         raise TypeError("tessera.Tensor is made by tessera.tensor, from_numpy, from_dlpack, zeros, ...")
 
     def __del__(self):
-        h = self._h
+        h = getattr(self, "_h", None)
         if h:
             self._h = None
             lib.ts_release(h)

@@ -923,6 +923,8 @@ static bool rewrite_pass(ts_trace *t, plan *p) {
                         v->shape[1] == q->shape[1] &&
                         kt->shape[2] == q->shape[3] &&
                         v->shape[2] == kt->shape[3] &&
+                        v->shape[3] == q->shape[3] &&   /* the kernel's D */
+                        scale > 0 && isfinite(scale) && /* <= 0: its default */
                         kt->strides[2] == 1; /* k^T: a transposed view */
                     if (fits) {
                         for (int c = 0; c < nc; c++)

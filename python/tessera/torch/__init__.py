@@ -86,9 +86,9 @@ class Program:
             if n.op == "input":
                 continue
             rhs, err = None, None
-            op = _lower._INPLACE.get(n.op, n.op)
-            if op != n.op and getattr(n.args[0], "users", 0) != 1:
-                op = None  # an in-place update of a value read again later
+            op = n.op
+            if n.op in _lower._INPLACE:
+                op = _lower.inplace_as_outofplace(n)
             if n.op == "getitem" and items and any(k == "fb" and m is n.args[0] for k, m, _ in items):
                 items.append(("get", n, None))  # an element of a fallback's result
                 continue
@@ -104,8 +104,8 @@ class Program:
                 err = _lower.unsupported(n)
             pre, tmps = g.take_pre()
             if rhs is None:
-                if not cm.fallback:
-                    raise err
+                if not cm.fallback or n.op.startswith("ts."):
+                    raise err  # a folded node has no PyTorch op to fall back on
                 items.append(("fb", n, _lower.fallback_fn(n, device_code, cm.train)))
             else:
                 line = f"{n.var} {rhs}" if rhs.startswith("=") else f"{n.var} = {rhs}"
@@ -160,6 +160,18 @@ class Program:
             k = j
         self.single = len(self.steps) == 1 and self.steps[0][0] == "seg" and \
             self.steps[0][1].in_nodes == list(inputs)
+        if self.single:  # where each output is: the segment's results or the inputs
+            seg = self.steps[0][1]
+            pos = {id(m): i for i, m in enumerate(seg.out_nodes)}
+            self.pick = []
+            for a in self.out_flat:
+                if isinstance(a, _capture.N) and not a.const:
+                    if id(a) in pos:
+                        self.pick.append((0, pos[id(a)]))
+                    elif a.op == "input":
+                        self.pick.append((1, a.input_index))
+                    else:
+                        self.single = False
         self.source = "\n".join(st[1].source if st[0] == "seg" else f"# PyTorch: {st[1].op}\n"
                                 for st in self.steps)
 
@@ -183,7 +195,10 @@ class Program:
         flat = []
         for a in self.out_flat:
             if isinstance(a, _capture.N) and not a.const:
-                flat.append(next(it))
+                v = next(it)
+                if isinstance(v, torch.Tensor) and a.dtype is not None and v.dtype != a.dtype:
+                    v = v.to(a.dtype)  # bool held as float, ...
+                flat.append(v)
             else:
                 flat.append(a.value if isinstance(a, _capture.N) else a)
         return pytree.tree_unflatten(flat, self.out_spec)
@@ -235,6 +250,9 @@ class _TesseraFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         cm, outs = ctx.cm, ctx.outs
+        if outs is None:
+            raise Error("tessera.torch.compile: a second backward through the same forward "
+                        "(retain_graph is not supported: call the module again)", "STATE")
         with _Mode(cm, False):
             pairs = [(o, g) for o, g in zip(outs, grads)
                      if g is not None and L.ts_tensor_dtype(o._h) in (0, 1, 2)]
@@ -242,12 +260,14 @@ class _TesseraFunction(torch.autograd.Function):
                 gts = [torch_to_ts(g.contiguous(), cm.device) for _, g in pairs]
                 if len(pairs) == 1:
                     _lib.check(L.ts_backward(pairs[0][0]._h, gts[0]._h))
-                else:
+                else:  # one root, sum(out_i * grad_i), recorded for autograd
+                    old = L.ts_set_grad_enabled(_lib.ctx(), True)
                     root = None
                     for (o, _), g in zip(pairs, gts):
                         prod = _wrap(L.ts_mul(o._h, g._h))
                         term = _wrap(L.ts_sum(prod._h, 0, None, False))
                         root = term if root is None else _wrap(L.ts_add(root._h, term._h))
+                    L.ts_set_grad_enabled(_lib.ctx(), old)
                     _lib.check(L.ts_backward(root._h, None))
             grads_out = []
             for leaf, wants in zip(ctx.leaves, ctx.leaf_grad):
@@ -259,6 +279,17 @@ class _TesseraFunction(torch.autograd.Function):
                     grads_out.append(None)
         ctx.outs = ctx.leaves = None  # the forward's graph goes with them
         return (None, None, None, *grads_out)
+
+
+def _arg_key(a):
+    """A call argument's part of the capture key: a tensor's shape, dtype and
+    requires_grad; a plain value itself; any other object its identity (its
+    value is baked into the capture)."""
+    if isinstance(a, torch.Tensor):
+        return (tuple(a.shape), a.dtype, a.requires_grad)
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return ("value", type(a).__name__, a)
+    return ("object", type(a).__name__, id(a))
 
 
 class CompiledModule:
@@ -327,10 +358,10 @@ class CompiledModule:
         state_names = _capture.state_aliases(self.module, params, "_parameters") + \
             _capture.state_aliases(self.module, bufs, "_buffers")
         gm = _capture.trace(self.module, state_names,
-                            [p.detach() for p in params] + [b.detach() for b in bufs],
-                            [t.detach() for t in tensors], rebuild)
+                            [p.detach() for p in params] + [b.detach().clone() for b in bufs],
+                            [t.detach().clone() for t in tensors], rebuild)
         nodes, inputs, out = _capture.to_ir(gm, len(params), len(bufs), [b.detach() for b in bufs])
-        nodes, out = _capture.simplify(nodes, out)
+        nodes, out = _capture.simplify(nodes, out, self.train)
         self.captures += 1
         return Program(self, nodes, inputs, out, self.device, len(params)), [(b, b._version) for b in bufs]
 
@@ -340,17 +371,18 @@ class CompiledModule:
         flat, spec = pytree.tree_flatten(args)
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
         grad = self.train and torch.is_grad_enabled()
-        key = (str(spec), self.module.training, grad,
-               tuple((tuple(a.shape), a.dtype, a.requires_grad) if isinstance(a, torch.Tensor)
-                     else ("value", repr(a)) for a in flat))
+        params = list(self.module.parameters())
+        key = (str(spec), tuple(m.training for m in self.module.modules()), grad,
+               tuple(_arg_key(a) for a in flat),
+               tuple((p.dtype, tuple(p.shape)) for p in params))
         ent = self._programs.get(key)
-        if ent is not None and any(b._version != v for b, v in ent[1]):
-            ent = None  # a buffer changed: its value is baked in
+        if ent is not None and (any(b._version != v for b, v in ent[1]) or
+                                [id(b) for b, _ in ent[1]] != [id(b) for b in self.module.buffers()]):
+            ent = None  # a buffer changed or was replaced: its value is baked in
         if ent is None:
             ent = self._capture(args, tensors)
             self._programs[key] = ent
         prog = ent[0]
-        params = list(self.module.parameters())
         if grad and (any(p.requires_grad for p in params) or any(t.requires_grad for t in tensors)):
             env = {id(a): v for a, v in zip(prog.inputs, params + tensors)}
             n_params = prog.n_params
@@ -360,7 +392,9 @@ class CompiledModule:
             state = self._state(params, grad=False)
             ins = [torch_to_ts(t.detach(), self.device) for t in tensors]
             if prog.single:
-                outs = prog.steps[0][1].fn(state + ins)
+                inputs = state + ins
+                res = prog.steps[0][1].fn(inputs)
+                outs = [res[i] if k == 0 else inputs[i] for k, i in prog.pick]
             else:
                 env = {id(a): v for a, v in zip(prog.inputs, state + ins)}
                 outs = prog.run(env, lambda seg, vals: seg.fn(vals))

@@ -31,15 +31,22 @@ class N:
     over other N's (args may hold N's, lists of N's and Python constants)."""
 
     __slots__ = ("op", "target", "args", "kwargs", "shape", "dtype", "src", "users", "value",
-                 "const", "input_index", "idx", "var")
+                 "const", "input_index", "idx", "var", "state")
 
     def __init__(self, op, target=None, args=(), kwargs=None):
         self.op, self.target, self.args, self.kwargs = op, target, tuple(args), kwargs or {}
         self.shape = self.dtype = self.src = self.value = None
         self.users, self.const, self.input_index, self.idx, self.var = 0, False, -1, -1, None
+        self.state = False  # a constant that is the module's state (a buffer)
 
     def __repr__(self):
         return f"N({self.op}, shape={self.shape})"
+
+
+def is_inplace(target):
+    """aten.add_.Tensor, aten.copy_.default, ...: ops that write an operand."""
+    parts = str(target).split(".")
+    return len(parts) >= 2 and parts[0] == "aten" and parts[1].endswith("_")
 
 
 def op_name(target):
@@ -54,6 +61,8 @@ def user_frame(stack_trace):
     if not stack_trace:
         return None
     for m in _FRAME.finditer(stack_trace):
+        if m.group(1).startswith("<"):  # fx's generated code, not a file
+            continue
         f = os.path.abspath(m.group(1))
         if f.startswith(_TORCH_DIR) or f.startswith(_PKG_DIR):
             continue
@@ -126,7 +135,7 @@ def to_ir(gm, n_params, n_buffers, buffers):
         if fx.op == "placeholder":
             if n_params <= k < n_params + n_buffers:
                 n = N("const")
-                n.const, n.value = True, buffers[k - n_params]
+                n.const, n.value, n.state = True, buffers[k - n_params], True
             else:
                 n = N("input")
                 n.input_index = len(inputs)
@@ -143,8 +152,12 @@ def to_ir(gm, n_params, n_buffers, buffers):
                       for key, v in fx.kwargs.items()}
             n = N(op_name(fx.target), fx.target, args, kwargs)
             n.src = user_frame(getattr(fx, "stack_trace", None))
-            if not _has_node(list(args) + list(kwargs.values())) or all(
-                    a.const for a in _nodes_in(args, kwargs)):
+            consts = not _has_node(list(args) + list(kwargs.values())) or all(
+                a.const for a in _nodes_in(args, kwargs))
+            # an update in place folds only into a constant of the capture's
+            # own making, never into a buffer: that is the module's state
+            if consts and not (is_inplace(fx.target) and (not args or not isinstance(args[0], N)
+                                                          or args[0].state)):
                 _fold(n)
         elif fx.op == "get_attr":  # a tensor constant the trace lifted
             n = N("const")
@@ -242,6 +255,8 @@ def fold_matmuls(nodes):
         A, B = _unexpand(b.args[0]), _unexpand(b.args[1])
         if A is None or B is None or len(A.shape) != len(n.shape) or len(B.shape) != len(n.shape):
             continue
+        if tuple(A.shape[:-1]) + (B.shape[-1],) != tuple(n.shape) or A.shape[:-2] != B.shape[:-2]:
+            continue  # the view regroups the product: not the 4-D matmul
         n.op, n.target, n.args, n.kwargs = "ts.matmul", None, (A, B), {}
         b.op = "dead"
 
@@ -474,7 +489,7 @@ def fold_cross_entropy(nodes):
     """nll_loss(log_softmax(z, -1), t) -> cross_entropy(z, t): one fused
     pass (and its backward) instead of a log-probability tensor."""
     for n in nodes:
-        if _is(n, "aten.nll_loss_forward.default"):
+        if _is(n, "aten.nll_loss_forward.default") and n.args[2] is None:
             x = n.args[0]
             if _is(x, "aten._log_softmax.default") and x.users == 1 and x.args[1] in (-1, 1) \
                     and len(x.shape) == 2:
@@ -482,7 +497,7 @@ def fold_cross_entropy(nodes):
                 x.op = "dead"
 
 
-def fold_attention(nodes, dtype_ok=lambda dt: dt == torch.float32):
+def fold_attention(nodes, train=False, dtype_ok=lambda dt: dt == torch.float32):
     """matmul(softmax([masked_fill|add](matmul(Q, K^T) [/ c | * c], mask), -1), V)
     -> scaled_dot_product_attention(Q, K, V, mask, causal, scale)."""
     for n in nodes:
@@ -502,8 +517,8 @@ def fold_attention(nodes, dtype_ok=lambda dt: dt == torch.float32):
                 and not s.kwargs:
             mask, chain = ("add", s.args[1].value), chain + [s]
             s = s.args[0]
-        elif _is(s, "aten.add.Tensor") and s.users == 1 and isinstance(s.args[1], N) and not s.kwargs \
-                and s.args[1].dtype == torch.float32 and s.args[1].shape is not None \
+        elif not train and _is(s, "aten.add.Tensor") and s.users == 1 and isinstance(s.args[1], N) \
+                and not s.kwargs and s.args[1].dtype == torch.float32 and s.args[1].shape is not None \
                 and len(s.args[1].shape) == 4:
             mask, chain = ("input", s.args[1]), chain + [s]  # a mask the caller passes
             s = s.args[0]
@@ -514,8 +529,8 @@ def fold_attention(nodes, dtype_ok=lambda dt: dt == torch.float32):
         elif _is(s, "aten.mul.Tensor") and s.users == 1 and isinstance(s.args[1], (int, float)):
             scale, chain = float(s.args[1]), chain + [s]
             s = s.args[0]
-        if not (_is(s, "ts.matmul") and s.users == 1):
-            continue
+        if not (_is(s, "ts.matmul") and s.users == 1) or not (0 < scale < float("inf")):
+            continue  # (the kernel reads a scale <= 0 as 1/sqrt(D))
         Q, KT = s.args
         K = _transposed_last(KT)
         # grouped-query attention: the kernel reads each key/value head for
@@ -528,7 +543,8 @@ def fold_attention(nodes, dtype_ok=lambda dt: dt == torch.float32):
                                 for x in (Q, K, V)):
             continue
         if not all(dtype_ok(x.dtype) for x in (Q, K, V)) or Q.shape[-1] != K.shape[-1] \
-                or K.shape[:-1] != V.shape[:-1] or Q.shape[1] % K.shape[1]:
+                or K.shape[:-1] != V.shape[:-1] or Q.shape[1] % K.shape[1] \
+                or V.shape[-1] != Q.shape[-1]:
             continue
         T, S = Q.shape[2], K.shape[2]
         m_add = None
@@ -567,12 +583,15 @@ def dead_code(nodes, out):
                 a.users -= 1
 
 
-def simplify(nodes, out):
+def simplify(nodes, out, train=False):
     out = fold_noop_slices(nodes, out)
     for fold in (fold_matmuls, fold_linear, fold_rmsnorm, fold_repeat_interleave, fold_attention,
                  fold_cross_entropy, fold_rope):
         dead_code(nodes, out)
-        fold(nodes)
+        if fold is fold_attention:
+            fold(nodes, train)
+        else:
+            fold(nodes)
     dead_code(nodes, out)
     return [n for n in nodes if n.op != "dead"], out
 

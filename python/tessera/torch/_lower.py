@@ -29,6 +29,7 @@ class UnsupportedOp(Error):
 
 def unsupported(n, why=""):
     where = f" (called at {n.src})" if n.src else ""
+    why = why.replace("tessera.torch.compile: ", "")
     extra = f": {why}" if why else ""
     return UnsupportedOp(f"tessera.torch.compile: {n.op}{extra} has no Tessera lowering{where}; "
                          f"pass fallback=True to run it in PyTorch")
@@ -108,6 +109,18 @@ class Codegen:
         return pre, names
 
 
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _float_only(n, *args):
+    """Tessera's arithmetic kernels take floating-point values: integer or
+    boolean math (position ids, masks) is left to PyTorch (fallback)."""
+    dts = [n.dtype] + [_arg_dtype(a) for a in args]
+    for dt in dts:
+        if dt is not None and dt not in _FLOATS:
+            raise Error(f"{dt} operands (Tessera computes this op on floats only)")
+
+
 def _scalar(a):
     """a as a Python number when it is one (or a one-element constant)."""
     from ._capture import N
@@ -172,7 +185,8 @@ def lower(*names):
 def _binary(cname, cscalar=None, scalar_first=None):
     def fn(g, n):
         a, b = n.args[0], n.args[1]
-        alpha = n.kwargs.get("alpha", 1)
+        alpha = n.kwargs.get("alpha", n.args[2] if len(n.args) > 2 else 1)
+        _float_only(n, a, b)
         sb, sa = _scalar(b), _scalar(a)
         if cscalar and sb is not None and not (hasattr(b, "shape") and b.shape and len(b.shape) > 0):
             return cscalar(g, n, _cast_to(g, n, a), sb * alpha)
@@ -235,7 +249,8 @@ LOWER["aten.sub.Tensor"] = LOWER["aten.sub.Scalar"] = _binary("ts_sub", _sub_s, 
 @lower("aten.rsub.Scalar", "aten.rsub.Tensor")
 def _rsub(g, n):
     a, b = n.args[0], n.args[1]
-    alpha = float(n.kwargs.get("alpha", 1))
+    alpha = float(n.kwargs.get("alpha", n.args[2] if len(n.args) > 2 else 1))
+    _float_only(n, a, b)
     sb = _scalar(b)
     if sb is not None:
         return _rsub_first(g, n, _cast_to(g, n, a), sb, alpha)
@@ -244,7 +259,8 @@ def _rsub(g, n):
 
 
 for _nm in ("neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "relu", "silu"):
-    LOWER[f"aten.{_nm}.default"] = (lambda c: lambda g, n: f"W(L.{c}({g.t(n.args[0])}))")("ts_" + _nm)
+    LOWER[f"aten.{_nm}.default"] = (
+        lambda c: lambda g, n: _float_only(n, n.args[0]) or f"W(L.{c}({g.t(n.args[0])}))")("ts_" + _nm)
 
 
 @lower("aten.reciprocal.default")
@@ -260,12 +276,14 @@ def _gelu(g, n):
 
 @lower("aten.pow.Tensor_Scalar")
 def _pow(g, n):
+    _float_only(n, n.args[0])
     return f"W(L.ts_pow_scalar({g.t(n.args[0])}, {float(n.args[1])!r}))"
 
 
 def _reduce(cname):
     def fn(g, n):
         x = n.args[0]
+        _float_only(n, x)
         dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
         keep = bool(n.args[2]) if len(n.args) > 2 else bool(n.kwargs.get("keepdim", False))
         if n.kwargs.get("dtype") not in (None, n.dtype):
@@ -292,6 +310,7 @@ def _max_dim(g, n):
 
 @lower("aten._softmax.default")
 def _softmax(g, n):
+    _float_only(n, n.args[0])
     return f"W(L.ts_softmax({g.t(n.args[0])}, {int(n.args[1])}))"
 
 
@@ -395,9 +414,10 @@ def _slice(g, n):
 @lower("aten.select.int")
 def _select(g, n):
     x, dim, i = n.args[0], int(n.args[1]), int(n.args[2])
-    size = x.shape[dim] if x.shape is not None else None
-    if size is not None and i < 0:
-        i += size
+    if x.shape is None:
+        raise Error("an operand of unknown shape")
+    if i < 0:
+        i += x.shape[dim]
     return f"W(L.ts_squeeze({g.sub(f'W(L.ts_slice({g.t(x)}, {dim}, {i}, {i + 1}, 1))')}, {dim}))"
 
 
@@ -495,6 +515,9 @@ def _unbind(g, n):
 @lower("aten.embedding.default")
 def _embedding(g, n):
     w, ids = n.args[0], n.args[1]
+    pad = n.args[2] if len(n.args) > 2 else n.kwargs.get("padding_idx", -1)
+    if g.train and pad is not None and pad >= 0:
+        raise Error(f"padding_idx={pad} in training (its row must get no gradient)")
     return f"W(L.ts_embedding({g.t(w)}, {g.t(ids)}))"
 
 
@@ -557,6 +580,27 @@ def _getitem(g, n):
     return f"={n.args[0].var}[{int(n.args[1])}]"
 
 
+_VIEW_OPS = ("aten.view.default", "aten._unsafe_view.default", "aten._reshape_alias.default",
+             "aten.reshape.default", "aten.expand.default", "aten.permute.default",
+             "aten.transpose.int", "aten.t.default", "aten.unsqueeze.default", "aten.squeeze.dim",
+             "aten.squeeze.default", "aten.slice.Tensor", "aten.select.int", "aten.alias.default",
+             "aten.detach.default", "aten.split.Tensor", "aten.split_with_sizes.default",
+             "aten.unbind.int", "getitem", "ts.repeat_kv")
+
+
+def inplace_as_outofplace(n):
+    """The out-of-place op for an in-place one (x.add_(y) -> add(x, y)) when
+    nothing else can see x change: x is an intermediate, not a view of
+    another value, not read by anything else (no view of it exists); else
+    None (an error naming it, or PyTorch with fallback)."""
+    op = _INPLACE.get(n.op)
+    x = n.args[0] if n.args else None
+    if op is None or getattr(x, "op", "input") in ("input", "const") or x.const or \
+            x.op in _VIEW_OPS or x.users != 1:
+        return None
+    return op
+
+
 _INPLACE = {"aten.add_.Tensor": "aten.add.Tensor", "aten.mul_.Tensor": "aten.mul.Tensor",
             "aten.sub_.Tensor": "aten.sub.Tensor", "aten.div_.Tensor": "aten.div.Tensor",
             "aten.add_.Scalar": "aten.add.Scalar", "aten.mul_.Scalar": "aten.mul.Scalar"}
@@ -586,7 +630,11 @@ def fallback_fn(n, device, train):
                 if a.const:
                     return a.value
                 v = next(vi)
-                return v if train or v is None else ts_to_torch(v)
+                if train or v is None:
+                    return v
+                t = ts_to_torch(v)
+                # Tessera holds booleans as 0/1 floats: PyTorch gets them back
+                return t.to(a.dtype) if a.dtype is not None and t.dtype != a.dtype else t
             return a
 
         args = _walk(n.args, pick)
