@@ -322,5 +322,83 @@ class _Named(nn.Module):
         return _NT(self.a(x), self.a(x).relu())
 
 
+
+class TestEdgeCases(unittest.TestCase):
+    """Regressions from review: each once gave a wrong answer silently."""
+
+    def test_output_order_and_inputs_as_outputs(self):
+        class M(nn.Module):
+            def forward(self, a, b):
+                c, d = a * 2, b * 3
+                return d, c, a, c
+
+        a, b = torch.randn(3, 4), torch.randn(3, 4)
+        got = tessera.torch.compile(M())(a, b)
+        for g, w in zip(got, M()(a, b)):
+            self.assertLess((g - w).abs().max().item(), 1e-6)
+
+    def test_backward_through_two_outputs(self):
+        torch.manual_seed(0)
+        lin = nn.Linear(6, 6)
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = lin
+
+            def forward(self, x):
+                h = self.lin(x)
+                return h.relu(), h
+
+        x = torch.randn(4, 6)
+        r, h = tessera.torch.compile(M(), train=True)(x)
+        (r.sum() + (h * h).sum()).backward()
+        got = lin.weight.grad.clone()
+        lin.zero_grad()
+        r, h = M()(x)
+        (r.sum() + (h * h).sum()).backward()
+        self.assertLess((got - lin.weight.grad).abs().max().item(), 1e-5)
+
+    def test_inplace_through_a_view_is_refused_or_right(self):
+        class M(nn.Module):
+            def forward(self, a):
+                y = a * 2
+                y.view(-1).add_(1)
+                return y
+
+        a = torch.randn(3, 4)
+        with self.assertRaises(tessera.torch.UnsupportedOp):
+            tessera.torch.compile(M())(a)
+        got = tessera.torch.compile(M(), fallback=True)(a)
+        self.assertLess((got - M()(a)).abs().max().item(), 1e-6)
+        class U(nn.Module):
+            def forward(self, x):
+                return x.add_(1)
+
+        before = a.clone()  # an input the module updates: refused, the caller's tensor untouched
+        with self.assertRaises(tessera.torch.UnsupportedOp):
+            tessera.torch.compile(U())(a)
+        self.assertTrue(torch.equal(a, before))
+
+    def test_learned_attention_bias_gets_its_gradient(self):
+        torch.manual_seed(0)
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bias = nn.Parameter(torch.randn(1, 2, 5, 5))
+
+            def forward(self, q, k, v):
+                s = q @ k.transpose(-2, -1) * 0.3 + self.bias
+                return s.softmax(-1) @ v
+
+        m = M()
+        q, k, v = (torch.randn(2, 2, 5, 8) for _ in range(3))
+        tessera.torch.compile(m, train=True)(q, k, v).sum().backward()
+        got = m.bias.grad.clone()
+        m.bias.grad = None
+        m(q, k, v).sum().backward()
+        self.assertLess((got - m.bias.grad).abs().max().item(), 1e-5)
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

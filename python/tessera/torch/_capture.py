@@ -577,7 +577,8 @@ def dead_code(nodes, out):
     expands around a folded bmm, ...), and so what only they read."""
     count_users(nodes, out)
     for n in reversed(nodes):
-        if n.op not in ("dead", "input", "const") and n.users == 0:
+        # an update in place is read through its operand: never dead
+        if n.op not in ("dead", "input", "const") and n.users == 0 and not is_inplace(n.target):
             n.op = "dead"
             for a in _nodes_in(n.args, n.kwargs):
                 a.users -= 1
