@@ -238,7 +238,17 @@ class Tensor:
     def __truediv__(self, o):
         if isinstance(o, Tensor):
             return _wrap(lib.ts_div(self._h, o._h))
-        return _wrap(lib.ts_mul_scalar(self._h, 1.0 / float(o)))
+        o = float(o)
+        if o == 0:  # IEEE division by +0 or -0, as PyTorch's: inf, -inf or nan
+            zero = _wrap(lib.ts_scalar(_lib.ctx(), lib.ts_tensor_dtype(self._h), o))
+            if zero.device != self.device:
+                zero = zero.to(self.device)
+            return _wrap(lib.ts_div(self._h, zero._h))
+        return _wrap(lib.ts_mul_scalar(self._h, 1.0 / o))
+
+    def __rtruediv__(self, o):
+        inv = _wrap(lib.ts_pow_scalar(self._h, -1.0))  # alive through the next call
+        return _wrap(lib.ts_mul_scalar(inv._h, float(o)))
 
     def __neg__(self):
         return _wrap(lib.ts_neg(self._h))
@@ -362,6 +372,9 @@ def from_dlpack(obj):
     if isinstance(obj, Tensor):
         return obj
     if hasattr(obj, "__dlpack__"):
+        if getattr(obj, "requires_grad", False):
+            raise Error("from_dlpack: the tensor requires grad; pass tensor.detach() (Tessera "
+                        "shares its memory, not its autograd graph)")
         try:
             cap = obj.__dlpack__()
         except (RuntimeError, BufferError, TypeError, ValueError) as e:
@@ -391,8 +404,8 @@ def from_numpy(a):
                     "convert with a.astype(np.float32))", "DTYPE")
     if a.dtype == np.bool_:
         a = a.astype(np.int32)
-    if not a.flags.writeable:
-        a = a.copy()
+    if not a.flags.writeable or any(st < 0 for st in a.strides):
+        a = a.copy()  # DLPack has no read-only arrays nor negative strides
     return from_dlpack(a)
 
 

@@ -540,5 +540,24 @@ class TestLifetimes(unittest.TestCase):
         self.assertIsNone(alive())
 
 
+
+class TestReviewRegressions(unittest.TestCase):
+    def test_division_by_zero_and_reflected_division(self):
+        x = tessera.tensor([1.0, -1.0, 0.0])
+        want = torch.tensor([1.0, -1.0, 0.0]) / 0
+        got = torch.from_numpy((x / 0).numpy().copy())
+        self.assertTrue(torch.equal(torch.isnan(got), torch.isnan(want)))
+        self.assertTrue(torch.equal(got[:2], want[:2]))
+        np.testing.assert_allclose((2 / tessera.tensor([4.0, 0.5])).numpy(), [0.5, 4.0])
+
+    def test_negative_strides_are_copied(self):
+        a = np.arange(6, dtype=np.float32)[::-1]
+        np.testing.assert_array_equal(tessera.from_numpy(a).numpy(), a)
+
+    def test_requires_grad_says_detach(self):
+        with self.assertRaises(tessera.Error) as e:
+            tessera.from_dlpack(torch.ones(2, requires_grad=True))
+        self.assertIn("detach()", str(e.exception))
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

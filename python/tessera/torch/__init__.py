@@ -212,11 +212,11 @@ class _Mode:
 
     def __enter__(self):
         c = _lib.ctx()
+        self.old_dev = L.ts_get_device(c)
+        if self.cm.device is not None:  # first: a failure changes nothing
+            _lib.check(L.ts_set_device(c, self.cm.device))
         self.old_mode = L.ts_set_mode(c, 0 if self.cm.mode == "eager" else 1)
         self.old_grad = L.ts_set_grad_enabled(c, self.grad)
-        self.old_dev = L.ts_get_device(c)
-        if self.cm.device is not None:
-            _lib.check(L.ts_set_device(c, self.cm.device))
 
     def __exit__(self, *exc):
         c = _lib.ctx()
