@@ -58,8 +58,8 @@ class Segment:
     values it reads from outside (in_nodes, in order) returning the values
     read after it (out_nodes)."""
 
-    def __init__(self, nodes, in_nodes, out_nodes, lines, glb, name):
-        self.nodes, self.in_nodes, self.out_nodes = nodes, in_nodes, out_nodes
+    def __init__(self, in_nodes, out_nodes, lines, glb, name):
+        self.in_nodes, self.out_nodes = in_nodes, out_nodes
         body = [f"{x.var} = I[{j}]" for j, x in enumerate(in_nodes)] + lines
         rets = [x.var for x in out_nodes]
         self.source = "def run(I):\n    " + "\n    ".join(body or ["pass"]) + \
@@ -115,7 +115,6 @@ class Program:
         glb = {"W": _wrap, "L": L, "C": [t for _, t in g.consts], "CTX": _lib.ctx(),
                "SPLIT": _split, "CAT": _cat, "c_int64": _c.c_int64, "c_int": _c.c_int,
                "c_void_p": _c.c_void_p, "inf": float("inf"), "nan": float("nan")}
-        self._consts = g.consts  # the torch values the Tessera constants view
         # where each value is read last (item index); outputs: past the end
         last = {}
         for k, (_, n, _) in enumerate(items):
@@ -156,7 +155,7 @@ class Program:
                 if dead:
                     lines.append("del " + ", ".join(dead))
             out_nodes = [m for m in seg_nodes if last.get(id(m), -1) >= j]
-            self.steps.append(("seg", Segment(seg_nodes, in_nodes, out_nodes, lines, glb, name), None))
+            self.steps.append(("seg", Segment(in_nodes, out_nodes, lines, glb, name), None))
             k = j
         self.single = len(self.steps) == 1 and self.steps[0][0] == "seg" and \
             self.steps[0][1].in_nodes == list(inputs)
@@ -342,10 +341,8 @@ class CompiledModule:
 
     # ---- capture ----
     def _capture(self, args, tensors):
-        names, params = zip(*self.module.named_parameters()) if list(self.module.parameters()) else ((), ())
-        bnames_bufs = list(self.module.named_buffers())
-        bnames = [n for n, _ in bnames_bufs]
-        bufs = [b for _, b in bnames_bufs]
+        params = list(self.module.parameters())
+        bufs = list(self.module.buffers())
         flat, spec = pytree.tree_flatten(args)
         slots = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
 

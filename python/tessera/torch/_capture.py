@@ -17,7 +17,6 @@ import re
 import torch
 from torch.fx.experimental import proxy_tensor
 from torch.nn.utils import stateless
-from torch.utils import _pytree as pytree
 
 aten = torch.ops.aten
 
@@ -31,12 +30,12 @@ class N:
     over other N's (args may hold N's, lists of N's and Python constants)."""
 
     __slots__ = ("op", "target", "args", "kwargs", "shape", "dtype", "src", "users", "value",
-                 "const", "input_index", "idx", "var", "state")
+                 "const", "input_index", "var", "state")
 
     def __init__(self, op, target=None, args=(), kwargs=None):
         self.op, self.target, self.args, self.kwargs = op, target, tuple(args), kwargs or {}
         self.shape = self.dtype = self.src = self.value = None
-        self.users, self.const, self.input_index, self.idx, self.var = 0, False, -1, -1, None
+        self.users, self.const, self.input_index, self.var = 0, False, -1, None
         self.state = False  # a constant that is the module's state (a buffer)
 
     def __repr__(self):
@@ -595,7 +594,3 @@ def simplify(nodes, out, train=False):
             fold(nodes)
     dead_code(nodes, out)
     return [n for n in nodes if n.op != "dead"], out
-
-
-def flatten_out(out):
-    return pytree.tree_flatten(out)

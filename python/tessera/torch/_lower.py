@@ -63,7 +63,7 @@ def ts_to_torch(x):
 
 class Codegen:
     def __init__(self, device, train):
-        self.lines, self.consts, self.fallbacks = [], [], []
+        self.consts = []  # (torch value, Tessera tensor): the value keeps its id unique
         self.device, self.train = device, train
         self.const_ids = {}
         self.pre, self.n_tmp = [], 0
