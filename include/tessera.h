@@ -48,6 +48,16 @@ typedef enum {
     TS_F16,
     TS_I32,
     TS_I64,
+    /* Quantized block formats with the layouts and semantics of llama.cpp's
+     * (so GGUF files map as they are). A tensor of one holds whole blocks
+     * along its last dim (a multiple of ts_dtype_block_elems) and is
+     * contiguous; matmul (as a weight), embedding and ts_cast to a float
+     * dtype take it. */
+    TS_Q8_0, /* 32 elems: f16 d, 32 x int8           (34 bytes) */
+    TS_Q4_0, /* 32 elems: f16 d, 16 bytes of nibbles (18 bytes), x = d (q - 8) */
+    TS_Q4_K, /* 256 elems: f16 d, dmin, 12 bytes of 6-bit scales/mins, 128 qs */
+    TS_Q5_K, /* 256 elems: as Q4_K plus 32 bytes of high bits (176 bytes) */
+    TS_Q6_K, /* 256 elems: 128 ql, 64 qh, 16 int8 scales, f16 d (210 bytes) */
     TS_DTYPE_COUNT
 } ts_dtype;
 
@@ -219,6 +229,17 @@ void ts_get_compile_stats(const ts_ctx *ctx, ts_compile_stats *out);
 const char *ts_dtype_name(ts_dtype dt);
 size_t ts_dtype_size(ts_dtype dt);
 bool ts_dtype_is_float(ts_dtype dt);
+/* Block formats: elements per block and bytes per block (1 and the element
+ * size for the others); ts_dtype_size is 0 for a block format. */
+bool ts_dtype_is_quantized(ts_dtype dt);
+int64_t ts_dtype_block_elems(ts_dtype dt);
+size_t ts_dtype_block_bytes(ts_dtype dt);
+/* Bytes that n elements take (n a multiple of the block size); -1 if not,
+ * or on overflow. */
+int64_t ts_dtype_nbytes(ts_dtype dt, int64_t n);
+/* The dtype named "f32", "bf16", "q8_0", "q4_k", ... (case-insensitive);
+ * TS_DTYPE_COUNT when none is. */
+ts_dtype ts_dtype_from_name(const char *name);
 /* Round to nearest even; NaN stays NaN (quiet), Inf stays Inf. */
 uint16_t ts_f32_to_bf16(float x);
 float ts_bf16_to_f32(uint16_t x);

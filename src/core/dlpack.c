@@ -31,8 +31,8 @@ static bool dl_dtype_of(ts_dtype dt, DLDataType *out) {
         [TS_F16] = {kDLFloat, 16, 1}, [TS_I32] = {kDLInt, 32, 1},
         [TS_I64] = {kDLInt, 64, 1},
     };
-    if ((unsigned)dt >= TS_DTYPE_COUNT)
-        return false;
+    if ((unsigned)dt >= TS_DTYPE_COUNT || ts_dtype_is_quantized(dt))
+        return false; /* DLPack has no block formats */
     *out = map[dt];
     return true;
 }

@@ -3,10 +3,16 @@
 #include "core/core.h"
 
 #include <string.h>
+#include <strings.h>
 
-static const char *const dtype_names[TS_DTYPE_COUNT] = {"f32", "bf16", "f16",
-                                                        "i32", "i64"};
-static const size_t dtype_sizes[TS_DTYPE_COUNT] = {4, 2, 2, 4, 8};
+static const char *const dtype_names[TS_DTYPE_COUNT] = {
+    "f32", "bf16", "f16", "i32", "i64", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"};
+static const size_t dtype_sizes[TS_DTYPE_COUNT] = {4, 2, 2, 4, 8,
+                                                   0, 0, 0, 0, 0};
+static const int64_t block_elems[TS_DTYPE_COUNT] = {1,  1,  1,   1,   1,
+                                                    32, 32, 256, 256, 256};
+static const size_t block_bytes[TS_DTYPE_COUNT] = {4,  2,  2,   4,   8,
+                                                   34, 18, 144, 176, 210};
 
 const char *ts_dtype_name(ts_dtype dt) {
     return (unsigned)dt < TS_DTYPE_COUNT ? dtype_names[dt] : "invalid";
@@ -14,6 +20,33 @@ const char *ts_dtype_name(ts_dtype dt) {
 
 size_t ts_dtype_size(ts_dtype dt) {
     return (unsigned)dt < TS_DTYPE_COUNT ? dtype_sizes[dt] : 0;
+}
+
+bool ts_dtype_is_quantized(ts_dtype dt) {
+    return dt >= TS_Q8_0 && dt < TS_DTYPE_COUNT;
+}
+
+int64_t ts_dtype_block_elems(ts_dtype dt) {
+    return (unsigned)dt < TS_DTYPE_COUNT ? block_elems[dt] : 0;
+}
+
+size_t ts_dtype_block_bytes(ts_dtype dt) {
+    return (unsigned)dt < TS_DTYPE_COUNT ? block_bytes[dt] : 0;
+}
+
+int64_t ts_dtype_nbytes(ts_dtype dt, int64_t n) {
+    int64_t be = ts_dtype_block_elems(dt), b;
+    if (be <= 0 || n < 0 || n % be ||
+        __builtin_mul_overflow(n / be, (int64_t)block_bytes[dt], &b))
+        return -1;
+    return b;
+}
+
+ts_dtype ts_dtype_from_name(const char *name) {
+    for (int i = 0; name && i < TS_DTYPE_COUNT; i++)
+        if (!strcasecmp(name, dtype_names[i]))
+            return (ts_dtype)i;
+    return TS_DTYPE_COUNT;
 }
 
 bool ts_dtype_is_float(ts_dtype dt) {
