@@ -202,9 +202,12 @@ ts_tensor *ts_tensor_new_pending(ts_ctx *ctx, ts_dtype dt, int ndim,
 /* A new tensor header viewing base's storage with the given geometry. */
 ts_tensor *ts_tensor_view_of(ts_tensor *base, int ndim, const int64_t *shape,
                              const int64_t *strides, int64_t offset);
+/* The first element's address; a block format's offset is whole blocks. */
 static inline char *ts_tensor_ptr(const ts_tensor *t) {
+    size_t es = ts_dtype_size(t->dtype);
     return (char *)t->storage->data +
-           (size_t)t->offset * ts_dtype_size(t->dtype);
+           (es ? (size_t)t->offset * es
+               : (size_t)ts_dtype_nbytes(t->dtype, t->offset));
 }
 bool ts_shape_equal(int na, const int64_t *a, int nb, const int64_t *b);
 /* "[2, 3, 4]" into buf. */

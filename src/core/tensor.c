@@ -25,8 +25,7 @@ int64_t ts_shape_numel(int ndim, const int64_t *shape) {
 static bool shape_bytes(int ndim, const int64_t *shape, ts_dtype dt,
                         size_t *bytes) {
     int64_t n = ts_shape_numel(ndim, shape), b;
-    if (n < 0 || __builtin_mul_overflow(n, (int64_t)ts_dtype_size(dt), &b) ||
-        (uint64_t)b > SIZE_MAX)
+    if (n < 0 || (b = ts_dtype_nbytes(dt, n)) < 0 || (uint64_t)b > SIZE_MAX)
         return false;
     *bytes = (size_t)b;
     return true;
@@ -114,9 +113,26 @@ void ts_storage_release(ts_storage *s) {
 
 /* A contiguous tensor header over a new storage object with no data yet
  * (the callers fill in where the data is); NULL + OOM error on failure. */
+/* A block format holds whole blocks along its last dim. */
+static bool blocks_whole(ts_ctx *ctx, ts_dtype dt, int ndim,
+                         const int64_t *shape) {
+    int64_t be = ts_dtype_block_elems(dt);
+    if (be <= 1 || (ndim > 0 && shape[ndim - 1] % be == 0))
+        return true;
+    char sb[160];
+    ts_set_error(ctx, TS_ERR_SHAPE,
+                 "a %s tensor holds whole blocks of %lld along its last dim; "
+                 "shape %s does not",
+                 ts_dtype_name(dt), (long long)be,
+                 ts_shape_str(ndim, shape, sb, sizeof sb));
+    return false;
+}
+
 static ts_tensor *header_and_storage(ts_ctx *ctx, ts_dtype dt, int ndim,
                                      const int64_t *shape) {
     size_t bytes;
+    if (!blocks_whole(ctx, dt, ndim, shape))
+        return NULL;
     if (!shape_bytes(ndim, shape, dt, &bytes)) {
         char sb[160];
         ts_set_error(ctx, TS_ERR_RANGE,
@@ -209,7 +225,8 @@ ts_tensor *ts_tensor_new(ts_ctx *ctx, ts_dtype dt, int ndim,
         ts_set_error(ctx, TS_ERR_DTYPE, "unknown dtype %d", (int)dt);
         return NULL;
     }
-    if (!shape_valid(ctx, "ts_empty", ndim, shape))
+    if (!shape_valid(ctx, "ts_empty", ndim, shape) ||
+        !blocks_whole(ctx, dt, ndim, shape))
         return NULL;
     size_t bytes;
     if (!shape_bytes(ndim, shape, dt, &bytes)) {
