@@ -13,7 +13,8 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-pthread-dev \
               libopenmpi-dev openmpi-bin bible-kjv bible-kjv-text \
               python3 python3-torch python3-numpy python3-jinja2 \
               libvulkan-dev glslc mesa-vulkan-drivers vulkan-validationlayers \
-              chromium python3-jsonschema tmux libdlpack-dev python3-venv python3-pip python3-setuptools
+              chromium python3-jsonschema tmux libdlpack-dev python3-venv python3-pip python3-setuptools \
+              qemu-user
 PREFIX     ?= /usr/local
 
 .PHONY: run test deps build build-san install fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan bench-structured clean format

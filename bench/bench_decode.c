@@ -13,7 +13,6 @@
 #include "tessera_models.h"
 
 #include "qwen3_06b.h"
-#include <immintrin.h>
 #include <malloc.h>
 
 #include <stdio.h>
@@ -39,18 +38,13 @@ static void read_chunk(void *arg, int64_t c) {
     read_job *j = arg;
     size_t per = (j->n / 64 + 31) / 32 * 32;
     size_t i0 = (size_t)c * per, i1 = i0 + per < j->n ? i0 + per : j->n;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = i0; i + 32 <= i1; i += 32) {
-        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(j->p + i));
-        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(j->p + i + 8));
-        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(j->p + i + 16));
-        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(j->p + i + 24));
-    }
-    float lanes[8], total = 0;
-    _mm256_storeu_ps(
-        lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (int k = 0; k < 8; k++)
-        total += lanes[k];
+    /* 32 independent lanes the compiler vectorizes at any ISA level */
+    float l[32] = {0}, total = 0;
+    for (size_t i = i0; i + 32 <= i1; i += 32)
+        for (int k = 0; k < 32; k++)
+            l[k] += j->p[i + k];
+    for (int k = 0; k < 32; k++)
+        total += l[k];
     j->part[c] = total;
 }
 

@@ -82,6 +82,21 @@ typedef struct {
 typedef struct ts_ctx ts_ctx;
 typedef struct ts_tensor ts_tensor;
 
+/* ---- the CPU's instruction sets ------------------------------------------ */
+
+/* The CPU kernels are compiled for several x86 ISA levels and the level is
+ * chosen at run time: "sse2" (baseline x86-64), "avx2" (+FMA, F16C),
+ * "avx512" (F/BW/VL/DQ), "avx512_bf16" (+VNNI, BF16), "amx" (+AMX tiles).
+ * ts_cpu_isa: the level in use (the machine's highest, or the one the
+ * environment variable TS_CPU_ISA names, for tests and comparisons; one
+ * the machine lacks makes ts_ctx_new fail with TS_ERR_UNSUPPORTED, the
+ * reason on stderr). ts_cpu_isa_max: the machine's highest. */
+const char *ts_cpu_isa(void);
+const char *ts_cpu_isa_max(void);
+/* The machine's features as cpuid and the OS report them, space-separated
+ * ("sse2 avx avx2 fma f16c ... avx512_bf16"). */
+void ts_cpu_features(char *buf, size_t cap);
+
 /* ---- context ----------------------------------------------------------- */
 
 typedef struct {

@@ -25,7 +25,7 @@ int tessera_devices(int argc, char **argv);
 int tessera_chat(int argc, char **argv);
 
 #ifndef TS_VERSION
-#define TS_VERSION "0.20.0" /* the project's version (issue 20) */
+#define TS_VERSION "0.21.0" /* the project's version (issue 21) */
 #endif
 #ifndef TS_GIT_COMMIT
 #define TS_GIT_COMMIT "unknown" /* set by CMake at configure time */
@@ -79,30 +79,15 @@ static int version(void) {
 #ifdef TS_HAVE_VULKAN
     printf(", vulkan");
 #endif
-    printf("\ncpu paths built: x86-64");
-#ifdef __AVX2__
-    printf(" avx2");
-#endif
-#ifdef __FMA__
-    printf(" fma");
-#endif
-#ifdef __F16C__
-    printf(" f16c");
-#endif
-#ifdef __AVX512F__
-    printf(" avx512f");
-#endif
-    __builtin_cpu_init();
-    printf("\ncpu of this machine:%s%s%s%s%s\n",
-           __builtin_cpu_supports("avx2") ? " avx2" : "",
-           __builtin_cpu_supports("fma") ? " fma" : "",
-           __builtin_cpu_supports("f16c") ? " f16c" : "",
-           __builtin_cpu_supports("avx512f") ? " avx512f" : "",
-           __builtin_cpu_supports("avx512bf16") ? " avx512bf16" : "");
-    bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-              __builtin_cpu_supports("f16c");
-    if (!ok)
-        printf("this machine lacks AVX2/FMA/F16C, which this build needs\n");
+    char feats[512];
+    ts_cpu_features(feats, sizeof feats);
+    printf("\ncpu paths built: sse2 avx2 avx512 avx512_bf16 (chosen at run "
+           "time)\ncpu path in use: %s (this machine's highest: %s%s)\n"
+           "cpu of this machine: %s\n",
+           ts_cpu_isa(), ts_cpu_isa_max(),
+           getenv("TS_CPU_ISA") && *getenv("TS_CPU_ISA") ? "; TS_CPU_ISA set"
+                                                          : "",
+           feats);
     return 0;
 }
 

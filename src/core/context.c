@@ -1,6 +1,7 @@
 /* context.c — the execution context: error state, thread count, grad mode,
  * allocator and backend selection. Owns ts_ctx; must not run ops. */
 #include "core/core.h"
+#include "core/cpu_isa.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,11 @@ ts_status ts_ctx_new(ts_ctx **out, const ts_ctx_options *opt) {
     *out = NULL;
     if (opt && (opt->num_threads < 0 || opt->num_threads > 1024))
         return TS_ERR_RANGE;
+    char isa_err[512];
+    if (!cpu_isa_init(isa_err, sizeof isa_err)) { /* a bad TS_CPU_ISA */
+        fprintf(stderr, "tessera: %s\n", isa_err);
+        return TS_ERR_UNSUPPORTED;
+    }
     ts_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return TS_ERR_OOM;

@@ -17,6 +17,7 @@
 #define BQ 32
 #define BK 64
 
+#ifdef __AVX2__
 /* row[j] = exp(row[j] - m) for j < n; returns the sum */
 static float exp_sub_sum(float *row, int64_t n, float m) {
     __m256 mv = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
@@ -55,6 +56,40 @@ static void softcap_row(float *row, int64_t n, float cap, float *dcap) {
             memcpy(dcap + j, buf, sizeof(float) * (size_t)m);
         }
     }
+}
+
+#else
+/* Without AVX2: libm's expf one element at a time. */
+static float exp_sub_sum(float *row, int64_t n, float m) {
+    float s = 0;
+    for (int64_t j = 0; j < n; j++) {
+        row[j] = row[j] - m < -87.3f ? 0.0f : expf(row[j] - m);
+        s += row[j];
+    }
+    return s;
+}
+
+static void softcap_row(float *row, int64_t n, float cap, float *dcap) {
+    for (int64_t j = 0; j < n; j++) {
+        float t = tanhf(row[j] / cap);
+        row[j] = cap * t;
+        if (dcap)
+            dcap[j] = 1.0f - t * t;
+    }
+}
+#endif
+
+/* O[d] += w V[d] for d < D */
+static inline void axpy(float *O, float w, const float *V, int64_t D) {
+    int64_t d = 0;
+#ifdef __AVX2__
+    __m256 wv = _mm256_set1_ps(w);
+    for (; d + 8 <= D; d += 8)
+        _mm256_storeu_ps(O + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(V + d),
+                                                _mm256_loadu_ps(O + d)));
+#endif
+    for (; d < D; d++)
+        O[d] += w * V[d];
 }
 
 /* the keys query t sees: [key_lo, key_hi) (the mask may hide more) */
@@ -217,6 +252,7 @@ void cpu_attention_fwd(const cpu_attn_shape *p, const float *q, const float *k,
     cpu_tmp_free(kt);
 }
 
+#ifdef __AVX2__
 static float dot8(const float *a, const float *b, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
@@ -256,6 +292,21 @@ static void dot8x4(const float *q, const float *const k[4], int64_t n,
         out[r] = sum;
     }
 }
+
+#else
+static float dot8(const float *a, const float *b, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static void dot8x4(const float *q, const float *const k[4], int64_t n,
+                   float *out) {
+    for (int r = 0; r < 4; r++)
+        out[r] = dot8(q, k[r], n);
+}
+#endif
 
 typedef struct {
     const cpu_attn_shape *p;
@@ -313,17 +364,8 @@ static void attention_decode_items(void *p_, int64_t lo_, int64_t hi_) {
             continue;
         }
         float l = exp_sub_sum(sc, n, mx), inv = 1.0f / l;
-        for (int64_t s = 0; s < n; s++) {
-            __m256 w = _mm256_set1_ps(sc[s] * inv);
-            const float *Vr = V + s * D;
-            int64_t d = 0;
-            for (; d + 8 <= D; d += 8)
-                _mm256_storeu_ps(O + d,
-                                 _mm256_fmadd_ps(w, _mm256_loadu_ps(Vr + d),
-                                                 _mm256_loadu_ps(O + d)));
-            for (; d < D; d++)
-                O[d] += sc[s] * inv * Vr[d];
-        }
+        for (int64_t s = 0; s < n; s++)
+            axpy(O, sc[s] * inv, V + s * D, D);
         lse[(b * H + h) * T + t] = mx + logf(l);
     }
     free(sc);
@@ -616,15 +658,7 @@ static void paged_items(void *p_, int64_t lo_, int64_t hi_) {
         float inv = 1.0f / exp_sub_sum(sc, nvis, mx);
         for (int64_t s = 0; s < nvis; s++) {
             const float *Vr = ROW_AT(V, i, lo + s, kvh);
-            float w = sc[s] * inv;
-            __m256 wv = _mm256_set1_ps(w);
-            int64_t d = 0;
-            for (; d + 8 <= D; d += 8)
-                _mm256_storeu_ps(O + d,
-                                 _mm256_fmadd_ps(wv, _mm256_loadu_ps(Vr + d),
-                                                 _mm256_loadu_ps(O + d)));
-            for (; d < D; d++)
-                O[d] += w * Vr[d];
+            axpy(O, sc[s] * inv, Vr, D);
         }
     }
     free(sc);

@@ -4,11 +4,23 @@
 #ifndef TS_CPU_H
 #define TS_CPU_H
 
+#include "backend/cpu/isa.h"
 #include "ops/ops.h"
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
+/* The kernel files (attention, elementwise, loss, matmul, moe, norm, reduce,
+ * routing, kernels) compile once per ISA level, each time with that level's
+ * flags and CPU_ISA_SUFFIX set; their exported names get the suffix
+ * (cpu_isa_names.h), and cpu_backend.c calls the level chosen at run time
+ * through the table each compile exports. Code inside them selects its
+ * paths with the compiler's macros (__AVX2__, __AVX512F__, ...). */
+#ifdef CPU_ISA_SUFFIX
+#include "backend/cpu/cpu_isa_names.h"
+#endif
+
+#ifdef __AVX2__
 /* e^x for 8 lanes: x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor series to
  * r^7 (relative error < 2e-7), 2^n put into the exponent bits. Lanes below
  * -87.3 (including -inf) give exactly 0. */
@@ -102,6 +114,45 @@ static inline void cpu_gelu_tanh_bwd(float *y, const float *g, const float *x,
     }
 }
 
+/* tanh for 8 lanes through cpu_exp8: sign(x) (e - 1) / (e + 1) with
+ * e = e^(2|x|) (clamped, so large |x| gives +-1); absolute error ~1e-7 */
+static inline __m256 cpu_tanh8(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    __m256 ax = _mm256_andnot_ps(sign, x);
+    __m256 e = cpu_exp8(_mm256_add_ps(ax, ax));
+    __m256 t = _mm256_div_ps(_mm256_sub_ps(e, one), _mm256_add_ps(e, one));
+    return _mm256_or_ps(t, _mm256_and_ps(sign, x));
+}
+
+#else
+/* Without AVX2: the same functions one float at a time (libm's expf and
+ * tanhf; results within rounding of the vector versions). */
+static inline void cpu_silu(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+static inline float cpu_gelu_tanh1(float x, float *dydx) {
+    const float k = 0.7978845608028654f, c = 0.044715f;
+    float u = k * (x + c * x * x * x);
+    float s = 1.0f / (1.0f + expf(-2.0f * u));
+    if (dydx)
+        *dydx = s + 2.0f * x * s * (1.0f - s) * k * (1.0f + 3.0f * c * x * x);
+    return x * s;
+}
+static inline void cpu_gelu_tanh(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        y[i] = cpu_gelu_tanh1(x[i], NULL);
+}
+static inline void cpu_gelu_tanh_bwd(float *y, const float *g, const float *x,
+                                     int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float d;
+        cpu_gelu_tanh1(x[i], &d);
+        y[i] = g[i] * d;
+    }
+}
+#endif
+
 /* GELU with erf, its derivative, and silu's derivative, one float at a
  * time: the unary kernels (elementwise.c) and the experts MLP (moe.c)
  * share them, so both compute the same bits */
@@ -117,16 +168,6 @@ static inline float cpu_gelu_erf_grad(float x) {
 static inline float cpu_silu_bwd(float g, float x) {
     float s = 1.0f / (1.0f + expf(-x));
     return g * s * (1.0f + x * (1.0f - s));
-}
-
-/* tanh for 8 lanes through cpu_exp8: sign(x) (e - 1) / (e + 1) with
- * e = e^(2|x|) (clamped, so large |x| gives +-1); absolute error ~1e-7 */
-static inline __m256 cpu_tanh8(__m256 x) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
-    __m256 ax = _mm256_andnot_ps(sign, x);
-    __m256 e = cpu_exp8(_mm256_add_ps(ax, ax));
-    __m256 t = _mm256_div_ps(_mm256_sub_ps(e, one), _mm256_add_ps(e, one));
-    return _mm256_or_ps(t, _mm256_and_ps(sign, x));
 }
 
 typedef ts_status (*ts_cpu_kernel)(ts_ctx *ctx, ts_node *n);
@@ -257,8 +298,41 @@ float cpu_eval_scalar(const ts_node *n, const float *args);
  * consumed by the group while in cache. */
 ts_status cpu_matmul_epilogue(ts_ctx *ctx, const ts_fused *f);
 
-/* Kernels, one per op (NULL where the op is a view). */
-extern const ts_cpu_kernel ts_cpu_kernels[TS_OP_COUNT];
+/* What each ISA level's compile of the kernel files exports (kernels.c):
+ * a kernel per op (NULL where the op is a view), the fusion hooks, and the
+ * kernels that tests and benchmarks call directly. */
+typedef struct {
+    cpu_isa isa;
+    ts_cpu_kernel kernels[TS_OP_COUNT];
+    bool (*fusable)(int op);
+    ts_status (*run_fused)(ts_ctx *ctx, const ts_fused *f);
+    float (*eval_scalar)(const ts_node *n, const float *args);
+    void (*gemm_f32)(int64_t M, int64_t N, int64_t K, const float *A,
+                     int64_t lda, const float *B, int64_t ldb, float *C,
+                     int64_t ldc, bool acc);
+    bool (*gemm_f32_w16t)(int64_t R, int64_t N, int64_t K, const float *A,
+                          int64_t lda, const uint16_t *W, int64_t ldw,
+                          bool bf16, float *Y);
+    void (*attention_fwd)(const cpu_attn_shape *p, const float *q,
+                          const float *k, const float *v, float *out,
+                          float *lse);
+    void (*attention_decode)(const cpu_attn_shape *p, const float *q,
+                             const float *k, int64_t kst_b, int64_t kst_h,
+                             const float *v, int64_t vst_b, int64_t vst_h,
+                             float *out, float *lse);
+    void (*attention_bwd)(const cpu_attn_shape *p, const float *q,
+                          const float *k, const float *v, const float *out,
+                          const float *lse, const float *dout, float *dq,
+                          float *dk, float *dv);
+} cpu_kernel_set;
+#ifdef CPU_ISA_SUFFIX
+extern const cpu_kernel_set cpu_kernel_table; /* this compile's level */
+#endif
+/* The set of a level (NULL above what the machine runs), and the active
+ * one (cpu_isa_active(); the functions declared above, called outside the
+ * kernel files, go to it). */
+const cpu_kernel_set *cpu_kernels_for(cpu_isa isa);
+const cpu_kernel_set *cpu_kernels_active(void);
 
 #define CPU_KERNEL(name) ts_status cpu_##name(ts_ctx *ctx, ts_node *n)
 CPU_KERNEL(binary);

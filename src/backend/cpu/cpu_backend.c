@@ -10,65 +10,96 @@
 #include <string.h>
 #include <unistd.h>
 
-const ts_cpu_kernel ts_cpu_kernels[TS_OP_COUNT] = {
-    [TS_OP_ADD] = cpu_binary,
-    [TS_OP_SUB] = cpu_binary,
-    [TS_OP_MUL] = cpu_binary,
-    [TS_OP_DIV] = cpu_binary,
-    [TS_OP_EQ] = cpu_binary,
-    [TS_OP_ADD_SCALAR] = cpu_unary,
-    [TS_OP_MUL_SCALAR] = cpu_unary,
-    [TS_OP_NEG] = cpu_unary,
-    [TS_OP_EXP] = cpu_unary,
-    [TS_OP_LOG] = cpu_unary,
-    [TS_OP_SQRT] = cpu_unary,
-    [TS_OP_RSQRT] = cpu_unary,
-    [TS_OP_ABS] = cpu_unary,
-    [TS_OP_POW_SCALAR] = cpu_unary,
-    [TS_OP_TANH] = cpu_unary,
-    [TS_OP_SIGMOID] = cpu_unary,
-    [TS_OP_RELU] = cpu_unary,
-    [TS_OP_SILU] = cpu_unary,
-    [TS_OP_GELU] = cpu_unary,
-    [TS_OP_UNARY_BACKWARD] = cpu_unary_backward,
-    [TS_OP_WHERE] = cpu_where,
-    [TS_OP_MASKED_FILL] = cpu_masked_fill,
-    [TS_OP_CAST] = cpu_copy,
-    [TS_OP_COPY] = cpu_copy,
-    [TS_OP_SUM] = cpu_reduce,
-    [TS_OP_MEAN] = cpu_reduce,
-    [TS_OP_AMAX] = cpu_reduce,
-    [TS_OP_ARGMAX] = cpu_argmax,
-    [TS_OP_SOFTMAX] = cpu_softmax,
-    [TS_OP_LOG_SOFTMAX] = cpu_softmax,
-    [TS_OP_MATMUL] = cpu_matmul,
-    [TS_OP_EMBEDDING] = cpu_embedding,
-    [TS_OP_EMBEDDING_BACKWARD] = cpu_embedding_backward,
-    [TS_OP_CONCAT] = cpu_concat,
-    [TS_OP_SLICE_SCATTER] = cpu_slice_scatter,
-    [TS_OP_RMSNORM] = cpu_rmsnorm,
-    [TS_OP_RMSNORM_BACKWARD] = cpu_rmsnorm_backward,
-    [TS_OP_LAYERNORM] = cpu_layernorm,
-    [TS_OP_LAYERNORM_BACKWARD] = cpu_layernorm_backward,
-    [TS_OP_ROPE] = cpu_rope,
-    [TS_OP_ATTENTION] = cpu_attention,
-    [TS_OP_ATTENTION_BACKWARD] = cpu_attention_backward,
-    [TS_OP_PAGED_ATTENTION] = cpu_paged_attention,
-    [TS_OP_CROSS_ENTROPY] = cpu_cross_entropy,
-    [TS_OP_CROSS_ENTROPY_BACKWARD] = cpu_cross_entropy_backward,
-    [TS_OP_TOPK] = cpu_topk,
-    [TS_OP_GATHER] = cpu_gather,
-    [TS_OP_GATHER_BACKWARD] = cpu_gather_backward,
-    [TS_OP_ONE_HOT] = cpu_one_hot,
-    [TS_OP_MOE_EXPERTS] = cpu_moe_experts,
-    [TS_OP_MOE_EXPERTS_BACKWARD] = cpu_moe_experts_backward,
-    [TS_OP_COPY_INTO] = cpu_copy_into,
-    [TS_OP_ADAMW] = cpu_adamw,
-    [TS_OP_INDEX_ADD] = cpu_index_add,
-};
+/* each level's kernels (kernels.c, compiled per level) */
+extern const cpu_kernel_set cpu_kernel_table_sse2, cpu_kernel_table_avx2,
+    cpu_kernel_table_avx512, cpu_kernel_table_avx512bf16;
+static const cpu_kernel_set *const level_sets[CPU_ISA_COUNT] = {
+    &cpu_kernel_table_sse2, &cpu_kernel_table_avx2, &cpu_kernel_table_avx512,
+    &cpu_kernel_table_avx512bf16,
+    &cpu_kernel_table_avx512bf16 /* AMX: its own kernels come later */};
+
+const cpu_kernel_set *cpu_kernels_for(cpu_isa isa) {
+    return (unsigned)isa <= (unsigned)cpu_isa_detected() ? level_sets[isa]
+                                                          : NULL;
+}
+
+const cpu_kernel_set *cpu_kernels_active(void) {
+    static const cpu_kernel_set *active;
+    const cpu_kernel_set *k = __atomic_load_n(&active, __ATOMIC_ACQUIRE);
+    if (!k) {
+        k = level_sets[cpu_isa_active()];
+        __atomic_store_n(&active, k, __ATOMIC_RELEASE);
+    }
+    return k;
+}
+
+/* The slow references: the baseline compile's (all compiles agree). */
+void cpu_gemm_f32_reference_sse2(int64_t M, int64_t N, int64_t K,
+                                 const float *A, int64_t lda, const float *B,
+                                 int64_t ldb, float *C, int64_t ldc, bool acc);
+void cpu_attention_reference_sse2(const cpu_attn_shape *p, const float *q,
+                                  const float *k, const float *v, float *out,
+                                  float *lse);
+void cpu_attention_bwd_reference_sse2(const cpu_attn_shape *p, const float *q,
+                                      const float *k, const float *v,
+                                      const float *dout, float *dq, float *dk,
+                                      float *dv);
+void cpu_gemm_f32_reference(int64_t M, int64_t N, int64_t K, const float *A,
+                            int64_t lda, const float *B, int64_t ldb, float *C,
+                            int64_t ldc, bool acc) {
+    cpu_gemm_f32_reference_sse2(M, N, K, A, lda, B, ldb, C, ldc, acc);
+}
+void cpu_attention_reference(const cpu_attn_shape *p, const float *q,
+                             const float *k, const float *v, float *out,
+                             float *lse) {
+    cpu_attention_reference_sse2(p, q, k, v, out, lse);
+}
+void cpu_attention_bwd_reference(const cpu_attn_shape *p, const float *q,
+                                 const float *k, const float *v,
+                                 const float *dout, float *dq, float *dk,
+                                 float *dv) {
+    cpu_attention_bwd_reference_sse2(p, q, k, v, dout, dq, dk, dv);
+}
+
+/* Outside the kernel files these names call the active level's. */
+bool cpu_fusable(int op) { return cpu_kernels_active()->fusable(op); }
+ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f) {
+    return cpu_kernels_active()->run_fused(ctx, f);
+}
+float cpu_eval_scalar(const ts_node *n, const float *args) {
+    return cpu_kernels_active()->eval_scalar(n, args);
+}
+void cpu_gemm_f32(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float *C, int64_t ldc,
+                  bool acc) {
+    cpu_kernels_active()->gemm_f32(M, N, K, A, lda, B, ldb, C, ldc, acc);
+}
+bool cpu_gemm_f32_w16t(int64_t R, int64_t N, int64_t K, const float *A,
+                       int64_t lda, const uint16_t *W, int64_t ldw, bool bf16,
+                       float *Y) {
+    return cpu_kernels_active()->gemm_f32_w16t(R, N, K, A, lda, W, ldw, bf16,
+                                               Y);
+}
+void cpu_attention_fwd(const cpu_attn_shape *p, const float *q, const float *k,
+                       const float *v, float *out, float *lse) {
+    cpu_kernels_active()->attention_fwd(p, q, k, v, out, lse);
+}
+void cpu_attention_decode(const cpu_attn_shape *p, const float *q,
+                          const float *k, int64_t kst_b, int64_t kst_h,
+                          const float *v, int64_t vst_b, int64_t vst_h,
+                          float *out, float *lse) {
+    cpu_kernels_active()->attention_decode(p, q, k, kst_b, kst_h, v, vst_b,
+                                           vst_h, out, lse);
+}
+void cpu_attention_bwd(const cpu_attn_shape *p, const float *q, const float *k,
+                       const float *v, const float *out, const float *lse,
+                       const float *dout, float *dq, float *dk, float *dv) {
+    cpu_kernels_active()->attention_bwd(p, q, k, v, out, lse, dout, dq, dk,
+                                        dv);
+}
 
 static ts_status cpu_run_node(ts_ctx *ctx, ts_node *n) {
-    ts_cpu_kernel k = ts_cpu_kernels[n->op];
+    ts_cpu_kernel k = cpu_kernels_active()->kernels[n->op];
     if (!k)
         return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
                             "the CPU backend has no kernel for op %s",
@@ -147,11 +178,11 @@ static ts_status cpu_info(ts_ctx *ctx, int dev, ts_device_info *out) {
          psz = sysconf(_SC_PAGESIZE);
     out->total_bytes = pages > 0 ? (size_t)pages * (size_t)psz : 0;
     out->free_bytes = avail > 0 ? (size_t)avail * (size_t)psz : 0;
-    snprintf(out->features, sizeof out->features, "threads=%d%s%s%s%s",
-             ctx->num_threads, __builtin_cpu_supports("avx2") ? " avx2" : "",
-             __builtin_cpu_supports("fma") ? " fma" : "",
-             __builtin_cpu_supports("avx512f") ? " avx512f" : "",
-             __builtin_cpu_supports("avx512bf16") ? " avx512bf16" : "");
+    char feats[400];
+    cpu_features_str(feats, sizeof feats);
+    snprintf(out->features, sizeof out->features, "threads=%d isa=%s (max %s) %s",
+             ctx->num_threads, cpu_isa_name(cpu_isa_active()),
+             cpu_isa_name(cpu_isa_detected()), feats);
     return TS_OK;
 }
 

@@ -28,6 +28,7 @@ static bool blas_layout(int64_t r, int64_t c, int64_t sr, int64_t sc,
     return false;
 }
 
+#ifdef __AVX2__
 /* dot(a[0..K), w[0..K)) with w bf16, converted 8 lanes at a time; four
  * accumulators so the FMA latency is hidden */
 static float dot_f32_bf16(const float *a, const uint16_t *w, int64_t K) {
@@ -134,6 +135,31 @@ dot2_rows_bf16(const float *A, int64_t asr, const int NA, const uint16_t *w0,
     }
 }
 
+#else
+/* Without AVX2: plain loops, one weight row at a time. */
+static float dot_f32_bf16(const float *a, const uint16_t *w, int64_t K) {
+    float s = 0;
+    for (int64_t k = 0; k < K; k++)
+        s += a[k] * ts_bf16_to_f32(w[k]);
+    return s;
+}
+
+static inline void dot_rows_bf16(const float *A, int64_t asr, const int R,
+                                 const uint16_t *w, int64_t K, float *y,
+                                 int64_t ldy) {
+    for (int r = 0; r < R; r++)
+        y[r * ldy] = dot_f32_bf16(A + r * asr, w, K);
+}
+
+static inline void dot2_rows_bf16(const float *A, int64_t asr, const int NA,
+                                  const uint16_t *w0, const uint16_t *w1,
+                                  int64_t K, float *y0, float *y1,
+                                  int64_t ldy) {
+    dot_rows_bf16(A, asr, NA, w0, K, y0, ldy);
+    dot_rows_bf16(A, asr, NA, w1, K, y1, ldy);
+}
+#endif
+
 /* Y (R, N) = A (R, K) @ W^T with W (N, K) bf16 rows bsc apart, R <= 8:
  * weight rows in pairs, activation rows in groups of up to 6 */
 typedef struct {
@@ -219,6 +245,7 @@ static void widen_rows_range(void *p_, int64_t lo_, int64_t hi_) {
         const uint16_t *src = W + r * ld;
         float *dst = out + r * K;
         int64_t k = 0;
+#ifdef __AVX2__
         for (; k + 8 <= K; k += 8) {
             __m128i h = _mm_loadu_si128((const __m128i *)(src + k));
             __m256 f = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(
@@ -226,6 +253,7 @@ static void widen_rows_range(void *p_, int64_t lo_, int64_t hi_) {
                             : _mm256_cvtph_ps(h);
             _mm256_storeu_ps(dst + k, f);
         }
+#endif
         for (; k < K; k++)
             dst[k] = bf16 ? ts_bf16_to_f32(src[k]) : ts_f16_to_f32(src[k]);
     }
@@ -584,6 +612,7 @@ void cpu_gemm_f32_reference(int64_t M, int64_t N, int64_t K, const float *A,
         }
 }
 
+#ifdef __AVX2__
 /* 4 rows x 16 columns of C in 8 AVX registers; B rows are read once per k
  * and each A element is broadcast. */
 static inline void tile_4x16(int64_t K, const float *A, int64_t lda,
@@ -622,6 +651,28 @@ static inline void tile_1x16(int64_t K, const float *A, const float *B,
     _mm256_storeu_ps(C, c0);
     _mm256_storeu_ps(C + 8, c1);
 }
+
+#else
+/* Without AVX2: the same tiles as plain loops (the compiler vectorizes
+ * the 16 columns) */
+static inline void tile_1x16(int64_t K, const float *A, const float *B,
+                             int64_t ldb, float *C, bool acc) {
+    float c[16];
+    for (int j = 0; j < 16; j++)
+        c[j] = acc ? C[j] : 0.0f;
+    for (int64_t k = 0; k < K; k++)
+        for (int j = 0; j < 16; j++)
+            c[j] += A[k] * B[k * ldb + j];
+    memcpy(C, c, sizeof c);
+}
+
+static inline void tile_4x16(int64_t K, const float *A, int64_t lda,
+                             const float *B, int64_t ldb, float *C, int64_t ldc,
+                             bool acc) {
+    for (int r = 0; r < 4; r++)
+        tile_1x16(K, A + r * lda, B, ldb, C + r * ldc, acc);
+}
+#endif
 
 void cpu_gemm_f32(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                   const float *B, int64_t ldb, float *C, int64_t ldc,

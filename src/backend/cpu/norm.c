@@ -14,6 +14,19 @@
 /* sum of x[i]^2 in 32 lanes (4 AVX accumulators), so the loop runs at
  * memory speed instead of one dependent add per element */
 static float sum_squares(const float *x, int64_t n) {
+#ifndef __AVX2__
+    float l[32] = {0}; /* the same 32 lanes, summed in the same order */
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 32; k++)
+            l[k] += x[i + k] * x[i + k];
+    float s = 0;
+    for (int k = 0; k < 8; k++)
+        s += (l[k] + l[k + 8]) + (l[k + 16] + l[k + 24]);
+    for (; i < n; i++)
+        s += x[i] * x[i];
+    return s;
+#else
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -33,6 +46,7 @@ static float sum_squares(const float *x, int64_t n) {
     for (; i < n; i++)
         s += x[i] * x[i];
     return s;
+#endif
 }
 
 /* one job for the four norm kernels' row loops: x, g (backward), w, b;

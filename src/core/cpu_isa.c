@@ -1,8 +1,9 @@
-/* isa.c — what the CPU can run: cpuid leaves 1 and 7 (subleaves 0 and 1),
+/* cpu_isa.c — what the CPU can run: cpuid leaves 1 and 7 (subleaves 0 and 1),
  * the OS's saved state from xgetbv (ymm, zmm, AMX tiles), and AMX's tile
  * data requested from Linux with arch_prctl; the active level, lowered by
  * TS_CPU_ISA for tests and comparisons. Owns no kernels. */
-#include "backend/cpu/isa.h"
+#include "core/cpu_isa.h"
+#include "tessera.h"
 
 #include <cpuid.h>
 #include <pthread.h>
@@ -176,4 +177,13 @@ void cpu_features_str(char *buf, size_t cap) {
         if (list[i].on && n < cap)
             n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? " " : "",
                                   list[i].name);
+}
+
+const char *ts_cpu_isa(void) { return cpu_isa_name(cpu_isa_active()); }
+
+const char *ts_cpu_isa_max(void) { return cpu_isa_name(cpu_isa_detected()); }
+
+void ts_cpu_features(char *buf, size_t cap) {
+    if (buf && cap)
+        cpu_features_str(buf, cap);
 }
