@@ -247,6 +247,33 @@ ts_tensor *ts_lm_forward_cached(ts_lm *lm, ts_lm_cache *kc, ts_tensor *ids,
 /* ids (B, T) from position 0 -> logits (B, T, V) */
 ts_tensor *ts_lm_forward(ts_lm *lm, ts_tensor *ids);
 
+/* ---- quantized GGUF files (src/models/quantize.c) ------------------------
+ * A model folder (or a GGUF) written as a GGUF of file type `type`: "f32",
+ * "f16", "bf16" (every matrix in that dtype) or "q8_0", "q4_0", "q4_k_s",
+ * "q4_k_m" ("q4_k"), "q5_k_s", "q5_k_m" ("q5_k"), "q6_k" with llama.cpp's
+ * choice per tensor (ts_quantize_tensor_type). With the tokenizer, chat
+ * template and hyperparameters in the metadata, so llama.cpp and `tessera
+ * run -m FILE.gguf` load it as it is. The file is written atomically. */
+typedef struct {
+    const char *type;
+    /* after each tensor: its index of n, GGUF name and dtype (may be NULL) */
+    void (*progress)(void *user, int i, int n, const char *name, ts_dtype to);
+    void *progress_user;
+    /* a tensor left out (no GGUF name), named (may be NULL) */
+    void (*warn)(void *user, const char *tensor);
+    void *warn_user;
+} ts_quantize_options;
+ts_status ts_model_quantize(ts_ctx *ctx, const char *in, const char *out,
+                            const ts_quantize_options *opt);
+/* The dtype llama.cpp gives the tensor `name` (Hugging Face's name; ndim
+ * dims, rows of `row` elements, in a model of `layers` layers) under the
+ * file type; TS_F32 for 1-D tensors. */
+ts_dtype ts_quantize_tensor_type(const char *file_type, const char *name,
+                                 int ndim, int64_t row, int64_t layers,
+                                 bool tied_embeddings);
+/* "f32, f16, bf16, q8_0, ..." for messages and --help */
+const char *ts_quantize_type_names(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -96,8 +96,10 @@ static double max_rel(const float *a, const float *b, int64_t n) {
  * same intrinsics, compiled for wider registers) */
 static void test_gemm_levels(void) {
     const int64_t M = 13, N = 37, K = 71;
-    float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * K * N);
-    float *ref = malloc(sizeof(float) * M * N), *C = malloc(sizeof(float) * M * N);
+    float *A = malloc(sizeof(float) * M * K),
+          *B = malloc(sizeof(float) * K * N);
+    float *ref = malloc(sizeof(float) * M * N),
+          *C = malloc(sizeof(float) * M * N);
     float *first = malloc(sizeof(float) * M * N);
     for (int64_t i = 0; i < M * K; i++)
         A[i] = frand();
@@ -107,7 +109,8 @@ static void test_gemm_levels(void) {
     bool have_first = false;
     for (int l = 0; l <= (int)cpu_isa_detected(); l++) {
         const cpu_kernel_set *ks = cpu_kernels_for((cpu_isa)l);
-        CHECK(ks && (int)ks->isa == (l == CPU_ISA_AMX ? (int)CPU_ISA_AVX512_BF16 : l));
+        CHECK(ks && (int)ks->isa ==
+                        (l == CPU_ISA_AMX ? (int)CPU_ISA_AVX512_BF16 : l));
         if (!ks)
             continue;
         memset(C, 0, sizeof(float) * M * N);
@@ -131,7 +134,8 @@ static void test_w16_levels(void) {
     const int64_t N = 67, K = 200;
     const int64_t rows[] = {1, 2, 5, 8, 13, 33, 40};
     uint16_t *W = malloc(sizeof(uint16_t) * N * K);
-    float *A = malloc(sizeof(float) * 40 * K), *Y = malloc(sizeof(float) * 40 * N);
+    float *A = malloc(sizeof(float) * 40 * K),
+          *Y = malloc(sizeof(float) * 40 * N);
     double *ref = malloc(sizeof(double) * 40 * N),
            *mag = malloc(sizeof(double) * 40 * N);
     for (int bf = 0; bf < 2; bf++) {
@@ -163,8 +167,8 @@ static void test_w16_levels(void) {
                 }
                 if (worst > 1e-5)
                     printf("w16 %s R=%lld at %s: rel err %g\n",
-                           bf ? "bf16" : "f16", (long long)R,
-                           cpu_isa_name(l), worst);
+                           bf ? "bf16" : "f16", (long long)R, cpu_isa_name(l),
+                           worst);
                 CHECK(worst <= 1e-5);
             }
         }
@@ -174,12 +178,19 @@ static void test_w16_levels(void) {
 
 /* attention forward (prefill), decode and backward at every level */
 static void test_attention_levels(void) {
-    cpu_attn_shape p = {.B = 1, .H = 4, .KV = 2, .T = 9, .S = 9, .D = 40,
-                        .causal = true, .scale = 0.158f};
+    cpu_attn_shape p = {.B = 1,
+                        .H = 4,
+                        .KV = 2,
+                        .T = 9,
+                        .S = 9,
+                        .D = 40,
+                        .causal = true,
+                        .scale = 0.158f};
     int64_t nq = p.B * p.H * p.T * p.D, nk = p.B * p.KV * p.S * p.D;
     float *q = malloc(4 * nq), *k = malloc(4 * nk), *v = malloc(4 * nk);
     float *o = malloc(4 * nq), *oref = malloc(4 * nq);
-    float *lse = malloc(4 * p.B * p.H * p.T), *lref = malloc(4 * p.B * p.H * p.T);
+    float *lse = malloc(4 * p.B * p.H * p.T),
+          *lref = malloc(4 * p.B * p.H * p.T);
     float *dout = malloc(4 * nq), *dq = malloc(4 * nq), *dk = malloc(4 * nk),
           *dv = malloc(4 * nk), *dqr = malloc(4 * nq), *dkr = malloc(4 * nk),
           *dvr = malloc(4 * nk);

@@ -57,6 +57,7 @@ static const command COMMANDS[] = {
     {"logits", tessera_logits,
      "-m DIR --ids 1,2,3 --out F.npy: every position's logits"},
     {"devices", tessera_devices, "the devices models can run on"},
+
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof *COMMANDS)
 
@@ -86,7 +87,7 @@ static int version(void) {
            "cpu of this machine: %s\n",
            ts_cpu_isa(), ts_cpu_isa_max(),
            getenv("TS_CPU_ISA") && *getenv("TS_CPU_ISA") ? "; TS_CPU_ISA set"
-                                                          : "",
+                                                         : "",
            feats);
     return 0;
 }

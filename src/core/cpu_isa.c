@@ -15,8 +15,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-static const char *const isa_names[CPU_ISA_COUNT] = {
-    "sse2", "avx2", "avx512", "avx512_bf16", "amx"};
+static const char *const isa_names[CPU_ISA_COUNT] = {"sse2", "avx2", "avx512",
+                                                     "avx512_bf16", "amx"};
 
 static cpu_features feats;
 static cpu_isa detected, active;
@@ -143,8 +143,8 @@ cpu_isa cpu_isa_from_name(const char *name) {
     for (int i = 0; name && i < CPU_ISA_COUNT; i++)
         if (!strcasecmp(name, isa_names[i]))
             return (cpu_isa)i;
-    if (name && (!strcasecmp(name, "avx512bf16") ||
-                 !strcasecmp(name, "avx512-bf16")))
+    if (name &&
+        (!strcasecmp(name, "avx512bf16") || !strcasecmp(name, "avx512-bf16")))
         return CPU_ISA_AVX512_BF16;
     return CPU_ISA_COUNT;
 }
@@ -179,9 +179,13 @@ void cpu_features_str(char *buf, size_t cap) {
                                   list[i].name);
 }
 
-const char *ts_cpu_isa(void) { return cpu_isa_name(cpu_isa_active()); }
+const char *ts_cpu_isa(void) {
+    return cpu_isa_name(cpu_isa_active());
+}
 
-const char *ts_cpu_isa_max(void) { return cpu_isa_name(cpu_isa_detected()); }
+const char *ts_cpu_isa_max(void) {
+    return cpu_isa_name(cpu_isa_detected());
+}
 
 void ts_cpu_features(char *buf, size_t cap) {
     if (buf && cap)

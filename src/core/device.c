@@ -169,7 +169,7 @@ ts_tensor *ts_to_device(ts_tensor *t, ts_device d) {
     ctx->device = d;
     ts_tensor *out = ts_tensor_new(ctx, t->dtype, t->ndim, t->shape);
     ctx->device = old;
-    size_t bytes = (size_t)ts_tensor_numel(c) * ts_dtype_size(t->dtype);
+    size_t bytes = (size_t)ts_dtype_nbytes(t->dtype, ts_tensor_numel(c));
     ts_status st = out ? TS_OK : ctx->status;
     if (st == TS_OK && bytes) {
         const ts_backend *src = ts_backend_of(from.kind),

@@ -149,6 +149,42 @@ ts_tensor *ts_op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
     return out;
 }
 
+/* A tensor of a block format (q8_0, q4_k, ...) is a weight: it enters only
+ * a matmul as the right operand (the transpose of a (N, K) weight), an
+ * embedding as the table, a cast or copy to a float dtype, a 2-D transpose
+ * and a copy to another device; and it computes on the CPU only. */
+static bool quantized_inputs_ok(ts_ctx *ctx, ts_op_id op, int n_in,
+                                ts_tensor **in, const ts_attrs *attrs) {
+    (void)attrs;
+    for (int i = 0; i < n_in; i++) {
+        ts_dtype dt = in[i]->dtype;
+        if (!ts_dtype_is_quantized(dt))
+            continue;
+        bool ok = (op == TS_OP_MATMUL && i == 1) ||
+                  (op == TS_OP_EMBEDDING && i == 0) ||
+                  ((op == TS_OP_CAST || op == TS_OP_COPY) && i == 0) ||
+                  (op == TS_OP_PERMUTE && in[i]->ndim == 2);
+        if (!ok) {
+            ts_set_error(ctx, TS_ERR_DTYPE,
+                         "%s: input %d is %s, a quantized weight format (it "
+                         "enters matmul as x @ W.T, embedding and a cast to "
+                         "a float dtype only)",
+                         ts_op_table[op].name, i, ts_dtype_name(dt));
+            return false;
+        }
+        if (in[i]->storage->device.kind != TS_DEVICE_CPU &&
+            op != TS_OP_PERMUTE) {
+            ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                         "%s: %s weights compute on the CPU only (this one is "
+                         "on a %s device)",
+                         ts_op_table[op].name, ts_dtype_name(dt),
+                         ts_backend_of(in[i]->storage->device.kind)->name);
+            return false;
+        }
+    }
+    return true;
+}
+
 static ts_tensor *op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
                           const ts_attrs *attrs) {
     const ts_op_def *def = &ts_op_table[op];
@@ -172,6 +208,8 @@ static ts_tensor *op_call(ts_ctx *ctx, ts_op_id op, int n_in, ts_tensor **in,
             return NULL;
         }
     }
+    if (!quantized_inputs_ok(ctx, op, n_in, in, attrs))
+        return NULL;
     ts_node *n = calloc(1, sizeof *n);
     if (!n) {
         ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory (node)", def->name);

@@ -335,6 +335,43 @@ ts_status ts_decoder_set_param(ts_decoder *m, int i, ts_tensor *t) {
     return TS_OK;
 }
 
+ts_status dec_set_param_kept(ts_decoder *m, int i, ts_tensor *t, bool conv1d) {
+    ts_tensor *old = i >= 0 && i < m->n_params ? m->params[i] : NULL;
+    if (!old || !t || ts_tensor_ndim(old) != 2 || ts_tensor_ndim(t) != 2)
+        return ts_set_error(m->ctx, TS_ERR_INVALID_ARG,
+                            "decoder: parameter %d kept in its file's dtype "
+                            "must be a matrix",
+                            i);
+    const int64_t *os = ts_tensor_shape(old), *ns = ts_tensor_shape(t);
+    bool same = os[0] == ns[0] && os[1] == ns[1];
+    bool flipped = conv1d && os[0] == ns[1] && os[1] == ns[0];
+    if (!same && !flipped)
+        return ts_set_error(m->ctx, TS_ERR_SHAPE,
+                            "decoder: %s has shape [%lld, %lld] in the file, "
+                            "the model wants [%lld, %lld]",
+                            m->spec[i].name, (long long)ns[0], (long long)ns[1],
+                            (long long)os[0], (long long)os[1]);
+    ts_device d = ts_tensor_device(old);
+    if (ts_dtype_is_quantized(ts_tensor_dtype(t)) && d.kind != TS_DEVICE_CPU)
+        return ts_set_error(m->ctx, TS_ERR_UNSUPPORTED,
+                            "decoder: %s is %s, a quantized format that "
+                            "computes on the CPU only (the device map puts "
+                            "it on %s:%d)",
+                            m->spec[i].name, ts_dtype_name(ts_tensor_dtype(t)),
+                            ts_backend_of(d.kind)->name, d.index);
+    ts_tensor *moved = ts_to_device(t, d); /* cpu:k of a device map */
+    if (!moved)
+        return ts_ctx_status(m->ctx);
+    *slot_of(m, &m->spec[i]) = moved;
+    if (m->g[R_HEAD] == old)
+        m->g[R_HEAD] = moved; /* tied */
+    m->params[i] = moved;
+    ts_release(old);
+    ts_release(m->head_copy);
+    m->head_copy = NULL;
+    return TS_OK;
+}
+
 const ts_model_config *ts_decoder_get_config(const ts_decoder *m) {
     return m ? &m->cfg : NULL;
 }
@@ -441,7 +478,8 @@ static ts_tensor *compute_copy(const ts_decoder *m, ts_tensor *w) {
  * (out, in) layout, or Conv1D's (in, out) */
 static ts_tensor *project(const ts_decoder *m, ts_tensor *x, ts_tensor *w,
                           ts_tensor *b) {
-    if (!m->cfg.conv1d)
+    /* a weight of a block format is rows of `in` whatever the family */
+    if (!m->cfg.conv1d || ts_dtype_is_quantized(ts_tensor_dtype(w)))
         return ts_linear(x, w, b);
     ts_tensor *y = ts_matmul(x, w);
     if (!b || !y)

@@ -16,6 +16,7 @@
 void dec_set_config_src(ts_decoder *m, const char *path);
 
 void dec_set_layout(ts_decoder *m, int layout);
+ts_status dec_set_param_kept(ts_decoder *m, int i, ts_tensor *t, bool conv1d);
 
 /* The checkpoint index of name, or of its other spellings (GPT-2's
  * without "transformer."; a multimodal Gemma 3's text weights in either
@@ -101,9 +102,18 @@ static ts_status fill_param(ts_ctx *ctx, const char *dir, ts_decoder *m,
                                       "%s: the checkpoint has no tensor "
                                       "\"%s\"",
                                       dir, name);
-        if (p->parts == 1 && ts_tensor_dtype(src) == ts_tensor_dtype(dst) &&
-            ts_tensor_is_contiguous(src) &&
-            ts_device_equal(ts_tensor_device(src), ts_tensor_device(dst)))
+        if (ts_dtype_is_quantized(ts_tensor_dtype(src)) && p->parts != 1)
+            s = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                             "%s: %s is %s: experts' weights in a quantized "
+                             "format are not supported",
+                             dir, name, ts_dtype_name(ts_tensor_dtype(src)));
+        else if (ts_dtype_is_quantized(ts_tensor_dtype(src)))
+            /* weights of a block format stay as they are (mapped) */
+            s = dec_set_param_kept(m, i, src, ts_decoder_get_config(m)->conv1d);
+        else if (p->parts == 1 &&
+                 ts_tensor_dtype(src) == ts_tensor_dtype(dst) &&
+                 ts_tensor_is_contiguous(src) &&
+                 ts_device_equal(ts_tensor_device(src), ts_tensor_device(dst)))
             s = ts_decoder_set_param(m, i, src); /* the mapping, no copy */
         else if (p->parts == 1)
             s = ts_copy_(dst, src); /* converted to the model's dtype */

@@ -235,8 +235,32 @@ ts_status ts_infer_masked_fill(ts_ctx *ctx, const ts_node *n, ts_desc *o,
 
 ts_status ts_infer_cast(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
                         int *ns) {
-    (void)ctx, (void)s, (void)ns;
+    (void)s, (void)ns;
     const ts_tensor *x = n->in[0];
+    ts_dtype to = n->op == TS_OP_CAST ? n->attrs.dtype : x->dtype;
+    char sb[128];
+    /* block formats: from a contiguous tensor only (rows of whole blocks);
+     * into one from a float tensor whose last dim is whole blocks (each
+     * row quantized as llama.cpp's reference quantizer does) */
+    if (ts_dtype_is_quantized(x->dtype) && !ts_tensor_is_contiguous(x))
+        return ts_set_error(ctx, TS_ERR_DTYPE,
+                            "%s: a %s tensor is read as whole rows of blocks; "
+                            "this one is a strided view of shape %s",
+                            ts_op_table[n->op].name, ts_dtype_name(x->dtype),
+                            SHP(x, sb));
+    if (ts_dtype_is_quantized(to)) {
+        int64_t be = ts_dtype_block_elems(to);
+        if (!ts_dtype_is_float(x->dtype) && x->dtype != to)
+            return ts_set_error(ctx, TS_ERR_DTYPE,
+                                "cast: %s to %s (quantizing takes a float "
+                                "tensor)",
+                                ts_dtype_name(x->dtype), ts_dtype_name(to));
+        if (x->ndim == 0 || x->shape[x->ndim - 1] % be)
+            return ts_set_error(ctx, TS_ERR_SHAPE,
+                                "cast to %s: the last dim of %s is not a "
+                                "multiple of the block size %lld",
+                                ts_dtype_name(to), SHP(x, sb), (long long)be);
+    }
     desc_like(o, n->op == TS_OP_CAST ? n->attrs.dtype : x->dtype, x->ndim,
               x->shape);
     return TS_OK;
@@ -282,11 +306,19 @@ ts_status ts_infer_matmul(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
     /* same float dtypes, or f32 activations times bf16/f16 weights (computed
      * in f32, an f32 result) */
     bool mixed =
-        a->dtype == TS_F32 && (b->dtype == TS_BF16 || b->dtype == TS_F16);
+        a->dtype == TS_F32 && (b->dtype == TS_BF16 || b->dtype == TS_F16 ||
+                               ts_dtype_is_quantized(b->dtype));
     if ((!mixed && need_same_dtype(ctx, "matmul", a, b)) ||
         need_float(ctx, "matmul", 0, a))
         return ctx->status;
     int64_t K = a->shape[a->ndim - 1];
+    if (ts_dtype_is_quantized(b->dtype) &&
+        (b->ndim != 2 || b->strides[0] != 1 ||
+         (b->shape[1] > 1 && b->strides[1] != b->shape[0])))
+        return ts_set_error(ctx, TS_ERR_DTYPE,
+                            "matmul: a %s right operand must be the transpose "
+                            "of a whole (N, K) weight (x @ W.T); got shape %s",
+                            ts_dtype_name(b->dtype), SHP(b, sb));
     if (b->shape[b->ndim - 2] != K)
         return ts_set_error(ctx, TS_ERR_SHAPE,
                             "matmul: inner dims differ: %s @ %s (%lld vs %lld)",
@@ -315,7 +347,9 @@ ts_status ts_infer_embedding(ts_ctx *ctx, const ts_node *n, ts_desc *o,
     if (ids->ndim + 1 > TS_MAX_DIMS)
         return ts_set_error(ctx, TS_ERR_SHAPE,
                             "embedding: ids have too many dims");
-    desc_like(o, w->dtype, ids->ndim, ids->shape);
+    /* a table of a block format gives its rows dequantized to f32 */
+    desc_like(o, ts_dtype_is_quantized(w->dtype) ? TS_F32 : w->dtype, ids->ndim,
+              ids->shape);
     o->shape[o->ndim++] = w->shape[1];
     return TS_OK;
 }

@@ -19,6 +19,16 @@
 #ifdef CPU_ISA_SUFFIX
 #include "backend/cpu/cpu_isa_names.h"
 #endif
+/* The level this compile is for (in the kernel files). */
+#if defined(__AVX512BF16__)
+#define CPU_THIS_ISA CPU_ISA_AVX512_BF16
+#elif defined(__AVX512F__)
+#define CPU_THIS_ISA CPU_ISA_AVX512
+#elif defined(__AVX2__)
+#define CPU_THIS_ISA CPU_ISA_AVX2
+#else
+#define CPU_THIS_ISA CPU_ISA_SSE2
+#endif
 
 #ifdef __AVX2__
 /* e^x for 8 lanes: x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor series to

@@ -20,7 +20,7 @@ static const cpu_kernel_set *const level_sets[CPU_ISA_COUNT] = {
 
 const cpu_kernel_set *cpu_kernels_for(cpu_isa isa) {
     return (unsigned)isa <= (unsigned)cpu_isa_detected() ? level_sets[isa]
-                                                          : NULL;
+                                                         : NULL;
 }
 
 const cpu_kernel_set *cpu_kernels_active(void) {
@@ -62,7 +62,9 @@ void cpu_attention_bwd_reference(const cpu_attn_shape *p, const float *q,
 }
 
 /* Outside the kernel files these names call the active level's. */
-bool cpu_fusable(int op) { return cpu_kernels_active()->fusable(op); }
+bool cpu_fusable(int op) {
+    return cpu_kernels_active()->fusable(op);
+}
 ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f) {
     return cpu_kernels_active()->run_fused(ctx, f);
 }
@@ -94,8 +96,7 @@ void cpu_attention_decode(const cpu_attn_shape *p, const float *q,
 void cpu_attention_bwd(const cpu_attn_shape *p, const float *q, const float *k,
                        const float *v, const float *out, const float *lse,
                        const float *dout, float *dq, float *dk, float *dv) {
-    cpu_kernels_active()->attention_bwd(p, q, k, v, out, lse, dout, dq, dk,
-                                        dv);
+    cpu_kernels_active()->attention_bwd(p, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
 static ts_status cpu_run_node(ts_ctx *ctx, ts_node *n) {
@@ -180,9 +181,10 @@ static ts_status cpu_info(ts_ctx *ctx, int dev, ts_device_info *out) {
     out->free_bytes = avail > 0 ? (size_t)avail * (size_t)psz : 0;
     char feats[400];
     cpu_features_str(feats, sizeof feats);
-    snprintf(out->features, sizeof out->features, "threads=%d isa=%s (max %s) %s",
-             ctx->num_threads, cpu_isa_name(cpu_isa_active()),
-             cpu_isa_name(cpu_isa_detected()), feats);
+    snprintf(out->features, sizeof out->features,
+             "threads=%d isa=%s (max %s) %s", ctx->num_threads,
+             cpu_isa_name(cpu_isa_active()), cpu_isa_name(cpu_isa_detected()),
+             feats);
     return TS_OK;
 }
 

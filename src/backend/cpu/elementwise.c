@@ -3,6 +3,8 @@
  * scatter and embedding gather/scatter-add. Inputs of any strides; outputs
  * are contiguous. bf16/f16 are converted to f32 in blocks and back. */
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/quant_gemm.h"
+#include "core/quant.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -352,9 +354,72 @@ CPU_KERNEL(masked_fill) {
     return TS_OK;
 }
 
+typedef struct {
+    const ts_tensor *x;
+    ts_tensor *y;
+    const float *xf; /* x as contiguous f32 (quantizing) */
+    int64_t C;
+} block_copy_job;
+
+/* rows [r0, r1) of a copy from or to a block format (both contiguous, or
+ * x read through xf): dequantized, quantized, or copied as bytes */
+static void block_copy_rows(void *p, int64_t r0, int64_t r1) {
+    const block_copy_job *j = p;
+    const ts_tensor *x = j->x;
+    ts_tensor *y = j->y;
+    int64_t C = j->C;
+    bool xq = ts_dtype_is_quantized(x->dtype);
+    int64_t xb = xq ? ts_dtype_nbytes(x->dtype, C) : 0,
+            yb = ts_dtype_nbytes(y->dtype, C);
+    float *row = xq && y->dtype != TS_F32 && y->dtype != x->dtype
+                     ? malloc(sizeof(float) * (size_t)C)
+                     : NULL;
+    for (int64_t r = r0; r < r1; r++) {
+        const char *src = ts_tensor_ptr(x) + r * xb;
+        char *dst = ts_tensor_ptr(y) + r * yb;
+        if (x->dtype == y->dtype)
+            memcpy(dst, src, (size_t)yb);
+        else if (!xq) /* quantize */
+            ts_quantize_row(y->dtype, j->xf + r * C, dst, C);
+        else if (y->dtype == TS_F32)
+            cpu_dequant_rows(CPU_THIS_ISA, x->dtype, src, xb, 1, C,
+                             (float *)dst);
+        else if (row) { /* dequantize, then to bf16/f16/... */
+            cpu_dequant_rows(CPU_THIS_ISA, x->dtype, src, xb, 1, C, row);
+            cpu_scatter_f32(dst, y->dtype, 1, row, C);
+        }
+    }
+    free(row);
+}
+
+/* a copy or cast from or to a block format: x of a block format is
+ * contiguous (ts_infer_cast says so), y is a new contiguous tensor */
+static ts_status copy_blocks(ts_ctx *ctx, const ts_tensor *x, ts_tensor *y) {
+    int64_t numel = ts_tensor_numel(y);
+    int64_t C = y->ndim ? y->shape[y->ndim - 1] : 1;
+    if (!numel)
+        return TS_OK;
+    block_copy_job j = {x, y, NULL, C};
+    float *tmp = NULL;
+    if (!ts_dtype_is_quantized(x->dtype)) { /* x's elements as f32 rows */
+        tmp = malloc(sizeof(float) * (size_t)numel);
+        if (!tmp)
+            return ts_set_error(ctx, TS_ERR_OOM, "cast: out of memory");
+        int64_t st[TS_MAX_DIMS];
+        ts_contiguous_strides(x->ndim, x->shape, st);
+        cpu_copy_strided((char *)tmp, TS_F32, st, ts_tensor_ptr(x), x->dtype,
+                         x->strides, x->ndim, x->shape);
+        j.xf = tmp;
+    }
+    ts_parallel_for(numel / C, cpu_grain(C, 16384), block_copy_rows, &j);
+    free(tmp);
+    return TS_OK;
+}
+
 CPU_KERNEL(copy) {
-    (void)ctx;
     ts_tensor *x = n->in[0], *y = n->out;
+    if (ts_dtype_is_quantized(x->dtype) || ts_dtype_is_quantized(y->dtype))
+        return copy_blocks(ctx, x, y);
     cpu_copy_strided(ts_tensor_ptr(y), y->dtype, y->strides, ts_tensor_ptr(x),
                      x->dtype, x->strides, x->ndim, x->shape);
     return TS_OK;
@@ -452,6 +517,14 @@ static void embedding_rows(void *p_, int64_t lo_, int64_t hi_) {
     ts_tensor *y = a_->y;
     int64_t C = a_->C;
     size_t es = a_->es;
+    if (ts_dtype_is_quantized(w->dtype)) { /* rows of blocks, to f32 */
+        int64_t rb = ts_dtype_nbytes(w->dtype, C);
+        for (int64_t i = lo_; i < hi_; i++)
+            cpu_dequant_rows(CPU_THIS_ISA, w->dtype,
+                             ts_tensor_ptr(w) + load_id(ids, &offs[i]) * rb, rb,
+                             1, C, (float *)ts_tensor_ptr(y) + i * C);
+        return;
+    }
     for (int64_t i = lo_; i < hi_; i++) {
         int64_t id = load_id(ids, &offs[i]);
         const char *src = ts_tensor_ptr(w) + id * w->strides[0] * (int64_t)es;

@@ -5,6 +5,7 @@
  * register-blocked GEMM used inside fused kernels (attention), and its slow
  * reference. */
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/quant_gemm.h"
 
 #include <immintrin.h>
 #include <stdatomic.h>
@@ -297,6 +298,22 @@ static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
         if (y->shape[d] != 1 && ast[d] != expect)
             a_rows = false;
         expect *= y->shape[d];
+    }
+    if (ts_dtype_is_quantized(b->dtype)) {
+        /* weights of a block format: W (N, K) contiguous, seen as W^T */
+        if (!shared || !rows_of_k || !a_rows || y->dtype != TS_F32 ||
+            (N > 1 && bsc != K))
+            return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                                "matmul: a %s right operand must be the "
+                                "transpose of a whole (N, K) weight shared by "
+                                "the batch (x @ W.T), with f32 rows of x",
+                                ts_dtype_name(b->dtype));
+        if (!cpu_gemm_wq(CPU_THIS_ISA, R, N, K, (const float *)ts_tensor_ptr(a),
+                         M == 1 && batch == 1 ? K : asr, ts_tensor_ptr(b),
+                         ts_dtype_nbytes(b->dtype, K), b->dtype,
+                         (float *)ts_tensor_ptr(y)))
+            return ts_set_error(ctx, TS_ERR_OOM, "matmul: out of memory");
+        return TS_OK;
     }
     if (!shared || !rows_of_k || !a_rows || y->dtype != TS_F32)
         return TS_ERR_UNSUPPORTED;
