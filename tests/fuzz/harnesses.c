@@ -10,6 +10,7 @@
 
 #include "server/prompt.h"
 #include "tessera.h"
+#include "tessera_gguf.h"
 #include "tessera_io.h"
 #include "tessera_models.h"
 #include "tessera_server.h"
@@ -124,6 +125,88 @@ int fuzz_safetensors(const uint8_t *data, size_t size) {
         ts_release(t);
     }
     ts_safetensors_close(st);
+    return 0;
+}
+
+/* ---- GGUF: every key read by its type, every array element (the first
+ * 4096 and the last), every tensor got and its bytes touched ---- */
+
+static void gguf_read_kv(ts_gguf *g, int64_t i, size_t size) {
+    const char *k = ts_gguf_kv_key(g, i);
+    ts_gguf_type t = ts_gguf_kv_type(g, i);
+    uint64_t u, n = 0;
+    int64_t s;
+    double f;
+    bool b;
+    const char *str;
+    size_t len;
+    (void)ts_gguf_get_u64(g, k, &u), (void)ts_gguf_get_i64(g, k, &s);
+    (void)ts_gguf_get_u32(g, k, NULL), (void)ts_gguf_get_f64(g, k, &f);
+    (void)ts_gguf_get_bool(g, k, &b);
+    if (t == TS_GGUF_STRING) {
+        check_status("gguf", ts_gguf_get_string(g, k, &str, &len));
+        if (strlen(str) > len)
+            fuzz_fail("gguf", "string of key %s longer than its length", k);
+    }
+    ts_gguf_type et;
+    if (ts_gguf_get_array(g, k, &et, &n) != TS_OK) {
+        ts_clear_error(g_ctx);
+        return;
+    }
+    if (n > size) /* an element takes a byte at least */
+        fuzz_fail("gguf", "array %s of %llu elements in a smaller file", k,
+                  (unsigned long long)n);
+    for (uint64_t e = 0; e < n; e = e == 4095 && n > 4097 ? n - 1 : e + 1) {
+        if (et == TS_GGUF_STRING)
+            check_status("gguf", ts_gguf_array_string(g, k, e, &str, &len));
+        else {
+            (void)ts_gguf_array_int(g, k, e, &s);
+            (void)ts_gguf_array_f64(g, k, e, &f);
+        }
+    }
+    ts_clear_error(g_ctx);
+}
+
+int fuzz_gguf(const uint8_t *data, size_t size) {
+    const char *path = put_file("fuzz.gguf", data, size);
+    ts_gguf *g = NULL;
+    check_status("gguf", ts_gguf_open(g_ctx, path, &g));
+    if (!g)
+        return 0;
+    for (int64_t i = 0; i < ts_gguf_kv_count(g); i++)
+        gguf_read_kv(g, i, size);
+    for (int64_t i = 0; i < ts_gguf_tensor_count(g); i++) {
+        const char *name = ts_gguf_tensor_name(g, i);
+        uint64_t nb = ts_gguf_tensor_nbytes(g, i);
+        if (ts_gguf_tensor_file_offset(g, i) + nb > size)
+            fuzz_fail("gguf",
+                      "tensor %s of %llu bytes past the %zu-byte "
+                      "file",
+                      name, (unsigned long long)nb, size);
+        ts_tensor *t = ts_gguf_tensor(g, name);
+        check_status("gguf", t ? TS_OK : ts_ctx_status(g_ctx));
+        if (!t)
+            continue;
+        ts_dtype dt = ts_tensor_dtype(t);
+        if ((uint64_t)ts_dtype_nbytes(dt, ts_tensor_numel(t)) != nb)
+            fuzz_fail("gguf", "tensor %s: %lld %s elements in %llu bytes", name,
+                      (long long)ts_tensor_numel(t), ts_dtype_name(dt),
+                      (unsigned long long)nb);
+        const unsigned char *p = ts_tensor_data(t);
+        unsigned sum = 0; /* every byte touched: the bounds were checked */
+        for (uint64_t k = 0; p && k < nb; k++)
+            sum += p[k];
+        (void)sum;
+        if (!ts_dtype_is_quantized(dt)) {
+            float *tmp =
+                malloc(sizeof(float) * ((size_t)ts_tensor_numel(t) + 1));
+            if (tmp)
+                check_status("gguf", ts_tensor_read(t, tmp, TS_F32));
+            free(tmp);
+        }
+        ts_release(t);
+    }
+    ts_gguf_close(g);
     return 0;
 }
 
@@ -443,6 +526,7 @@ void fuzz_teardown(void) {
 
 const fuzz_harness fuzz_harnesses[] = {
     {"safetensors", fuzz_safetensors, 0},
+    {"gguf", fuzz_gguf, 0},
     {"config", fuzz_config, 1},
     {"tokenizer", fuzz_tokenizer, 0},
     {"tokenizer_config", fuzz_tokenizer_config, 0},

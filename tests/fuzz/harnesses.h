@@ -26,6 +26,7 @@ void fuzz_setup(const char *work_dir, const char *model_dir);
 void fuzz_teardown(void);
 
 int fuzz_safetensors(const uint8_t *data, size_t size);
+int fuzz_gguf(const uint8_t *data, size_t size);
 int fuzz_config(const uint8_t *data, size_t size);
 int fuzz_tokenizer(const uint8_t *data, size_t size);
 int fuzz_tokenizer_config(const uint8_t *data, size_t size);
