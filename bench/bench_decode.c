@@ -7,7 +7,10 @@
  * measured in the same run. With --moe: a Qwen3-MoE-shaped model (8
  * experts, top 2) against the dense model with the same active
  * parameters (its MLP as wide as two experts), side by side.
- *   bench_decode [--f32] [--prefill N] [--decode N] [--small] [--moe] */
+ * With --quant: decode with the weights in bf16 and quantized (q8_0,
+ * q4_k_m, q4_0), each against the read bound of its bytes.
+ *   bench_decode [--f32] [--prefill N] [--decode N] [--small] [--moe]
+ *                [--quant] */
 #include "core/core.h"
 #include "tessera.h"
 #include "tessera_models.h"
@@ -158,8 +161,102 @@ static int bench_moe(bool small, int P, int G) {
     return 0;
 }
 
+/* --quant: decode at batch 1 with the weights in bf16, then quantized to
+ * each type (ts_decoder_quantize of a fresh bf16 model, same seed), each
+ * beside a streaming read of the same bytes measured in the same run:
+ * tokens/s, the ratio to bf16, and the share of the read bound the step
+ * reaches (bytes of weights read per token / time). */
+static int bench_quant(bool small, int P, int G) {
+    static const char *const types[] = {"bf16", "q8_0", "q4_k_m", "q4_0"};
+    const int n_types = (int)(sizeof types / sizeof *types);
+    ts_model_config cfg = qwen3_06b(small);
+    ts_ctx *ctx;
+    if (ts_ctx_new(&ctx, NULL) != TS_OK)
+        return 1;
+    ts_set_grad_enabled(ctx, false);
+    char feats[256];
+    ts_cpu_features(feats, sizeof feats);
+    printf("Qwen3-0.6B architecture%s, decode at batch 1 after a %d-token "
+           "prompt, %d steps; %d threads; cpu path %s (machine: %s)\n",
+           small ? " (small)" : "", P, G, ts_get_num_threads(ctx), ts_cpu_isa(),
+           ts_cpu_isa_max());
+    printf("%-8s %10s %9s %9s %10s %11s %9s\n", "weights", "MiB read", "tok/s",
+           "x bf16", "GB/s", "read bound", "share");
+    double base = 0;
+    for (int t = 0; t < n_types; t++) {
+        ts_decoder_options o = {.weight_dtype = TS_BF16};
+        ts_decoder *m;
+        ts_decoder_cache *kc;
+        if (ts_decoder_new(ctx, &cfg, &o, 1, &m) != TS_OK ||
+            (strcmp(types[t], "bf16") &&
+             ts_decoder_quantize(m, types[t]) != TS_OK) ||
+            ts_decoder_cache_new(m, 1, P + G, &kc) != TS_OK) {
+            fprintf(stderr, "bench_decode: %s\n", ts_errmsg(ctx));
+            return 1;
+        }
+        int64_t wbytes = 0;
+        for (int i = 0; i < ts_decoder_num_params(m); i++) {
+            ts_tensor *p = ts_decoder_param(m, i);
+            ts_set_requires_grad(p, false);
+            wbytes += ts_dtype_nbytes(ts_tensor_dtype(p), ts_tensor_numel(p));
+        }
+        ts_alloc_empty_cache(ctx);
+        malloc_trim(0);
+        int64_t *ids = malloc(sizeof(int64_t) * (size_t)P);
+        for (int i = 0; i < P; i++)
+            ids[i] = (i * 7919) % cfg.vocab;
+        int64_t shape[2] = {1, P}, one[2] = {1, 1};
+        double best = 0;
+        for (int r = 0; r < 3; r++) { /* best of 3 (the first warms up) */
+            ts_decoder_cache_reset(kc);
+            ts_tensor *in = ts_from_data(ctx, TS_I64, 2, shape, ids);
+            ts_release(ts_decoder_forward_cached_last(m, kc, in));
+            ts_release(in);
+            int64_t tok = 1;
+            double a = now();
+            for (int g = 0; g < G; g++) {
+                ts_tensor *x = ts_from_data(ctx, TS_I64, 2, one, &tok);
+                ts_tensor *l = ts_decoder_forward_cached_last(m, kc, x);
+                ts_tensor *b = ts_argmax(l, -1, false);
+                double v = 0;
+                ts_item(b, &v);
+                tok = (int64_t)v;
+                ts_release(x), ts_release(l), ts_release(b);
+            }
+            double tps = G / (now() - a);
+            best = tps > best ? tps : best;
+        }
+        free(ids);
+        ts_decoder_cache_free(kc);
+        ts_decoder_free(m);
+        /* the read bound for these bytes, measured now */
+        size_t mb = (size_t)wbytes / 128 * 128;
+        float *buf = malloc(mb);
+        memset(buf, 0, mb);
+        double best_read = 1e9;
+        float sink = 0;
+        for (int r = 0; r < 5; r++) {
+            double c0 = now();
+            sink += read_all(buf, mb / sizeof(float));
+            double c = now() - c0;
+            best_read = c < best_read ? c : best_read;
+        }
+        free(buf);
+        double bound = (double)mb / best_read / 1e9;
+        double gbs = (double)wbytes * best / 1e9;
+        if (t == 0)
+            base = best;
+        printf("%-8s %10.1f %9.2f %9.2f %10.1f %11.1f %8.0f%%%s\n", types[t],
+               wbytes / 1048576.0, best, best / base, gbs, bound,
+               100 * gbs / bound, sink == 12345 ? " " : "");
+        fflush(stdout);
+    }
+    ts_ctx_free(ctx);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    bool f32 = false, small = false, moe = false;
+    bool f32 = false, small = false, moe = false, quant = false;
     int P = 512, G = 128;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--f32"))
@@ -168,18 +265,22 @@ int main(int argc, char **argv) {
             small = true;
         else if (!strcmp(argv[i], "--moe"))
             moe = true;
+        else if (!strcmp(argv[i], "--quant"))
+            quant = true;
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc)
             P = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc)
             G = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_decode [--f32] [--prefill N] "
-                            "[--decode N] [--small] [--moe]\n");
+                            "[--decode N] [--small] [--moe] [--quant]\n");
             return 2;
         }
     }
     if (moe)
         return bench_moe(small, small ? 32 : P, small ? 8 : G / 2);
+    if (quant)
+        return bench_quant(small, small ? 16 : 64, small ? 8 : 32);
     ts_model_config cfg = qwen3_06b(small);
     ts_decoder_options dopt = {.weight_dtype = f32 ? TS_F32 : TS_BF16};
     if (small)

@@ -273,6 +273,12 @@ ts_dtype ts_quantize_tensor_type(const char *file_type, const char *name,
                                  bool tied_embeddings);
 /* "f32, f16, bf16, q8_0, ..." for messages and --help */
 const char *ts_quantize_type_names(void);
+/* The model's matrices quantized in place to the file type's formats (as
+ * ts_model_quantize chooses them; norms and biases stay), e.g. a bf16
+ * folder run as q8_0 (`tessera run --quantize q8_0`). Quantized weights
+ * compute on the CPU: a device map putting one on another backend is an
+ * error. The model is for inference afterwards (no gradients). */
+ts_status ts_decoder_quantize(ts_decoder *m, const char *file_type);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
  * mode and on another host device; embedding reads their rows; every
  * other use is a clear error. */
 #include "core/quant.h"
+#include "tessera_models.h"
 #include "tessera_nn.h"
 #include "test_util.h"
 
@@ -158,6 +159,114 @@ static void test_errors(ts_ctx *ctx) {
     ts_release(w), ts_release(q), ts_release(x);
 }
 
+/* llama.cpp's choice per tensor, transcribed from llama_tensor_get_type
+ * for a 28-layer model: Q4_K_M gives v_proj and down_proj Q6_K in the
+ * layers i < 3, i >= 24 and (i - 3) % 3 == 2; the head Q6_K */
+static void test_type_policy(void) {
+    const int more[] = {0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27};
+    for (int i = 0; i < 28; i++) {
+        bool m = false;
+        for (size_t k = 0; k < sizeof more / sizeof *more; k++)
+            m |= more[k] == i;
+        char v[96], d[96], q[96];
+        snprintf(v, sizeof v, "model.layers.%d.self_attn.v_proj.weight", i);
+        snprintf(d, sizeof d, "model.layers.%d.mlp.down_proj.weight", i);
+        snprintf(q, sizeof q, "model.layers.%d.self_attn.q_proj.weight", i);
+        CHECK(ts_quantize_tensor_type("q4_k_m", v, 2, 1024, 28, true) ==
+              (m ? TS_Q6_K : TS_Q4_K));
+        CHECK(ts_quantize_tensor_type("q4_k_m", d, 2, 3072, 28, true) ==
+              (m ? TS_Q6_K : TS_Q4_K));
+        CHECK(ts_quantize_tensor_type("q4_k_m", q, 2, 1024, 28, true) ==
+              TS_Q4_K);
+        CHECK(ts_quantize_tensor_type("q4_k_s", v, 2, 1024, 28, true) ==
+              (i < 4 ? TS_Q5_K : TS_Q4_K));
+        CHECK(ts_quantize_tensor_type("q4_k_s", d, 2, 3072, 28, true) ==
+              (i < 3 ? TS_Q5_K : TS_Q4_K));
+        CHECK(ts_quantize_tensor_type("q8_0", v, 2, 1024, 28, true) == TS_Q8_0);
+    }
+    /* the head (or the tied table) and the untied table */
+    CHECK(ts_quantize_tensor_type("q4_k_m", "lm_head.weight", 2, 1024, 28,
+                                  false) == TS_Q6_K);
+    CHECK(ts_quantize_tensor_type("q4_k_m", "model.embed_tokens.weight", 2,
+                                  1024, 28, true) == TS_Q6_K);
+    CHECK(ts_quantize_tensor_type("q4_k_m", "model.embed_tokens.weight", 2,
+                                  1024, 28, false) == TS_Q4_K);
+    CHECK(ts_quantize_tensor_type("q8_0", "lm_head.weight", 2, 1024, 28,
+                                  false) == TS_Q8_0);
+    CHECK(ts_quantize_tensor_type("q4_0", "lm_head.weight", 2, 1024, 28,
+                                  false) == TS_Q6_K);
+    /* norms stay f32; rows that are not whole blocks fall back */
+    CHECK(ts_quantize_tensor_type("q4_k_m", "model.norm.weight", 1, 1024, 28,
+                                  true) == TS_F32);
+    CHECK(ts_quantize_tensor_type("q4_k_m", "model.layers.0.mlp.up_proj.weight",
+                                  2, 96, 28, true) == TS_Q8_0);
+    CHECK(ts_quantize_tensor_type("q8_0", "model.layers.0.mlp.up_proj.weight",
+                                  2, 40, 28, true) == TS_F16);
+    CHECK(ts_quantize_tensor_type("bf16", "model.layers.0.mlp.up_proj.weight",
+                                  2, 40, 28, true) == TS_BF16);
+}
+
+/* a small model quantized in place: logits close to the bf16 model's,
+ * the same next token at most positions */
+static void test_decoder_quantize(ts_ctx *ctx) {
+    ts_model_config c = tu_config("qwen3");
+    c.vocab = 512, c.hidden = 256, c.layers = 2, c.heads = 4, c.kv_heads = 2;
+    c.head_dim = 64, c.intermediate = 512, c.max_positions = 64;
+    c.tie_word_embeddings = true;
+    const char *types[] = {"q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0"};
+    /* max |logit error| over the largest |logit|: measured 0.015, 0.052,
+     * 0.075, 0.146, 0.177 with these seeds; the bounds leave ~1.5x */
+    const double tol[] = {0.025, 0.08, 0.12, 0.22, 0.27};
+    int64_t shape[2] = {1, 24};
+    int64_t ids[24];
+    for (int i = 0; i < 24; i++)
+        ids[i] = (i * 37 + 5) % c.vocab;
+    ts_decoder_options o = {.weight_dtype = TS_F32};
+    ts_decoder *ref;
+    CHECK_OK(ctx, ts_decoder_new(ctx, &c, &o, 3, &ref));
+    ts_tensor *in = ts_from_data(ctx, TS_I64, 2, shape, ids);
+    ts_tensor *lr = ts_decoder_forward(ref, in, 0);
+    float *rf = lr ? read_f32(lr) : NULL;
+    for (size_t t = 0; t < sizeof types / sizeof *types && rf; t++) {
+        ts_decoder *m;
+        CHECK_OK(ctx, ts_decoder_new(ctx, &c, &o, 3, &m));
+        CHECK_OK(ctx, ts_decoder_quantize(m, types[t]));
+        ts_tensor *lq = ts_decoder_forward(m, in, 0);
+        float *qf = lq ? read_f32(lq) : NULL;
+        double worst = 0, scale = 0;
+        int agree = 0;
+        for (int p = 0; qf && p < 24; p++) {
+            int br = 0, bq = 0;
+            for (int v = 0; v < c.vocab; v++) {
+                float a = rf[p * c.vocab + v], b = qf[p * c.vocab + v];
+                scale = fabs(a) > scale ? fabs(a) : scale;
+                worst = fabs(a - b) > worst ? fabs(a - b) : worst;
+                br = a > rf[p * c.vocab + br] ? v : br;
+                bq = b > qf[p * c.vocab + bq] ? v : bq;
+            }
+            agree += br == bq;
+        }
+        printf("test_quant_ops: %s model: max logit error %.4f of %.3f, "
+               "top-1 agreement %d/24\n",
+               types[t], worst, scale, agree);
+        CHECK(qf && worst <= tol[t] * scale && agree >= 18);
+        free(qf);
+        ts_release(lq);
+        ts_decoder_free(m);
+    }
+    ts_tensor *w = ts_decoder_find_param(ref, "model.embed_tokens.weight");
+    CHECK(w && ts_tensor_dtype(w) == TS_F32);
+    ts_decoder *bad;
+    CHECK_OK(ctx, ts_decoder_new(ctx, &c, &o, 1, &bad));
+    CHECK(ts_decoder_quantize(bad, "q3_k") == TS_ERR_INVALID_ARG);
+    CHECK_MSG(ctx, "unknown type \"q3_k\"");
+    ts_clear_error(ctx);
+    ts_decoder_free(bad);
+    free(rf);
+    ts_release(in), ts_release(lr);
+    ts_decoder_free(ref);
+}
+
 int main(void) {
     ts_ctx *ctx = test_ctx();
     for (size_t i = 0; i < sizeof QTYPES / sizeof *QTYPES; i++) {
@@ -171,6 +280,8 @@ int main(void) {
         test_linear(ctx, dt, 2, false, 1);
     }
     test_errors(ctx);
+    test_type_policy();
+    test_decoder_quantize(ctx);
     ts_ctx_free(ctx);
     return test_finish("test_quant_ops");
 }

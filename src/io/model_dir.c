@@ -5,6 +5,7 @@
  * files, a path that does not exist) into errors that say what to give
  * instead. Reads names and the first bytes of a file; owns nothing after
  * it returns. */
+#include "tessera_gguf.h"
 #include "tessera_io.h"
 
 #include <dirent.h>
@@ -121,12 +122,12 @@ ts_status ts_model_dir_check(ts_ctx *ctx, const char *path, unsigned need) {
         return ts_set_error(ctx, TS_ERR_IO, "%s: no such folder (%s); %s", path,
                             strerror(errno), WHAT_A_MODEL_IS);
     if (!S_ISDIR(sb.st_mode)) {
-        if (ts_file_is_gguf(path))
-            return ts_set_error(
-                ctx, TS_ERR_UNSUPPORTED,
-                "%s: a GGUF file; GGUF is not supported yet; give a Hugging "
-                "Face folder with config.json and *.safetensors",
-                path);
+        if (ts_file_is_gguf(path)) { /* config, weights, tokenizer in one */
+            ts_gguf *g = NULL;
+            ts_status s = ts_gguf_open(ctx, path, &g);
+            ts_gguf_close(g);
+            return s;
+        }
         char copy[4096], real[PATH_MAX];
         snprintf(copy, sizeof copy, "%s", path);
         const char *parent = dirname(copy);
