@@ -16,7 +16,12 @@
  *
  * GGUF lists a tensor's dims innermost first (ne[0] is the row length);
  * Tessera's shape is the same dims reversed, so a ggml (ne0 = in, ne1 =
- * out) matrix is a Tessera (out, in) tensor. */
+ * out) matrix is a Tessera (out, in) tensor.
+ *
+ * Below the file: a GGUF model seen as a Hugging Face folder (config.json,
+ * tokenizer.json, ... texts from its metadata, its tensors under Hugging
+ * Face's names: src/io/gguf_hf.c), so that the folder loader reads it
+ * unchanged, and the reverse for `tessera convert`. */
 #ifndef TESSERA_GGUF_H
 #define TESSERA_GGUF_H
 

@@ -309,9 +309,10 @@ static ts_status get_real(ts_gguf *g, const char *key, bool required,
 }
 
 static char *dump(ts_ctx *ctx, const char *what, json_t *root) {
-    char *s = root ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER |
-                                          JSON_ENSURE_ASCII)
-                   : NULL;
+    /* compact: a tokenizer.json of 150k tokens and merges is made and
+     * parsed again at every load */
+    char *s =
+        root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
     if (!s)
         ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", what);
