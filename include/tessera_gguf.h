@@ -16,12 +16,18 @@
  *
  * GGUF lists a tensor's dims innermost first (ne[0] is the row length);
  * Tessera's shape is the same dims reversed, so a ggml (ne0 = in, ne1 =
- * out) matrix is a Tessera (out, in) tensor. */
+ * out) matrix is a Tessera (out, in) tensor.
+ *
+ * Below the file: a GGUF model seen as a Hugging Face folder (config.json,
+ * tokenizer.json, ... texts from its metadata, its tensors under Hugging
+ * Face's names: src/io/gguf_hf.c), so that the folder loader reads it
+ * unchanged, and the reverse for `tessera convert`. */
 #ifndef TESSERA_GGUF_H
 #define TESSERA_GGUF_H
 
 #include "tessera.h"
 #include "tessera_io.h"
+#include "tessera_tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -211,6 +217,104 @@ ts_status ts_gguf_writer_add_tensor(ts_gguf_writer *w, const char *name,
  * beside it, fsync, rename): a failure leaves any previous file as it was.
  * The writer stays usable (save again, or free it). */
 ts_status ts_gguf_writer_save(ts_gguf_writer *w, const char *path);
+
+/* ---- a GGUF model as a Hugging Face folder -------------------------------
+ * For general.architecture qwen3, qwen2, llama and gpt2 with a byte-level
+ * BPE vocabulary (tokenizer.ggml.model "gpt2"). Every *json out is a
+ * NUL-terminated text the caller frees with free(). */
+
+/* config.json: model_type and the sizes from {arch}.embedding_length,
+ * block_count, feed_forward_length, context_length, attention.head_count,
+ * head_count_kv, key_length (head_dim), rope.freq_base,
+ * attention.layer_norm_rms_epsilon (gpt2: layer_norm_epsilon), rope
+ * scaling (linear, yarn); vocab_size from tokenizer.ggml.tokens (else
+ * {arch}.vocab_size, else token_embd's rows); tie_word_embeddings when
+ * there is no output.weight; attention_bias (mlp_bias) when blk.0 has a
+ * q (up) bias; bos/eos ids; torch_dtype from token_embd's type. Floats
+ * stored as float32 are written as their shortest decimal (1e-06). An
+ * unknown architecture is TS_ERR_UNSUPPORTED naming it and the supported
+ * ones; a missing required key is TS_ERR_IO naming it; Llama 3.1's rope
+ * scaling (a rope_freqs tensor) is TS_ERR_UNSUPPORTED. */
+ts_status ts_gguf_hf_config_json(ts_ctx *ctx, ts_gguf *g, char **json);
+/* tokenizer.json of the byte-level BPE: tokens by id into model.vocab
+ * (token_type 1 normal, 6 byte), added_tokens (3 control: special; 4
+ * user-defined: not special), 5 (unused, llama.cpp's [PADn]) left out;
+ * merges; tokenizer.ggml.pre as Hugging Face's pre-tokenizer of that
+ * family (qwen2: NFC + Qwen's Split regex; llama-bpe/llama3: Llama 3's,
+ * ignore_merges; gpt-4o; gpt-2 and default: ByteLevel's own regex) +
+ * ByteLevel; a TemplateProcessing post-processor that adds bos (eos) when
+ * tokenizer.ggml.add_bos_token (add_eos_token) says so. A "llama"
+ * (SentencePiece) or other vocabulary, or an unknown pre, is
+ * TS_ERR_UNSUPPORTED naming it. */
+ts_status ts_gguf_hf_tokenizer_json(ts_ctx *ctx, ts_gguf *g, char **json);
+/* tokenizer_config.json: bos/eos/pad/unk tokens (their strings),
+ * add_bos_token, add_eos_token and chat_template. */
+ts_status ts_gguf_hf_tokenizer_config_json(ts_ctx *ctx, ts_gguf *g,
+                                           char **json);
+/* tokenizer.chat_template (owned by g), or NULL. */
+const char *ts_gguf_hf_chat_template(ts_gguf *g);
+/* generation_config.json: bos/eos/pad ids and, when the file recommends
+ * sampling (general.sampling.temp, top_k, top_p, min_p, penalty_repeat),
+ * those with do_sample true. */
+ts_status ts_gguf_hf_generation_config_json(ts_ctx *ctx, ts_gguf *g,
+                                            char **json);
+/* The GGUF at path as a ts_safetensors handle under Hugging Face's names
+ * (token_embd.weight -> model.embed_tokens.weight, blk.N.attn_q.weight ->
+ * model.layers.N.self_attn.q_proj.weight, ..., output -> lm_head; gpt2's
+ * -> transformer.*; names without a counterpart, such as rope_freqs, kept
+ * as they are), Tessera's dtypes and shapes, viewing the mapping (zero
+ * copy). Two kinds are copies: llama's q/k weights and biases, whose rows
+ * convert_hf_to_gguf.py permuted for llama.cpp's rope, put back in Hugging
+ * Face's order (whole rows move, so block formats too), and gpt2's Conv1D
+ * matrices, transposed back to (in, out) (element dtypes only). Every
+ * tensor's type must have a Tessera dtype (TS_ERR_UNSUPPORTED naming the
+ * tensor and type otherwise). */
+ts_status ts_gguf_open_as_safetensors(ts_ctx *ctx, const char *path,
+                                      ts_safetensors **out);
+
+/* ---- a Hugging Face folder as GGUF (`tessera convert`) ------------------ */
+
+/* Hugging Face's tensor name -> GGUF's (model.layers.3.mlp.up_proj.weight
+ * -> blk.3.ffn_up.weight; GPT-2's with or without "transformer.").
+ * TS_ERR_INVALID_ARG (no message: there is no context) for a name with no
+ * GGUF counterpart, TS_ERR_RANGE when out (cap bytes) is too small. */
+ts_status ts_gguf_hf_name(const char *hf_name, char *out, size_t cap);
+/* How a Hugging Face tensor of a model of config c is stored in GGUF:
+ * *permute_heads > 0 for Llama's q_proj/k_proj weights and biases (rows
+ * permuted by that many heads: ts_gguf_permute_rows), *transpose for
+ * GPT-2's Conv1D matrices (written transposed). */
+void ts_gguf_hf_tensor_rule(const ts_model_config *c, const char *hf_name,
+                            int64_t *permute_heads, bool *transpose);
+/* A new tensor with w's rows (dim 0; a 1-D w: its elements) in
+ * llama.cpp's rope order (to_gguf) or back in Hugging Face's: within each
+ * of n_head heads of D rows, row t D/2 + j <-> row 2 j + t. Any dtype
+ * (block formats: contiguous). NULL with the error set when the rows are
+ * not n_head heads of an even size. */
+ts_tensor *ts_gguf_permute_rows(ts_tensor *w, int64_t n_head, bool to_gguf);
+/* The metadata of the model folder hf_dir into w, as llama.cpp's
+ * converter writes it: general.architecture and name; {arch}.* sizes
+ * (above) and vocab_size; the tokenizer (tokenizer.ggml.model "gpt2", pre
+ * detected from tokenizer.json's Split regex, tokens padded to vocab_size
+ * with [PADn], token_type, merges, bos/eos/padding/unknown ids from
+ * tokenizer_config.json's tokens else config.json's, add_bos_token) and
+ * tokenizer.chat_template from tokenizer_config.json. Tensors are the
+ * caller's (ts_gguf_hf_name, ts_gguf_hf_tensor_rule). */
+ts_status ts_gguf_writer_add_hf_metadata(ts_gguf_writer *w, ts_ctx *ctx,
+                                         const char *hf_dir);
+
+/* ---- Hugging Face files from text ---------------------------------------
+ * What ts_config_load and ts_tokenizer_load do, from text in memory (the
+ * Hugging Face view of a GGUF below makes its config.json and
+ * tokenizer.json as text). origin names the text in messages. */
+
+/* config.json's text (NUL-terminated) into *out, with every check of
+ * ts_config_load (src/io/config.c). */
+ts_status ts_config_from_json_text(ts_ctx *ctx, const char *text,
+                                   const char *origin, ts_model_config *out);
+/* tokenizer.json's text (len bytes) into a new tokenizer, with every check
+ * of ts_tokenizer_load (src/tokenizer/bpe.c). */
+ts_status ts_tokenizer_load_text(ts_ctx *ctx, const char *json_text, size_t len,
+                                 const char *origin, ts_tokenizer **out);
 
 #ifdef __cplusplus
 }

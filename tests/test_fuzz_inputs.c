@@ -174,6 +174,8 @@ static seed_list seeds_for(const char *name) {
         CHECK(add_glob(&s, p) == 1);
         snprintf(p, sizeof p, "%s/gguf_files/*.gguf", BIN);
         add_glob(&s, p);
+        snprintf(p, sizeof p, "%s/gguf_hf/tiny_*.gguf", BIN);
+        CHECK(add_glob(&s, p) >= 4);
     } else if (!strcmp(name, "config")) {
         snprintf(p, sizeof p, "%s/config.json", MODEL);
         CHECK(add_glob(&s, p) == 1);

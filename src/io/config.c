@@ -6,10 +6,12 @@
  * field sets. The code below walks rows and knows no family by name.
  * Errors name the file, the field and the family. Owns nothing after it
  * returns. */
+#include "tessera_gguf.h" /* ts_config_from_json_text */
 #include "tessera_io.h"
 
 #include "core/core.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stddef.h>
@@ -1296,8 +1298,10 @@ static const family *find_family(reader *r, json_t *root, int *wrapper) {
     return NULL;
 }
 
-static ts_status load_json(ts_ctx *ctx, const char *path, char *file,
-                           size_t cap, json_t **out) {
+/* path's config.json as text (malloc'd, NUL-terminated), its file name
+ * in file */
+static ts_status load_text(ts_ctx *ctx, const char *path, char *file,
+                           size_t cap, char **out) {
     *out = NULL;
     /* a folder without config.json, a path that is not there, a GGUF
      * file: said as such, not as a JSON error */
@@ -1309,18 +1313,32 @@ static ts_status load_json(ts_ctx *ctx, const char *path, char *file,
             return s;
     }
     ts_file_in(path, "config.json", file, cap);
-    json_error_t jerr;
-    json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root && jerr.line > 0)
-        return ts_set_error(ctx, TS_ERR_IO, "%s: not valid JSON: %s (line %d)",
-                            file, jerr.text, jerr.line);
-    if (!root)
-        return ts_set_error(ctx, TS_ERR_IO, "%s: %s", file, jerr.text);
-    if (!json_is_object(root)) {
-        json_decref(root);
-        return ts_set_error(ctx, TS_ERR_IO, "%s: not a JSON object", file);
+    FILE *f = fopen(file, "rb");
+    if (!f)
+        return ts_set_error(ctx, TS_ERR_IO, "%s: cannot open: %s", file,
+                            strerror(errno));
+    char *buf = NULL;
+    size_t n = 0, room = 0, got;
+    do {
+        if (n + 1 >= room) {
+            char *g = realloc(buf, room = room ? 2 * room : 1 << 16);
+            if (!g) {
+                free(buf), fclose(f);
+                return ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", file);
+            }
+            buf = g;
+        }
+        got = fread(buf + n, 1, room - n - 1, f);
+        n += got;
+    } while (got);
+    bool err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        return ts_set_error(ctx, TS_ERR_IO, "%s: cannot read", file);
     }
-    *out = root;
+    buf[n] = '\0';
+    *out = buf;
     return TS_OK;
 }
 
@@ -1331,11 +1349,33 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
         return ts_set_error(ctx, TS_ERR_INVALID_ARG,
                             "ts_config_load: NULL argument");
     memset(out, 0, sizeof *out);
-    char file[4096];
-    json_t *root;
-    ts_status s = load_json(ctx, path, file, sizeof file, &root);
+    char file[4096], *text;
+    ts_status s = load_text(ctx, path, file, sizeof file, &text);
     if (s != TS_OK)
         return s;
+    s = ts_config_from_json_text(ctx, text, file, out);
+    free(text);
+    return s;
+}
+
+ts_status ts_config_from_json_text(ts_ctx *ctx, const char *text,
+                                   const char *origin, ts_model_config *out) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!text || !out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "ts_config_from_json_text: NULL argument");
+    memset(out, 0, sizeof *out);
+    const char *file = origin ? origin : "config.json";
+    json_error_t jerr;
+    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return ts_set_error(ctx, TS_ERR_IO, "%s: not valid JSON: %s (line %d)",
+                            file, jerr.text, jerr.line);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return ts_set_error(ctx, TS_ERR_IO, "%s: not a JSON object", file);
+    }
     reader r = {ctx, file, "?", "", root, false, TS_OK};
     char prefix[64];
     int w;

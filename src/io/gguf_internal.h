@@ -1,18 +1,31 @@
 /* gguf_internal.h — what the GGUF files of src/io share and nothing else
- * sees: a reference to a GGUF file's mapping and the raw bytes of its
- * tensors (gguf.c), and a safetensors handle made from entries over
- * memory its caller owns (safetensors.c), through which gguf_hf.c shows a
+ * sees: the type tables, a reference to a GGUF file's mapping and the raw
+ * bytes of its tensors (gguf.c), and a safetensors handle made from entries
+ * over memory its caller owns (safetensors.c), through which gguf_hf.c shows a
  * GGUF model under Hugging Face's tensor names. */
 #ifndef TS_GGUF_INTERNAL_H
 #define TS_GGUF_INTERNAL_H
 
 #include "tessera_gguf.h"
 
+#define GGUF_MAX_DIMS      4  /* GGML_MAX_DIMS */
+#define GGUF_MAX_NAME      64 /* the spec's limit on tensor names (read) */
+#define GGUF_WRITE_NAME    63 /* llama.cpp's (GGML_MAX_NAME with its NUL) */
+#define GGUF_MAX_KEY       65535
+#define GGUF_ALIGN_DEFAULT 32
+
+/* bytes of each scalar value type (0: string, array) */
+extern const uint8_t gguf_type_sizes[TS_GGUF_TYPE_COUNT];
+/* the ggml type of a Tessera dtype, or -1 */
+int gguf_ggml_of_dtype(ts_dtype dt);
+
 /* A new reference to g's file mapping (an owner for ts_tensor_wrap),
  * released by gguf_map_release; the mapping outlives ts_gguf_close while
  * any reference is held. */
 void *gguf_map_retain(ts_gguf *g);
 void gguf_map_release(void *owner);
+/* the mapping's first byte and length */
+void gguf_map_span(const ts_gguf *g, void **base, size_t *len);
 /* Tensor i's bytes in the mapping (ts_gguf_tensor_nbytes of them). */
 unsigned char *gguf_tensor_bytes(const ts_gguf *g, int64_t i);
 

@@ -6,7 +6,10 @@
  *                   "__metadata__": {"k": "v"}}
  *   rest     the data section; offsets are relative to its start.
  * Owns the file mappings (refcounted: tensors viewing a file keep it mapped
- * after ts_safetensors_close). JSON through jansson. */
+ * after ts_safetensors_close), and handles over memory another reader owns
+ * (st_from_regions: a GGUF under Hugging Face's names, gguf_hf.c). JSON
+ * through jansson. */
+#include "io/gguf_internal.h"
 #include "tessera_io.h"
 
 #include "core/core.h"
@@ -28,6 +31,10 @@ typedef struct {
     int refcount;
     void *base;
     size_t len;
+    /* memory another reader owns (st_from_regions): released through it,
+     * not unmapped here */
+    void *owner;
+    void (*owner_release)(void *owner);
 } file_map;
 
 typedef struct {
@@ -103,7 +110,10 @@ static void map_release(void *p) {
     file_map *m = p;
     if (--m->refcount > 0)
         return;
-    munmap(m->base, m->len);
+    if (m->owner_release)
+        m->owner_release(m->owner);
+    else
+        munmap(m->base, m->len);
     free(m);
 }
 
@@ -495,6 +505,69 @@ ts_status ts_safetensors_open(ts_ctx *ctx, const char *path,
     return TS_OK;
 }
 
+ts_status st_from_regions(ts_ctx *ctx, const char *origin, int n_regions,
+                          const st_region *regions, int n,
+                          const st_entry_desc *entries, ts_safetensors **out) {
+    *out = NULL;
+    ts_safetensors *st = calloc(1, sizeof *st);
+    if (st) {
+        st->ctx = ctx;
+        st->maps = calloc((size_t)n_regions + 1, sizeof *st->maps);
+        st->paths = calloc((size_t)n_regions + 1, sizeof *st->paths);
+        st->data_start = calloc((size_t)n_regions + 1, sizeof *st->data_start);
+    }
+    bool ok = st && st->maps && st->paths && st->data_start;
+    for (int f = 0; f < n_regions; f++) { /* each taken over, even now */
+        file_map *m = ok ? calloc(1, sizeof *m) : NULL;
+        char *path = m ? strdup(origin) : NULL;
+        if (!path) {
+            free(m);
+            regions[f].owner_release(regions[f].owner);
+            ok = false;
+            continue;
+        }
+        *m = (file_map){1, regions[f].base, regions[f].len, regions[f].owner,
+                        regions[f].owner_release};
+        st->maps[f] = m, st->paths[f] = path, st->n_files++;
+    }
+    ts_status s =
+        ok ? TS_OK : ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", origin);
+    for (int i = 0; i < n && s == TS_OK; i++) {
+        const st_entry_desc *d = &entries[i];
+        int64_t numel = 1;
+        for (int k = 0; k < d->ndim; k++)
+            numel *= d->shape[k];
+        const file_map *m = d->region >= 0 && d->region < n_regions
+                                ? st->maps[d->region]
+                                : NULL;
+        const char *p = d->data, *base = m ? m->base : NULL;
+        if (!m || p < base || d->bytes > m->len ||
+            (size_t)(p - base) > m->len - d->bytes ||
+            ts_dtype_nbytes(d->dt, numel) != (int64_t)d->bytes) {
+            s = ts_set_error(ctx, TS_ERR_IO,
+                             "%s: tensor \"%s\" lies outside its memory or "
+                             "has %llu bytes for its shape",
+                             origin, d->name, (unsigned long long)d->bytes);
+            break;
+        }
+        entry e = {.dt = d->dt, .ndim = d->ndim, .file = d->region};
+        memcpy(e.shape, d->shape, sizeof(int64_t) * (size_t)d->ndim);
+        e.begin = (uint64_t)(p - base), e.end = e.begin + d->bytes;
+        if (!(e.name = strdup(d->name)) || !push_entry(st, &e)) {
+            free(e.name);
+            s = ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", origin);
+        }
+    }
+    if (s == TS_OK)
+        s = build_index(st, origin);
+    if (s != TS_OK) {
+        ts_safetensors_close(st);
+        return s;
+    }
+    *out = st;
+    return TS_OK;
+}
+
 void ts_safetensors_close(ts_safetensors *st) {
     if (!st)
         return;
@@ -539,7 +612,8 @@ ts_tensor *ts_safetensors_get(ts_safetensors *st, const char *name) {
     }
     file_map *m = st->maps[e->file];
     char *p = (char *)m->base + st->data_start[e->file] + e->begin;
-    if ((uintptr_t)p % ts_dtype_size(e->dt) != 0) /* unaligned: a copy */
+    size_t es = ts_dtype_size(e->dt); /* 0: a block format, any address */
+    if (es && (uintptr_t)p % es != 0) /* unaligned: a copy */
         return ts_from_data(st->ctx, e->dt, e->ndim, e->shape, p);
     m->refcount++;
     ts_tensor *t =

@@ -14,7 +14,8 @@
  * decoder that only emits whole UTF-8 characters. Owns the vocabulary and
  * merge tables; knows nothing of models (ts_tokenizer_check_vocab is
  * handed a model's vocab_size). */
-#define _GNU_SOURCE /* memmem */
+#define _GNU_SOURCE       /* memmem */
+#include "tessera_gguf.h" /* ts_tokenizer_load_text */
 #include "tessera_tokenizer.h"
 
 #include "bytelevel.h"
@@ -22,8 +23,10 @@
 #include "core/strbuf.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <errno.h>
 #include <jansson.h>
 #include <pcre2.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -647,32 +650,42 @@ static ts_status parse_decoder_step(ts_tokenizer *t, const char *file,
                         file, type ? type : "?");
 }
 
-/* json_load_file reads a character at a time; a tokenizer.json is tens of
- * MB: read it whole, then parse */
-static json_t *load_json(const char *file, json_error_t *err) {
+/* path's bytes (malloc'd, NUL-terminated; a tokenizer.json is tens of MB:
+ * read whole, then parsed), or NULL with the error set */
+static char *read_all(ts_ctx *ctx, const char *file, size_t *len) {
     FILE *f = fopen(file, "rb");
-    if (!f)
-        return json_load_file(file, 0, err); /* its error names the cause */
+    if (!f) {
+        ts_set_error(ctx, TS_ERR_IO, "%s: cannot open: %s", file,
+                     strerror(errno));
+        return NULL;
+    }
     char *buf = NULL;
     size_t n = 0, cap = 0;
     for (;;) {
-        if (n == cap) {
+        if (n + 1 >= cap) {
             char *g = realloc(buf, cap = cap ? 2 * cap : 1 << 20);
             if (!g) {
                 free(buf), fclose(f);
-                return json_load_file(file, 0, err);
+                ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", file);
+                return NULL;
             }
             buf = g;
         }
-        size_t got = fread(buf + n, 1, cap - n, f);
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
         n += got;
         if (!got)
             break;
     }
+    bool err = ferror(f);
     fclose(f);
-    json_t *root = json_loadb(buf, n, 0, err);
-    free(buf);
-    return root;
+    if (err) {
+        free(buf);
+        ts_set_error(ctx, TS_ERR_IO, "%s: cannot read", file);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
 }
 
 ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
@@ -684,8 +697,26 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
     *out = NULL;
     char file[4096];
     ts_file_in(path, "tokenizer.json", file, sizeof file);
+    size_t n = 0;
+    char *text = read_all(ctx, file, &n);
+    if (!text)
+        return ts_ctx_status(ctx);
+    ts_status s = ts_tokenizer_load_text(ctx, text, n, file, out);
+    free(text);
+    return s;
+}
+
+ts_status ts_tokenizer_load_text(ts_ctx *ctx, const char *json_text, size_t len,
+                                 const char *origin, ts_tokenizer **out) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!json_text || !out)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "tokenizer_load_text: NULL argument");
+    *out = NULL;
+    const char *file = origin ? origin : "tokenizer.json";
     json_error_t jerr;
-    json_t *root = load_json(file, &jerr);
+    json_t *root = json_loadb(json_text, len, 0, &jerr);
     if (!root)
         return ts_set_error(ctx, TS_ERR_IO, "%s: %s (line %d)", file, jerr.text,
                             jerr.line);

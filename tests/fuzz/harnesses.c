@@ -128,6 +128,8 @@ int fuzz_safetensors(const uint8_t *data, size_t size) {
     return 0;
 }
 
+static const char *const TEXTS[3];
+
 /* ---- GGUF: every key read by its type, every array element (the first
  * 4096 and the last), every tensor got and its bytes touched ---- */
 
@@ -165,6 +167,55 @@ static void gguf_read_kv(ts_gguf *g, int64_t i, size_t size) {
         }
     }
     ts_clear_error(g_ctx);
+}
+
+/* the Hugging Face view: the config and tokenizer texts loaded as a
+ * folder's would be, every tensor under its Hugging Face name got */
+static void gguf_as_hf(ts_gguf *g, const char *path) {
+    char *j = NULL;
+    ts_status s = ts_gguf_hf_config_json(g_ctx, g, &j);
+    check_status("gguf", s);
+    ts_model_config c;
+    if (j)
+        check_status("gguf", ts_config_from_json_text(g_ctx, j, path, &c));
+    free(j), j = NULL;
+    s = ts_gguf_hf_tokenizer_json(g_ctx, g, &j);
+    check_status("gguf", s);
+    ts_tokenizer *tok = NULL;
+    if (j)
+        check_status("gguf",
+                     ts_tokenizer_load_text(g_ctx, j, strlen(j), path, &tok));
+    if (tok) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        check_status("gguf",
+                     ts_tokenizer_encode_text(tok, TEXTS[0], strlen(TEXTS[0]),
+                                              true, &ids, &n));
+        free(ids);
+        ts_tokenizer_free(tok);
+    }
+    free(j), j = NULL;
+    check_status("gguf", ts_gguf_hf_tokenizer_config_json(g_ctx, g, &j));
+    free(j), j = NULL;
+    check_status("gguf", ts_gguf_hf_generation_config_json(g_ctx, g, &j));
+    free(j);
+    ts_safetensors *st = NULL;
+    check_status("gguf", ts_gguf_open_as_safetensors(g_ctx, path, &st));
+    for (int k = 0; st && k < ts_safetensors_count(st); k++) {
+        const char *name = ts_safetensors_name(st, k);
+        ts_tensor *t = ts_safetensors_get(st, name);
+        if (!t)
+            fuzz_fail("gguf", "view tensor %s listed but not got", name);
+        check_status("gguf", ts_safetensors_check_finite(st, name));
+        const unsigned char *p = ts_tensor_data(t);
+        int64_t nb = ts_dtype_nbytes(ts_tensor_dtype(t), ts_tensor_numel(t));
+        unsigned sum = 0;
+        for (int64_t b = 0; p && b < nb; b++)
+            sum += p[b];
+        (void)sum;
+        ts_release(t);
+    }
+    ts_safetensors_close(st);
 }
 
 int fuzz_gguf(const uint8_t *data, size_t size) {
@@ -206,6 +257,7 @@ int fuzz_gguf(const uint8_t *data, size_t size) {
         }
         ts_release(t);
     }
+    gguf_as_hf(g, path);
     ts_gguf_close(g);
     return 0;
 }
@@ -233,7 +285,7 @@ int fuzz_config(const uint8_t *data, size_t size) {
 
 /* ---- tokenizer.json: loaded, then a few texts encoded and decoded ---- */
 
-static const char *const TEXTS[] = {
+static const char *const TEXTS[3] = {
     "Hello, world! 123",
     "<|endoftext|> caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87\n\n  x\t's",
     "<|im_start|>user\nhi<|im_end|>\n<think>\n</think>",

