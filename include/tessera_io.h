@@ -70,6 +70,10 @@ enum {
 ts_status ts_model_dir_check(ts_ctx *ctx, const char *path, unsigned need);
 /* Whether path is a file starting with GGUF's magic. */
 bool ts_file_is_gguf(const char *path);
+/* The text of a model's file `file` (e.g. "generation_config.json"): read
+ * from the folder, or made from a GGUF's metadata when model is a GGUF
+ * file; NULL (no error set) when the folder has no such file. free() it. */
+char *ts_model_file_text(ts_ctx *ctx, const char *model, const char *file);
 
 /* ---- config.json ------------------------------------------------------ */
 

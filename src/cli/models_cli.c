@@ -191,8 +191,7 @@ int tessera_info(int argc, char **argv) {
             return fail(ctx, "weights");
         }
         params += ts_tensor_numel(t);
-        bytes +=
-            ts_tensor_numel(t) * (int64_t)ts_dtype_size(ts_tensor_dtype(t));
+        bytes += ts_dtype_nbytes(ts_tensor_dtype(t), ts_tensor_numel(t));
         dtypes[ts_tensor_dtype(t)]++;
         ts_release(t);
     }

@@ -22,11 +22,11 @@
 #define MAX_EOS   8
 
 /* generation_config.json defaults, where it has them */
-static void generation_defaults(const char *dir, ts_sampling *s, int64_t *eos,
-                                int *n_eos) {
-    char p[4096];
-    snprintf(p, sizeof p, "%s/generation_config.json", dir);
-    json_t *g = json_load_file(p, 0, NULL);
+static void generation_defaults(ts_ctx *ctx, const char *dir, ts_sampling *s,
+                                int64_t *eos, int *n_eos) {
+    char *text = ts_model_file_text(ctx, dir, "generation_config.json");
+    json_t *g = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
     if (!g)
         return;
     json_t *v;
@@ -630,7 +630,7 @@ static int run_command(const cli_cmd *c, int argc, char **argv) {
     session S = {.ctx = ctx};
     /* defaults from generation_config.json, then the command line */
     ts_sampling s = ts_sampling_default();
-    generation_defaults(o.dir, &s, S.eos, &S.n_eos);
+    generation_defaults(ctx, o.dir, &s, S.eos, &S.n_eos);
     if (set[0])
         s.temperature = cli.temperature;
     if (set[1])

@@ -1350,7 +1350,15 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out) {
                             "ts_config_load: NULL argument");
     memset(out, 0, sizeof *out);
     char file[4096], *text;
-    ts_status s = load_text(ctx, path, file, sizeof file, &text);
+    ts_status s;
+    if (ts_file_is_gguf(path)) { /* the config from its metadata */
+        if ((s = ts_gguf_hf_file_text(ctx, path, "config.json", &text)))
+            return s;
+        s = ts_config_from_json_text(ctx, text, path, out);
+        free(text);
+        return s;
+    }
+    s = load_text(ctx, path, file, sizeof file, &text);
     if (s != TS_OK)
         return s;
     s = ts_config_from_json_text(ctx, text, file, out);

@@ -1372,3 +1372,30 @@ ts_status ts_gguf_writer_add_hf_metadata(ts_gguf_writer *w, ts_ctx *ctx,
     json_decref(tok), json_decref(tc);
     return m.s;
 }
+
+ts_status ts_gguf_hf_file_text(ts_ctx *ctx, const char *path, const char *file,
+                               char **text) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!path || !file || !text)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "ts_gguf_hf_file_text: NULL argument");
+    *text = NULL;
+    ts_status (*make)(ts_ctx *, ts_gguf *, char **) =
+        !strcmp(file, "config.json")      ? ts_gguf_hf_config_json
+        : !strcmp(file, "tokenizer.json") ? ts_gguf_hf_tokenizer_json
+        : !strcmp(file, "tokenizer_config.json")
+            ? ts_gguf_hf_tokenizer_config_json
+        : !strcmp(file, "generation_config.json")
+            ? ts_gguf_hf_generation_config_json
+            : NULL;
+    if (!make)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "%s: a GGUF file holds no %s", path, file);
+    ts_gguf *g = NULL;
+    ts_status s = ts_gguf_open(ctx, path, &g);
+    if (s == TS_OK)
+        s = make(ctx, g, text);
+    ts_gguf_close(g);
+    return s;
+}

@@ -98,9 +98,8 @@ static void list_folder(const char *dir, char *buf, size_t n, char *hint,
     size_t h = 0;
     if (gguf)
         h += (size_t)snprintf(hint + h, nh - h,
-                              "; GGUF is not supported yet: give a Hugging "
-                              "Face folder with config.json and "
-                              "*.safetensors");
+                              "; a GGUF file is a model by itself: give "
+                              "the .gguf file (-m FILE.gguf)");
     if (bin && h < nh)
         h += (size_t)snprintf(hint + h, nh - h,
                               "; PyTorch .bin/.pt weights are not read: save "
@@ -163,4 +162,35 @@ ts_status ts_model_dir_check(ts_ctx *ctx, const char *path, unsigned need) {
                         "%s: not a model folder: no %s (looked for %s; the "
                         "folder holds %s)%s",
                         path, missing, looked, held, hint);
+}
+
+char *ts_model_file_text(ts_ctx *ctx, const char *model, const char *file) {
+    if (!ctx || !model || !file)
+        return NULL;
+    char *text = NULL;
+    if (ts_file_is_gguf(model)) {
+        if (ts_gguf_hf_file_text(ctx, model, file, &text) != TS_OK)
+            ts_clear_error(ctx);
+        return text;
+    }
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", model, file);
+    FILE *f = fopen(p, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 4096, n = 0;
+    text = malloc(cap);
+    for (size_t got; text && (got = fread(text + n, 1, cap - n - 1, f)) > 0;) {
+        n += got;
+        if (n + 1 == cap) {
+            char *t = realloc(text, cap *= 2);
+            if (!t)
+                free(text);
+            text = t;
+        }
+    }
+    fclose(f);
+    if (text)
+        text[n] = 0;
+    return text;
 }

@@ -10,6 +10,7 @@
  * (st_from_regions: a GGUF under Hugging Face's names, gguf_hf.c). JSON
  * through jansson. */
 #include "io/gguf_internal.h"
+#include "tessera_gguf.h"
 #include "tessera_io.h"
 
 #include "core/core.h"
@@ -282,9 +283,8 @@ static ts_status open_file(ts_safetensors *st, const char *path) {
         hlen = (hlen << 8) | p[i];
     if (!memcmp(p, "GGUF", 4))
         return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
-                            "%s: a GGUF file, not safetensors; GGUF is not "
-                            "supported yet; give a Hugging Face folder with "
-                            "config.json and *.safetensors",
+                            "%s: a GGUF file inside a model folder; give "
+                            "the .gguf file itself as the model",
                             path);
     if (hlen > MAX_HEADER && (p[0] == '{' || p[0] == '['))
         return ts_set_error(ctx, TS_ERR_IO,
@@ -492,6 +492,9 @@ ts_status ts_safetensors_open(ts_ctx *ctx, const char *path,
                                    "model.safetensors.index.json in the folder",
                                    path);
         }
+    } else if (ts_file_is_gguf(path)) { /* its tensors under HF names */
+        free(st);
+        return ts_gguf_open_as_safetensors(ctx, path, out);
     } else {
         s = open_file(st, path);
     }

@@ -884,9 +884,10 @@ static int server_run(const ts_server_options *o) {
     srv.block_size = o->engine.block_size;
     if (mc->eos_token_id >= 0)
         srv.eos[srv.n_eos++] = (int32_t)mc->eos_token_id;
-    char gp[4096];
-    snprintf(gp, sizeof gp, "%s/generation_config.json", o->model_dir);
-    json_t *gc = json_load_file(gp, 0, NULL);
+    char *gtext =
+        ts_model_file_text(srv.ctx, o->model_dir, "generation_config.json");
+    json_t *gc = gtext ? json_loads(gtext, 0, NULL) : NULL;
+    free(gtext);
     json_t *ge = json_object_get(gc, "eos_token_id");
     size_t gi;
     json_t *gv;

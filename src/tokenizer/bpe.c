@@ -695,6 +695,14 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
         return ts_set_error(ctx, TS_ERR_INVALID_ARG,
                             "tokenizer_load: NULL argument");
     *out = NULL;
+    if (ts_file_is_gguf(path)) { /* tokenizer.ggml.* as a tokenizer.json */
+        char *json;
+        ts_status s = ts_gguf_hf_file_text(ctx, path, "tokenizer.json", &json);
+        if (s == TS_OK)
+            s = ts_tokenizer_load_text(ctx, json, strlen(json), path, out);
+        free(json);
+        return s;
+    }
     char file[4096];
     ts_file_in(path, "tokenizer.json", file, sizeof file);
     size_t n = 0;

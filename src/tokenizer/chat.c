@@ -7,6 +7,7 @@
  * itself is jinja.c's. */
 #include "chat_builtin.h"
 #include "jinja.h"
+#include "tessera_gguf.h"
 
 #include "core/core.h"
 
@@ -68,8 +69,16 @@ static json_t *load_config(ts_ctx *ctx, const char *dir, bool optional,
                            char *path, size_t path_size) {
     snprintf(path, path_size, "%s/tokenizer_config.json", dir);
     json_error_t je;
-    /* Llama's model_max_length (1e30) is too big for an integer */
-    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
+    json_t *cfg;
+    if (ts_file_is_gguf(dir)) { /* made from its metadata */
+        snprintf(path, path_size, "%s", dir);
+        char *text = NULL;
+        if (ts_gguf_hf_file_text(ctx, dir, "tokenizer_config.json", &text))
+            return NULL;
+        cfg = json_loads(text, JSON_DECODE_INT_AS_REAL, &je);
+        free(text);
+    } else /* Llama's model_max_length (1e30) is too big for an integer */
+        cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
     if (!cfg && optional && access(path, F_OK) != 0)
         return json_object();
     if (!cfg) {
