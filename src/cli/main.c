@@ -22,6 +22,8 @@ int tessera_train(int argc, char **argv);
 int tessera_bench(int argc, char **argv);
 int tessera_plot_loss(int argc, char **argv);
 int tessera_devices(int argc, char **argv);
+int tessera_quantize(int argc, char **argv);
+int tessera_convert(int argc, char **argv);
 int tessera_chat(int argc, char **argv);
 
 #ifndef TS_VERSION
@@ -57,6 +59,10 @@ static const command COMMANDS[] = {
     {"logits", tessera_logits,
      "-m DIR --ids 1,2,3 --out F.npy: every position's logits"},
     {"devices", tessera_devices, "the devices models can run on"},
+    {"quantize", tessera_quantize,
+     "IN OUT.gguf --type q4_k_m: a quantized GGUF of a model"},
+    {"convert", tessera_convert,
+     "HF_DIR OUT.gguf [--type bf16]: a model folder as one GGUF"},
 
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof *COMMANDS)

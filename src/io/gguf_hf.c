@@ -1324,8 +1324,11 @@ static void put_tokenizer(meta_writer *m, const ts_model_config *c, json_t *tok,
 static json_t *load_json(meta_writer *m, const char *name, bool required) {
     char p[4200];
     snprintf(p, sizeof p, "%s/%s", m->dir, name);
-    json_error_t err;
-    json_t *j = json_load_file(p, 0, &err);
+    json_error_t err = {.line = -1, .text = "no such file"};
+    /* a folder's file, or a GGUF's made from its metadata */
+    char *text = ts_model_file_text(m->ctx, m->dir, name);
+    json_t *j = text ? json_loads(text, 0, &err) : NULL;
+    free(text);
     if (!j && (required || err.line > 0) && m->s == TS_OK)
         m->s = ts_set_error(m->ctx, TS_ERR_IO, "%s: %s (line %d)", p, err.text,
                             err.line);
@@ -1360,6 +1363,8 @@ ts_status ts_gguf_writer_add_hf_metadata(ts_gguf_writer *w, ts_ctx *ctx,
         name[--nl] = '\0';
     const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
     m.s = ts_gguf_writer_add_string(w, "general.architecture", arch);
+    if (m.s == TS_OK) /* llama.cpp's: a model, not an adapter */
+        m.s = ts_gguf_writer_add_string(w, "general.type", "model");
     if (m.s == TS_OK)
         m.s = ts_gguf_writer_add_string(w, "general.name", base);
     put_arch_keys(&m, &c, arch);

@@ -10,6 +10,7 @@
  * Rows are quantized by the reference quantizers (src/core/quant.c), so
  * the bytes are llama.cpp's. Owns no format code: GGUF through
  * src/io/gguf.c, names through ts_gguf_hf_name. */
+#include "tessera_gguf.h"
 #include "tessera_models.h"
 
 #include "core/core.h"
@@ -148,5 +149,90 @@ ts_status ts_decoder_quantize(ts_decoder *m, const char *file_type) {
         s = q ? dec_set_param_kept(m, i, q, c->conv1d) : ts_ctx_status(ctx);
         ts_release(rows), ts_release(host), ts_release(q);
     }
+    return s;
+}
+
+ts_status ts_model_quantize(ts_ctx *ctx, const char *in, const char *out,
+                            const ts_quantize_options *opt) {
+    if (!ctx)
+        return TS_ERR_INVALID_ARG;
+    if (!in || !out || !opt || !opt->type)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "quantize: NULL argument");
+    int ti = find_type(opt->type);
+    if (ti < 0)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "quantize: unknown type \"%s\" (one of %s)",
+                            opt->type, ts_quantize_type_names());
+    ts_model_config mc;
+    ts_status s =
+        ts_model_dir_check(ctx, in, TS_MODEL_CONFIG | TS_MODEL_WEIGHTS);
+    if (s == TS_OK)
+        s = ts_config_load(ctx, in, &mc);
+    if (s != TS_OK)
+        return s;
+    ts_safetensors *st = NULL;
+    if ((s = ts_safetensors_open(ctx, in, &st)) != TS_OK)
+        return s;
+    ts_gguf_writer *w = ts_gguf_writer_new(ctx);
+    if (!w) {
+        ts_safetensors_close(st);
+        return ts_ctx_status(ctx);
+    }
+    s = ts_gguf_writer_add_hf_metadata(w, ctx, in);
+    if (s == TS_OK)
+        s = ts_gguf_writer_add_u32(w, "general.file_type",
+                                   (uint32_t)file_types[ti].ftype);
+    if (s == TS_OK && ts_dtype_is_quantized(file_types[ti].base))
+        s = ts_gguf_writer_add_u32(w, "general.quantization_version", 2);
+    bool tied = ts_safetensors_find(st, "lm_head.weight") < 0;
+    int n = ts_safetensors_count(st);
+    for (int i = 0; i < n && s == TS_OK; i++) {
+        const char *name = ts_safetensors_name(st, i);
+        char gname[128];
+        if (ts_gguf_hf_name(name, gname, sizeof gname) != TS_OK) {
+            if (opt->warn)
+                opt->warn(opt->warn_user, name);
+            continue; /* a tensor no GGUF architecture names */
+        }
+        ts_tensor *t = ts_safetensors_get(st, name);
+        if (!t) {
+            s = ts_ctx_status(ctx);
+            break;
+        }
+        int64_t heads = 0;
+        bool transpose = false;
+        ts_gguf_hf_tensor_rule(&mc, name, &heads, &transpose);
+        ts_tensor *src = t;
+        if (heads > 0) /* llama: q/k rows into llama.cpp's rope order */
+            src = ts_gguf_permute_rows(t, heads, true);
+        else if (transpose) { /* GPT-2's Conv1D (in, out) as rows of in */
+            ts_tensor *tt = ts_transpose(t, 0, 1);
+            src = tt ? ts_contiguous(tt) : NULL;
+            ts_release(tt);
+        }
+        int nd = src ? ts_tensor_ndim(src) : 0;
+        int64_t row = nd ? ts_tensor_shape(src)[nd - 1] : 1;
+        ts_dtype to =
+            ts_quantize_tensor_type(opt->type, name, nd, row, mc.layers, tied);
+        ts_tensor *conv = src && ts_tensor_dtype(src) != to ? ts_cast(src, to)
+                          : src                             ? ts_retain(src)
+                                                            : NULL;
+        if (src != t)
+            ts_release(src);
+        ts_release(t);
+        if (!conv || ts_materialize(conv) != TS_OK) {
+            ts_release(conv);
+            s = ts_ctx_status(ctx) ? ts_ctx_status(ctx) : TS_ERR_OOM;
+            break;
+        }
+        if (opt->progress)
+            opt->progress(opt->progress_user, i, n, gname, to);
+        s = ts_gguf_writer_add_tensor(w, gname, conv);
+        ts_release(conv);
+    }
+    if (s == TS_OK)
+        s = ts_gguf_writer_save(w, out);
+    ts_gguf_writer_free(w);
+    ts_safetensors_close(st);
     return s;
 }
