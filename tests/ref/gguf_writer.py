@@ -495,6 +495,7 @@ def convert(hf, out):
     arch = ARCH_OF[cfg["model_type"]]
     w = Writer()
     w.add("general.architecture", STR, arch)
+    w.add("general.type", STR, "model")  # llama.cpp's convert writes it
     w.add("general.name", STR, os.path.basename(os.path.normpath(hf)))
     a = lambda k: f"{arch}.{k}"  # noqa: E731
     if arch == "gpt2":
