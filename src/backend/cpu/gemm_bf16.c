@@ -42,6 +42,9 @@ _Static_assert(NR % 16 == 0, "B's strips are whole zmm");
 /* a task: about TASK_STRIPS strips of B, no fewer than TASK_ROWS rows */
 #define TASK_STRIPS 4
 #define TASK_ROWS   256
+/* packing 16 rows of pairs at once, each row is prefetched PF elements
+ * ahead: 16 streams are more than the hardware prefetcher follows */
+#define PF 128
 /* the largest packed A block (rows at a time), in bytes */
 #define A_BLOCK_BYTES ((int64_t)4 << 20)
 
@@ -168,10 +171,13 @@ static TS_BF16_TARGET void pack_groups(void *arg, int64_t g0, int64_t g1) {
         if (sk == 1) { /* pairs contiguous: 16 items x 16 pairs, transposed */
             for (int64_t k = 0; k < K; k += 32) {
                 __m512i r[16];
-                for (int l = 0; l < 16; l++)
-                    r[l] = l < n ? load32_pairs(src + ((x0 + l) * sx + k) * es,
-                                                j->dt, K - k)
+                for (int l = 0; l < 16; l++) {
+                    const char *row = src + ((x0 + l) * sx + k) * es;
+                    if (l < n && k + PF < K)
+                        _mm_prefetch(row + PF * es, _MM_HINT_T0);
+                    r[l] = l < n ? load32_pairs(row, j->dt, K - k)
                                  : _mm512_setzero_si512();
+                }
                 transpose16(r);
                 for (int q = 0; q < 16 && k / 2 + q < j->Kp; q++)
                     store16(j, x0, k / 2 + q, r[q]);
