@@ -166,6 +166,23 @@ static TS_BF16_TARGET void pack_groups(void *arg, int64_t g0, int64_t g1) {
     const pack_job *j = arg;
     const char *src = j->src;
     int64_t es = j->es, sx = j->sx, sk = j->sk, nx = j->nx, K = j->K;
+    if (sx == 1 && sk != 1) {
+        /* items contiguous: rows 2kp and 2kp + 1 of K interleaved, along
+         * the rows (all groups for a pair, then the next pair) */
+        for (int64_t kp = 0; kp < j->Kp; kp++)
+            for (int64_t g = g0; g < g1; g++) {
+                int64_t x0 = g * 16, n = nx - x0 < 16 ? nx - x0 : 16;
+                const char *p = src + (x0 + 2 * kp * sk) * es;
+                __m256i lo = load16_bf16(p, j->dt, n);
+                __m256i hi = 2 * kp + 1 < K ? load16_bf16(p + sk * es, j->dt, n)
+                                            : _mm256_setzero_si256();
+                __m512i v = _mm512_or_si512(
+                    _mm512_cvtepu16_epi32(lo),
+                    _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+                store16(j, x0, kp, v);
+            }
+        return;
+    }
     for (int64_t g = g0; g < g1; g++) {
         int64_t x0 = g * 16, n = nx - x0 < 16 ? nx - x0 : 16;
         if (sk == 1) { /* pairs contiguous: 16 items x 16 pairs, transposed */
@@ -182,33 +199,20 @@ static TS_BF16_TARGET void pack_groups(void *arg, int64_t g0, int64_t g1) {
                 for (int q = 0; q < 16 && k / 2 + q < j->Kp; q++)
                     store16(j, x0, k / 2 + q, r[q]);
             }
-        } else if (sx == 1) { /* items contiguous: two rows of K interleaved */
-            for (int64_t kp = 0; kp < j->Kp; kp++) {
-                const char *p = src + (x0 + 2 * kp * sk) * es;
-                __m256i lo =
-                    n > 0 ? load16_bf16(p, j->dt, n) : _mm256_setzero_si256();
-                __m256i hi = n > 0 && 2 * kp + 1 < K
-                                 ? load16_bf16(p + sk * es, j->dt, n)
-                                 : _mm256_setzero_si256();
-                __m512i v = _mm512_or_si512(
-                    _mm512_cvtepu16_epi32(lo),
-                    _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
-                store16(j, x0, kp, v);
-            }
-        } else { /* any strides, one element at a time */
-            for (int64_t kp = 0; kp < j->Kp; kp++) {
-                uint32_t v[16] = {0};
-                for (int l = 0; l < n; l++)
-                    for (int h = 0; h < 2 && 2 * kp + h < K; h++) {
-                        const char *e =
-                            src + ((x0 + l) * sx + (2 * kp + h) * sk) * es;
-                        uint16_t b = j->dt == TS_BF16
-                                         ? *(const uint16_t *)e
-                                         : ts_f32_to_bf16(*(const float *)e);
-                        v[l] |= (uint32_t)b << (16 * h);
-                    }
-                store16(j, x0, kp, _mm512_loadu_si512(v));
-            }
+            continue;
+        }
+        for (int64_t kp = 0; kp < j->Kp; kp++) { /* any strides, one by one */
+            uint32_t v[16] = {0};
+            for (int l = 0; l < n; l++)
+                for (int h = 0; h < 2 && 2 * kp + h < K; h++) {
+                    const char *e =
+                        src + ((x0 + l) * sx + (2 * kp + h) * sk) * es;
+                    uint16_t b = j->dt == TS_BF16
+                                     ? *(const uint16_t *)e
+                                     : ts_f32_to_bf16(*(const float *)e);
+                    v[l] |= (uint32_t)b << (16 * h);
+                }
+            store16(j, x0, kp, _mm512_loadu_si512(v));
         }
     }
 }
