@@ -227,8 +227,17 @@ static pack_job pack_job_of(const void *src, ts_dtype dt, int64_t sx,
         sx = 1;
     if (K == 1)
         sk = 1;
-    pack_job j = {src,         dt, (int64_t)ts_dtype_size(dt), sx, sk, nx, K,
-                  (K + 1) / 2, W,  (nx + W - 1) / W,           out};
+    pack_job j = {.src = src,
+                  .dt = dt,
+                  .es = (int64_t)ts_dtype_size(dt),
+                  .sx = sx,
+                  .sk = sk,
+                  .nx = nx,
+                  .K = K,
+                  .Kp = (K + 1) / 2,
+                  .W = W,
+                  .nstrips = (nx + W - 1) / W,
+                  .out = out};
     return j;
 }
 
