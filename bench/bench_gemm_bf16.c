@@ -13,9 +13,13 @@
  * each), the four methods alternating run by run so the machine's load
  * hits them alike. Before timing, 64 sampled elements of the bf16 and
  * packed results are checked against a double-precision sum of the
- * bf16-rounded operands (exit 1 when off).
+ * bf16-rounded operands (exit 1 when off). On a machine shared with other
+ * work, --cpu-time measures each run by the process's CPU time instead
+ * (all threads together: GFLOP per CPU-second, the throughput of one
+ * core, which other processes' load barely changes); the load average is
+ * printed before and after.
  *
- *   bench_gemm_bf16 [--threads N] [--reps R] [--no-lm-head] */
+ *   bench_gemm_bf16 [--threads N] [--reps R] [--no-lm-head] [--cpu-time] */
 #include "backend/cpu/gemm_bf16.h"
 #include "core/core.h"
 #include "tessera.h"
@@ -34,10 +38,23 @@ bool cpu_gemm_f32_w16t(int64_t R, int64_t N, int64_t K, const float *A,
 
 enum { M = 512, METHODS = 4 };
 
+static bool cpu_time;
+
 static double now(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(cpu_time ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void print_load(const char *when) {
+    char buf[128] = "?";
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (!fgets(buf, sizeof buf, f))
+            strcpy(buf, "?\n");
+        fclose(f);
+    }
+    printf("load average %s: %s", when, buf);
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -118,9 +135,11 @@ int main(int argc, char **argv) {
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-lm-head"))
             lm_head = false;
+        else if (!strcmp(argv[i], "--cpu-time"))
+            cpu_time = true;
         else {
             fprintf(stderr, "usage: bench_gemm_bf16 [--threads N] [--reps R] "
-                            "[--no-lm-head]\n");
+                            "[--no-lm-head] [--cpu-time]\n");
             return !strcmp(argv[i], "--help") ? 0 : 2;
         }
     }
@@ -144,8 +163,10 @@ int main(int argc, char **argv) {
                   {"lm_head", 151936, 1024}};
     int nshapes = lm_head ? 5 : 4;
     printf("bench_gemm_bf16: Y (M=%d, N) = A (M, K) f32 @ W^T, W (N, K) bf16; "
-           "GFLOP/s, median of runs\n\n",
-           M);
+           "GFLOP/s by %s, median of runs\n",
+           M, cpu_time ? "CPU time (GFLOP per CPU-second)" : "wall clock");
+    print_load("before");
+    printf("\n");
     printf("%-8s %6s %5s %3s %8s %8s %8s %8s %8s %8s %9s\n", "shape", "N", "K",
            "thr", "sgemm", "widen", "bf16", "packed", "bf16/wid", "pack/wid",
            "pack ms");
@@ -211,6 +232,7 @@ int main(int argc, char **argv) {
         }
         free(A), free(Wf), free(W), free(Y);
     }
+    print_load("after");
     ts_ctx_free(ctx);
     return status;
 }
