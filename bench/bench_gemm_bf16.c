@@ -143,16 +143,17 @@ int main(int argc, char **argv) {
             return !strcmp(argv[i], "--help") ? 0 : 2;
         }
     }
-    cpu_isa isa = cpu_isa_detected();
-    if (isa < CPU_ISA_AVX512_BF16) {
-        printf("bench_gemm_bf16: this machine runs %s, below avx512_bf16: "
-               "nothing to measure\n",
-               cpu_isa_name(isa));
-        return 0;
-    }
     ts_ctx *ctx;
     if (ts_ctx_new(&ctx, NULL) != TS_OK)
         return 1;
+    cpu_isa isa = cpu_isa_active(); /* the machine's, or TS_CPU_ISA's */
+    if (isa < CPU_ISA_AVX512_BF16) {
+        printf("bench_gemm_bf16: the CPU level is %s, below avx512_bf16: "
+               "nothing to measure\n",
+               cpu_isa_name(isa));
+        ts_ctx_free(ctx);
+        return 0;
+    }
     const struct {
         const char *name;
         int64_t N, K;

@@ -298,11 +298,12 @@ static void test_empty(cpu_isa isa) {
 int main(void) {
     ts_ctx *ctx = test_ctx(); /* the pool, with TS_NUM_THREADS threads */
     test_refusals();
-    cpu_isa isa = cpu_isa_detected();
+    /* the machine's level, or the lower one TS_CPU_ISA asks for */
+    cpu_isa isa = cpu_isa_active();
     if (isa < CPU_ISA_AVX512_BF16) {
-        printf("SKIP: this machine runs %s, below avx512_bf16: the bf16 GEMM "
-               "cannot run (only its refusals were checked)\n",
-               cpu_isa_name(isa));
+        printf("SKIP: the CPU level is %s (machine: %s), below avx512_bf16: "
+               "the bf16 GEMM cannot run (only its refusals were checked)\n",
+               cpu_isa_name(isa), cpu_isa_name(cpu_isa_detected()));
         ts_ctx_free(ctx);
         return test_finish("test_gemm_bf16");
     }
