@@ -3,7 +3,8 @@
  * side in one run, on 1 and on 2 threads:
  *   sgemm  ts_sgemm on an f32 copy of the weight (what f32 weights cost)
  *   widen  the current bf16 path: blocks of W widened to f32, then
- *          ts_sgemm (cpu_gemm_f32_w16t in src/backend/cpu/matmul.c)
+ *          ts_sgemm (cpu_gemm_f32_w16t in src/backend/cpu/matmul.c, the
+ *          active ISA level's compile)
  *   bf16   cpu_gemm_bf16 (vdpbf16ps; A and W packed on every call)
  *   packed cpu_gemm_bf16_packed with W packed once beforehand (the packing
  *          time is shown apart)
@@ -20,8 +21,8 @@
  * printed before and after.
  *
  *   bench_gemm_bf16 [--threads N] [--reps R] [--no-lm-head] [--cpu-time] */
+#include "backend/cpu/cpu.h"
 #include "backend/cpu/gemm_bf16.h"
-#include "core/core.h"
 #include "tessera.h"
 
 #include <math.h>
@@ -29,12 +30,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-/* src/backend/cpu/matmul.c's bf16 path for many rows (declared in cpu.h,
- * whose AVX2 helpers do not build at baseline flags) */
-bool cpu_gemm_f32_w16t(int64_t R, int64_t N, int64_t K, const float *A,
-                       int64_t lda, const uint16_t *W, int64_t ldw, bool bf16,
-                       float *Y);
 
 enum { M = 512, METHODS = 4 };
 

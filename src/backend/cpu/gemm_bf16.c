@@ -13,7 +13,7 @@
  * allows: the file builds at baseline x86-64 flags. */
 #include "backend/cpu/gemm_bf16.h"
 
-#include "core/core.h"
+#include "backend/cpu/cpu.h"
 
 #include <immintrin.h>
 #include <stdatomic.h>
@@ -47,11 +47,6 @@ _Static_assert(NR % 16 == 0, "B's strips are whole zmm");
 #define PF 128
 /* the largest packed A block (rows at a time), in bytes */
 #define A_BLOCK_BYTES ((int64_t)4 << 20)
-
-/* the kernel temporaries of cpu_backend.c (declared in cpu.h, whose AVX2
- * inline helpers do not build at baseline flags) */
-void *cpu_tmp_alloc(size_t bytes);
-void cpu_tmp_free(void *p);
 
 struct cpu_bf16_packed {
     int64_t K, N, Kp; /* Kp = ceil(K / 2) pairs */

@@ -8,7 +8,7 @@
 #ifndef TS_CPU_GEMM_BF16_H
 #define TS_CPU_GEMM_BF16_H
 
-#include "backend/cpu/isa.h"
+#include "core/cpu_isa.h"
 #include "tessera.h"
 
 #include <stdbool.h>
