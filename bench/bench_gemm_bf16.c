@@ -20,7 +20,11 @@
  * core, which other processes' load barely changes); the load average is
  * printed before and after.
  *
- *   bench_gemm_bf16 [--threads N] [--reps R] [--no-lm-head] [--cpu-time] */
+ * --m sets the rows (tokens of a prefill chunk; the pre-packed B matters
+ * more the fewer they are, its packing being saved on every call).
+ *
+ *   bench_gemm_bf16 [--threads N] [--reps R] [--m M] [--no-lm-head]
+ *                   [--cpu-time] */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/gemm_bf16.h"
 #include "tessera.h"
@@ -31,7 +35,8 @@
 #include <string.h>
 #include <time.h>
 
-enum { M = 512, METHODS = 4 };
+enum { METHODS = 4 };
+static int M = 512; /* tokens: --m (a prefill chunk) */
 
 static bool cpu_time;
 
@@ -130,11 +135,14 @@ int main(int argc, char **argv) {
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-lm-head"))
             lm_head = false;
+        else if (!strcmp(argv[i], "--m") && i + 1 < argc &&
+                 atoi(argv[i + 1]) > 0)
+            M = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--cpu-time"))
             cpu_time = true;
         else {
             fprintf(stderr, "usage: bench_gemm_bf16 [--threads N] [--reps R] "
-                            "[--no-lm-head] [--cpu-time]\n");
+                            "[--m M] [--no-lm-head] [--cpu-time]\n");
             return !strcmp(argv[i], "--help") ? 0 : 2;
         }
     }
@@ -170,10 +178,10 @@ int main(int argc, char **argv) {
     uint64_t seed = 42;
     for (int s = 0; s < nshapes; s++) {
         int64_t N = shapes[s].N, K = shapes[s].K;
-        float *A = rand_floats(M * K, &seed, 2.0f);
+        float *A = rand_floats((int64_t)M * K, &seed, 2.0f);
         float *Wf = rand_floats(N * K, &seed, 0.1f);
         uint16_t *W = malloc(sizeof(uint16_t) * (size_t)(N * K));
-        float *Y = malloc(sizeof(float) * (size_t)(M * N));
+        float *Y = malloc(sizeof(float) * (size_t)((int64_t)M * N));
         if (!A || !Wf || !W || !Y) {
             fprintf(stderr, "bench_gemm_bf16: out of memory\n");
             return 1;
@@ -183,7 +191,7 @@ int main(int argc, char **argv) {
             W[i] = ts_f32_to_bf16(Wf[i]);
             Wf[i] = ts_bf16_to_f32(W[i]);
         }
-        memset(Y, 0, sizeof(float) * (size_t)(M * N));
+        memset(Y, 0, sizeof(float) * (size_t)((int64_t)M * N));
         for (int t = 1; t <= 2; t++) {
             if (only_threads && t != only_threads)
                 continue;
