@@ -435,6 +435,13 @@ static void check_int8(ts_dtype wdt, cpu_isa isa, int64_t R, int64_t N,
                 "cpu_gemm_wq_int8 %s at %s R=%lld N=%lld K=%lld: %.3g x tol\n",
                 ts_dtype_name(wdt), cpu_isa_name(isa), (long long)R,
                 (long long)N, (long long)K, worst);
+    /* cpu_gemm_wq takes this path here */
+    float *Y2 = malloc(sizeof(float) * R * N);
+    if (isa >= CPU_ISA_AVX2 || R <= CPU_WQ_SCALAR_MAX_ROWS) {
+        CHECK(cpu_gemm_wq(isa, R, N, K, A, lda, W, rb, wdt, Y2));
+        CHECK(memcmp(Y, Y2, sizeof(float) * R * N) == 0);
+    }
+    free(Y2);
     /* each row alone gives the same bits (the kernels are per row) */
     float *y1 = malloc(sizeof(float) * N);
     for (int64_t r = 0; r<R; r += R> 3 ? R / 3 : 1) {
@@ -459,7 +466,7 @@ static void test_gemm_int8_levels(void) {
                 }
 }
 
-/* The f32 path (and cpu_gemm_wq above CPU_WQ_INT8_MAX_ROWS) against the
+/* The f32 path (and cpu_gemm_wq where it takes it) against the
  * dequantized weights times the f32 activations in f64: sgemm rounding,
  * |y - ref| <= 1e-5 |w| |a|. */
 static void test_gemm_f32_levels(void) {
@@ -478,7 +485,8 @@ static void test_gemm_f32_levels(void) {
                   *Y = malloc(sizeof(float) * R * N);
             for (cpu_isa isa = CPU_ISA_SSE2; isa <= cpu_isa_detected(); isa++)
                 for (int path = 0; path < 2; path++) {
-                    if (path == 1 && R <= CPU_WQ_INT8_MAX_ROWS)
+                    if (path == 1 &&
+                        (isa >= CPU_ISA_AVX2 || R <= CPU_WQ_SCALAR_MAX_ROWS))
                         continue; /* cpu_gemm_wq takes the int8 path there */
                     CHECK(path ? cpu_gemm_wq(isa, R, N, K, A, lda, W, rb,
                                              formats[f], Y)

@@ -592,17 +592,24 @@ static float dot_q6_K(int64_t nb, const ts_block_q6_K *x,
                       const ts_block_q8_K *y) {
     float sumf = 0;
     for (int64_t i = 0; i < nb; i++) {
+        int8_t q[TS_QK_K]; /* the levels minus 32, in element order */
+        const uint8_t *ql = x[i].ql, *qh = x[i].qh;
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32)
+            for (int l = 0; l < 32; l++) {
+                q[128 * h + l] =
+                    (int8_t)(((ql[l] & 0xF) | (qh[l] & 3) << 4) - 32);
+                q[128 * h + l + 32] =
+                    (int8_t)(((ql[l + 32] & 0xF) | (qh[l] >> 2 & 3) << 4) - 32);
+                q[128 * h + l + 64] =
+                    (int8_t)(((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4) - 32);
+                q[128 * h + l + 96] =
+                    (int8_t)(((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4) - 32);
+            }
         int32_t isum = 0;
         for (int g = 0; g < TS_QK_K / 16; g++) {
             int32_t s = 0;
-            for (int l = 0; l < 16; l++) {
-                int e = 16 * g + l; /* element index */
-                int h = e / 128, r = e % 128;
-                int lo = x[i].ql[64 * h + (r % 64)];
-                lo = r < 64 ? lo & 0xF : lo >> 4;
-                int hi = (x[i].qh[32 * h + (r % 32)] >> (2 * (r / 32))) & 3;
-                s += ((lo | (hi << 4)) - 32) * y[i].qs[e];
-            }
+            for (int l = 0; l < 16; l++)
+                s += q[16 * g + l] * y[i].qs[16 * g + l];
             isum += x[i].scales[g] * s;
         }
         sumf += ts_f16_to_f32(x[i].d) * y[i].d * isum;

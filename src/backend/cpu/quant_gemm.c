@@ -840,7 +840,7 @@ bool cpu_gemm_wq_f32(cpu_isa isa, int64_t R, int64_t N, int64_t K,
 bool cpu_gemm_wq(cpu_isa isa, int64_t R, int64_t N, int64_t K, const float *A,
                  int64_t lda, const void *W, int64_t w_row_bytes, ts_dtype wdt,
                  float *Y) {
-    if (R > CPU_WQ_INT8_MAX_ROWS)
+    if (isa < CPU_ISA_AVX2 && R > CPU_WQ_SCALAR_MAX_ROWS)
         return cpu_gemm_wq_f32(isa, R, N, K, A, lda, W, w_row_bytes, wdt, Y);
     return cpu_gemm_wq_int8(isa, R, N, K, A, lda, W, w_row_bytes, wdt, Y);
 }

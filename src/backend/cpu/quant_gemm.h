@@ -27,11 +27,13 @@ void cpu_quantize_act(cpu_isa isa, ts_dtype wdt, const float *x, int64_t k,
  * in block format wdt, row n at W + n * w_row_bytes (K whole blocks).
  * Each activation row is quantized once; each weight row is read once per
  * 8 activation rows, its blocks unpacked once and dotted with all of
- * them; parallel over N. Row r of Y is the same whatever R (up to
- * CPU_WQ_INT8_MAX_ROWS). Above that, blocks of W widened to f32 and
- * OpenBLAS (faster there; f32 activations, so closer to the exact
- * product). false when out of memory (Y unspecified). */
-#define CPU_WQ_INT8_MAX_ROWS 32
+ * them; parallel over N. At AVX2 and up this is the path for every R (on
+ * this project's machine it beat dequantize + OpenBLAS at every R from 16
+ * to 512: bench/bench_quant.c), so row r of Y is the same bits whatever R:
+ * a prefill and a decode step agree. At SSE2 the scalar dots take R up to
+ * CPU_WQ_SCALAR_MAX_ROWS, more rows the f32 path (cpu_gemm_wq_f32). false
+ * when out of memory (Y unspecified). */
+#define CPU_WQ_SCALAR_MAX_ROWS 2
 bool cpu_gemm_wq(cpu_isa isa, int64_t R, int64_t N, int64_t K, const float *A,
                  int64_t lda, const void *W, int64_t w_row_bytes, ts_dtype wdt,
                  float *Y);
