@@ -454,11 +454,16 @@ static void check_int8(ts_dtype wdt, cpu_isa isa, int64_t R, int64_t N,
 
 static void test_gemm_int8_levels(void) {
     static const int64_t Rs[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 33, 64};
-    static const int64_t NK[][2] = {{37, 256}, {64, 512}, {19, 1280}};
+    /* K = 800: 25 blocks of 32, an odd count (the 512-bit kernels' last
+     * q8_0/q4_0 block goes alone) */
+    static const int64_t NK[][2] = {
+        {37, 256}, {64, 512}, {19, 1280}, {13, 800}};
     for (int f = 0; f < 5; f++)
         for (cpu_isa isa = CPU_ISA_SSE2; isa <= cpu_isa_detected(); isa++)
             for (size_t s = 0; s < sizeof NK / sizeof *NK; s++)
                 for (size_t i = 0; i < sizeof Rs / sizeof *Rs; i++) {
+                    if (NK[s][1] % ts_dtype_block_elems(formats[f]))
+                        continue;
                     /* the scalar level on the smaller cases only */
                     if (isa == CPU_ISA_SSE2 && Rs[i] > 9 && s > 0)
                         continue;
