@@ -14,6 +14,7 @@
 #include "core/core.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -647,14 +648,14 @@ typedef struct {
     size_t out_row_bytes;
     char *out;
     bool direct; /* f32 rows with unit stride: quantized in place */
-    volatile bool oom;
+    atomic_bool oom;
 } quant_job;
 
 static void quant_rows(void *p, int64_t r0, int64_t r1) {
     quant_job *j = p;
     float *buf = j->direct ? NULL : malloc(sizeof(float) * (size_t)j->K);
     if (!j->direct && !buf) {
-        j->oom = true;
+        atomic_store(&j->oom, true);
         return;
     }
     size_t es = ts_dtype_size(j->sdt);
@@ -739,7 +740,7 @@ ts_status ts_quantize_tensor(ts_ctx *ctx, const ts_tensor *src, ts_dtype dt,
     if (rows > 0)
         ts_parallel_for(rows, grain, quant_rows, &j);
     ts_release(h);
-    if (j.oom) {
+    if (atomic_load(&j.oom)) {
         ts_release(q);
         return ts_set_error(ctx, TS_ERR_OOM,
                             "ts_quantize_tensor: out of memory (a row buffer "
