@@ -8,7 +8,11 @@
  * No FMA contraction here: ggml's reference (built without -m flags in
  * ggml-base) rounds every product and sum on its own, and a fused a*b+c
  * would change a scale's last bit and then the bytes. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#else
 #pragma GCC optimize("fp-contract=off")
+#endif
 
 #include "core/quant.h"
 #include "core/core.h"

@@ -25,7 +25,11 @@
  * No FMA contraction in this file: dequantization must give the
  * reference's bits (d * q - m rounded twice); the kernels ask for fused
  * multiply-adds explicitly where they want them. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#else
 #pragma GCC optimize("fp-contract=off")
+#endif
 
 #include "backend/cpu/quant_gemm.h"
 #include "core/core.h"
