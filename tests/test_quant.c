@@ -244,6 +244,16 @@ static void test_decode_by_hand(void) {
     }
     /* element 0: ql 0, qh 0 -> q 0, scale -128: 0.25 -128 -32 = 1024 */
     CHECK(y[0] == 1024);
+    /* the plain float dtypes widen element by element */
+    const float f32[3] = {1.5f, -2.25f, 3e-3f};
+    const uint16_t bf16[3] = {0x3FC0, 0xC010, 0x0000}; /* 1.5, -2.25, 0 */
+    const uint16_t f16[3] = {0x3E00, 0xC080, 0x0001};  /* 1.5, -2.25, 2^-24 */
+    ts_dequantize_row(TS_F32, f32, y, 3);
+    CHECK(y[0] == 1.5f && y[1] == -2.25f && y[2] == 3e-3f);
+    ts_dequantize_row(TS_BF16, bf16, y, 3);
+    CHECK(y[0] == 1.5f && y[1] == -2.25f && y[2] == 0);
+    ts_dequantize_row(TS_F16, f16, y, 3);
+    CHECK(y[0] == 1.5f && y[1] == -2.25f && y[2] == 0x1p-24f);
 }
 
 /* ---- the reference quantizers against ggml_quants.py's bytes ---- */

@@ -15,9 +15,10 @@
  *   AVX512_BF16  and AMX: 512 bits with VNNI: vpdpbusd (u8 x s8 summed into
  *                s32) for q8_0/q4_0, maddubs then vpdpwssd (s16 x scale
  *                summed into s32) for the k-quants
- * Signed weights (q8_0, q4_0 as q - 8) go through |w| and the activation
- * with w's sign; the k-quants' unsigned levels go in as they are, their
- * mins (q4_K, q5_K) and offset 32 (q6_K) through the activations' sums.
+ * q8_0's signed weights go through |w| and the activation with w's sign;
+ * the unsigned levels of the others go in as they are, their offsets (8
+ * for q4_0, 32 for q6_K) and mins (q4_K, q5_K) through the activations'
+ * sums, computed once per call.
  * Every sum of products is exact in int32; the f32 part (a block's scales,
  * the sum over blocks) is where results may differ from the reference, by
  * rounding only.
