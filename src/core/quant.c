@@ -547,16 +547,23 @@ static float dot_q8_0(int64_t nb, const ts_block_q8_0 *x,
     return sumf;
 }
 
+/* one q4_0 block's integer sum of products (kept out of line: inlined,
+ * GCC vectorizes across blocks with byte inserts, 8x slower) */
+static __attribute__((noinline)) int dot_q4_0_block(const ts_block_q4_0 *x,
+                                                    const ts_block_q8_0 *y) {
+    int sumi = 0;
+    for (int j = 0; j < TS_QK4_0 / 2; j++)
+        sumi += ((x->qs[j] & 0x0F) - 8) * y->qs[j] +
+                ((x->qs[j] >> 4) - 8) * y->qs[j + TS_QK4_0 / 2];
+    return sumi;
+}
+
 static float dot_q4_0(int64_t nb, const ts_block_q4_0 *x,
                       const ts_block_q8_0 *y) {
     float sumf = 0;
-    for (int64_t i = 0; i < nb; i++) {
-        int sumi = 0;
-        for (int j = 0; j < TS_QK4_0 / 2; j++)
-            sumi += ((x[i].qs[j] & 0x0F) - 8) * y[i].qs[j] +
-                    ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + TS_QK4_0 / 2];
-        sumf += sumi * (ts_f16_to_f32(x[i].d) * ts_f16_to_f32(y[i].d));
-    }
+    for (int64_t i = 0; i < nb; i++)
+        sumf += dot_q4_0_block(&x[i], &y[i]) *
+                (ts_f16_to_f32(x[i].d) * ts_f16_to_f32(y[i].d));
     return sumf;
 }
 
