@@ -447,7 +447,7 @@ static void check_int8(ts_dtype wdt, cpu_isa isa, int64_t R, int64_t N,
                 (long long)N, (long long)K, worst);
     /* cpu_gemm_wq takes this path here */
     float *Y2 = malloc(sizeof(float) * R * N);
-    if (isa >= CPU_ISA_AVX2 || R <= CPU_WQ_SCALAR_MAX_ROWS) {
+    if (!cpu_gemm_wq_uses_f32(isa, wdt, R)) {
         CHECK(cpu_gemm_wq(isa, R, N, K, A, lda, W, rb, wdt, Y2));
         CHECK(memcmp(Y, Y2, sizeof(float) * R * N) == 0);
     }
@@ -500,8 +500,7 @@ static void test_gemm_f32_levels(void) {
                   *Y = malloc(sizeof(float) * R * N);
             for (cpu_isa isa = CPU_ISA_SSE2; isa <= cpu_isa_detected(); isa++)
                 for (int path = 0; path < 2; path++) {
-                    if (path == 1 &&
-                        (isa >= CPU_ISA_AVX2 || R <= CPU_WQ_SCALAR_MAX_ROWS))
+                    if (path == 1 && !cpu_gemm_wq_uses_f32(isa, formats[f], R))
                         continue; /* cpu_gemm_wq takes the int8 path there */
                     CHECK(path ? cpu_gemm_wq(isa, R, N, K, A, lda, W, rb,
                                              formats[f], Y)

@@ -876,10 +876,16 @@ bool cpu_gemm_wq_f32(cpu_isa isa, int64_t R, int64_t N, int64_t K,
     return true;
 }
 
+bool cpu_gemm_wq_uses_f32(cpu_isa isa, ts_dtype wdt, int64_t R) {
+    if (isa < CPU_ISA_AVX2)
+        return R > CPU_WQ_SCALAR_MAX_ROWS;
+    return (wdt == TS_Q8_0 || wdt == TS_Q4_0) && R > CPU_WQ_BLOCK32_MAX_ROWS;
+}
+
 bool cpu_gemm_wq(cpu_isa isa, int64_t R, int64_t N, int64_t K, const float *A,
                  int64_t lda, const void *W, int64_t w_row_bytes, ts_dtype wdt,
                  float *Y) {
-    if (isa < CPU_ISA_AVX2 && R > CPU_WQ_SCALAR_MAX_ROWS)
+    if (cpu_gemm_wq_uses_f32(isa, wdt, R))
         return cpu_gemm_wq_f32(isa, R, N, K, A, lda, W, w_row_bytes, wdt, Y);
     return cpu_gemm_wq_int8(isa, R, N, K, A, lda, W, w_row_bytes, wdt, Y);
 }
