@@ -244,6 +244,16 @@ static void test_decode_by_hand(void) {
     }
     /* element 0: ql 0, qh 0 -> q 0, scale -128: 0.25 -128 -32 = 1024 */
     CHECK(y[0] == 1024);
+    /* the plain float dtypes widen element by element */
+    const float f32[3] = {1.5f, -2.25f, 3e-3f};
+    const uint16_t bf16[3] = {0x3FC0, 0xC010, 0x0000}; /* 1.5, -2.25, 0 */
+    const uint16_t f16[3] = {0x3E00, 0xC080, 0x0001};  /* 1.5, -2.25, 2^-24 */
+    ts_dequantize_row(TS_F32, f32, y, 3);
+    CHECK(y[0] == 1.5f && y[1] == -2.25f && y[2] == 3e-3f);
+    ts_dequantize_row(TS_BF16, bf16, y, 3);
+    CHECK(y[0] == 1.5f && y[1] == -2.25f && y[2] == 0);
+    ts_dequantize_row(TS_F16, f16, y, 3);
+    CHECK(y[0] == 1.5f && y[1] == -2.25f && y[2] == 0x1p-24f);
 }
 
 /* ---- the reference quantizers against ggml_quants.py's bytes ---- */
@@ -435,6 +445,13 @@ static void check_int8(ts_dtype wdt, cpu_isa isa, int64_t R, int64_t N,
                 "cpu_gemm_wq_int8 %s at %s R=%lld N=%lld K=%lld: %.3g x tol\n",
                 ts_dtype_name(wdt), cpu_isa_name(isa), (long long)R,
                 (long long)N, (long long)K, worst);
+    /* cpu_gemm_wq takes this path here */
+    float *Y2 = malloc(sizeof(float) * R * N);
+    if (!cpu_gemm_wq_uses_f32(isa, wdt, R)) {
+        CHECK(cpu_gemm_wq(isa, R, N, K, A, lda, W, rb, wdt, Y2));
+        CHECK(memcmp(Y, Y2, sizeof(float) * R * N) == 0);
+    }
+    free(Y2);
     /* each row alone gives the same bits (the kernels are per row) */
     float *y1 = malloc(sizeof(float) * N);
     for (int64_t r = 0; r<R; r += R> 3 ? R / 3 : 1) {
@@ -447,11 +464,16 @@ static void check_int8(ts_dtype wdt, cpu_isa isa, int64_t R, int64_t N,
 
 static void test_gemm_int8_levels(void) {
     static const int64_t Rs[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 33, 64};
-    static const int64_t NK[][2] = {{37, 256}, {64, 512}, {19, 1280}};
+    /* K = 800: 25 blocks of 32, an odd count (the 512-bit kernels' last
+     * q8_0/q4_0 block goes alone) */
+    static const int64_t NK[][2] = {
+        {37, 256}, {64, 512}, {19, 1280}, {13, 800}};
     for (int f = 0; f < 5; f++)
         for (cpu_isa isa = CPU_ISA_SSE2; isa <= cpu_isa_detected(); isa++)
             for (size_t s = 0; s < sizeof NK / sizeof *NK; s++)
                 for (size_t i = 0; i < sizeof Rs / sizeof *Rs; i++) {
+                    if (NK[s][1] % ts_dtype_block_elems(formats[f]))
+                        continue;
                     /* the scalar level on the smaller cases only */
                     if (isa == CPU_ISA_SSE2 && Rs[i] > 9 && s > 0)
                         continue;
@@ -459,7 +481,7 @@ static void test_gemm_int8_levels(void) {
                 }
 }
 
-/* The f32 path (and cpu_gemm_wq above CPU_WQ_INT8_MAX_ROWS) against the
+/* The f32 path (and cpu_gemm_wq where it takes it) against the
  * dequantized weights times the f32 activations in f64: sgemm rounding,
  * |y - ref| <= 1e-5 |w| |a|. */
 static void test_gemm_f32_levels(void) {
@@ -478,7 +500,7 @@ static void test_gemm_f32_levels(void) {
                   *Y = malloc(sizeof(float) * R * N);
             for (cpu_isa isa = CPU_ISA_SSE2; isa <= cpu_isa_detected(); isa++)
                 for (int path = 0; path < 2; path++) {
-                    if (path == 1 && R <= CPU_WQ_INT8_MAX_ROWS)
+                    if (path == 1 && !cpu_gemm_wq_uses_f32(isa, formats[f], R))
                         continue; /* cpu_gemm_wq takes the int8 path there */
                     CHECK(path ? cpu_gemm_wq(isa, R, N, K, A, lda, W, rb,
                                              formats[f], Y)

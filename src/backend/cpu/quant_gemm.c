@@ -15,9 +15,10 @@
  *   AVX512_BF16  and AMX: 512 bits with VNNI: vpdpbusd (u8 x s8 summed into
  *                s32) for q8_0/q4_0, maddubs then vpdpwssd (s16 x scale
  *                summed into s32) for the k-quants
- * Signed weights (q8_0, q4_0 as q - 8) go through |w| and the activation
- * with w's sign; the k-quants' unsigned levels go in as they are, their
- * mins (q4_K, q5_K) and offset 32 (q6_K) through the activations' sums.
+ * q8_0's signed weights go through |w| and the activation with w's sign;
+ * the unsigned levels of the others go in as they are, their offsets (8
+ * for q4_0, 32 for q6_K) and mins (q4_K, q5_K) through the activations'
+ * sums, computed once per call.
  * Every sum of products is exact in int32; the f32 part (a block's scales,
  * the sum over blocks) is where results may differ from the reference, by
  * rounding only.
@@ -25,7 +26,11 @@
  * No FMA contraction in this file: dequantization must give the
  * reference's bits (d * q - m rounded twice); the kernels ask for fused
  * multiply-adds explicitly where they want them. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#else
 #pragma GCC optimize("fp-contract=off")
+#endif
 
 #include "backend/cpu/quant_gemm.h"
 #include "core/core.h"
@@ -50,12 +55,15 @@
  * k-quants its sums of 16 (bsums + r * nb * 16, in block order) and, for
  * q4_K/q5_K, d times the sum of each 32 (bsd + r * nb * 8, the mins'
  * partners). d8: each block's d eight times (the 512-bit q8_0/q4_0
- * kernels' two-block scale vectors). */
+ * kernels' two-block scale vectors). c8, beside q4_0: -8 times the sum of
+ * each 4 values (8 int32 a block, the int32 lanes of a u8 x s8 dot), so
+ * that the unsigned nibbles' products plus c8 are the products of q - 8. */
 typedef struct {
     const int8_t *qs;
     int64_t qs_stride, nb;
     const float *d, *d8, *bsd;
     const int16_t *bsums;
+    const int32_t *c8;
 } act_rows;
 
 /* ---- activation quantization ---- */
@@ -383,25 +391,16 @@ static inline void unpack_k4_scales(const uint8_t *s12, uint32_t out[4]) {
     out[0] = u[0] & 0x3f3f3f3fu;
 }
 
-/* signed weights w (32 int8) against R rows: |w| times a with w's sign */
+/* q8_0: the signed weights as |w| times a with w's sign */
 INLINE TGT_AVX2 void q8_0_avx2(const int R, int64_t nb, const uint8_t *w,
                                const act_rows *a, int64_t r0, float *y,
-                               int64_t ldy, bool four) {
+                               int64_t ldy) {
     __m256 acc[8];
     for (int r = 0; r < R; r++)
         acc[r] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
-    const size_t bs = four ? sizeof(ts_block_q4_0) : sizeof(ts_block_q8_0);
-    for (int64_t b = 0; b < nb; b++, w += bs) {
-        __m256i wv;
-        if (four) {
-            __m128i q = _mm_loadu_si128((const __m128i *)(w + 2));
-            wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q),
-                                  _mm256_set1_epi8(0xF));
-            wv = _mm256_sub_epi8(wv, _mm256_set1_epi8(8));
-        } else {
-            wv = _mm256_loadu_si256((const __m256i *)(w + 2));
-        }
+    for (int64_t b = 0; b < nb; b++, w += sizeof(ts_block_q8_0)) {
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + 2));
         uint16_t dh;
         memcpy(&dh, w, 2);
         const float dw = _cvtsh_ss(dh);
@@ -414,6 +413,39 @@ INLINE TGT_AVX2 void q8_0_avx2(const int R, int64_t nb, const uint8_t *w,
             acc[r] = _mm256_fmadd_ps(
                 _mm256_cvtepi32_ps(p),
                 _mm256_set1_ps(dw * a->d[(r0 + r) * nb + b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        y[r * ldy] = hsum8(acc[r]);
+}
+
+/* q4_0: the nibbles unsigned (low ones the block's first 16 values, high
+ * the next), the offset 8 through the activations' c8 */
+INLINE TGT_AVX2 void q4_0_avx2(const int R, int64_t nb, const uint8_t *w,
+                               const act_rows *a, int64_t r0, float *y,
+                               int64_t ldy) {
+    __m256 acc[8];
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0xF);
+    for (int64_t b = 0; b < nb; b++, w += sizeof(ts_block_q4_0)) {
+        const __m128i q = _mm_loadu_si128((const __m128i *)(w + 2));
+        const __m256i u =
+            _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+        uint16_t dh;
+        memcpy(&dh, w, 2);
+        const float dw = _cvtsh_ss(dh);
+        for (int r = 0; r < R; r++) {
+            const int64_t rb = (r0 + r) * nb + b;
+            const int8_t *qa = a->qs + (r0 + r) * a->qs_stride + 32 * b;
+            __m256i p = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(u,
+                                     _mm256_loadu_si256((const __m256i *)qa)),
+                ones);
+            p = _mm256_add_epi32(
+                p, _mm256_loadu_si256((const __m256i *)(a->c8 + 8 * rb)));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                     _mm256_set1_ps(dw * a->d[rb]), acc[r]);
         }
     }
     for (int r = 0; r < R; r++)
@@ -595,7 +627,7 @@ typedef void (*wq_kernel)(int R, int64_t nb, const uint8_t *w,
 TGT_AVX2 static void k_q8_0_avx2(int R, int64_t nb, const uint8_t *w,
                                  const act_rows *a, int64_t r0, float *y,
                                  int64_t ldy){
-#define CALL(n) q8_0_avx2(n, nb, w, a, r0, y, ldy, false)
+#define CALL(n) q8_0_avx2(n, nb, w, a, r0, y, ldy)
     WQ_ROWS_SWITCH(CALL)
 #undef CALL
 }
@@ -603,7 +635,7 @@ TGT_AVX2 static void k_q8_0_avx2(int R, int64_t nb, const uint8_t *w,
 TGT_AVX2 static void k_q4_0_avx2(int R, int64_t nb, const uint8_t *w,
                                  const act_rows *a, int64_t r0, float *y,
                                  int64_t ldy){
-#define CALL(n) q8_0_avx2(n, nb, w, a, r0, y, ldy, true)
+#define CALL(n) q4_0_avx2(n, nb, w, a, r0, y, ldy)
     WQ_ROWS_SWITCH(CALL)
 #undef CALL
 }
@@ -717,11 +749,16 @@ static void act_range(void *p, int64_t r0, int64_t r1) {
         if (!k8) {
             const ts_block_q8_0 *x = (const ts_block_q8_0 *)q;
             float *d8 = (float *)j->a.d8 + r * nb * 8;
+            int32_t *c8 = (int32_t *)j->a.c8 + r * nb * 8;
             for (int64_t b = 0; b < nb; b++) {
                 memcpy(qs + 32 * b, x[b].qs, 32);
                 d[b] = ts_f16_to_f32(x[b].d);
-                for (int l = 0; l < 8; l++)
+                for (int l = 0; l < 8; l++) {
                     d8[8 * b + l] = d[b];
+                    c8[8 * b + l] =
+                        -8 * (x[b].qs[4 * l] + x[b].qs[4 * l + 1] +
+                              x[b].qs[4 * l + 2] + x[b].qs[4 * l + 3]);
+                }
             }
             continue;
         }
@@ -779,7 +816,8 @@ bool cpu_gemm_wq_int8(cpu_isa isa, int64_t R, int64_t N, int64_t K,
     size_t off_d8 = off_d + sizeof(float) * (size_t)(R * nb);
     size_t off_bsd = off_d8 + sizeof(float) * (size_t)(R * nb * 8);
     size_t off_bs = off_bsd + sizeof(float) * (size_t)(R * nb * 8);
-    size_t total = off_bs + sizeof(int16_t) * (size_t)(R * nb * 16);
+    size_t off_c8 = off_bs + sizeof(int16_t) * (size_t)(R * nb * 16);
+    size_t total = off_c8 + sizeof(int32_t) * (size_t)(R * nb * 8);
     uint8_t *scratch = aligned_alloc(64, (total + 63) / 64 * 64);
     if (!scratch)
         return false;
@@ -801,7 +839,8 @@ bool cpu_gemm_wq_int8(cpu_isa isa, int64_t R, int64_t N, int64_t K,
                       .d = (const float *)(scratch + off_d),
                       .d8 = (const float *)(scratch + off_d8),
                       .bsd = (const float *)(scratch + off_bsd),
-                      .bsums = (const int16_t *)(scratch + off_bs)},
+                      .bsums = (const int16_t *)(scratch + off_bs),
+                      .c8 = (const int32_t *)(scratch + off_c8)},
                 .kern = kernel_for(isa, wdt)};
     int64_t agrain = K >= 16384 ? 1 : (16384 + K - 1) / (K > 0 ? K : 1);
     ts_parallel_for(R, agrain, act_range, &j);
@@ -837,10 +876,16 @@ bool cpu_gemm_wq_f32(cpu_isa isa, int64_t R, int64_t N, int64_t K,
     return true;
 }
 
+bool cpu_gemm_wq_uses_f32(cpu_isa isa, ts_dtype wdt, int64_t R) {
+    if (isa < CPU_ISA_AVX2)
+        return R > CPU_WQ_SCALAR_MAX_ROWS;
+    return (wdt == TS_Q8_0 || wdt == TS_Q4_0) && R > CPU_WQ_BLOCK32_MAX_ROWS;
+}
+
 bool cpu_gemm_wq(cpu_isa isa, int64_t R, int64_t N, int64_t K, const float *A,
                  int64_t lda, const void *W, int64_t w_row_bytes, ts_dtype wdt,
                  float *Y) {
-    if (R > CPU_WQ_INT8_MAX_ROWS)
+    if (cpu_gemm_wq_uses_f32(isa, wdt, R))
         return cpu_gemm_wq_f32(isa, R, N, K, A, lda, W, w_row_bytes, wdt, Y);
     return cpu_gemm_wq_int8(isa, R, N, K, A, lda, W, w_row_bytes, wdt, Y);
 }

@@ -27,14 +27,24 @@ void cpu_quantize_act(cpu_isa isa, ts_dtype wdt, const float *x, int64_t k,
  * in block format wdt, row n at W + n * w_row_bytes (K whole blocks).
  * Each activation row is quantized once; each weight row is read once per
  * 8 activation rows, its blocks unpacked once and dotted with all of
- * them; parallel over N. Row r of Y is the same whatever R (up to
- * CPU_WQ_INT8_MAX_ROWS). Above that, blocks of W widened to f32 and
- * OpenBLAS (faster there; f32 activations, so closer to the exact
- * product). false when out of memory (Y unspecified). */
-#define CPU_WQ_INT8_MAX_ROWS 32
+ * them; parallel over N. Where cpu_gemm_wq_uses_f32 says so, blocks of W
+ * dequantized through OpenBLAS instead (f32 activations). Along the int8
+ * path row r of Y is the same bits whatever R, so a prefill agrees with
+ * decode steps. false when out of memory (Y unspecified). */
 bool cpu_gemm_wq(cpu_isa isa, int64_t R, int64_t N, int64_t K, const float *A,
                  int64_t lda, const void *W, int64_t w_row_bytes, ts_dtype wdt,
                  float *Y);
+
+/* The path cpu_gemm_wq takes, as measured on this project's machine by
+ * bench/bench_quant.c: the int8 kernels, except at SSE2 past
+ * CPU_WQ_SCALAR_MAX_ROWS rows (the scalar dots lose to OpenBLAS from 3
+ * rows) and for the 32-value formats (q8_0, q4_0) past
+ * CPU_WQ_BLOCK32_MAX_ROWS (dequantize + OpenBLAS about even at 64 rows,
+ * 1.1 to 1.5x faster at 512). The k-quants' int8 kernels stay ahead to 512 rows
+ * (1.2 to 3x at AVX-512, about even at AVX2). */
+#define CPU_WQ_SCALAR_MAX_ROWS  2
+#define CPU_WQ_BLOCK32_MAX_ROWS 64
+bool cpu_gemm_wq_uses_f32(cpu_isa isa, ts_dtype wdt, int64_t R);
 
 /* The two paths cpu_gemm_wq chooses between, for tests and benchmarks:
  * the int8 kernels (any R; activation rows in tiles of 8) and dequantized
