@@ -5,7 +5,8 @@ accepted by the command (`tessera CMD FLAG VALUE --help` reaches the help
 and exits 0), and each flag named in the command's source files
 (src/cli/*.c, read here independently of the binary) appears in its
 --help. Also: unknown flags and commands get the nearest known one;
---version names the version, the commit, the backends and the CPU paths
+--version names the version, the commit, the backends, the CPU paths built,
+the level in use and the machine's features
 (those of this machine as /proc/cpuinfo has them); `tokenize --decode`
 takes the JSON array `tokenize` prints. Standard library only."""
 import concurrent.futures
@@ -19,9 +20,12 @@ exe, src = sys.argv[1], sys.argv[2]
 failures = []
 
 
-def run(*args):
+def run(*args, env_extra=None):
+    env = dict(os.environ, TS_NUM_THREADS="1")
+    env.pop("TS_CPU_ISA", None)
+    env.update(env_extra or {})
     return subprocess.run([exe, *args], capture_output=True, text=True,
-                          timeout=60, env=dict(os.environ, TS_NUM_THREADS="1"))
+                          timeout=60, env=env)
 
 
 def check(ok, what):
@@ -33,7 +37,8 @@ def check(ok, what):
 top = run("--help")
 check(top.returncode == 0, "tessera --help exits 0")
 commands = re.findall(r"^  ([a-z][a-z-]+) ", top.stdout, re.M)
-check(len(commands) == 14 and "chat" in commands, f"commands {commands}")
+check(len(commands) == 16 and "chat" in commands and "quantize" in commands,
+      f"commands {commands}")
 
 # command -> (flag names, {flag: (placeholder, default)})
 OPT = re.compile(r"^  (-[-\w]+(?:, -[-\w]+)*)(?: (\S+))?(?:\s|$)")
@@ -92,6 +97,7 @@ with concurrent.futures.ThreadPoolExecutor(4) as pool:
 FILES = {"run.c": ["run", "chat", "tokenize"], "serve.c": ["serve"],
          "route.c": ["route"], "models_cli.c": ["info", "logits"],
          "demo.c": ["demo"], "devices_cli.c": ["devices"],
+         "quantize_cli.c": ["quantize", "convert"],
          "train_cli.c": ["tokenizer-train", "prepare-data", "train", "bench",
                          "plot-loss"],
          "main.c": commands}
@@ -144,14 +150,30 @@ check(re.match(r"tessera \d+\.\d+\.\d+ \(commit ([0-9a-f]{7,}|unknown)\)$",
                lines[0]) is not None, f"--version line 1: {lines[0]}")
 check(re.match(r"backends: cpu(, vulkan)?$", lines[1]) is not None,
       f"--version backends: {lines[1]}")
-check("avx2" in lines[2] and "fma" in lines[2], f"built for: {lines[2]}")
+check(lines[2].startswith("cpu paths built: sse2 avx2 avx512 avx512_bf16"),
+      f"built for: {lines[2]}")
 cpu = open("/proc/cpuinfo").read().split("\nflags", 1)[1].split("\n")[0]
 have = set(cpu.split(":", 1)[1].split())
-mine = set(lines[3].split(":", 1)[1].split())
-for isa in ("avx2", "fma", "f16c", "avx512f", "avx512_bf16"):
-    check((isa in have) == (isa.replace("_", "") in mine),
+# the level in use and the machine's highest, from cpuinfo's flags
+best = "sse2"
+if {"avx2", "fma", "f16c"} <= have:
+    best = "avx2"
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= have:
+        best = "avx512"
+        if {"avx512_vnni", "avx512_bf16"} <= have:
+            best = "avx512_bf16"
+            if {"amx_tile", "amx_bf16", "amx_int8"} <= have:
+                best = "amx"
+check(lines[3] == f"cpu path in use: {best} (this machine's highest: {best})",
+      f"--version level: {lines[3]} (cpuinfo says {best})")
+mine = set(lines[4].split(":", 1)[1].split())
+for isa in ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni"):
+    check((isa in have) == (isa in mine),
           f"--version says {isa} {'is' if isa in have else 'is not'} "
-          f"here: {lines[3]}")
+          f"here: {lines[4]}")
+r = run("--version", env_extra={"TS_CPU_ISA": "sse2"})
+check("cpu path in use: sse2" in r.stdout and "TS_CPU_ISA set" in r.stdout,
+      f"--version under TS_CPU_ISA=sse2: {r.stdout}")
 
 # tokenize --decode takes tokenize's own output
 model = os.path.join(src, "models", "kjv-qwen3")

@@ -391,7 +391,8 @@ static void test_matmul_op(void) {
 
 /* f32 activations x bf16 weights (a linear layer's (N, K) weight seen
  * transposed): the decode kernel (few rows), the widen-then-BLAS path (many
- * rows) and the general path (a batched weight) against f32 products of
+ * rows; at the AVX512_BF16 level the bf16 GEMM, activations rounded to
+ * bf16) and the general path (a batched weight) against f32 products of
  * the same (exactly widened) weights */
 static void test_mixed_matmul(void) {
     ts_ctx *ctx = test_ctx();
@@ -404,10 +405,17 @@ static void test_mixed_matmul(void) {
     for (int c = 0; c < 10; c++) {
         int64_t xs[3] = {1, rows[c], 53};
         ts_tensor *x = ts_randn(ctx, TS_F32, 3, xs, 1, (uint64_t)c);
-        ts_tensor *y = ts_matmul(x, wt), *want = ts_matmul(x, wtf);
+        /* more than 32 rows at the AVX512_BF16 level: a bf16 GEMM, whose
+         * activations are x rounded to bf16 */
+        bool bf16_gemm = rows[c] > 32 && (!strcmp(ts_cpu_isa(), "avx512_bf16") ||
+                                          !strcmp(ts_cpu_isa(), "amx"));
+        ts_tensor *xb = bf16_gemm ? ts_cast(x, TS_BF16) : NULL;
+        ts_tensor *xr = xb ? ts_cast(xb, TS_F32) : ts_retain(x);
+        ts_tensor *y = ts_matmul(x, wt), *want = ts_matmul(xr, wtf);
         CHECK(y && ts_tensor_dtype(y) == TS_F32);
         test_allclose("mixed matmul", y, want, 1e-5, 1e-5);
-        ts_release(x), ts_release(y), ts_release(want);
+        ts_release(x), ts_release(y), ts_release(want), ts_release(xb),
+            ts_release(xr);
     }
     int64_t bs[3] = {2, 53, 70};
     ts_tensor *bw = ts_randn(ctx, TS_BF16, 3, bs, 1, 9),

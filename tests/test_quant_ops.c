@@ -4,6 +4,7 @@
  * weights (x @ W.T) at decode and prefill row counts, in eager and compiled
  * mode and on another host device; embedding reads their rows; every
  * other use is a clear error. */
+#include "backend/cpu/quant_gemm.h"
 #include "core/quant.h"
 #include "tessera_models.h"
 #include "tessera_nn.h"
@@ -16,7 +17,8 @@
 static const ts_dtype QTYPES[] = {TS_Q8_0, TS_Q4_0, TS_Q4_K, TS_Q5_K, TS_Q6_K};
 /* the int8 path quantizes activations too: max error over the output's
  * scale, per format (dequantized weights times f32 activations being the
- * reference); the f32 path (R > 32) is within float rounding */
+ * reference); the f32 path (where cpu_gemm_wq_uses_f32) is within float
+ * rounding */
 static double tolerance(ts_dtype dt) {
     return dt == TS_Q8_0 ? 0.01 : 0.02;
 }
@@ -94,7 +96,8 @@ static void test_linear(ts_ctx *ctx, ts_dtype dt, int64_t R, bool compiled,
         double e = fabs((double)yf[i] - rf[i]) / scale;
         worst = e > worst ? e : worst;
     }
-    double tol = R > 32 ? 1e-5 : tolerance(dt);
+    double tol =
+        cpu_gemm_wq_uses_f32(cpu_isa_active(), dt, R) ? 1e-5 : tolerance(dt);
     if (!yf || worst > tol)
         printf("linear %s R=%lld%s%s: max error %g of the output's scale "
                "(tol %g) %s\n",

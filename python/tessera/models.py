@@ -150,14 +150,12 @@ class Tokenizer:
 
 
 class Model:
-    """A causal LM loaded from a Hugging Face folder (see tessera.load)."""
+    """A causal LM loaded from a Hugging Face folder or a GGUF file (see
+    tessera.load)."""
 
     def __init__(self, path, device_map=None, dtype="float32", check_weights=True,
                  chat_template=None, compiled=False, ctx_size=None):
         path = os.fspath(path)
-        if path.endswith(".gguf"):
-            raise Error(f"{path}: GGUF files are not loaded by this build yet (the CPU issue adds "
-                        "them); load the Hugging Face folder", "UNSUPPORTED")
         if dtype not in _DTYPES:
             raise Error(f"load: dtype {dtype!r}: the weights are float32 or bfloat16", "DTYPE")
         self.path = path
@@ -455,7 +453,8 @@ class Model:
 def load(path, device_map=None, dtype="float32", check_weights=True, chat_template=None,
          compiled=False, ctx_size=None):
     """A Hugging Face causal-LM folder (config.json, *.safetensors,
-    tokenizer.json) as a Model. device_map: "cpu", "vulkan:0", "auto" or a
+    tokenizer.json), or a GGUF file (quantized weights kept as they are), as
+    a Model. device_map: "cpu", "vulkan:0", "auto" or a
     split ("embed,0-13:cpu:0;14-27,head:vulkan:0"), as the CLI's
     --device-map; dtype: the weights in memory, "float32" or "bfloat16";
     chat_template: a file or a built-in's name instead of the model's;

@@ -642,7 +642,14 @@ static ts_tensor *moe(ts_decoder *m, const dec_layer *L, ts_tensor *h) {
     int64_t B = ts_tensor_dim(h, 0), T = ts_tensor_dim(h, 1), C = c->hidden;
     int64_t flat[2] = {B * T, C};
     ts_tensor *x = ts_reshape(h, 2, flat); /* (N, C) */
-    ts_tensor *logits = x ? ts_linear(x, L->p[R_ROUTER], NULL) : NULL;
+    /* the router in f32 math whatever the matrices' dtype: a near tie
+     * between experts decides the routing, and the bf16 GEMM's rounded
+     * activations would flip it (small: E x C) */
+    ts_tensor *rw = ts_tensor_dtype(L->p[R_ROUTER]) == TS_BF16
+                        ? ts_cast(L->p[R_ROUTER], TS_F32)
+                        : ts_retain(L->p[R_ROUTER]);
+    ts_tensor *logits = x && rw ? ts_linear(x, rw, NULL) : NULL;
+    ts_release(rw);
     ts_tensor *probs = logits ? ts_softmax(logits, 1) : NULL; /* (N, E) */
     ts_tensor *idx = probs ? ts_topk(probs, c->experts_per_tok) : NULL;
     ts_tensor *w = idx ? ts_gather(probs, 1, idx) : NULL; /* (N, k) */

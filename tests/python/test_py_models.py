@@ -177,8 +177,8 @@ class TestGenerate(unittest.TestCase):
             tessera.load("/nonexistent/model")
         self.assertIn("/nonexistent/model", str(e.exception))
         with self.assertRaises(tessera.Error) as e:
-            tessera.load("model.gguf")
-        self.assertIn("GGUF", str(e.exception))
+            tessera.load("missing.gguf")  # a GGUF path goes to the C loader
+        self.assertIn("missing.gguf: no such folder", str(e.exception))
 
 
 class TestLogits(unittest.TestCase):

@@ -166,16 +166,16 @@ def check_model_folder_errors(exe, root, d, want):
         gguf = os.path.join(tmp, "model.gguf")
         with open(gguf, "wb") as f:
             f.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
-        refused(gguf, "GGUF is not supported yet; give a Hugging Face folder with "
-                "config.json and *.safetensors")
+        # a GGUF is a model by itself; this one has no metadata
+        refused(gguf, 'model.gguf: no metadata key "general.architecture"')
         refused(os.path.join(tmp, "missing"), "missing: no such folder")
-        for m, said in ((gguf, "GGUF is not supported yet"),
+        for m, said in ((gguf, 'no metadata key "tokenizer.ggml.model"'),
                         (os.path.join(tmp, "missing"), "missing: no such folder")):
             r = run(exe, "tokenize", "-m", m, "hi")
             assert r.returncode == 1 and said in r.stderr, r.stderr
             assert "line -1" not in r.stderr, r.stderr
         # serve and route check the folder the same way before loading
-        for args, said in ((("serve", "-m", gguf, "--port", "1"), "GGUF is not supported yet"),
+        for args, said in ((("serve", "-m", gguf, "--port", "1"), 'no metadata key "general.architecture"'),
                            (("serve", "-m", os.path.join(tmp, "missing"), "--port", "1"),
                             "missing: no such folder"),
                            (("route", "--server", "http://127.0.0.1:1", "-m",

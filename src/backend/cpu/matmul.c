@@ -5,6 +5,7 @@
  * register-blocked GEMM used inside fused kernels (attention), and its slow
  * reference. */
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/gemm_bf16.h"
 #include "backend/cpu/quant_gemm.h"
 
 #include <immintrin.h>
@@ -317,6 +318,16 @@ static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
     }
     if (!shared || !rows_of_k || !a_rows || y->dtype != TS_F32)
         return TS_ERR_UNSUPPORTED;
+    /* a linear layer's many rows (prefill, training) against bf16 weights at
+     * the AVX512_BF16 level: a native bf16 GEMM (vdpbf16ps; the activations
+     * rounded to bf16 as the weights are, as PyTorch's bf16 autocast and
+     * llama.cpp do; f32 sums), no widening pass. Decode's few rows keep f32
+     * activations (cpu_gemm_f32_w16t reads each weight once either way). */
+    if (R > 32 && b->dtype == TS_BF16 &&
+        cpu_gemm_bf16(CPU_THIS_ISA, R, N, K, ts_tensor_ptr(a), TS_F32,
+                      M == 1 && batch == 1 ? K : asr, 1, ts_tensor_ptr(b),
+                      TS_BF16, 1, bsc, (float *)ts_tensor_ptr(y), N, false))
+        return TS_OK;
     if (!cpu_gemm_f32_w16t(R, N, K, (const float *)ts_tensor_ptr(a),
                            M == 1 && batch == 1 ? K : asr,
                            (const uint16_t *)ts_tensor_ptr(b), bsc,
