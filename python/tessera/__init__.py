@@ -24,6 +24,7 @@ from .train import prepare_data, train
 __version__ = "0.21.0"
 
 __all__ = [
+    "cpu_isa",
     "Error", "Tensor", "tensor", "from_numpy", "from_dlpack", "zeros", "ones", "full",
     "arange", "randn", "devices", "device_count", "set_device", "set_num_threads",
     "get_num_threads", "set_mode", "get_mode", "sync", "no_grad", "matmul", "linear",
@@ -35,6 +36,13 @@ __all__ = [
 
 
 # ---- context-wide settings ----
+def cpu_isa():
+    """The CPU kernels' ISA level in use ("sse2", "avx2", "avx512",
+    "avx512_bf16", "amx"; TS_CPU_ISA lowers it) and the machine's highest,
+    as a pair."""
+    return _L.ts_cpu_isa().decode(), _L.ts_cpu_isa_max().decode()
+
+
 def device_count(kind="cpu"):
     """How many devices of a kind ("cpu" or "vulkan") this process can use."""
     code = _lib.DEVICE_KINDS.index(kind)

@@ -98,6 +98,9 @@ _PROTOS = {
     "ts_ctx_new": (c_int, [ctypes.POINTER(c_void_p), c_void_p]),
     "ts_ctx_free": (None, [c_void_p]),
     "ts_errmsg": (c_char_p, [c_void_p]),
+    "ts_model_file_text": (c_void_p, [c_void_p, c_char_p, c_char_p]),
+    "ts_cpu_isa": (c_char_p, []),
+    "ts_cpu_isa_max": (c_char_p, []),
     "ts_ctx_status": (c_int, [c_void_p]),
     "ts_clear_error": (None, [c_void_p]),
     "ts_get_num_threads": (c_int, [c_void_p]),
@@ -188,8 +191,9 @@ for _name in ("neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "r
 for _name, (_r, _a) in _PROTOS.items():
     _decl(_name, _r, _a)
 
-DTYPES = ("float32", "bfloat16", "float16", "int32", "int64")
-DTYPE_SIZES = (4, 2, 2, 4, 8)
+DTYPES = ("float32", "bfloat16", "float16", "int32", "int64",
+          "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")  # block formats: weights only
+DTYPE_SIZES = (4, 2, 2, 4, 8, 0, 0, 0, 0, 0)
 DEVICE_KINDS = ("cpu", "vulkan")
 MODE_EAGER, MODE_COMPILED = 0, 1
 

@@ -149,6 +149,21 @@ class Tokenizer:
         return L.ts_tokenizer_vocab_size(self._handle())
 
 
+def _model_json(c, path, name):
+    """A model's JSON file as a dict: read from the folder, or made from a
+    GGUF file's metadata (ts_model_file_text); None when absent or not
+    JSON."""
+    p = L.ts_model_file_text(c, path.encode(), name.encode())
+    if not p:
+        return None
+    try:
+        return json.loads(C.string_at(p).decode("utf-8"))
+    except ValueError:
+        return None
+    finally:
+        _lib.free(p)
+
+
 class Model:
     """A causal LM loaded from a Hugging Face folder or a GGUF file (see
     tessera.load)."""
@@ -175,8 +190,7 @@ class Model:
         self._lm = h.value
         head = L.ts_lm_config(self._lm).contents
         self.vocab_size, self.max_positions = head.vocab, head.max_positions
-        with open(os.path.join(path, "config.json")) as f:
-            self.config = json.load(f)
+        self.config = _model_json(c, path, "config.json") or {}
         t = C.c_void_p()
         _lib.check(L.ts_tokenizer_load(c, path.encode(), C.byref(t)))
         self.tokenizer = Tokenizer(t.value)
@@ -187,14 +201,7 @@ class Model:
         # generation_config.json's sampling defaults and end tokens, then
         # config.json's end token (as `tessera run`)
         self.defaults, self.eos = {}, []
-        gpath = os.path.join(path, "generation_config.json")
-        g = {}
-        if os.path.exists(gpath):
-            try:
-                with open(gpath) as f:
-                    g = json.load(f)
-            except ValueError:
-                g = {}
+        g = _model_json(c, path, "generation_config.json") or {}
         if g.get("do_sample") is True:
             for k in ("temperature", "top_p", "min_p"):
                 if isinstance(g.get(k), (int, float)) and not isinstance(g.get(k), bool):

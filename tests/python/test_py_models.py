@@ -179,6 +179,9 @@ class TestGenerate(unittest.TestCase):
         with self.assertRaises(tessera.Error) as e:
             tessera.load("missing.gguf")  # a GGUF path goes to the C loader
         self.assertIn("missing.gguf: no such folder", str(e.exception))
+        level, best = tessera.cpu_isa()
+        order = ["sse2", "avx2", "avx512", "avx512_bf16", "amx"]
+        self.assertLessEqual(order.index(level), order.index(best))
 
 
 class TestLogits(unittest.TestCase):
