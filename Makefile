@@ -17,7 +17,7 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-pthread-dev \
               qemu-user
 PREFIX     ?= /usr/local
 
-.PHONY: run test deps build build-san install fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan bench-structured clean format
+.PHONY: run test deps build build-san install fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan bench-structured bench-quant bench-llamacpp clean format
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -61,7 +61,7 @@ test: build build-san
 # in $(BUILD_FUZZ)/fuzz-out/<harness>/. Installs clang if missing.
 BUILD_FUZZ     ?= build-fuzz
 FUZZ_SECONDS   ?= 60
-FUZZ_HARNESSES ?= safetensors config tokenizer tokenizer_config chat_template \
+FUZZ_HARNESSES ?= safetensors gguf config tokenizer tokenizer_config chat_template \
                   token_shard router_events openai_prompt http_body
 fuzz: deps
 	@ok=1; command -v clang >/dev/null 2>&1 || ok=0; \
@@ -88,6 +88,17 @@ bench-compile: build
 
 bench-decode: build
 	./$(BUILD)/bench_decode
+
+# quantized weights: the block formats' products per ISA level against the
+# memory's read speed, and decode with quantized models against bf16
+bench-quant: build
+	./$(BUILD)/bench_quant
+	./$(BUILD)/bench_decode --quant
+
+# llama.cpp built beside the project (bench/llamacpp/README.md), then the
+# same GGUF files through llama-bench and bench_decode --model
+bench-llamacpp: build
+	bench/llamacpp/compare.sh
 
 # the Vulkan backend beside the CPU: matmul, attention, prefill, decode and
 # a training step (bench/NOTES.md, issue 18)

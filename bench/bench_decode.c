@@ -9,8 +9,11 @@
  * parameters (its MLP as wide as two experts), side by side.
  * With --quant: decode with the weights in bf16 and quantized (q8_0,
  * q4_k_m, q4_0), each against the read bound of its bytes.
+ * With --model PATH: that model (a folder or a GGUF file) as loaded,
+ * prefill and decode tokens/s as JSON (bench/llamacpp/compare.sh runs it
+ * beside llama-bench on the same files).
  *   bench_decode [--f32] [--prefill N] [--decode N] [--small] [--moe]
- *                [--quant] */
+ *                [--quant] [--model PATH] */
 #include "core/core.h"
 #include "tessera.h"
 #include "tessera_models.h"
@@ -74,13 +77,32 @@ static long rss_mib(void) {
 
 /* prefill of P tokens then G decode steps of a model made from cfg;
  * tokens/s of each (best of reps) */
+static int time_model_loaded(ts_ctx *ctx, ts_decoder *m,
+                             const ts_model_config *cfg, int P, int G,
+                             int reps, double *prefill_tps,
+                             double *decode_tps);
+
 static int time_model(ts_ctx *ctx, const ts_model_config *cfg, int P, int G,
                       int reps, double *prefill_tps, double *decode_tps) {
     ts_decoder_options o = {.weight_dtype = TS_BF16};
     ts_decoder *m;
+    if (ts_decoder_new(ctx, cfg, &o, 1, &m) != TS_OK) {
+        fprintf(stderr, "bench_decode: %s\n", ts_errmsg(ctx));
+        return 1;
+    }
+    int r = time_model_loaded(ctx, m, cfg, P, G, reps, prefill_tps,
+                              decode_tps);
+    ts_decoder_free(m);
+    return r;
+}
+
+/* the same with a model made or loaded already (not freed) */
+static int time_model_loaded(ts_ctx *ctx, ts_decoder *m,
+                             const ts_model_config *cfg, int P, int G,
+                             int reps, double *prefill_tps,
+                             double *decode_tps) {
     ts_decoder_cache *kc;
-    if (ts_decoder_new(ctx, cfg, &o, 1, &m) != TS_OK ||
-        ts_decoder_cache_new(m, 1, P + G, &kc) != TS_OK) {
+    if (ts_decoder_cache_new(m, 1, P + G, &kc) != TS_OK) {
         fprintf(stderr, "bench_decode: %s\n", ts_errmsg(ctx));
         return 1;
     }
@@ -117,7 +139,6 @@ static int time_model(ts_ctx *ctx, const ts_model_config *cfg, int P, int G,
     }
     free(ids);
     ts_decoder_cache_free(kc);
-    ts_decoder_free(m);
     return 0;
 }
 
@@ -255,8 +276,35 @@ static int bench_quant(bool small, int P, int G) {
     return 0;
 }
 
+/* --model PATH (a folder or a GGUF file, as loaded): prefill of P tokens
+ * and decode of G, best of 3 after a warm-up, as llama-bench's pp and tg
+ * tests measure them, for a side-by-side run on the same file */
+static int bench_file(const char *path, int P, int G) {
+    ts_ctx *ctx;
+    if (ts_ctx_new(&ctx, NULL) != TS_OK)
+        return 1;
+    ts_set_grad_enabled(ctx, false);
+    ts_load_options lo = {.weight_dtype = TS_BF16};
+    ts_decoder *m;
+    if (ts_decoder_load_opts(ctx, path, &lo, &m) != TS_OK) {
+        fprintf(stderr, "bench_decode: %s\n", ts_errmsg(ctx));
+        return 1;
+    }
+    const ts_model_config *cfg = ts_decoder_get_config(m);
+    double pp = 0, tg = 0;
+    if (time_model_loaded(ctx, m, cfg, P, G, 3, &pp, &tg))
+        return 1;
+    printf("{\"model\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
+           "\"pp%d\": %.2f, \"tg%d\": %.2f}\n",
+           path, ts_get_num_threads(ctx), ts_cpu_isa(), P, pp, G, tg);
+    ts_decoder_free(m);
+    ts_ctx_free(ctx);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     bool f32 = false, small = false, moe = false, quant = false;
+    const char *model = NULL;
     int P = 512, G = 128;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--f32"))
@@ -267,13 +315,15 @@ int main(int argc, char **argv) {
             moe = true;
         else if (!strcmp(argv[i], "--quant"))
             quant = true;
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            model = argv[++i];
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc)
             P = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc)
             G = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_decode [--f32] [--prefill N] "
-                            "[--decode N] [--small] [--moe] [--quant]\n");
+                            "[--decode N] [--small] [--moe] [--quant] [--model PATH]\n");
             return 2;
         }
     }
@@ -281,6 +331,8 @@ int main(int argc, char **argv) {
         return bench_moe(small, small ? 32 : P, small ? 8 : G / 2);
     if (quant)
         return bench_quant(small, small ? 16 : 64, small ? 8 : 32);
+    if (model)
+        return bench_file(model, P, G);
     ts_model_config cfg = qwen3_06b(small);
     ts_decoder_options dopt = {.weight_dtype = f32 ? TS_F32 : TS_BF16};
     if (small)

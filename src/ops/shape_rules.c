@@ -250,7 +250,9 @@ ts_status ts_infer_cast(ts_ctx *ctx, const ts_node *n, ts_desc *o, ts_desc *s,
                             SHP(x, sb));
     if (ts_dtype_is_quantized(to)) {
         int64_t be = ts_dtype_block_elems(to);
-        if (!ts_dtype_is_float(x->dtype) && x->dtype != to)
+        /* from another block format: through its f32 values, as
+         * llama-quantize --allow-requantize does */
+        if (!ts_dtype_is_float(x->dtype) && !ts_dtype_is_quantized(x->dtype))
             return ts_set_error(ctx, TS_ERR_DTYPE,
                                 "cast: %s to %s (quantizing takes a float "
                                 "tensor)",

@@ -384,9 +384,12 @@ static void block_copy_rows(void *p, int64_t r0, int64_t r1) {
         else if (y->dtype == TS_F32)
             cpu_dequant_rows(CPU_THIS_ISA, x->dtype, src, xb, 1, C,
                              (float *)dst);
-        else if (row) { /* dequantize, then to bf16/f16/... */
+        else if (row) { /* dequantize, then to bf16/f16/another format */
             cpu_dequant_rows(CPU_THIS_ISA, x->dtype, src, xb, 1, C, row);
-            cpu_scatter_f32(dst, y->dtype, 1, row, C);
+            if (ts_dtype_is_quantized(y->dtype))
+                ts_quantize_row(y->dtype, row, dst, C);
+            else
+                cpu_scatter_f32(dst, y->dtype, 1, row, C);
         }
     }
     free(row);

@@ -33,6 +33,7 @@
 #endif
 
 #include "backend/cpu/quant_gemm.h"
+#include "backend/cpu/gemm_bf16.h"
 #include "core/core.h"
 #include "core/quant.h"
 
@@ -853,9 +854,12 @@ bool cpu_gemm_wq_int8(cpu_isa isa, int64_t R, int64_t N, int64_t K,
 
 /* ---- the f32 path: blocks of W dequantized, then OpenBLAS ---- */
 
-bool cpu_gemm_wq_f32(cpu_isa isa, int64_t R, int64_t N, int64_t K,
-                     const float *A, int64_t lda, const void *W,
-                     int64_t w_row_bytes, ts_dtype wdt, float *Y) {
+/* blocks of W dequantized to f32, then OpenBLAS's sgemm, or (bf16) the
+ * bf16 GEMM */
+static bool gemm_dequantized(cpu_isa isa, int64_t R, int64_t N, int64_t K,
+                             const float *A, int64_t lda, const void *W,
+                             int64_t w_row_bytes, ts_dtype wdt, float *Y,
+                             bool bf16) {
     if (R <= 0 || N <= 0)
         return true;
     /* ~2 MiB of f32 weights a block: widened, then read by the sgemm while
@@ -869,22 +873,48 @@ bool cpu_gemm_wq_f32(cpu_isa isa, int64_t R, int64_t N, int64_t K,
         int64_t nb = N - n0 < NB ? N - n0 : NB;
         cpu_dequant_rows(isa, wdt, (const char *)W + n0 * w_row_bytes,
                          w_row_bytes, nb, K, wf);
-        ts_sgemm(false, true, (int)R, (int)nb, (int)K, 1.0f, A, (int)lda, wf,
-                 (int)K, 0.0f, Y + n0, (int)N);
+        /* bf16: the bf16 GEMM (both operands rounded as it packs) */
+        if (!bf16 || !cpu_gemm_bf16(isa, R, nb, K, A, TS_F32, lda, 1, wf,
+                                    TS_F32, 1, K, Y + n0, N, false))
+            ts_sgemm(false, true, (int)R, (int)nb, (int)K, 1.0f, A, (int)lda,
+                     wf, (int)K, 0.0f, Y + n0, (int)N);
     }
     free(wf);
     return true;
 }
 
+bool cpu_gemm_wq_f32(cpu_isa isa, int64_t R, int64_t N, int64_t K,
+                     const float *A, int64_t lda, const void *W,
+                     int64_t w_row_bytes, ts_dtype wdt, float *Y) {
+    return gemm_dequantized(isa, R, N, K, A, lda, W, w_row_bytes, wdt, Y,
+                            false);
+}
+
+bool cpu_gemm_wq_bf16(cpu_isa isa, int64_t R, int64_t N, int64_t K,
+                      const float *A, int64_t lda, const void *W,
+                      int64_t w_row_bytes, ts_dtype wdt, float *Y) {
+    return gemm_dequantized(isa, R, N, K, A, lda, W, w_row_bytes, wdt, Y,
+                            true);
+}
+
+bool cpu_gemm_wq_uses_bf16(cpu_isa isa, ts_dtype wdt, int64_t R) {
+    return isa >= CPU_ISA_AVX512_BF16 && (wdt == TS_Q8_0 || wdt == TS_Q4_0) &&
+           R > CPU_WQ_BLOCK32_MAX_ROWS;
+}
+
 bool cpu_gemm_wq_uses_f32(cpu_isa isa, ts_dtype wdt, int64_t R) {
     if (isa < CPU_ISA_AVX2)
         return R > CPU_WQ_SCALAR_MAX_ROWS;
+    if (cpu_gemm_wq_uses_bf16(isa, wdt, R))
+        return false;
     return (wdt == TS_Q8_0 || wdt == TS_Q4_0) && R > CPU_WQ_BLOCK32_MAX_ROWS;
 }
 
 bool cpu_gemm_wq(cpu_isa isa, int64_t R, int64_t N, int64_t K, const float *A,
                  int64_t lda, const void *W, int64_t w_row_bytes, ts_dtype wdt,
                  float *Y) {
+    if (cpu_gemm_wq_uses_bf16(isa, wdt, R))
+        return cpu_gemm_wq_bf16(isa, R, N, K, A, lda, W, w_row_bytes, wdt, Y);
     if (cpu_gemm_wq_uses_f32(isa, wdt, R))
         return cpu_gemm_wq_f32(isa, R, N, K, A, lda, W, w_row_bytes, wdt, Y);
     return cpu_gemm_wq_int8(isa, R, N, K, A, lda, W, w_row_bytes, wdt, Y);

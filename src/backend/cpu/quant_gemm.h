@@ -44,6 +44,15 @@ bool cpu_gemm_wq(cpu_isa isa, int64_t R, int64_t N, int64_t K, const float *A,
  * (1.2 to 3x at AVX-512, about even at AVX2). */
 #define CPU_WQ_SCALAR_MAX_ROWS  2
 #define CPU_WQ_BLOCK32_MAX_ROWS 64
+/* q8_0/q4_0 prefill rows (past CPU_WQ_BLOCK32_MAX_ROWS) at the
+ * AVX512_BF16 level: blocks of W dequantized, then the bf16 GEMM
+ * (vdpbf16ps; activations and dequantized weights rounded to bf16, f32
+ * sums; cpu_gemm_wq_bf16), faster there than the int8 kernels and
+ * OpenBLAS (the k-quants' int8 kernels keep up). */
+bool cpu_gemm_wq_uses_bf16(cpu_isa isa, ts_dtype wdt, int64_t R);
+bool cpu_gemm_wq_bf16(cpu_isa isa, int64_t R, int64_t N, int64_t K,
+                      const float *A, int64_t lda, const void *W,
+                      int64_t w_row_bytes, ts_dtype wdt, float *Y);
 bool cpu_gemm_wq_uses_f32(cpu_isa isa, ts_dtype wdt, int64_t R);
 
 /* The two paths cpu_gemm_wq chooses between, for tests and benchmarks:
