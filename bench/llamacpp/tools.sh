@@ -31,14 +31,14 @@ mkdir -p "$B/tools" "$B/build/bin"
 
 cat >"$B/tools/quant_oracle.c" <<'EOF'
 /* quant_oracle.c — ts-quant-oracle: quantizes float rows with ggml's own
- * quantizers (ggml_quantize_chunk, the call llama-quantize makes, which runs
- * quantize_row_<type>_ref without an importance matrix) and writes the block
- * bytes of each row: the oracle that Tessera's quantizers are held against
- * byte for byte. Built by bench/llamacpp/tools.sh against build-llamacpp's
- * static ggml; it is never part of Tessera.
+ * quantizers (ggml_quantize_chunk, the call llama-quantize makes; without an
+ * importance matrix it runs quantize_row_<type>_ref for the q and k types)
+ * and writes the block bytes of each row: the oracle that Tessera's
+ * quantizers are held against byte for byte. Built by bench/llamacpp/tools.sh
+ * against build-llamacpp's static ggml; it is never part of Tessera.
  *
  *   ts-quant-oracle TYPE IN OUT [--cols N] [--in f32|f16|bf16]
- *                   [--imatrix FILE] [--dequant FILE]
+ *                   [--imatrix FILE] [--dequant FILE] [--ref]
  *
  * TYPE   a ggml type name (q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K,
  *        q5_K, q6_K, iq4_nl, ...), case-insensitive
@@ -49,10 +49,14 @@ cat >"$B/tools/quant_oracle.c" <<'EOF'
  * --imatrix FILE  C f32 importance weights, as llama-quantize --imatrix
  *        would pass them for this tensor (required by the iq2/iq1 types)
  * --dequant FILE  the rows dequantized again (ggml's to_float), f32 (R, C)
+ * --ref  writes quantize_row_<type>_ref's bytes (the type's from_float_ref,
+ *        row by row) instead of ggml_quantize_chunk's
  *
- * Without an imatrix it also quantizes each row alone with the type's
- * from_float_ref (quantize_row_<type>_ref) and checks that the bytes are
- * those of ggml_quantize_chunk over all rows. */
+ * Without an imatrix it also quantizes each row with from_float_ref and
+ * says whether those bytes are ggml_quantize_chunk's: they are for q4_0,
+ * q4_1, q5_0, q5_1, q8_0 and q2_K..q6_K, not for i-quants whose _ref tries
+ * fewer scales (iq4_nl). Exit status 3 when --ref's bytes are not the ones
+ * llama-quantize would write; 1 on bad input, 2 on bad arguments. */
 #include "ggml.h"
 
 #include <stdint.h>
@@ -252,12 +256,12 @@ static int type_from_name(const char *name, enum ggml_type *out) {
 static void usage(void) {
     fprintf(stderr,
             "usage: ts-quant-oracle TYPE IN OUT [--cols N] [--in f32|f16|bf16]"
-            " [--imatrix FILE] [--dequant FILE]\n");
+            " [--imatrix FILE] [--dequant FILE] [--ref]\n");
 }
 
 int main(int argc, char **argv) {
     const char *pos[3] = {0}, *imatrix_path = NULL, *dequant_path = NULL;
-    int npos = 0;
+    int npos = 0, want_ref = 0;
     int64_t raw_cols = 0;
     enum elem raw_elem = ELEM_F32;
     for (int i = 1; i < argc; i++) {
@@ -286,6 +290,8 @@ int main(int argc, char **argv) {
             imatrix_path = argv[++i];
         } else if (!strcmp(a, "--dequant")) {
             dequant_path = argv[++i];
+        } else if (!strcmp(a, "--ref")) {
+            want_ref = 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
             return 0;
@@ -349,7 +355,7 @@ int main(int argc, char **argv) {
     float *imatrix = NULL;
     size_t row_size = ggml_row_size(type, cols);
     uint8_t *q = malloc(row_size * (size_t)rows);
-    uint8_t *q_ref = malloc(row_size);
+    uint8_t *q_ref = malloc(row_size * (size_t)rows);
     if (!x || !q || !q_ref) {
         fprintf(stderr, "out of memory for %lld x %lld\n", (long long)rows,
                 (long long)cols);
@@ -385,21 +391,33 @@ int main(int argc, char **argv) {
                 tr->type_name);
         return 1;
     }
-    const char *ref_check = "not checked (imatrix given or no _ref function)";
-    if (!imatrix && tr->from_float_ref) {
-        ref_check = "equal to quantize_row_<type>_ref row by row";
-        for (int64_t r = 0; r < rows; r++) {
-            tr->from_float_ref(x + r * cols, q_ref, cols);
-            if (memcmp(q_ref, q + r * row_size, row_size) != 0) {
-                fprintf(stderr,
-                        "row %lld: ggml_quantize_chunk and %s's "
-                        "from_float_ref differ\n",
-                        (long long)r, tr->type_name);
-                return 1;
-            }
-        }
+    if (want_ref && (imatrix || !tr->from_float_ref)) {
+        fprintf(stderr, "--ref: %s\n",
+                imatrix ? "the _ref functions take no imatrix"
+                        : "this type has no from_float_ref");
+        return 2;
     }
-    if (write_file(pos[2], q, wrote) != 0)
+    const char *ref_check = "not compared with quantize_row_<type>_ref "
+                            "(imatrix given or no _ref function)";
+    int64_t first_diff = -1;
+    if (!imatrix && tr->from_float_ref) {
+        for (int64_t r = 0; r < rows; r++) {
+            tr->from_float_ref(x + r * cols, q_ref + r * row_size, cols);
+            if (first_diff < 0 &&
+                memcmp(q_ref + r * row_size, q + r * row_size, row_size))
+                first_diff = r;
+        }
+        ref_check = first_diff < 0
+                        ? "equal to quantize_row_<type>_ref row by row"
+                        : "quantize_row_<type>_ref gives other bytes";
+        if (first_diff >= 0)
+            fprintf(stderr,
+                    "row %lld: ggml_quantize_chunk (what llama-quantize "
+                    "writes) and %s's quantize_row_<type>_ref differ\n",
+                    (long long)first_diff, tr->type_name);
+    }
+    const uint8_t *result = want_ref ? q_ref : q;
+    if (write_file(pos[2], result, wrote) != 0)
         return 1;
     if (dequant_path) {
         if (!tr->to_float) {
@@ -407,17 +425,18 @@ int main(int argc, char **argv) {
             return 1;
         }
         for (int64_t r = 0; r < rows; r++)
-            tr->to_float(q + r * row_size, x + r * cols, cols);
+            tr->to_float(result + r * row_size, x + r * cols, cols);
         if (write_file(dequant_path, x, n * sizeof(float)) != 0)
             return 1;
     }
     fprintf(stderr,
-            "%s: %lld rows x %lld cols -> %s, %zu bytes/row, %zu "
-            "bytes; %s\n",
-            pos[1], (long long)rows, (long long)cols, tr->type_name, row_size,
-            wrote, ref_check);
+            "%s: %lld rows x %lld cols -> %s by %s, %zu bytes/row, "
+            "%zu bytes; %s\n",
+            pos[1], (long long)rows, (long long)cols, tr->type_name,
+            want_ref ? "quantize_row_<type>_ref" : "ggml_quantize_chunk",
+            row_size, wrote, ref_check);
     free(x), free(q), free(q_ref), free(imatrix);
-    return 0;
+    return want_ref && first_diff >= 0 ? 3 : 0;
 }
 EOF
 
@@ -435,7 +454,7 @@ cat >"$B/tools/llama_logits.c" <<'EOF'
  * -p TEXT       tokenized by the model's vocabulary (special tokens parsed,
  *               BOS added when the vocabulary says so)
  * --ids LIST    token ids, comma-separated: one sequence
- * --ids-file F  Tessera's test format (tests/reference/*.ids): i64 B, i64 T,
+ * --ids-file F  the .ids format of tests/reference: i64 B, i64 T,
  *               then B*T i64 ids, little-endian; B sequences, each decoded
  *               alone from an empty KV cache
  * -o OUT        f32 (B, T, V), little-endian, the layout of the .logits
@@ -730,9 +749,11 @@ EOF
 
 CFLAGS=(-std=c11 -O2 -Wall -Wextra -Werror)
 # the oracle needs only ggml-base (ggml.c, ggml-quants.c: the code that
-# llama-quantize runs to quantize)
-cc "${CFLAGS[@]}" "${INC[@]}" "$B/tools/quant_oracle.c" "$GGML_BASE" \
-    -lm -lpthread -o "$B/build/bin/ts-quant-oracle"
+# llama-quantize runs to quantize; ggml-base has C++ and OpenMP parts, hence
+# c++ -fopenmp to link)
+cc "${CFLAGS[@]}" "${INC[@]}" -c "$B/tools/quant_oracle.c" -o "$B/tools/quant_oracle.o"
+c++ "$B/tools/quant_oracle.o" "$GGML_BASE" -fopenmp -lm -lpthread \
+    -o "$B/build/bin/ts-quant-oracle"
 cc "${CFLAGS[@]}" "${INC[@]}" -c "$B/tools/llama_logits.c" -o "$B/tools/llama_logits.o"
 c++ "$B/tools/llama_logits.o" "$LLAMA" "$GGML" "$GGML_CPU" "$GGML_BASE" \
     -fopenmp -lm -lpthread -o "$B/build/bin/ts-llama-logits"
