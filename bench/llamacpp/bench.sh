@@ -10,7 +10,12 @@
 #   bench/llamacpp/bench.sh
 #   THREADS="1 2" FORMATS="bf16 q8_0 q4_k_m" PROMPT=512 GEN=128 REPS=3 \
 #   MODELS=build-llamacpp/models OUT=build-llamacpp/bench.json \
-#   TESSERA_BENCH_CMD='...' bench/llamacpp/bench.sh
+#   WAIT_LOAD=1.0 WAIT_MAX=300 TESSERA_BENCH_CMD='...' bench/llamacpp/bench.sh
+#
+# On a shared machine other jobs skew the figures (2 threads on 2 busy
+# cores most of all): the 1-minute load average before each run is
+# recorded, and with WAIT_LOAD each run first waits (at most WAIT_MAX
+# seconds, then runs anyway) for the load average to fall below WAIT_LOAD.
 #
 # TESSERA_BENCH_CMD is run with bash once per (file, thread count), with
 # these variables exported: MODEL (the GGUF path), FORMAT (bf16, q8_0,
@@ -32,6 +37,18 @@ REPS=${REPS:-3}
 STEM=${STEM:-qwen3-0.6b-random}
 OUT=${OUT:-$B/bench-$(date -u +%Y%m%dT%H%M%SZ).json}
 TESSERA_BENCH_CMD=${TESSERA_BENCH_CMD:-}
+WAIT_LOAD=${WAIT_LOAD:-}
+WAIT_MAX=${WAIT_MAX:-300}
+
+# waits until the 1-minute load average is below WAIT_LOAD (if set)
+wait_for_quiet() {
+    [ -n "$WAIT_LOAD" ] || return 0
+    local waited=0
+    while awk -v max="$WAIT_LOAD" '{ exit !($1 >= max) }' /proc/loadavg && [ "$waited" -lt "$WAIT_MAX" ]; do
+        sleep 10
+        waited=$((waited + 10))
+    done
+}
 
 BENCH=$B/build/bin/llama-bench
 [ -x "$BENCH" ] || { echo "bench.sh: $BENCH not built; run bench/llamacpp/build.sh" >&2; exit 1; }
@@ -47,7 +64,9 @@ echo "load average before: $load_before" >&2
 for f in $FORMATS; do
     for t in $THREADS; do
         model=$MODELS/$STEM-$f.gguf
-        echo "llama-bench $f, $t thread(s) ..." >&2
+        wait_for_quiet
+        cut -d' ' -f1 /proc/loadavg >"$RAW/load-$f-t$t"
+        echo "llama-bench $f, $t thread(s), load $(cat "$RAW/load-$f-t$t") ..." >&2
         "$BENCH" -m "$model" -t "$t" -p "$PROMPT" -n "$GEN" -r "$REPS" -o json \
             >"$RAW/llama-$f-t$t.json" 2>"$RAW/llama-$f-t$t.log" ||
             { echo "bench.sh: llama-bench failed on $model:" >&2; tail -5 "$RAW/llama-$f-t$t.log" >&2; exit 1; }

@@ -43,13 +43,13 @@ def tessera_figures(raw, fmt, t):
         tail = open(log).read().strip().splitlines()[-5:] if os.path.exists(log) else []
         return {"status": open(failed).read().strip(), "stderr_tail": tail}
     if not os.path.exists(out):
-        return {"status": "not run (no TESSERA_BENCH_CMD)"}
+        return {"status": "not run: no TESSERA_BENCH_CMD given"}
     lines = [ln for ln in open(out).read().splitlines() if ln.strip()]
     try:
         fig = json.loads(lines[-1])
         float(fig["prefill_tps"]), float(fig["decode_tps"])
     except (IndexError, ValueError, KeyError, TypeError):
-        return {"status": "bad output: the last line is not "
+        return {"status": "bad output: its last line is not "
                           '{"prefill_tps": ..., "decode_tps": ...}',
                 "stdout_tail": lines[-5:]}
     fig["status"] = "ok"
@@ -86,12 +86,16 @@ def main():
         for t in (int(x) for x in a.threads.split()):
             ll = llama_figures(os.path.join(a.raw, f"llama-{fmt}-t{t}.json"))
             p, d = ll["prefill"], ll["decode"]
+            load = os.path.join(a.raw, f"load-{fmt}-t{t}")
             runs.append({
                 "format": fmt, "model": os.path.abspath(model),
                 "file_bytes": os.path.getsize(model), "threads": t,
+                "load_1min_before": open(load).read().strip() if os.path.exists(load) else None,
                 "n_prompt": p["n_prompt"], "n_gen": d["n_gen"],
                 "llama_cpp": {"prefill_tps": p["avg_ts"], "prefill_tps_sd": p["stddev_ts"],
+                              "prefill_tps_best": max(p.get("samples_ts") or [p["avg_ts"]]),
                               "decode_tps": d["avg_ts"], "decode_tps_sd": d["stddev_ts"],
+                              "decode_tps_best": max(d.get("samples_ts") or [d["avg_ts"]]),
                               "records": [p, d]},
                 "tessera": tessera_figures(a.raw, fmt, t),
             })
@@ -110,18 +114,21 @@ def main():
         json.dump(doc, f, indent=1)
         f.write("\n")
 
-    print(f"{'format':7s} {'size MiB':>8s} {'thr':>3s} | {'llama.cpp pp' + str(runs[0]['n_prompt']):>16s} "
-          f"{'tg' + str(runs[0]['n_gen']):>14s} | {'tessera pp':>10s} {'tg':>8s}")
+    print(f"{'format':7s} {'size MiB':>8s} {'thr':>3s} {'load':>5s} | "
+          f"{'llama.cpp pp' + str(runs[0]['n_prompt']):>23s} "
+          f"{'tg' + str(runs[0]['n_gen']):>21s} | {'tessera pp':>10s} {'tg':>8s}")
     for r in runs:
         ll, ts = r["llama_cpp"], r["tessera"]
         if ts["status"] == "ok":
             tess = f"{ts['prefill_tps']:10.2f} {ts['decode_tps']:8.2f}"
         else:
-            tess = f"{ts['status'][:19]:>19s}"
-        print(f"{r['format']:7s} {r['file_bytes'] / 2**20:8.1f} {r['threads']:3d} | "
-              f"{ll['prefill_tps']:9.2f} ±{ll['prefill_tps_sd']:5.2f} "
-              f"{ll['decode_tps']:7.2f} ±{ll['decode_tps_sd']:5.2f} | {tess}")
-    print(f"tokens/s, mean ± sd over the repetitions; JSON: {a.out}")
+            tess = f"{ts['status'].split(':')[0]:>19s}"
+        print(f"{r['format']:7s} {r['file_bytes'] / 2**20:8.1f} {r['threads']:3d} "
+              f"{r['load_1min_before'] or '?':>5s} | "
+              f"{ll['prefill_tps']:9.2f} ±{ll['prefill_tps_sd']:6.2f} ({ll['prefill_tps_best']:6.1f}) "
+              f"{ll['decode_tps']:7.2f} ±{ll['decode_tps_sd']:6.2f} ({ll['decode_tps_best']:5.1f}) | {tess}")
+    print("tokens/s, mean ± sd (best) over the repetitions; load: the 1-minute load "
+          f"average before the run, on {os.cpu_count()} cores; JSON: {a.out}")
     return 0
 
 

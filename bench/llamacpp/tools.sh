@@ -470,13 +470,18 @@ cat >"$B/tools/llama_logits.c" <<'EOF'
 
 static int verbose;
 
+/* warnings and errors only, unless -v; a continuation (the loader's
+ * progress dots) goes with the level of the line it continues */
 static void log_quiet(enum ggml_log_level level, const char *text, void *user) {
+    static enum ggml_log_level last = GGML_LOG_LEVEL_INFO;
     (void)user;
-    if (verbose || level >= GGML_LOG_LEVEL_WARN)
+    if (level != GGML_LOG_LEVEL_CONT)
+        last = level;
+    if (verbose || last == GGML_LOG_LEVEL_WARN || last == GGML_LOG_LEVEL_ERROR)
         fputs(text, stderr);
 }
 
-/* reads Tessera's .ids format: i64 B, i64 T, B*T i64 */
+/* reads the .ids format of tests/reference: i64 B, i64 T, B*T i64 */
 static int read_ids_file(const char *path, int64_t *B, int64_t *T,
                          llama_token **ids) {
     FILE *f = fopen(path, "rb");
@@ -622,6 +627,13 @@ int main(int argc, char **argv) {
         return 2;
     }
 
+    int64_t B = 1, T = 0;
+    llama_token *ids = NULL;
+    if (ids_file && read_ids_file(ids_file, &B, &T, &ids) != 0)
+        return 1;
+    if (ids_list && parse_ids(ids_list, &T, &ids) != 0)
+        return 1;
+
     llama_log_set(log_quiet, NULL);
     llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
@@ -634,15 +646,7 @@ int main(int argc, char **argv) {
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     const int32_t V = llama_vocab_n_tokens(vocab);
 
-    int64_t B = 1, T = 0;
-    llama_token *ids = NULL;
-    if (ids_file) {
-        if (read_ids_file(ids_file, &B, &T, &ids) != 0)
-            return 1;
-    } else if (ids_list) {
-        if (parse_ids(ids_list, &T, &ids) != 0)
-            return 1;
-    } else {
+    if (prompt) {
         int32_t len = (int32_t)strlen(prompt);
         int32_t n = -llama_tokenize(vocab, prompt, len, NULL, 0,
                                     llama_vocab_get_add_bos(vocab), true);
