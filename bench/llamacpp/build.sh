@@ -132,7 +132,7 @@ sysinfo=$("$B/build/bin/ts-llama-logits" --system-info)
     echo "flags: GGML_NATIVE=ON (-march=native), OpenMP, static, CPU backend only"
     echo "system_info: $sysinfo"
     echo "first (full) build of the llama.cpp targets: $(cat "$B/first-build-seconds.txt")"
-    echo "last build: $((t1 - t0)) s ($(date -u +%FT%TZ))"
+    echo "this run's build: $((t1 - t0)) s, incremental after the first ($(date -u +%FT%TZ))"
 } >"$B/VERSION.txt"
 cat "$B/VERSION.txt"
 echo "binaries in $B/build/bin"
