@@ -17,7 +17,7 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-pthread-dev \
               qemu-user
 PREFIX     ?= /usr/local
 
-.PHONY: run test deps build build-san install fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan bench-structured bench-quant bench-llamacpp clean format
+.PHONY: run test deps build build-san install fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan bench-structured bench-quant bench-llamacpp llamacpp clean format
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -123,6 +123,15 @@ bench-moe: build
 # training step (GPT-2 124M B4 T64, Qwen3-style 512x8 B8 T256) against PyTorch
 bench-train: build
 	./$(BUILD)/bench_train
+
+# llama.cpp built beside the project (build-llamacpp/, never a dependency),
+# the random Qwen3-0.6B as GGUF (BF16, Q8_0, Q4_K_M) and HF folder, the
+# tools checked, then llama-bench at 1 and 2 threads: bench/llamacpp/README.md
+llamacpp:
+	bench/llamacpp/build.sh
+	/usr/bin/python3 bench/llamacpp/make_qwen3_gguf.py
+	/usr/bin/python3 bench/llamacpp/check_tools.py
+	bench/llamacpp/bench.sh
 
 # needs the JavaScript peer installed by the test suite (make test)
 bench-tokenizer: build
