@@ -78,9 +78,8 @@ static long rss_mib(void) {
 /* prefill of P tokens then G decode steps of a model made from cfg;
  * tokens/s of each (best of reps) */
 static int time_model_loaded(ts_ctx *ctx, ts_decoder *m,
-                             const ts_model_config *cfg, int P, int G,
-                             int reps, double *prefill_tps,
-                             double *decode_tps);
+                             const ts_model_config *cfg, int P, int G, int reps,
+                             double *prefill_tps, double *decode_tps);
 
 static int time_model(ts_ctx *ctx, const ts_model_config *cfg, int P, int G,
                       int reps, double *prefill_tps, double *decode_tps) {
@@ -90,17 +89,15 @@ static int time_model(ts_ctx *ctx, const ts_model_config *cfg, int P, int G,
         fprintf(stderr, "bench_decode: %s\n", ts_errmsg(ctx));
         return 1;
     }
-    int r = time_model_loaded(ctx, m, cfg, P, G, reps, prefill_tps,
-                              decode_tps);
+    int r = time_model_loaded(ctx, m, cfg, P, G, reps, prefill_tps, decode_tps);
     ts_decoder_free(m);
     return r;
 }
 
 /* the same with a model made or loaded already (not freed) */
 static int time_model_loaded(ts_ctx *ctx, ts_decoder *m,
-                             const ts_model_config *cfg, int P, int G,
-                             int reps, double *prefill_tps,
-                             double *decode_tps) {
+                             const ts_model_config *cfg, int P, int G, int reps,
+                             double *prefill_tps, double *decode_tps) {
     ts_decoder_cache *kc;
     if (ts_decoder_cache_new(m, 1, P + G, &kc) != TS_OK) {
         fprintf(stderr, "bench_decode: %s\n", ts_errmsg(ctx));
@@ -322,8 +319,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc)
             G = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_decode [--f32] [--prefill N] "
-                            "[--decode N] [--small] [--moe] [--quant] [--model PATH]\n");
+            fprintf(
+                stderr,
+                "usage: bench_decode [--f32] [--prefill N] "
+                "[--decode N] [--small] [--moe] [--quant] [--model PATH]\n");
             return 2;
         }
     }

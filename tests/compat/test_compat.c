@@ -286,10 +286,10 @@ static void case_dir(const ref_case *c, char *out, size_t n) {
 
 static void check_logits(ts_ctx *ctx, const ref_case *c, ts_dtype wdt) {
     const char *check = wdt == TS_BF16 ? "logits_bf16" : "logits_f32";
-    double bound = wdt != TS_BF16    ? 1e-4
-                   : bf16_gemm_level() ? fmax(BF16_BOUND,
-                                              BF16_GEMM_SHIFTS * c->bf16_shift)
-                                       : BF16_BOUND;
+    double bound = wdt != TS_BF16 ? 1e-4
+                   : bf16_gemm_level()
+                       ? fmax(BF16_BOUND, BF16_GEMM_SHIFTS * c->bf16_shift)
+                       : BF16_BOUND;
     char dir[1024], note[256];
     case_dir(c, dir, sizeof dir);
     ts_decoder *m = load(ctx, dir, wdt, NULL);

@@ -893,8 +893,7 @@ bool cpu_gemm_wq_f32(cpu_isa isa, int64_t R, int64_t N, int64_t K,
 bool cpu_gemm_wq_bf16(cpu_isa isa, int64_t R, int64_t N, int64_t K,
                       const float *A, int64_t lda, const void *W,
                       int64_t w_row_bytes, ts_dtype wdt, float *Y) {
-    return gemm_dequantized(isa, R, N, K, A, lda, W, w_row_bytes, wdt, Y,
-                            true);
+    return gemm_dequantized(isa, R, N, K, A, lda, W, w_row_bytes, wdt, Y, true);
 }
 
 bool cpu_gemm_wq_uses_bf16(cpu_isa isa, ts_dtype wdt, int64_t R) {
