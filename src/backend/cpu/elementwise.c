@@ -359,6 +359,7 @@ typedef struct {
     ts_tensor *y;
     const float *xf; /* x as contiguous f32 (quantizing) */
     int64_t C;
+    atomic_int oom; /* a range's row buffer could not be had */
 } block_copy_job;
 
 /* rows [r0, r1) of a copy from or to a block format (both contiguous, or
@@ -371,9 +372,12 @@ static void block_copy_rows(void *p, int64_t r0, int64_t r1) {
     bool xq = ts_dtype_is_quantized(x->dtype);
     int64_t xb = xq ? ts_dtype_nbytes(x->dtype, C) : 0,
             yb = ts_dtype_nbytes(y->dtype, C);
-    float *row = xq && y->dtype != TS_F32 && y->dtype != x->dtype
-                     ? malloc(sizeof(float) * (size_t)C)
-                     : NULL;
+    bool need_row = xq && y->dtype != TS_F32 && y->dtype != x->dtype;
+    float *row = need_row ? malloc(sizeof(float) * (size_t)C) : NULL;
+    if (need_row && !row) {
+        atomic_store(&((block_copy_job *)p)->oom, 1);
+        return;
+    }
     for (int64_t r = r0; r < r1; r++) {
         const char *src = ts_tensor_ptr(x) + r * xb;
         char *dst = ts_tensor_ptr(y) + r * yb;
@@ -402,7 +406,7 @@ static ts_status copy_blocks(ts_ctx *ctx, const ts_tensor *x, ts_tensor *y) {
     int64_t C = y->ndim ? y->shape[y->ndim - 1] : 1;
     if (!numel)
         return TS_OK;
-    block_copy_job j = {x, y, NULL, C};
+    block_copy_job j = {x, y, NULL, C, 0};
     float *tmp = NULL;
     if (!ts_dtype_is_quantized(x->dtype)) { /* x's elements as f32 rows */
         tmp = malloc(sizeof(float) * (size_t)numel);
@@ -416,6 +420,8 @@ static ts_status copy_blocks(ts_ctx *ctx, const ts_tensor *x, ts_tensor *y) {
     }
     ts_parallel_for(numel / C, cpu_grain(C, 16384), block_copy_rows, &j);
     free(tmp);
+    if (atomic_load(&j.oom))
+        return ts_set_error(ctx, TS_ERR_OOM, "cast: out of memory");
     return TS_OK;
 }
 
