@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -513,6 +514,27 @@ def check6(m):
               "truncated GGUF (%d bytes): exit %d: %s" % (cut, r.returncode, err))
 
 
+def check6_nan_scale(m):
+    """a NaN in a q8_0 block's scale: the load refuses it by tensor and
+    block (as NaN weights are), --no-check-weights loads it anyway"""
+    src = os.path.join(work, "%s.py_q8_0.gguf" % m.name)
+    rd = gw.Reader(src)
+    name = next(n for n in rd.tensor_order if rd.tensors[n][0] == gw.GGML["Q8_0"][0]
+                and n.startswith("blk.1."))
+    at = rd.data_start + rd.tensors[name][2] + 34  # block 1's d
+    blob = bytearray(open(src, "rb").read())
+    blob[at:at + 2] = struct.pack("<H", 0x7e00)
+    path = os.path.join(work, "%s.nan_scale.gguf" % m.name)
+    open(path, "wb").write(blob)
+    r = run("run", "-m", path, "-p", "The", "-n", "2")
+    err = r.stderr.decode()
+    print("  run on a q8_0 GGUF with a NaN scale: exit %d: %s" % (r.returncode, err.strip()))
+    check(r.returncode == 1 and "has a NaN scale in block 1" in err and not crashed(r),
+          "NaN scale: exit %d: %s" % (r.returncode, err))
+    r = run("run", "-m", path, "-p", "The", "-n", "2", "--no-check-weights")
+    check(r.returncode == 0 and not crashed(r), "NaN scale with --no-check-weights: %s" % r.stderr.decode())
+
+
 def main():
     x = np.arange(2 * 8 * 3, dtype=np.float32).reshape(16, 3)
     assert np.array_equal(llama_unpermute(gw.llama_permute(x, 2), 2), x)
@@ -530,6 +552,7 @@ def main():
             check5(m)
             if name == MODELS[0]:
                 check6(m)
+                check6_nan_scale(m)
     if failures:
         print("%d failures" % len(failures))
         sys.exit(1)

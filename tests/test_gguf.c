@@ -932,6 +932,11 @@ static void test_block_permute(ts_ctx *ctx) {
         qb[i] = (unsigned char)(i * 131 + 7);
     for (int i = 0; i < 16 * 2 * 34; i++)
         kb[i] = (unsigned char)(i * 71 + 3);
+    /* each block's scale a finite f16 (the load refuses NaN/Inf scales) */
+    for (int b = 0; b < 32 * 2; b++)
+        qb[34 * b] = (unsigned char)b, qb[34 * b + 1] = 0x3c;
+    for (int b = 0; b < 16 * 2; b++)
+        kb[34 * b] = (unsigned char)b, kb[34 * b + 1] = 0x38;
     ts_tensor *qp = ts_gguf_permute_rows(q, 4, true),
               *kp = ts_gguf_permute_rows(k, 2, true);
     CHECK(qp && memcmp(ts_tensor_data(qp), qb, 32 * 2 * 34));

@@ -155,6 +155,17 @@ static void test_errors(ts_ctx *ctx) {
     CHECK(!e);
     CHECK_MSG(ctx, "holds whole blocks of 32 along its last dim");
     ts_clear_error(ctx);
+    /* a transposed view as an embedding table: its rows are not rows of
+     * blocks */
+    ts_tensor *qt = ts_transpose(q, 0, 1);
+    int32_t one_id = 0;
+    int64_t one[1] = {1};
+    ts_tensor *id1 = ts_from_data(ctx, TS_I32, 1, one, &one_id);
+    r = qt ? ts_embedding(qt, id1) : NULL;
+    CHECK(qt && !r);
+    CHECK_MSG(ctx, "a q8_0 table is read as whole rows of blocks");
+    ts_clear_error(ctx);
+    ts_release(qt), ts_release(id1);
     /* x @ Wq (not transposed): the blocks run along the wrong dim */
     int64_t xs[2] = {2, 4};
     ts_tensor *x = ts_randn(ctx, TS_F32, 2, xs, 1.0, 2);

@@ -694,6 +694,32 @@ ts_status ts_safetensors_check_finite(ts_safetensors *st, const char *name) {
         return ts_set_error(st->ctx, TS_ERR_INVALID_ARG, "%s: no tensor \"%s\"",
                             st->n_files ? st->paths[0] : "safetensors",
                             name ? name : "(null)");
+    if (ts_dtype_is_quantized(e->dt)) {
+        /* a block's values are its f16 scales times integers: NaN or Inf
+         * only through a scale (d; Q4_K/Q5_K's dmin too; Q6_K's d last) */
+        size_t bb = ts_dtype_block_bytes(e->dt);
+        size_t d_at = e->dt == TS_Q6_K ? bb - 2 : 0;
+        bool dmin = e->dt == TS_Q4_K || e->dt == TS_Q5_K;
+        const unsigned char *q =
+            (const unsigned char *)st->maps[e->file]->base +
+            st->data_start[e->file] + e->begin;
+        uint64_t nb = (e->end - e->begin) / bb;
+        for (uint64_t b = 0; b < nb; b++)
+            for (int k = 0; k < (dmin ? 2 : 1); k++) {
+                uint16_t h;
+                memcpy(&h, q + b * bb + d_at + 2 * (size_t)k, 2);
+                if ((h & 0x7c00u) == 0x7c00u)
+                    return ts_set_error(
+                        st->ctx, TS_ERR_IO,
+                        "%s: tensor \"%s\" (%s) has a %s scale in block %llu "
+                        "(of %llu): the file is damaged (--no-check-weights "
+                        "loads it anyway)",
+                        st->paths[e->file], e->name, ts_dtype_name(e->dt),
+                        h & 0x3ffu ? "NaN" : "infinite", (unsigned long long)b,
+                        (unsigned long long)nb);
+            }
+        return TS_OK;
+    }
     int width = e->dt == TS_F32 ? 4 : 2;
     uint32_t mask = e->dt == TS_F32    ? 0x7f800000u
                     : e->dt == TS_BF16 ? 0x7f80u

@@ -346,6 +346,11 @@ ts_status ts_infer_embedding(ts_ctx *ctx, const ts_node *n, ts_desc *o,
                             SHP(w, sb));
     if (need_int(ctx, "embedding", "ids", ids))
         return ctx->status;
+    if (ts_dtype_is_quantized(w->dtype) && !ts_tensor_is_contiguous(w))
+        return ts_set_error(ctx, TS_ERR_DTYPE,
+                            "embedding: a %s table is read as whole rows of "
+                            "blocks; this one is a strided view of shape %s",
+                            ts_dtype_name(w->dtype), SHP(w, sb));
     if (ids->ndim + 1 > TS_MAX_DIMS)
         return ts_set_error(ctx, TS_ERR_SHAPE,
                             "embedding: ids have too many dims");
