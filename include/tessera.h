@@ -54,7 +54,8 @@ typedef enum {
      * contiguous; matmul (as a weight), embedding and ts_cast to a float
      * dtype take it. */
     TS_Q8_0, /* 32 elems: f16 d, 32 x int8           (34 bytes) */
-    TS_Q4_0, /* 32 elems: f16 d, 16 bytes of nibbles (18 bytes), x = d (q - 8) */
+    TS_Q4_0, /* 32 elems: f16 d, 16 bytes of nibbles (18 bytes), x = d (q - 8)
+              */
     TS_Q4_K, /* 256 elems: f16 d, dmin, 12 bytes of 6-bit scales/mins, 128 qs */
     TS_Q5_K, /* 256 elems: as Q4_K plus 32 bytes of high bits (176 bytes) */
     TS_Q6_K, /* 256 elems: 128 ql, 64 qh, 16 int8 scales, f16 d (210 bytes) */

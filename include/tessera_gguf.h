@@ -262,8 +262,8 @@ ts_status ts_gguf_hf_generation_config_json(ts_ctx *ctx, ts_gguf *g,
  * "tokenizer.json", "tokenizer_config.json", "generation_config.json") of
  * the GGUF at path, as the functions above make it (free() it): what the
  * loaders read when a model path is a GGUF file. */
-ts_status ts_gguf_hf_file_text(ts_ctx *ctx, const char *path,
-                               const char *file, char **text);
+ts_status ts_gguf_hf_file_text(ts_ctx *ctx, const char *path, const char *file,
+                               char **text);
 /* The GGUF at path as a ts_safetensors handle under Hugging Face's names
  * (token_embd.weight -> model.embed_tokens.weight, blk.N.attn_q.weight ->
  * model.layers.N.self_attn.q_proj.weight, ..., output -> lm_head; gpt2's

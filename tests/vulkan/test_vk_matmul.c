@@ -83,8 +83,8 @@ static void check_case(const char *what, operand a, operand b) {
     ts_tensor *va = view_of(ua, &a), *vb = view_of(ub, &b);
     /* f32 x bf16: against the weights widened exactly (the CPU's own mixed
      * product rounds many rows' activations to bf16 at AVX512_BF16) */
-    ts_tensor *cbw = a.dt == TS_F32 && b.dt == TS_BF16 ? ts_cast(cb, TS_F32)
-                                                       : ts_retain(cb);
+    ts_tensor *cbw =
+        a.dt == TS_F32 && b.dt == TS_BF16 ? ts_cast(cb, TS_F32) : ts_retain(cb);
     ts_tensor *want = ts_matmul(ca, cbw), *got = ts_matmul(va, vb);
     ts_release(cbw);
     CHECK(want != NULL);
