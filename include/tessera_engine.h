@@ -44,6 +44,21 @@ void ts_sampler_set_prompt_len(ts_sampler *sm, size_t n);
 
 /* ---- the engine ---------------------------------------------------------- */
 
+/* speculative decoding's proposer (ts_engine_options.spec) */
+typedef enum {
+    TS_SPEC_NONE = 0, /* none */
+    TS_SPEC_NGRAM,    /* prompt lookup (vLLM's "ngram") */
+    TS_SPEC_DRAFT     /* a small draft model */
+} ts_spec_method;
+
+/* the KV cache's element type (ts_engine_options.kv_dtype); zero is the
+ * default, bf16 */
+typedef enum {
+    TS_KV_BF16 = 0, /* bf16 K and V */
+    TS_KV_F32,      /* f32 */
+    TS_KV_INT8      /* int8, one f32 scale per position and KV head */
+} ts_kv_dtype;
+
 typedef struct {
     int64_t block_size;       /* positions per KV block (16) */
     int64_t n_blocks;         /* KV blocks in the pool; 0: from kv_memory */
@@ -52,6 +67,26 @@ typedef struct {
     int max_seqs;             /* running sequences at most (16) */
     int64_t max_batch_tokens; /* tokens per forward pass at most (512) */
     bool no_prefix_cache;     /* do not reuse cached prefixes */
+    /* the KV cache's element type (bf16 by default). Pools placed on a
+     * device other than the CPU stay f32 (stats.kv_dtype says which) */
+    ts_kv_dtype kv_dtype;
+    /* model steps run eagerly; by default they go through the compiled
+     * mode, one plan per (batch-size bucket, chunk-size bucket), captured
+     * once and replayed (vLLM's --enforce-eager turns its graphs off) */
+    bool enforce_eager;
+    /* speculative decoding: spec_tokens tokens proposed a step per
+     * sequence (1..16, 0: 4), verified in one forward pass of the model
+     * by the exact rule of speculative sampling (greedy output is the
+     * same as without it; sampled output has the same distribution) */
+    ts_spec_method spec;
+    int spec_tokens;
+    /* prompt lookup: the longest n-gram ending the sequence (spec_ngram_max
+     * down to spec_ngram_min tokens; 0: 4 and 1) found earlier in its
+     * prompt or output proposes the tokens that followed it */
+    int spec_ngram_min, spec_ngram_max;
+    /* TS_SPEC_DRAFT: the draft model (same vocabulary as the target); the
+     * engine keeps its own KV cache for it and does not free it */
+    ts_decoder *spec_draft;
 } ts_engine_options;
 ts_engine_options ts_engine_options_default(void);
 
@@ -119,6 +154,10 @@ typedef struct {
      * prompt_logprobs and logit_bias unused). It computes its whole
      * prompt (no prefix reuse), batched with everything else. */
     ts_pooling pooling;
+    /* scheduling priority, as vLLM's: lower runs first; among equals,
+     * first come first served. When KV blocks run out, the sequence with
+     * the highest value (the youngest among those) is preempted. */
+    int priority;
 } ts_request;
 #define TS_ENGINE_MAX_TOP 20
 
@@ -161,6 +200,9 @@ typedef struct ts_engine_output_s {
     int64_t dim;
     /* seconds from ts_engine_add to the request's first scheduling */
     double queue_s;
+    /* speculative decoding so far for this request: tokens proposed and
+     * tokens of those accepted */
+    int64_t spec_proposed, spec_accepted;
 } ts_engine_output;
 
 /* KV events: a block entered or left the prefix cache. hash chains from
@@ -189,6 +231,15 @@ typedef struct {
      * finished_abort counts ts_engine_abort's too) */
     int64_t finished_stop, finished_length, finished_abort, finished_constraint;
     int64_t embeddings; /* embedding requests answered */
+    /* speculative decoding: verification passes per sequence (each emits
+     * 1 + its accepted tokens), tokens proposed, tokens accepted */
+    int64_t spec_verifications, spec_proposed, spec_accepted;
+    /* the KV cache: its element type (kv_dtype's) and bytes per block */
+    ts_kv_dtype kv_dtype;
+    int64_t kv_block_bytes;
+    /* compiled model steps: plans captured (one per bucket) and steps
+     * that replayed one */
+    int64_t compiled_plans, compiled_replays;
 } ts_engine_stats;
 
 typedef struct ts_engine ts_engine;

@@ -78,6 +78,9 @@ typedef struct {
     /* SIGINT and SIGTERM left alone (a host program, e.g. Python, keeps its
      * own handlers): only ts_server_stop ends the server */
     bool no_signal_handlers;
+    /* engine.spec TS_SPEC_DRAFT: the draft model's folder or GGUF file (its
+     * vocabulary must be the model's); loaded beside the model */
+    const char *draft_model_dir;
 } ts_server_options;
 
 /* Loads the model and serves until SIGINT or SIGTERM (or ts_server_stop),

@@ -16,7 +16,9 @@ from ._lib import Error, lib as L
 class _EngineOptions(C.Structure):
     _fields_ = [("block_size", C.c_int64), ("n_blocks", C.c_int64), ("kv_memory", C.c_int64),
                 ("max_seqs", C.c_int), ("max_batch_tokens", C.c_int64),
-                ("no_prefix_cache", C.c_bool)]
+                ("no_prefix_cache", C.c_bool), ("kv_dtype", C.c_int), ("enforce_eager", C.c_bool),
+                ("spec", C.c_int), ("spec_tokens", C.c_int), ("spec_ngram_min", C.c_int),
+                ("spec_ngram_max", C.c_int), ("spec_draft", C.c_void_p)]
 
 
 _ON_LISTEN = C.CFUNCTYPE(None, C.c_int, C.c_void_p)
@@ -33,7 +35,7 @@ class _ServerOptions(C.Structure):
                 ("max_model_len", C.c_int64), ("no_log_requests", C.c_bool),
                 ("max_connections", C.c_int), ("max_connections_per_client", C.c_int),
                 ("conn_timeout_s", C.c_int), ("on_listen", _ON_LISTEN), ("on_listen_arg", C.c_void_p),
-                ("no_signal_handlers", C.c_bool)]
+                ("no_signal_handlers", C.c_bool), ("draft_model_dir", C.c_char_p)]
 
 
 L.ts_engine_options_default.restype = _EngineOptions
