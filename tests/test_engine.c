@@ -4,8 +4,10 @@
  * exactly what each returns alone (batching invariance); a request sharing
  * a long prefix reports its cached tokens and returns the cold run's
  * output; a pool too small for everything evicts and preempts and still
- * answers the same; KV events chain their hashes; bad requests are errors
- * and change nothing; aborted and finished requests hold no blocks.
+ * answers the same; KV events chain their hashes; compiled steps give the
+ * eager steps' tokens with few plans; priorities order and preempt;
+ * bad requests are errors and change nothing; aborted and finished
+ * requests hold no blocks.
  * argv: HF_MODELS_DIR */
 #include "tessera_engine.h"
 #include "tessera_models.h"
@@ -236,6 +238,121 @@ static void test_small_pool(ts_ctx *ctx, ts_decoder *m) {
     ts_engine_free(e1), ts_engine_free(e2);
 }
 
+/* model steps through the compiled mode (the default: one plan per
+ * bucket of batch shapes, captured once and replayed) give the tokens of
+ * the eager steps, also with chunked prefill and a small pool */
+static void test_compiled_matches_eager(ts_ctx *ctx, ts_decoder *m) {
+    req r[N_REQ];
+    make_requests(r, N_REQ, 41);
+    int64_t chunk[2] = {256, 24}, blocks[2] = {512, 24};
+    for (int c = 0; c < 2; c++) {
+        result eager[N_REQ], compiled[N_REQ];
+        ts_engine_options o = ts_engine_options_default();
+        o.n_blocks = blocks[c];
+        o.max_seqs = 16;
+        o.max_batch_tokens = chunk[c];
+        ts_engine *e1 = NULL, *e2 = NULL;
+        o.enforce_eager = true;
+        CHECK_OK(ctx, ts_engine_new(ctx, m, &o, &e1));
+        o.enforce_eager = false;
+        CHECK_OK(ctx, ts_engine_new(ctx, m, &o, &e2));
+        if (!e1 || !e2)
+            return;
+        run_all(ctx, e1, r, N_REQ, false, eager);
+        run_all(ctx, e2, r, N_REQ, false, compiled);
+        CHECK(same_tokens(eager, compiled, N_REQ));
+        ts_engine_stats s1, s2;
+        ts_engine_get_stats(e1, &s1);
+        ts_engine_get_stats(e2, &s2);
+        CHECK(s1.compiled_plans == 0 && s1.compiled_replays == 0);
+        /* every step compiled; few plans (buckets), mostly replayed */
+        CHECK(s2.compiled_plans + s2.compiled_replays == s2.steps);
+        CHECK(s2.compiled_plans > 0 && s2.compiled_plans <= 40);
+        CHECK(s2.compiled_replays > s2.compiled_plans);
+        if (c == 1)
+            CHECK(s2.preemptions > 0);
+        check_no_blocks_held(ctx, e2);
+        ts_engine_free(e1), ts_engine_free(e2);
+    }
+}
+
+/* the order requests finish in, by id; -1 past the end */
+static void finish_order(ts_ctx *ctx, ts_engine *e, int64_t *order, int n,
+                         int32_t (*tok)[MAX_OUT], const int64_t *ids) {
+    int k = 0, guard = 0;
+    while (ts_engine_has_work(e) && guard++ < 10000) {
+        ts_engine_output out[64];
+        int got = 0;
+        CHECK_OK(ctx, ts_engine_step(e, out, 64, &got));
+        if (ts_ctx_status(ctx) != TS_OK)
+            return;
+        for (int j = 0; j < got; j++) {
+            for (int i = 0; i < n; i++)
+                if (out[j].id == ids[i] && out[j].token >= 0)
+                    for (int t = 0; t < MAX_OUT; t++)
+                        if (tok[i][t] < 0) {
+                            tok[i][t] = out[j].token;
+                            break;
+                        }
+            if (out[j].finish != TS_FINISH_NONE && k < n)
+                order[k++] = out[j].id;
+        }
+    }
+    for (; k < n; k++)
+        order[k] = -1;
+}
+
+/* priority, as vLLM's: lower first; a better one arriving while a worse one
+ * holds the only slot preempts it; equals are first come first served; the
+ * preempted request's tokens are those it gives alone */
+static void test_priority(ts_ctx *ctx, ts_decoder *m) {
+    req r[4];
+    make_requests(r, 4, 7);
+    for (int i = 0; i < 4; i++)
+        r[i].max_tokens = 12;
+    int prio[4] = {5, 0, 1, 1};
+    ts_engine *e = engine(ctx, m, 256, 1, 512);
+    ts_engine *alone = engine(ctx, m, 256, 1, 512);
+    if (!e || !alone)
+        return;
+    int64_t ids[4], order[4];
+    int32_t tok[4][MAX_OUT];
+    memset(tok, 0xff, sizeof tok);
+    ts_request q = to_request(&r[0]);
+    q.priority = prio[0];
+    CHECK_OK(ctx, ts_engine_add(e, &q, &ids[0]));
+    for (int s = 0; s < 3; s++) { /* r0 runs, its first tokens out */
+        ts_engine_output out[8];
+        int k = 0;
+        CHECK_OK(ctx, ts_engine_step(e, out, 8, &k));
+        for (int j = 0; j < k; j++)
+            for (int t = 0; t < MAX_OUT; t++)
+                if (tok[0][t] < 0) {
+                    tok[0][t] = out[j].token;
+                    break;
+                }
+    }
+    for (int i = 1; i < 4; i++) {
+        q = to_request(&r[i]);
+        q.priority = prio[i];
+        CHECK_OK(ctx, ts_engine_add(e, &q, &ids[i]));
+    }
+    finish_order(ctx, e, order, 4, tok, ids);
+    /* r1 (0) first, then r2 and r3 (1, in arrival order), r0 (5) last */
+    CHECK(order[0] == ids[1] && order[1] == ids[2] && order[2] == ids[3] &&
+          order[3] == ids[0]);
+    ts_engine_stats st;
+    ts_engine_get_stats(e, &st);
+    CHECK(st.preemptions >= 1);
+    result ref[4];
+    run_all(ctx, alone, r, 4, true, ref);
+    for (int i = 0; i < 4; i++)
+        CHECK(ref[i].n == 12 &&
+              !memcmp(ref[i].tok, tok[i], sizeof(int32_t) * 12));
+    check_no_blocks_held(ctx, e);
+    ts_engine_free(e), ts_engine_free(alone);
+}
+
 /* a model split across devices (KV pools beside their layers) serves the
  * same tokens */
 static void test_device_split(ts_ctx *ctx, ts_decoder *m, const char *dir) {
@@ -320,6 +437,8 @@ int main(int argc, char **argv) {
         test_batching_invariance(ctx, m);
         test_prefix_reuse(ctx, m);
         test_small_pool(ctx, m);
+        test_compiled_matches_eager(ctx, m);
+        test_priority(ctx, m);
         test_device_split(ctx, m, dir);
         test_errors_and_abort(ctx, m);
     }

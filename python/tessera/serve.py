@@ -61,6 +61,7 @@ _OPTIONS = {
     "block_size": ("engine.block_size", "int"),
     "max_batch_tokens": ("engine.max_batch_tokens", "int"),
     "no_prefix_cache": ("engine.no_prefix_cache", "bool"),
+    "enforce_eager": ("engine.enforce_eager", "bool"),
     "no_log_requests": ("no_log_requests", "bool"), "check_weights": ("no_check_weights", "notbool"),
     "kv_port": ("kv_port", "int"), "kv_peers": ("kv_peers", "str"), "kv_senders": ("kv_senders", "str"),
     "no_kv_events": ("no_kv_events", "bool"), "max_connections": ("max_connections", "int"),

@@ -18,6 +18,7 @@ enum {
     S_BLOCK_SIZE,
     S_MAX_BATCH,
     S_NO_PREFIX,
+    S_EAGER,
     S_NO_CHECK,
     S_NAME,
     S_DTYPE,
@@ -52,7 +53,7 @@ static const cli_opt SERVE_OPTS[] = {
      .def = "the folder's last component",
      .help = "the model's name in the API (/v1/models, \"model\")"},
     {S_MAX_SEQS, "--max-seqs, --max-num-seqs", CLI_INT, "N", 1, 4096,
-     .def = "16", .help = "sequences running at once"},
+     .def = "64", .help = "sequences running at once"},
     {S_MAX_LEN, "--max-model-len, -c, --ctx-size", CLI_INT, "N", 1, 1 << 30,
      .def = "the model's max_position_embeddings",
      .help = "the longest prompt + output in tokens"},
@@ -68,6 +69,9 @@ static const cli_opt SERVE_OPTS[] = {
      1, 1 << 20, .def = "512", .help = "tokens per forward pass"},
     {S_NO_PREFIX, "--no-prefix-cache", CLI_FLAG,
      .help = "do not reuse cached prompt prefixes"},
+    {S_EAGER, "--enforce-eager", CLI_FLAG,
+     .help = "run the model's steps eagerly (default: compiled, one plan "
+             "per batch-size bucket)"},
     {S_TEMPLATE, "--chat-template", CLI_STR, "FILE|NAME",
      .def = "the model's (tokenizer_config.json)",
      .help = "a Jinja chat template file or a built-in's name, for models "
@@ -162,6 +166,9 @@ static void serve_opt(ts_server_options *o, int id, const cli_val *v) {
         break;
     case S_NO_PREFIX:
         o->engine.no_prefix_cache = true;
+        break;
+    case S_EAGER:
+        o->engine.enforce_eager = true;
         break;
     case S_TEMPLATE:
         o->chat_template = v->s;

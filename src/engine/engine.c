@@ -15,14 +15,17 @@
  * evicted least recently used when the pool runs short. Every insertion
  * and eviction is published as a KV event for the router.
  *
- * Scheduler (one ts_engine_step): admit waiting requests (FCFS) while
+ * Scheduler (one ts_engine_step): admit waiting requests (by priority,
+ * lower first as vLLM's, then FCFS; a higher-priority arrival preempts a
+ * lower-priority running sequence when slots or blocks lack) while
  * slots and blocks allow; give every running sequence in decode its one
  * token first, then chunks of pending prefills up to max_batch_tokens (a
  * long prompt never stalls running streams); one forward pass computes all
  * of them, so the weights are read once per step; sample each sequence's
  * next token with its own parameters. When blocks run out: evict cached
- * leaves, then preempt the youngest running sequence (its blocks freed, its
- * tokens kept; it is recomputed when readmitted, mostly from the cache).
+ * leaves, then preempt the youngest running sequence of the lowest priority
+ * (its blocks freed, its tokens kept; it is recomputed when readmitted,
+ * mostly from the cache, before later arrivals of its priority).
  * Per request on top (issue 19): logit_bias and a constraint's mask
  * (structured outputs) applied to a copy of the logits row before the
  * sampler; prompt log-probabilities read from extra logits rows of the
@@ -61,6 +64,7 @@ typedef struct seq {
     int n_stop_ids;
     bool ignore_eos;
     int logprobs;      /* as ts_request */
+    int priority;      /* as ts_request: lower first */
     uint64_t order;    /* arrival */
     ts_constraint con; /* con.mask NULL: none; its state freed with s */
     ts_logit_bias *bias;
@@ -88,6 +92,7 @@ struct ts_engine {
     ts_decoder *m;
     ts_kv_pool *pool;
     ts_engine_options opt;
+    bool compiled; /* model steps in the compiled mode (forward_compiled) */
     int64_t bs, n_blocks, max_blocks_per_seq;
     int32_t *ref;  /* per block */
     bool *in_tree; /* per block: the prefix cache holds one reference */
@@ -349,16 +354,35 @@ static bool list_push(seq ***v, int *n, int *cap, seq *s, bool front) {
     return true;
 }
 
+/* s before every waiting sequence that runs after it: lower priority
+ * value first, then earlier arrival (a preempted sequence keeps its
+ * place: it resumes before those that came after it) */
+static bool waiting_insert(ts_engine *e, seq *s) {
+    if (!list_push(&e->waiting, &e->n_waiting, &e->cap_waiting, s, false))
+        return false;
+    int i = e->n_waiting - 1;
+    while (i > 0 && (e->waiting[i - 1]->priority > s->priority ||
+                     (e->waiting[i - 1]->priority == s->priority &&
+                      e->waiting[i - 1]->order > s->order))) {
+        e->waiting[i] = e->waiting[i - 1];
+        i--;
+    }
+    e->waiting[i] = s;
+    return true;
+}
+
 static void list_remove(seq **v, int *n, int i) {
     memmove(v + i, v + i + 1, sizeof *v * (size_t)(*n - i - 1));
     (*n)--;
 }
 
+static bool all_on_cpu(ts_decoder *m);
+
 /* ---- public: lifetime ---- */
 
 ts_engine_options ts_engine_options_default(void) {
     return (ts_engine_options){
-        .block_size = 16, .max_seqs = 16, .max_batch_tokens = 512};
+        .block_size = 16, .max_seqs = 64, .max_batch_tokens = 512};
 }
 
 ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
@@ -411,12 +435,15 @@ ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
     }
     for (int64_t b = nb - 1; b >= 0; b--)
         e->free_list[e->n_free++] = (int32_t)b;
-    ts_status s = ts_kv_pool_new(m, nb, e->bs, &e->pool);
+    /* one block more than the engine hands out: compiled steps' padding
+     * tokens write there (forward_compiled) */
+    ts_status s = ts_kv_pool_new(m, nb + 1, e->bs, &e->pool);
     if (s != TS_OK) {
         ts_engine_free(e);
         return s;
     }
     e->stats.blocks_total = nb;
+    e->compiled = !o.enforce_eager && all_on_cpu(m);
     *out = e;
     return TS_OK;
 }
@@ -581,7 +608,8 @@ ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id) {
     s->order = ++e->order;
     s->state = SEQ_WAITING;
     s->t_add = now_s();
-    if (!list_push(&e->waiting, &e->n_waiting, &e->cap_waiting, s, false)) {
+    s->priority = r->priority;
+    if (!waiting_insert(e, s)) {
         seq_free(s);
         return ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");
     }
@@ -721,52 +749,88 @@ static void match_prefix(ts_engine *e, seq *s) {
     s->last_hash = parent;
 }
 
-/* waiting sequences start while fewer than max_seqs run and fewer than
- * room: each running one may give an output a step, and outputs waiting in
- * pend need their turn in out */
-static void admit(ts_engine *e, int room) {
-    while (e->n_waiting && e->n_running < e->opt.max_seqs &&
-           e->n_running < room) {
-        seq *s = e->waiting[0];
-        match_prefix(e, s);
-        /* its tokens and the next one (none for an embedding): what
-         * check_sizes promised would fit the pool alone */
-        int64_t next = s->pooling ? 0 : 1;
-        int64_t need = ((int64_t)s->n_tok + next + e->bs - 1) / e->bs -
-                       (int64_t)s->n_blocks;
-        if (blocks_available(e) < need) { /* FCFS: wait for room */
-            seq_drop_blocks(e, s);
-            break;
-        }
-        list_remove(e->waiting, &e->n_waiting, 0);
-        s->state = SEQ_RUNNING;
-        if (!s->admitted_once) { /* the hit a client sees (usage) */
-            s->cached_tokens = (int64_t)s->n_computed;
-            e->stats.prefix_hit_tokens += s->cached_tokens;
-            e->stats.prompt_tokens += (int64_t)s->n_prompt;
-            s->admitted_once = true;
-            s->queue_s = now_s() - s->t_add;
-        }
-        list_push(&e->running, &e->n_running, &e->cap_running, s, false);
+/* the running sequence to preempt first: the highest priority value, the
+ * youngest among those; -1 when none runs */
+static int victim_index(const ts_engine *e) {
+    int v = -1;
+    for (int i = 0; i < e->n_running; i++) {
+        const seq *s = e->running[i], *w = v < 0 ? NULL : e->running[v];
+        if (!w || s->priority > w->priority ||
+            (s->priority == w->priority && s->order > w->order))
+            v = i;
     }
+    return v;
 }
 
-/* the youngest running sequence goes back to waiting, its blocks freed
- * (its tokens kept: recomputed when readmitted, mostly from the cache) */
-static seq *preempt_youngest(ts_engine *e) {
-    int victim = -1;
-    for (int i = 0; i < e->n_running; i++)
-        if (victim < 0 || e->running[i]->order > e->running[victim]->order)
-            victim = i;
-    if (victim < 0)
-        return NULL;
-    seq *s = e->running[victim];
-    list_remove(e->running, &e->n_running, victim);
+/* running[i] goes back to waiting, its blocks freed (its tokens kept:
+ * recomputed when readmitted, mostly from the cache); returns it */
+static seq *preempt_at(ts_engine *e, int i) {
+    seq *s = e->running[i];
+    list_remove(e->running, &e->n_running, i);
     seq_drop_blocks(e, s);
     s->state = SEQ_WAITING;
-    list_push(&e->waiting, &e->n_waiting, &e->cap_waiting, s, true);
+    waiting_insert(e, s); /* cannot fail: it held a place in running */
     e->stats.preemptions++;
     return s;
+}
+
+static seq *preempt_victim(ts_engine *e) {
+    int v = victim_index(e);
+    return v < 0 ? NULL : preempt_at(e, v);
+}
+
+/* s joins the running sequences, in priority order (prefill chunks are
+ * handed out in that order) */
+static bool running_insert(ts_engine *e, seq *s) {
+    if (!list_push(&e->running, &e->n_running, &e->cap_running, s, false))
+        return false;
+    int i = e->n_running - 1;
+    while (i > 0 && (e->running[i - 1]->priority > s->priority ||
+                     (e->running[i - 1]->priority == s->priority &&
+                      e->running[i - 1]->order > s->order))) {
+        e->running[i] = e->running[i - 1];
+        i--;
+    }
+    e->running[i] = s;
+    return true;
+}
+
+/* waiting sequences start, best priority first (then first come, first
+ * served), while fewer than max_seqs run and fewer than room: each running
+ * one may give an output a step, and outputs waiting in pend need their
+ * turn in out. When the next one finds no free slot or too few blocks, a
+ * running sequence of a lower priority (a higher value) is preempted to
+ * make way; among equals the next one waits (no request overtakes an
+ * earlier one of its priority). */
+static void admit(ts_engine *e, int room) {
+    while (e->n_waiting && e->n_running < room) {
+        seq *s = e->waiting[0];
+        if (e->n_running < e->opt.max_seqs) {
+            match_prefix(e, s);
+            /* its tokens and the next one (none for an embedding): what
+             * check_sizes promised would fit the pool alone */
+            int64_t next = s->pooling ? 0 : 1;
+            int64_t need = ((int64_t)s->n_tok + next + e->bs - 1) / e->bs -
+                           (int64_t)s->n_blocks;
+            if (blocks_available(e) >= need && running_insert(e, s)) {
+                list_remove(e->waiting, &e->n_waiting, 0);
+                s->state = SEQ_RUNNING;
+                if (!s->admitted_once) { /* the hit a client sees (usage) */
+                    s->cached_tokens = (int64_t)s->n_computed;
+                    e->stats.prefix_hit_tokens += s->cached_tokens;
+                    e->stats.prompt_tokens += (int64_t)s->n_prompt;
+                    s->admitted_once = true;
+                    s->queue_s = now_s() - s->t_add;
+                }
+                continue;
+            }
+            seq_drop_blocks(e, s);
+        }
+        int v = victim_index(e);
+        if (v < 0 || e->running[v]->priority <= s->priority)
+            break; /* wait for room */
+        preempt_at(e, v);
+    }
 }
 
 typedef struct {
@@ -1086,8 +1150,9 @@ static bool schedule(ts_engine *e, slice *sl, int *n_sl_out) {
         while (s->n_blocks < need) {
             if (grow(e, s))
                 continue;
-            /* out of blocks: the youngest sequence (maybe s) waits */
-            seq *victim = e->n_running > 1 ? preempt_youngest(e) : NULL;
+            /* out of blocks: the lowest priority's youngest sequence
+             * (maybe s) waits */
+            seq *victim = e->n_running > 1 ? preempt_victim(e) : NULL;
             if (!victim) {
                 *n_sl_out = n_sl;
                 return false;
@@ -1145,6 +1210,102 @@ static void read_out(ts_engine *e, const readout *ro, const slice *sl, int n_sl,
                    n_out);
 }
 
+/* ---- compiled steps ----
+ * A step's shapes vary with its sequences, so a compiled step is padded to
+ * a bucket (vLLM's CUDA graphs by batch size): tokens to a power of two up
+ * to 64, then to a multiple of 64; sequences (one more than the step has,
+ * for the padding) and block-table width to powers of two; logits rows to a
+ * power of two. The padding tokens form one extra sequence whose every
+ * block is the pool's scratch block (the one past the engine's blocks,
+ * never handed out): they write and read only there, and their rows are
+ * never read out. Each bucket's plan is captured once and replayed. */
+
+static int64_t pow2_at_least(int64_t n) {
+    int64_t b = 1;
+    while (b < n)
+        b <<= 1;
+    return b;
+}
+
+static int64_t bucket_tokens(int64_t n) {
+    return n <= 64 ? pow2_at_least(n) : (n + 63) / 64 * 64;
+}
+
+/* every weight on the CPU: the plan cache and the padding are the CPU's
+ * (a device-placed model runs its steps eagerly) */
+static bool all_on_cpu(ts_decoder *m) {
+    for (int i = 0; i < ts_decoder_num_params(m); i++)
+        if (ts_tensor_device(ts_decoder_param(m, i)).kind != TS_DEVICE_CPU)
+            return false;
+    return true;
+}
+
+/* the step (meta over n_sl sequences with tables max_b wide, N tokens)
+ * padded to its bucket and run in the compiled mode: logits of rows
+ * [0, n_rows) in *logits ((bucket rows, V); the rows past n_rows are
+ * padding) */
+static ts_status forward_compiled(ts_engine *e, const int32_t *meta, int n_sl,
+                                  int64_t max_b, int64_t N, const int64_t *ids,
+                                  const int32_t *pos, const int32_t *rows,
+                                  int64_t n_rows, ts_tensor **logits) {
+    ts_ctx *ctx = e->ctx;
+    int64_t Nb = bucket_tokens(N), pad = Nb - N;
+    int64_t Sb = pow2_at_least(n_sl + 1);
+    int64_t need = (pad + e->bs - 1) / e->bs;
+    int64_t MBb = pow2_at_least(max_b > need ? max_b : need);
+    int64_t Rb = n_rows ? pow2_at_least(n_rows) : 0;
+    int32_t scratch = (int32_t)e->n_blocks;
+    size_t meta_n = (size_t)(2 + (Sb + 1) + Sb + Sb * MBb);
+    int32_t *m2 = malloc(sizeof(int32_t) * meta_n);
+    int64_t *ids2 = calloc((size_t)Nb, sizeof *ids2);
+    int32_t *pos2 = calloc((size_t)Nb, sizeof *pos2);
+    int32_t *rows2 = calloc((size_t)(Rb ? Rb : 1), sizeof *rows2);
+    ts_status st = m2 && ids2 && pos2 && rows2
+                       ? TS_OK
+                       : ts_set_error(ctx, TS_ERR_OOM, "engine: out of memory");
+    if (st == TS_OK) {
+        const int32_t *start = meta + 2, *clen = start + n_sl + 1,
+                      *table = clen + n_sl;
+        m2[0] = (int32_t)Sb, m2[1] = (int32_t)MBb;
+        int32_t *start2 = m2 + 2, *clen2 = start2 + Sb + 1,
+                *table2 = clen2 + Sb;
+        for (int64_t i = 0; i <= Sb; i++)
+            start2[i] = i <= n_sl ? start[i] : (int32_t)Nb;
+        for (int64_t i = 0; i < Sb; i++) {
+            clen2[i] = i < n_sl ? clen[i] : 0;
+            for (int64_t b = 0; b < MBb; b++)
+                table2[i * MBb + b] = i >= n_sl   ? scratch
+                                      : b < max_b ? table[i * max_b + b]
+                                                  : 0;
+        }
+        memcpy(ids2, ids, sizeof *ids2 * (size_t)N);
+        memcpy(pos2, pos, sizeof *pos2 * (size_t)N);
+        if (n_rows)
+            memcpy(rows2, rows, sizeof *rows2 * (size_t)n_rows);
+    }
+    if (st == TS_OK) {
+        ts_compile_stats c0, c1;
+        ts_get_compile_stats(ctx, &c0);
+        ts_mode mode = ts_set_mode(ctx, TS_MODE_COMPILED);
+        int64_t ishape[2] = {1, Nb}, mshape[1] = {(int64_t)meta_n};
+        ts_tensor *in = ts_from_data(ctx, TS_I64, 2, ishape, ids2);
+        ts_tensor *mt = ts_from_data(ctx, TS_I32, 1, mshape, m2);
+        st = in && mt
+                 ? ts_decoder_forward_paged_ex(e->m, e->pool, in, pos2, mt,
+                                               rows2, Rb, NULL, 0, logits, NULL)
+                 : ts_ctx_status(ctx);
+        ts_release(in), ts_release(mt);
+        if (st == TS_OK)
+            st = ts_sync(ctx);
+        ts_set_mode(ctx, mode);
+        ts_get_compile_stats(ctx, &c1);
+        e->stats.compiled_plans += (int64_t)(c1.compilations - c0.compilations);
+        e->stats.compiled_replays += (int64_t)(c1.cache_hits - c0.cache_hits);
+    }
+    free(m2), free(ids2), free(pos2), free(rows2);
+    return st;
+}
+
 /* the one forward pass over the slices: K/V written, rows read out */
 static ts_status forward(ts_engine *e, const slice *sl, int n_sl, readout *ro,
                          ts_tensor **logits, ts_tensor **hidden) {
@@ -1194,19 +1355,25 @@ static ts_status forward(ts_engine *e, const slice *sl, int n_sl, readout *ro,
     }
     if (st == TS_OK) {
         bool old = ts_set_grad_enabled(ctx, false);
-        ts_mode mode = ctx->mode;
-        ctx->mode = TS_MODE_EAGER; /* the pools are written in place */
-        int64_t ishape[2] = {1, (int64_t)N}, mshape[1] = {(int64_t)meta_n};
-        ts_tensor *in = ts_from_data(ctx, TS_I64, 2, ishape, ids);
-        ts_tensor *mt = ts_from_data(ctx, TS_I32, 1, mshape, meta);
-        st = in && mt
-                 ? ts_decoder_forward_paged_ex(e->m, e->pool, in, pos, mt,
-                                               ro->rows, ro->n_rows, ro->hrows,
-                                               ro->n_h, logits, hidden)
-                 : ts_ctx_status(ctx);
-        ctx->mode = mode;
+        /* compiled unless asked not to; steps that read prompt rows or
+         * hidden states (prompt logprobs, embeddings) run eagerly: their
+         * row counts vary too much to bucket */
+        if (e->compiled && !ro->n_h && ro->n_rows == ro->n_sample) {
+            st = forward_compiled(e, meta, n_sl, max_b, (int64_t)N, ids, pos,
+                                  ro->rows, ro->n_rows, logits);
+        } else {
+            ts_mode mode = ts_set_mode(ctx, TS_MODE_EAGER);
+            int64_t ishape[2] = {1, (int64_t)N}, mshape[1] = {(int64_t)meta_n};
+            ts_tensor *in = ts_from_data(ctx, TS_I64, 2, ishape, ids);
+            ts_tensor *mt = ts_from_data(ctx, TS_I32, 1, mshape, meta);
+            st = in && mt ? ts_decoder_forward_paged_ex(
+                                e->m, e->pool, in, pos, mt, ro->rows,
+                                ro->n_rows, ro->hrows, ro->n_h, logits, hidden)
+                          : ts_ctx_status(ctx);
+            ts_set_mode(ctx, mode);
+            ts_release(in), ts_release(mt);
+        }
         ts_set_grad_enabled(ctx, old);
-        ts_release(in), ts_release(mt);
         if (st == TS_OK) {
             e->stats.steps++;
             e->stats.batch_tokens += (int64_t)N;

@@ -1849,7 +1849,10 @@ ts_status ts_sync(ts_ctx *ctx) {
     bool dce = pass_on("dce");
     for (int i = t->n - 1; i >= 0; i--) {
         ts_node *n = t->nodes[i];
-        bool need = ts_op_table[n->op].in_place || !dce ||
+        /* writes into its inputs (in-place ops; paged attention writes
+         * the KV pools): runs even when nothing reads its result */
+        bool need = ts_op_table[n->op].in_place ||
+                    n->op == TS_OP_PAGED_ATTENTION || !dce ||
                     (n->out_st->scratch2 & (LIVE_AFTER | READ));
         for (int k = 0; k < n->n_saved; k++)
             need |= (n->saved[k]->storage->scratch2 & (LIVE_AFTER | READ)) != 0;

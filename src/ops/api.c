@@ -604,11 +604,6 @@ ts_tensor *ts_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
 ts_tensor *ts_paged_attention_ex(ts_tensor *q, ts_tensor *k, ts_tensor *v,
                                  ts_tensor *k_pool, ts_tensor *v_pool,
                                  ts_tensor *meta, const ts_attn_opts *opts) {
-    ts_ctx *ctx = q ? q->ctx : NULL;
-    if (ctx && ctx->mode == TS_MODE_COMPILED && !ctx->force_eager)
-        return fail(ctx, TS_ERR_STATE,
-                    "paged_attention writes the KV pools in place: call it in "
-                    "eager mode");
     ts_attn_opts o = opts ? *opts : (ts_attn_opts){.causal = true};
     if (!attn_opts_ok(q, "paged_attention", &o))
         return NULL;

@@ -212,6 +212,7 @@ static const char *const COMMON_FIELDS[] = {"model",
                                             "guided_choice",
                                             "structured_outputs",
                                             "kv_transfer_params",
+                                            "priority",
                                             NULL};
 static const char *const COMPLETION_FIELDS[] = {"prompt", "suffix", "echo",
                                                 "best_of", NULL};
@@ -222,6 +223,7 @@ static const char *const CHAT_FIELDS[] = {
 typedef struct {
     ts_sampling s;
     int max_tokens, n, best_of;
+    int priority; /* vLLM's: lower runs first */
     bool ignore_eos;
     int32_t stop_ids[TS_ENGINE_MAX_STOP_IDS];
     int n_stop_ids;
@@ -404,6 +406,7 @@ static enum MHD_Result parse_params(struct MHD_Connection *c, hreq *r,
     g->s.temperature = 1.0; /* OpenAI's default */
     g->max_tokens = r->kind == REQ_CHAT ? -1 : 16;
     g->n = 1;
+    g->priority = 0;
     double top_k = 0;
     if (!num_field(b, "temperature", 0, 2, &g->s.temperature, &err) ||
         !num_field(b, "top_p", 1e-9, 1, &g->s.top_p, &err) ||
@@ -418,7 +421,8 @@ static enum MHD_Result parse_params(struct MHD_Connection *c, hreq *r,
         !int_field(b, "max_tokens", 1, 1 << 30, &g->max_tokens, &err) ||
         !int_field(b, "max_completion_tokens", 1, 1 << 30, &g->max_tokens,
                    &err) ||
-        !int_field(b, "n", 1, MAX_CHOICES, &g->n, &err))
+        !int_field(b, "n", 1, MAX_CHOICES, &g->n, &err) ||
+        !int_field(b, "priority", -(1L << 30), 1L << 30, &g->priority, &err))
         return bad_param(c, err, "out of range or of the wrong type");
     g->s.top_k = top_k < 0 ? 0 : (int64_t)top_k;
     json_t *sd = json_object_get(b, "seed");
@@ -1244,6 +1248,7 @@ static int engine_add(hreq *r, const gen_params *g, const prompt_in *ps,
                         .sampling = g->s,
                         .n_stop_ids = g->n_stop_ids,
                         .ignore_eos = g->ignore_eos,
+                        .priority = g->priority,
                         .logprobs = r->logprobs,
                         .prompt_logprobs = r->echo && r->logprobs,
                         .logit_bias = g->n_bias ? g->bias : NULL,

@@ -976,6 +976,11 @@ static int server_run(const ts_server_options *o) {
     if (srv.kv_fd >= 0)
         fprintf(stderr, "tessera serve: KV transfers on %s:%d\n",
                 o->host ? o->host : "127.0.0.1", srv.kv_port);
+    fprintf(stderr,
+            "tessera serve: scheduler: max_num_seqs %d, max_batch_tokens "
+            "%lld, %s steps, priority then first come first served\n",
+            o->engine.max_seqs, (long long)o->engine.max_batch_tokens,
+            o->engine.enforce_eager ? "eager" : "compiled");
     if (o->on_listen)
         o->on_listen(port, o->on_listen_arg);
     if (!o->no_signal_handlers) {
