@@ -6,7 +6,7 @@
 // naming an unsupported schema keyword), a tool-call round trip streamed
 // and whole, logprobs consistent with the prompt's (echo), echo, lists of
 // prompts, logit_bias, best_of, suffix, and a 400 naming an unsupported
-// field; stop strings with tools (nothing after a stop reaches the content
+// field; vLLM's priority field (issue 22); stop strings with tools (nothing after a stop reaches the content
 // or a call); too many tools refused before the template renders them. The tiny model is random: every schema bounds its strings and
 // arrays so that answers end. Its context is raised to 2048 positions (a
 // copy of the folder) so that the tools' system message fits.
@@ -364,6 +364,16 @@ async function fields() {
     /at most 1024 tools in a request \(1025 given\)/);
   await expect400("/v1/chat/completions", { model: M, messages: "x", tools: [...TOOLS, TOOLS[0]] }, "tools",
     /tools\[0\] and tools\[2\] are both named "get_weather"/);
+  // vLLM's priority: an integer (lower runs first); a float or string is
+  // refused by name; a prioritized request answers as any other
+  await expect400("/v1/completions", { model: M, prompt: "x", priority: 1.5 }, "priority");
+  await expect400("/v1/completions", { model: M, prompt: "x", priority: "high" }, "priority");
+  const pr = await Promise.all([5, -3, 0].map((priority) => raw("/v1/completions",
+    { model: M, prompt: "the same words", max_tokens: 6, temperature: 0, ignore_eos: true, priority })));
+  for (const r of pr) {
+    assert.equal(r.status, 200, JSON.stringify(r.json));
+    assert.equal(r.json.choices[0].text, pr[0].json.choices[0].text);
+  }
   // harmless ones are accepted
   const ok = await raw("/v1/chat/completions", { model: M, messages: [{ role: "user", content: "x" }],
     max_tokens: 2, user: "u", metadata: { a: "b" }, store: false, service_tier: "auto",
