@@ -15,7 +15,8 @@
  * Rounds alternate the three engines on each prompt (a slow spell of the
  * machine hits all alike) and each figure is the median over the rounds;
  * the ratio is to no speculation. The acceptance rate (accepted / proposed)
- * and the tokens emitted per verification come from ts_engine_get_stats.
+ * and the tokens emitted per verification come from ts_engine_get_stats;
+ * the draft model's own decode speed says what a proposal costs.
  * Every greedy output with speculation is checked against the one without
  * (exit 1 when one differs).
  *   bench_spec [-m MODEL_DIR] [--draft DIR] [--tokens N] [--rounds R]
@@ -215,6 +216,12 @@ int main(int argc, char **argv) {
         if (ts_engine_new(ctx, ts_lm_decoder(lm), &o, &eng[m]) != TS_OK)
             return die(ctx, "engine");
     }
+    /* the draft model alone: what one of its steps costs */
+    ts_engine *deng;
+    ts_engine_options dopt = ts_engine_options_default();
+    dopt.max_seqs = 1, dopt.no_prefix_cache = true;
+    if (ts_engine_new(ctx, ts_lm_decoder(dlm), &dopt, &deng) != TS_OK)
+        return die(ctx, "draft engine");
     int32_t *ids[N_PROMPTS];
     size_t n_ids[N_PROMPTS];
     for (int p = 0; p < N_PROMPTS; p++)
@@ -223,13 +230,18 @@ int main(int argc, char **argv) {
             return die(ctx, "tokenize");
     int32_t *ref = malloc(sizeof *ref * (size_t)n_new),
             *out = malloc(sizeof *out * (size_t)n_new);
-    double *tps = malloc(sizeof *tps * (size_t)(3 * N_PROMPTS * rounds));
+    double *tps = malloc(sizeof *tps * (size_t)(3 * N_PROMPTS * rounds)),
+           *dtps = malloc(sizeof *dtps * (size_t)rounds);
     ts_engine_stats before, after;
     int64_t prop[3][N_PROMPTS] = {{0}}, acc[3][N_PROMPTS] = {{0}},
             ver[3][N_PROMPTS] = {{0}};
     int differ = 0, checked = 0;
     char where[256] = "";
-    for (int r = 0; r < rounds; r++)
+    for (int r = 0; r < rounds; r++) {
+        dtps[r] = decode_one(deng, ids[N_PROMPTS - 1], n_ids[N_PROMPTS - 1],
+                             n_new, out);
+        if (dtps[r] < 0)
+            return die(ctx, "draft alone");
         for (int p = 0; p < N_PROMPTS; p++)
             for (int m = 0; m < 3; m++) {
                 ts_engine_get_stats(eng[m], &before);
@@ -256,6 +268,7 @@ int main(int argc, char **argv) {
                              PROMPTS[p].name, METHOD_NAMES[m], r + 1, i, out[i],
                              ref[i]);
             }
+    }
     for (int p = 0; p < N_PROMPTS; p++) {
         printf("\n%s (%zu prompt tokens):\n", PROMPTS[p].name, n_ids[p]);
         double base = median(tps + p * rounds, rounds);
@@ -277,7 +290,13 @@ int main(int argc, char **argv) {
             printf("\n");
         }
     }
-    /* the first round's greedy text of each prompt, as a reader checks */
+    double alone = median(dtps, rounds),
+           model_tps = median(tps + (N_PROMPTS - 1) * rounds, rounds);
+    printf("\ndraft model alone, %s: %.1f tokens/s: one of its steps costs "
+           "%.2f of the model's\n",
+           PROMPTS[N_PROMPTS - 1].name, alone, model_tps / alone);
+    /* each prompt's greedy continuation (its first 40 tokens), as a reader
+     * checks */
     printf("\n");
     for (int p = 0; p < N_PROMPTS; p++) {
         if (decode_one(eng[0], ids[p], n_ids[p], n_new, ref) < 0)
@@ -302,9 +321,10 @@ int main(int argc, char **argv) {
                checked, n_new, N_PROMPTS, rounds);
     for (int m = 0; m < 3; m++)
         ts_engine_free(eng[m]);
+    ts_engine_free(deng);
     for (int p = 0; p < N_PROMPTS; p++)
         free(ids[p]);
-    free(ref), free(out), free(tps);
+    free(ref), free(out), free(tps), free(dtps);
     ts_tokenizer_free(tok);
     ts_lm_free(dlm);
     ts_lm_free(lm);
