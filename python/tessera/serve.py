@@ -157,7 +157,8 @@ def serve(model_dir, host="127.0.0.1", port=0, dtype="float32", **options):
     no_kv_events, max_connections, conn_timeout_s; speculative decoding:
     speculative ("ngram": prompt lookup, "draft": a draft model),
     num_speculative_tokens (1..16, default 4), prompt_lookup_min and
-    prompt_lookup_max (n-gram lengths, 1..64; default 1 and 4),
+    prompt_lookup_max (n-gram lengths, 1..64; default 1 and 4; one given
+    alone sets both),
     draft_model (a folder or GGUF file with the model's vocabulary;
     implies speculative="draft")."""
     model_dir = os.fspath(model_dir)

@@ -129,10 +129,11 @@ static const cli_opt SERVE_OPTS[] = {
              "model; greedy output unchanged"},
     {S_SPEC_TOKENS, "--num-speculative-tokens", CLI_INT, "K", 1, 16, .def = "4",
      .help = "tokens proposed a step per sequence"},
-    {S_LOOKUP_MIN, "--prompt-lookup-min", CLI_INT, "N", 1, 64, .def = "1",
+    {S_LOOKUP_MIN, "--prompt-lookup-min", CLI_INT, "N", 1, 64,
+     .def = "1; --prompt-lookup-max's when only that is given",
      .help = "prompt lookup: the shortest n-gram matched"},
     {S_LOOKUP_MAX, "--prompt-lookup-max", CLI_INT, "N", 1, 64,
-     .def = "4 (or --prompt-lookup-min)",
+     .def = "4; --prompt-lookup-min's when only that is given",
      .help = "prompt lookup: the longest n-gram matched (tried first)"},
     {S_DRAFT, "--draft-model", CLI_STR, "DIR|FILE.gguf",
      .help = "the draft model (implies --speculative draft): the model's "

@@ -829,9 +829,11 @@ static int spec_options(const ts_server_options *o, ts_engine_options *e) {
     if (!e->spec_tokens)
         e->spec_tokens = 4;
     if (e->spec == TS_SPEC_NGRAM) {
-        /* vLLM's: one bound given alone carries the other along */
-        int lo = e->spec_ngram_min ? e->spec_ngram_min : 1;
-        int hi = e->spec_ngram_max ? e->spec_ngram_max : lo > 4 ? lo : 4;
+        /* as vLLM's: one bound given alone is the other too; none: 1..4 */
+        int lo = e->spec_ngram_min, hi = e->spec_ngram_max;
+        if (!lo && !hi)
+            lo = 1, hi = 4;
+        lo = lo ? lo : hi, hi = hi ? hi : lo;
         if (lo > hi) {
             startup_error("--prompt-lookup-min %d is above "
                           "--prompt-lookup-max %d",
