@@ -862,6 +862,10 @@ static const char *draft_device_map(const char *map, char *buf) {
     return buf;
 }
 
+/* where load_draft placed the draft ("" without a device map), for the
+ * start line */
+static char draft_placement[64];
+
 /* Loads e->spec's draft model beside the model (its weight dtype and the
  * checks the model had; no tokenizer: the vocabulary must be the model's)
  * into srv.draft and e->spec_draft. Nonzero after startup_error. */
@@ -871,6 +875,8 @@ static int load_draft(const ts_server_options *o, const ts_load_options *lo,
     char dev[32];
     ts_load_options dlo = *lo;
     dlo.device_map = draft_device_map(lo->device_map, dev);
+    snprintf(draft_placement, sizeof draft_placement, "%s",
+             dlo.device_map ? dlo.device_map : "");
     if (ts_lm_load(srv.ctx, dir, &dlo, &srv.draft) != TS_OK) {
         startup_error("--draft-model %s: %s", dir, ts_errmsg(srv.ctx));
         return 1;
@@ -906,9 +912,10 @@ static void print_spec(const ts_server_options *o, const ts_engine_options *e) {
         const ts_model_config *dc = ts_lm_config(srv.draft);
         fprintf(stderr,
                 "tessera serve: speculative decoding: draft model %s (%lld "
-                "layers, hidden %lld), %d tokens proposed a step\n",
+                "layers, hidden %lld%s%s), %d tokens proposed a step\n",
                 o->draft_model_dir, (long long)dc->layers,
-                (long long)dc->hidden, e->spec_tokens);
+                (long long)dc->hidden, *draft_placement ? ", on " : "",
+                draft_placement, e->spec_tokens);
     }
 }
 
