@@ -16,7 +16,8 @@ model DRAFT_DIR (--draft-model, a folder and the same model as a GGUF):
   - bad flags exit with a message naming the flag: K = 0 and 17 (2, a
     usage error, as every out-of-range value), and 1 for a draft with
     another vocabulary (a one-layer model of 512 tokens made here, with no
-    tokenizer: the draft needs none), a missing draft folder, --speculative
+    tokenizer: the draft needs none) or a shorter context, a missing draft
+    folder, --speculative
     draft without a draft, a draft with ngram, lookup bounds crossed,
     speculation flags without --speculative;
   - tessera.serve(...) takes the same settings as keywords (speculative,
@@ -270,16 +271,15 @@ if os.path.exists(gguf):
 
 # ---- bad flags ----
 
-def tiny_model(path, vocab):
-    """a one-layer Qwen3 folder of another vocabulary, random weights, no
-    tokenizer"""
+def tiny_model(path, vocab, context=1024):
+    """a one-layer Qwen3 folder, random weights, no tokenizer"""
     os.makedirs(path, exist_ok=True)
     C, F, D = 64, 128, 32
     cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
            "vocab_size": vocab, "hidden_size": C, "intermediate_size": F,
            "num_hidden_layers": 1, "num_attention_heads": 2,
            "num_key_value_heads": 1, "head_dim": D,
-           "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
+           "max_position_embeddings": context, "rms_norm_eps": 1e-6,
            "rope_theta": 10000.0, "hidden_act": "silu",
            "tie_word_embeddings": True, "torch_dtype": "float32"}
     json.dump(cfg, open(os.path.join(path, "config.json"), "w"))
@@ -313,6 +313,8 @@ def tiny_model(path, vocab):
 
 other = os.path.join(work, "other-vocab")
 tiny_model(other, 512)
+short = os.path.join(work, "short-context")
+tiny_model(short, 4096, context=256)
 missing = os.path.join(work, "no-such-draft")
 
 
@@ -330,6 +332,7 @@ refused(["--speculative", "ngram", "--num-speculative-tokens", "17"], 2,
         "--num-speculative-tokens", "1..16")
 refused(["--draft-model", other], 1, "--draft-model", other, "512", "4096")
 refused(["--draft-model", missing], 1, "--draft-model", missing)
+refused(["--draft-model", short], 1, "--draft-model", short, "256", "1024")
 refused(["--speculative", "draft"], 1, "--speculative draft", "--draft-model")
 refused(["--speculative", "ngram", "--draft-model", draft], 1,
         "--draft-model", "ngram")

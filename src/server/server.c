@@ -867,8 +867,9 @@ static const char *draft_device_map(const char *map, char *buf) {
 static char draft_placement[64];
 
 /* Loads e->spec's draft model beside the model (its weight dtype and the
- * checks the model had; no tokenizer: the vocabulary must be the model's)
- * into srv.draft and e->spec_draft. Nonzero after startup_error. */
+ * checks the model had; no tokenizer: the vocabulary must be the model's,
+ * the context at least as long) into srv.draft and e->spec_draft. Nonzero
+ * after startup_error. */
 static int load_draft(const ts_server_options *o, const ts_load_options *lo,
                       ts_engine_options *e) {
     const char *dir = o->draft_model_dir;
@@ -891,12 +892,13 @@ static int load_draft(const ts_server_options *o, const ts_load_options *lo,
                       (long long)mc->vocab);
         return 1;
     }
-    if (dc->max_positions < mc->max_positions)
-        fprintf(stderr,
-                "tessera serve: warning: --draft-model %s: "
-                "max_position_embeddings %lld, below the model's %lld\n",
-                dir, (long long)dc->max_positions,
-                (long long)mc->max_positions);
+    if (dc->max_positions < mc->max_positions) { /* the engine's rule */
+        startup_error("--draft-model %s: its context (max_position_embeddings"
+                      " %lld) is shorter than the model's (%lld)",
+                      dir, (long long)dc->max_positions,
+                      (long long)mc->max_positions);
+        return 1;
+    }
     e->spec_draft = ts_lm_decoder(srv.draft);
     return 0;
 }
