@@ -32,6 +32,8 @@ import re
 import struct
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -52,28 +54,44 @@ def check(ok, what):
 # ---- servers ----
 
 def start(*flags):
-    """a server of model with flags on any port: (process, url, start lines)"""
+    """a server of model with flags on any port: (process, url, its stderr
+    lines so far and to come, read by a thread)"""
     p = subprocess.Popen([exe, "serve", "-m", model, "--port", "0",
                           "--disable-log-requests", *flags],
                          stderr=subprocess.PIPE, text=True, env=env)
     lines = []
-    while True:
-        line = p.stderr.readline()
-        if not line:
-            p.wait()
-            raise SystemExit(f"serve {flags} did not start: {''.join(lines)}")
-        lines.append(line)
-        m = re.search(r" on (http://[0-9.]+:\d+) ", line)
-        if m:
+    p.reader = threading.Thread(target=lambda: lines.extend(p.stderr),
+                                daemon=True)
+    p.reader.start()
+    t0 = time.time()
+    while time.time() - t0 < 120:
+        for line in list(lines):
+            m = re.search(r" on (http://[0-9.]+:\d+) ", line)
+            if m:
+                return p, m.group(1), lines
+        if p.poll() is not None and not p.reader.is_alive():
             break
-    # the lines printed right after the listening one (speculation, KV)
-    return p, m.group(1), lines
+        time.sleep(0.05)
+    p.kill()
+    raise SystemExit(f"serve {flags} did not start: {''.join(lines)}")
+
+
+def start_line(lines, words):
+    """the start line holding words (it may follow the listening line by a
+    moment); empty when none comes within 10 s"""
+    t0 = time.time()
+    while time.time() - t0 < 10:
+        for line in list(lines):
+            if words in line:
+                return line.strip()
+        time.sleep(0.05)
+    return ""
 
 
 def stop(p):
     p.terminate()
-    p.stderr.read()
     p.wait(timeout=60)
+    p.reader.join(timeout=10)
 
 
 def http(url, path, body=None):
@@ -174,20 +192,22 @@ r = subprocess.run([exe, "quantize", draft, gguf, "--type", "f32", "-q"],
 check(r.returncode == 0 and os.path.exists(gguf),
       f"draft as GGUF: {r.stderr.strip()}")
 
-base, base_url, _ = start()
+base, base_url, base_lines = start()
 ngram, ngram_url, ngram_lines = start("--speculative", "ngram")
 dft, dft_url, dft_lines = start("--draft-model", draft,
                                 "--num-speculative-tokens", "3")
 try:
     # the start lines
-    check(any("speculative decoding: prompt lookup (n-grams of 1..4 tokens),"
-              " 4 tokens proposed a step" in x
-              for x in ngram_lines + [ngram.stderr.readline()]),
-          "ngram's start line names prompt lookup, 1..4, 4 tokens")
-    dline = dft.stderr.readline()
-    check(f"speculative decoding: draft model {draft} (" in dline and
-          "3 tokens proposed a step" in dline,
-          f"draft's start line names the draft and K=3: {dline.strip()}")
+    line = start_line(ngram_lines, "speculative decoding:")
+    check("speculative decoding: prompt lookup (n-grams of 1..4 tokens), 4 "
+          "tokens proposed a step" in line,
+          f"ngram's start line names prompt lookup, 1..4, 4 tokens: {line}")
+    line = start_line(dft_lines, "speculative decoding:")
+    check(f"speculative decoding: draft model {draft} (2 layers" in line and
+          "3 tokens proposed a step" in line,
+          f"draft's start line names the draft and K=3: {line}")
+    check(not start_line(base_lines, "speculative"),
+          "no speculation line without speculation")
 
     # /metrics before any request: families present, all zero
     m0, _ = spec_metrics(ngram_url)
@@ -257,11 +277,10 @@ finally:
 
 # the draft as a GGUF file
 if os.path.exists(gguf):
-    g, g_url, _ = start("--speculative", "draft", "--draft-model", gguf)
+    g, g_url, g_lines = start("--speculative", "draft", "--draft-model", gguf)
     try:
-        line = g.stderr.readline()
-        check(f"draft model {gguf} (2 layers" in line,
-              f"GGUF draft: {line.strip()}")
+        line = start_line(g_lines, "speculative decoding:")
+        check(f"draft model {gguf} (2 layers" in line, f"GGUF draft: {line}")
         got, us = greedy(g_url)
         check(got == want and all(details_ok(u) for u in us),
               "GGUF draft: greedy outputs unchanged, usage with details")

@@ -34,13 +34,13 @@ enum {
     S_TEMPLATE,
     S_ORIGINS,
     S_POOLING,
-    S_MAX_LEN,
-    S_NO_LOG,
     S_SPECULATIVE,
     S_SPEC_TOKENS,
     S_LOOKUP_MIN,
     S_LOOKUP_MAX,
     S_DRAFT,
+    S_MAX_LEN,
+    S_NO_LOG,
 };
 
 #define STR_(x) #x

@@ -1140,7 +1140,6 @@ static int server_run(const ts_server_options *o) {
             "positions)\n",
             srv.model, o->host ? o->host : "127.0.0.1", port,
             (long long)est0.blocks_total, (long long)o->engine.block_size);
-    print_spec(o, &eo);
     if (srv.kv_fd >= 0)
         fprintf(stderr, "tessera serve: KV transfers on %s:%d\n",
                 o->host ? o->host : "127.0.0.1", srv.kv_port);
@@ -1149,6 +1148,7 @@ static int server_run(const ts_server_options *o) {
             "%lld, %s steps, priority then first come first served\n",
             o->engine.max_seqs, (long long)o->engine.max_batch_tokens,
             o->engine.enforce_eager ? "eager" : "compiled");
+    print_spec(o, &eo);
     if (o->on_listen)
         o->on_listen(port, o->on_listen_arg);
     if (!o->no_signal_handlers) {
