@@ -17,7 +17,7 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-pthread-dev \
               qemu-user
 PREFIX     ?= /usr/local
 
-.PHONY: run test deps build build-san install fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan bench-structured bench-quant bench-llamacpp llamacpp clean format
+.PHONY: run test deps build build-san install fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan bench-structured bench-spec bench-quant bench-llamacpp llamacpp clean format
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -115,6 +115,12 @@ bench-structured: build
 bench-engine: build
 	./$(BUILD)/bench_engine --small
 	./$(BUILD)/bench_engine
+
+# speculative decoding (issue 22): batch-1 decode tokens/s on
+# models/kjv-qwen3 without speculation, with prompt lookup and with the
+# draft model models/kjv-qwen3-draft, side by side; greedy outputs checked
+bench-spec: build
+	./$(BUILD)/bench_spec
 
 # the experts MLP (ts_moe_experts) against plain sgemm on the same FLOPs
 bench-moe: build

@@ -66,7 +66,32 @@ _OPTIONS = {
     "kv_port": ("kv_port", "int"), "kv_peers": ("kv_peers", "str"), "kv_senders": ("kv_senders", "str"),
     "no_kv_events": ("no_kv_events", "bool"), "max_connections": ("max_connections", "int"),
     "conn_timeout_s": ("conn_timeout_s", "int"),
+    "speculative": ("engine.spec", "spec"),
+    "num_speculative_tokens": ("engine.spec_tokens", "spec_tokens"),
+    "prompt_lookup_min": ("engine.spec_ngram_min", "lookup"),
+    "prompt_lookup_max": ("engine.spec_ngram_max", "lookup"),
+    "draft_model": ("draft_model_dir", "path"),
 }
+
+# speculative= (ts_spec_method); None: off. The kinds _spec_value checks.
+_SPEC_METHODS = {None: 0, "none": 0, "ngram": 1, "draft": 2}
+_SPEC_KINDS = ("spec", "spec_tokens", "lookup", "path")
+
+
+def _spec_value(k, kind, v, keep):
+    """A speculative-decoding keyword's value as its C field wants it (a
+    path kept alive in keep); a bad one raises tessera.Error naming k."""
+    if kind == "path":
+        keep.append(os.fspath(v).encode())
+        return keep[-1]
+    if kind == "spec":
+        if v not in _SPEC_METHODS:
+            raise Error(f"serve: speculative={v!r}: 'ngram' or 'draft' (or None)", "INVALID_ARG")
+        return _SPEC_METHODS[v]
+    lo, hi = (1, 16) if kind == "spec_tokens" else (1, 64)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise Error(f"serve: {k}={v!r}: want a whole number in {lo}..{hi}", "RANGE")
+    return v
 
 
 class Server:
@@ -129,7 +154,13 @@ def serve(model_dir, host="127.0.0.1", port=0, dtype="float32", **options):
     chat_template, allowed_origins, device_map, max_model_len, max_num_seqs,
     num_kv_blocks, kv_memory, block_size, max_batch_tokens, no_prefix_cache,
     no_log_requests, check_weights, kv_port, kv_peers, kv_senders,
-    no_kv_events, max_connections, conn_timeout_s."""
+    no_kv_events, max_connections, conn_timeout_s; speculative decoding:
+    speculative ("ngram": prompt lookup, "draft": a draft model),
+    num_speculative_tokens (1..16, default 4), prompt_lookup_min and
+    prompt_lookup_max (n-gram lengths, 1..64; default 1 and 4; one given
+    alone sets both),
+    draft_model (a folder or GGUF file with the model's vocabulary;
+    implies speculative="draft")."""
     model_dir = os.fspath(model_dir)
     c = _lib.ctx()
     _lib.check(L.ts_model_dir_check(c, model_dir.encode(), 7))
@@ -151,7 +182,9 @@ def serve(model_dir, host="127.0.0.1", port=0, dtype="float32", **options):
         if k not in _OPTIONS:
             raise Error(f"serve: unknown option {k!r} (options: {', '.join(sorted(_OPTIONS))})")
         field, kind = _OPTIONS[k]
-        if kind == "str":
+        if kind in _SPEC_KINDS:
+            v = _spec_value(k, kind, v, keep)
+        elif kind == "str":
             keep.append(str(v).encode())
             v = keep[-1]
         elif kind == "int":

@@ -34,6 +34,11 @@ enum {
     S_TEMPLATE,
     S_ORIGINS,
     S_POOLING,
+    S_SPECULATIVE,
+    S_SPEC_TOKENS,
+    S_LOOKUP_MIN,
+    S_LOOKUP_MAX,
+    S_DRAFT,
     S_MAX_LEN,
     S_NO_LOG,
 };
@@ -117,6 +122,22 @@ static const cli_opt SERVE_OPTS[] = {
      .want = "whole seconds in 1..3600",
      .help = "a connection silent this long while its request is read or its "
              "response written is closed; also the KV receiver's"},
+    {S_SPECULATIVE, "--speculative", CLI_CHOICE, .choices = "ngram|draft",
+     .def = "none",
+     .help = "speculative decoding: tokens proposed by prompt lookup (ngram) "
+             "or a draft model (--draft-model), verified in one pass of the "
+             "model; greedy output unchanged"},
+    {S_SPEC_TOKENS, "--num-speculative-tokens", CLI_INT, "K", 1, 16, .def = "4",
+     .help = "tokens proposed a step per sequence"},
+    {S_LOOKUP_MIN, "--prompt-lookup-min", CLI_INT, "N", 1, 64,
+     .def = "1; --prompt-lookup-max's when only that is given",
+     .help = "prompt lookup: the shortest n-gram matched"},
+    {S_LOOKUP_MAX, "--prompt-lookup-max", CLI_INT, "N", 1, 64,
+     .def = "4; --prompt-lookup-min's when only that is given",
+     .help = "prompt lookup: the longest n-gram matched (tried first)"},
+    {S_DRAFT, "--draft-model", CLI_STR, "DIR|FILE.gguf",
+     .help = "the draft model (implies --speculative draft): the model's "
+             "vocabulary, placed and typed as the model"},
     {0},
 };
 
@@ -214,6 +235,21 @@ static void serve_opt(ts_server_options *o, int id, const cli_val *v) {
         break;
     case S_CONN_TIMEOUT:
         o->conn_timeout_s = (int)v->i;
+        break;
+    case S_SPECULATIVE:
+        o->engine.spec = v->choice ? TS_SPEC_DRAFT : TS_SPEC_NGRAM;
+        break;
+    case S_SPEC_TOKENS:
+        o->engine.spec_tokens = (int)v->i;
+        break;
+    case S_LOOKUP_MIN:
+        o->engine.spec_ngram_min = (int)v->i;
+        break;
+    case S_LOOKUP_MAX:
+        o->engine.spec_ngram_max = (int)v->i;
+        break;
+    case S_DRAFT:
+        o->draft_model_dir = v->s;
         break;
     }
 }

@@ -1,10 +1,11 @@
 /* metrics.c — what the server tells about itself: /metrics in
  * Prometheus' text format (every family with HELP and TYPE), its own
- * tessera_* names (the router and the tests read them) and vLLM's
- * vllm:* names with the model_name label (so vLLM's Grafana dashboards
- * work), and a request's end: its latency, size and finish-reason
- * metrics and its one log line on stderr. The counters live in srv
- * (server_internal.h, out_mu); the engine's figures in srv.est. */
+ * tessera_* names (the router and the tests read them), vLLM's vllm:*
+ * names with the model_name label (so vLLM's Grafana dashboards work)
+ * and, with speculative decoding on, tessera:spec_decode_* (vLLM's
+ * spec_decode names, same label), and a request's end: its latency, size and
+ * finish-reason metrics and its one log line on stderr. The counters live in
+ * srv (server_internal.h, out_mu); the engine's figures in srv.est. */
 #define _GNU_SOURCE
 #include "server_internal.h"
 
@@ -201,6 +202,38 @@ static void vllm_metrics(ts_sbuf *b, const char *m) {
               NTOK_B, N_NTOK, srv.gtok_sum);
 }
 
+/* speculative decoding, when it is on, in the colon form of vLLM's
+ * spec_decode metrics: proposed and accepted tokens, the tokens the
+ * verifications emitted (each one 1 + its accepted tokens), and the two
+ * ratios (the mean accepted length is the step's speed-up bound) */
+static void spec_metrics(ts_sbuf *b, const char *m) {
+    const ts_engine_stats *e = &srv.est;
+    if (srv.spec == TS_SPEC_NONE)
+        return;
+    int64_t emitted = e->spec_verifications + e->spec_accepted;
+    one_f(b, "tessera:spec_decode_acceptance_rate", "gauge",
+          "Speculative decoding: accepted / proposed tokens.", m,
+          e->spec_proposed ? (double)e->spec_accepted / (double)e->spec_proposed
+                           : 0.0);
+    one_f(b, "tessera:spec_decode_mean_accepted_length", "gauge",
+          "Speculative decoding: tokens emitted per verification (1 + the "
+          "accepted ones; the bound on its speed-up).",
+          m,
+          e->spec_verifications
+              ? (double)emitted / (double)e->spec_verifications
+              : 0.0);
+    one_u(b, "tessera:spec_decode_num_draft_tokens_total", "counter",
+          "Speculative decoding: tokens proposed.", m,
+          (unsigned long long)e->spec_proposed);
+    one_u(b, "tessera:spec_decode_num_accepted_tokens_total", "counter",
+          "Speculative decoding: proposed tokens accepted.", m,
+          (unsigned long long)e->spec_accepted);
+    one_u(b, "tessera:spec_decode_num_emitted_tokens_total", "counter",
+          "Speculative decoding: tokens emitted by verifications (accepted "
+          "ones and the model's own token after them).",
+          m, (unsigned long long)emitted);
+}
+
 enum MHD_Result srv_metrics(struct MHD_Connection *c) {
     ts_sbuf b = {0};
     /* the engine's figures as of its last step; fresher when the engine is
@@ -219,6 +252,7 @@ enum MHD_Result srv_metrics(struct MHD_Connection *c) {
         srv.est = fresh;
     tessera_metrics(&b);
     vllm_metrics(&b, m);
+    spec_metrics(&b, m);
     pthread_mutex_unlock(&srv.out_mu);
     enum MHD_Result ret = srv_send_text(
         c, b.oom ? 500 : 200, "text/plain; version=0.0.4; charset=utf-8",

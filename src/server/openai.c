@@ -123,6 +123,7 @@ bool srv_deliver(choice *c, const ts_engine_output *o) {
     }
     c->cached = o->cached_tokens;
     c->prompt_tokens = o->prompt_tokens;
+    c->spec_proposed = o->spec_proposed, c->spec_accepted = o->spec_accepted;
     if (r->logprobs && real && o->finish != TS_FINISH_STOP) {
         if (c->n_lp == c->cap_lp) {
             int cap = c->cap_lp ? c->cap_lp * 2 : 16;
@@ -651,19 +652,32 @@ static void prompts_free(prompt_in *ps, int np) {
 
 /* ---- response bodies ---- */
 
+/* with speculative decoding on, completion_tokens_details carries
+ * OpenAI's predicted-outputs fields: the speculated tokens the model
+ * accepted and those it rejected, over all the choices */
 static json_t *usage_json(const hreq *r) {
-    int64_t completion = 0, prompt = 0, cached = 0;
-    for (int i = 0; i < r->n; i++)
+    int64_t completion = 0, prompt = 0, cached = 0, proposed = 0, accepted = 0;
+    for (int i = 0; i < r->n; i++) {
         completion += r->ch[i].n_tokens;
+        proposed += r->ch[i].spec_proposed;
+        accepted += r->ch[i].spec_accepted;
+    }
     for (int p = 0; p < r->n_prompts; p++) {
         prompt += r->ch[p * r->per_prompt].prompt_tokens;
         cached += r->ch[p * r->per_prompt].cached;
     }
-    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens",
-                     (json_int_t)prompt, "completion_tokens",
-                     (json_int_t)completion, "total_tokens",
-                     (json_int_t)(prompt + completion), "prompt_tokens_details",
-                     "cached_tokens", (json_int_t)cached);
+    json_t *u = json_pack(
+        "{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)prompt,
+        "completion_tokens", (json_int_t)completion, "total_tokens",
+        (json_int_t)(prompt + completion), "prompt_tokens_details",
+        "cached_tokens", (json_int_t)cached);
+    if (u && srv.spec != TS_SPEC_NONE)
+        json_object_set_new(
+            u, "completion_tokens_details",
+            json_pack("{s:I, s:I}", "accepted_prediction_tokens",
+                      (json_int_t)accepted, "rejected_prediction_tokens",
+                      (json_int_t)(proposed - accepted)));
+    return u;
 }
 
 /* text as a JSON string, never NULL for bad bytes: each ill-formed part

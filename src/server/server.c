@@ -766,6 +766,161 @@ const char *ts_server_last_error(void) {
     return srv_error;
 }
 
+/* ---- speculative decoding ---- */
+
+/* The speculation options (o->engine.spec*, o->draft_model_dir) checked
+ * and completed into e, as the engine will use them: a draft model implies
+ * TS_SPEC_DRAFT; the defaults (4 tokens, n-grams 1..4) written out.
+ * Messages name the CLI's flags (Python's keywords are the same words).
+ * Nonzero after startup_error. */
+static int spec_options(const ts_server_options *o, ts_engine_options *e) {
+    const char *draft =
+        o->draft_model_dir && *o->draft_model_dir ? o->draft_model_dir : NULL;
+    if (e->spec < TS_SPEC_NONE || e->spec > TS_SPEC_DRAFT) {
+        startup_error("--speculative %d: want ngram or draft", (int)e->spec);
+        return 1;
+    }
+    if (draft && e->spec == TS_SPEC_NGRAM) {
+        startup_error("--draft-model %s is for --speculative draft, not "
+                      "ngram (prompt lookup needs no model)",
+                      draft);
+        return 1;
+    }
+    if (draft)
+        e->spec = TS_SPEC_DRAFT;
+    if (e->spec == TS_SPEC_DRAFT && !draft) {
+        startup_error("--speculative draft needs --draft-model DIR|FILE.gguf "
+                      "(a small model with the model's vocabulary)");
+        return 1;
+    }
+    if (e->spec_tokens < 0 || e->spec_tokens > 16) {
+        startup_error("--num-speculative-tokens %d: want 1..16",
+                      e->spec_tokens);
+        return 1;
+    }
+    if (e->spec_ngram_min < 0 || e->spec_ngram_min > 64 ||
+        e->spec_ngram_max < 0 || e->spec_ngram_max > 64) {
+        bool min_bad = e->spec_ngram_min < 0 || e->spec_ngram_min > 64;
+        startup_error("--prompt-lookup-%s %d: want 1..64",
+                      min_bad ? "min" : "max",
+                      min_bad ? e->spec_ngram_min : e->spec_ngram_max);
+        return 1;
+    }
+    const char *given = e->spec_tokens      ? "--num-speculative-tokens"
+                        : e->spec_ngram_min ? "--prompt-lookup-min"
+                        : e->spec_ngram_max ? "--prompt-lookup-max"
+                                            : NULL;
+    if (e->spec == TS_SPEC_NONE) {
+        if (given) {
+            startup_error("%s needs --speculative ngram|draft (or "
+                          "--draft-model)",
+                          given);
+            return 1;
+        }
+        return 0;
+    }
+    if (e->spec == TS_SPEC_DRAFT && (e->spec_ngram_min || e->spec_ngram_max)) {
+        startup_error("%s is for --speculative ngram (prompt lookup), not a "
+                      "draft model",
+                      e->spec_ngram_min ? "--prompt-lookup-min"
+                                        : "--prompt-lookup-max");
+        return 1;
+    }
+    if (!e->spec_tokens)
+        e->spec_tokens = 4;
+    if (e->spec == TS_SPEC_NGRAM) {
+        /* as vLLM's: one bound given alone is the other too; none: 1..4 */
+        int lo = e->spec_ngram_min, hi = e->spec_ngram_max;
+        if (!lo && !hi)
+            lo = 1, hi = 4;
+        lo = lo ? lo : hi, hi = hi ? hi : lo;
+        if (lo > hi) {
+            startup_error("--prompt-lookup-min %d is above "
+                          "--prompt-lookup-max %d",
+                          lo, hi);
+            return 1;
+        }
+        e->spec_ngram_min = lo, e->spec_ngram_max = hi;
+    }
+    return 0;
+}
+
+/* The draft's placement: the model's device_map when it names one device
+ * or is "auto"; for a split of the model, the device of its head (where
+ * the logits that verify the draft's tokens are). buf: 16 bytes. */
+static const char *draft_device_map(const char *map, char *buf) {
+    if (!map || !strcmp(map, "auto"))
+        return map;
+    ts_device_map m;
+    if (ts_device_map_parse(srv.ctx, map, (int)ts_lm_config(srv.lm)->layers,
+                            &m) != TS_OK) {
+        ts_clear_error(srv.ctx); /* the model loaded with it: cannot be */
+        return map;
+    }
+    ts_device_name(m.head, buf);
+    ts_device_map_free(&m);
+    return buf;
+}
+
+/* where load_draft placed the draft ("" without a device map), for the
+ * start line */
+static char draft_placement[64];
+
+/* Loads e->spec's draft model beside the model (its weight dtype and the
+ * checks the model had; no tokenizer: the vocabulary must be the model's,
+ * the context at least as long) into srv.draft and e->spec_draft. Nonzero
+ * after startup_error. */
+static int load_draft(const ts_server_options *o, const ts_load_options *lo,
+                      ts_engine_options *e) {
+    const char *dir = o->draft_model_dir;
+    char dev[32];
+    ts_load_options dlo = *lo;
+    dlo.device_map = draft_device_map(lo->device_map, dev);
+    snprintf(draft_placement, sizeof draft_placement, "%s",
+             dlo.device_map ? dlo.device_map : "");
+    if (ts_lm_load(srv.ctx, dir, &dlo, &srv.draft) != TS_OK) {
+        startup_error("--draft-model %s: %s", dir, ts_errmsg(srv.ctx));
+        return 1;
+    }
+    const ts_model_config *mc = ts_lm_config(srv.lm),
+                          *dc = ts_lm_config(srv.draft);
+    if (dc->vocab != mc->vocab) {
+        startup_error("--draft-model %s: its vocabulary has %lld tokens, the "
+                      "model's (%s) %lld: a draft must use the model's "
+                      "tokenizer",
+                      dir, (long long)dc->vocab, o->model_dir,
+                      (long long)mc->vocab);
+        return 1;
+    }
+    if (dc->max_positions < mc->max_positions) { /* the engine's rule */
+        startup_error("--draft-model %s: its context (max_position_embeddings"
+                      " %lld) is shorter than the model's (%lld)",
+                      dir, (long long)dc->max_positions,
+                      (long long)mc->max_positions);
+        return 1;
+    }
+    e->spec_draft = ts_lm_decoder(srv.draft);
+    return 0;
+}
+
+/* the start line of the speculation settings */
+static void print_spec(const ts_server_options *o, const ts_engine_options *e) {
+    if (e->spec == TS_SPEC_NGRAM)
+        fprintf(stderr,
+                "tessera serve: speculative decoding: prompt lookup "
+                "(n-grams of %d..%d tokens), %d tokens proposed a step\n",
+                e->spec_ngram_min, e->spec_ngram_max, e->spec_tokens);
+    else if (e->spec == TS_SPEC_DRAFT) {
+        const ts_model_config *dc = ts_lm_config(srv.draft);
+        fprintf(stderr,
+                "tessera serve: speculative decoding: draft model %s (%lld "
+                "layers, hidden %lld%s%s), %d tokens proposed a step\n",
+                o->draft_model_dir, (long long)dc->layers,
+                (long long)dc->hidden, *draft_placement ? ", on " : "",
+                draft_placement, e->spec_tokens);
+    }
+}
+
 /* ---- run ---- */
 
 static int server_run(const ts_server_options *o);
@@ -829,6 +984,9 @@ static int server_run(const ts_server_options *o) {
         }
         srv.kv_senders = &senders;
     }
+    ts_engine_options eo = o->engine; /* + speculation's defaults, draft */
+    if (spec_options(o, &eo))
+        return 1;
     const char *fault = getenv("TESSERA_FAULT_KV_CORRUPT");
     srv.fault_corrupt = fault && *fault && strcmp(fault, "0");
     if (ts_ctx_new(&srv.ctx, NULL) != TS_OK) {
@@ -843,6 +1001,13 @@ static int server_run(const ts_server_options *o) {
     struct MHD_Daemon *d = NULL;
     pthread_t engine_thread, kv_thread;
     bool thread_started = false, kv_started = false;
+    if (eo.spec == TS_SPEC_DRAFT && /* before the model's long load */
+        ts_model_dir_check(srv.ctx, o->draft_model_dir,
+                           TS_MODEL_CONFIG | TS_MODEL_WEIGHTS) != TS_OK) {
+        startup_error("--draft-model %s: %s", o->draft_model_dir,
+                      ts_errmsg(srv.ctx));
+        goto done;
+    }
     if (ts_model_dir_check(srv.ctx, o->model_dir, TS_MODEL_ALL) != TS_OK ||
         ts_lm_load(srv.ctx, o->model_dir, &lo, &srv.lm) != TS_OK ||
         ts_tokenizer_load(srv.ctx, o->model_dir, &srv.tok) != TS_OK ||
@@ -864,8 +1029,10 @@ static int server_run(const ts_server_options *o) {
         }
     } else if (ts_chat_load(srv.ctx, o->model_dir, &srv.chat) != TS_OK)
         ts_clear_error(srv.ctx); /* no chat template: completions only */
-    if (ts_engine_new(srv.ctx, ts_lm_decoder(srv.lm), &o->engine, &srv.eng) !=
-        TS_OK) {
+    if (eo.spec == TS_SPEC_DRAFT && load_draft(o, &lo, &eo))
+        goto done;
+    srv.spec = eo.spec;
+    if (ts_engine_new(srv.ctx, ts_lm_decoder(srv.lm), &eo, &srv.eng) != TS_OK) {
         startup_error("%s", ts_errmsg(srv.ctx));
         goto done;
     }
@@ -981,6 +1148,7 @@ static int server_run(const ts_server_options *o) {
             "%lld, %s steps, priority then first come first served\n",
             o->engine.max_seqs, (long long)o->engine.max_batch_tokens,
             o->engine.enforce_eager ? "eager" : "compiled");
+    print_spec(o, &eo);
     if (o->on_listen)
         o->on_listen(port, o->on_listen_arg);
     if (!o->no_signal_handlers) {
@@ -1030,6 +1198,7 @@ done:
     ts_chat_free(srv.chat);
     ts_tokenizer_free(srv.tok);
     ts_lm_free(srv.lm);
+    ts_lm_free(srv.draft); /* after the engine, which used it */
     free(srv.active), free(srv.events);
     ts_ctx_free(srv.ctx);
     return rc;

@@ -66,6 +66,9 @@ typedef struct choice {
     /* embeddings (server.c / embeddings.c) */
     float *embedding; /* malloc'd: the engine's pooled vector, dim floats */
     int64_t dim;
+    /* speculative decoding so far: tokens proposed for this choice and
+     * accepted of those (the engine's cumulative figures) */
+    int64_t spec_proposed, spec_accepted;
 } choice;
 
 typedef enum { REQ_OTHER, REQ_COMPLETION, REQ_CHAT, REQ_EVENTS } req_kind;
@@ -173,6 +176,11 @@ typedef struct {
     uint64_t ptok_hist[N_NTOK + 1], gtok_hist[N_NTOK + 1];
     double ptok_sum, gtok_sum;
     uint64_t finished[3];
+    /* speculative decoding (issue 22): the proposer (NONE: off, no
+     * spec_decode metrics or prediction usage) and the draft model
+     * loaded beside the model (TS_SPEC_DRAFT), freed after the engine */
+    ts_spec_method spec;
+    ts_lm *draft;
 } srv_state;
 
 extern srv_state srv;
