@@ -106,8 +106,10 @@ typedef struct {
      * down to spec_ngram_min tokens; 0: 4 and 1) found earlier in its
      * prompt or output proposes the tokens that followed it */
     int spec_ngram_min, spec_ngram_max;
-    /* TS_SPEC_DRAFT: the draft model (same vocabulary as the target); the
-     * engine keeps its own KV cache for it and does not free it */
+    /* TS_SPEC_DRAFT: the draft model (same vocabulary as the target, a
+     * context at least as long); the engine keeps a KV pool for it (as
+     * many blocks as the target's, on top of kv_memory) and does not free
+     * it. It proposes with the request's own sampling parameters. */
     ts_decoder *spec_draft;
 } ts_engine_options;
 ts_engine_options ts_engine_options_default(void);

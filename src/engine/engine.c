@@ -29,6 +29,16 @@
  * prefill; embeddings pooled from the final hidden states of their prompt
  * rows (ts_decoder_forward_paged_ex). Such requests compute their whole
  * prompt: no prefix reuse.
+ * Speculative decoding (issue 22, vLLM's two kinds): a decoding sequence
+ * gets up to K proposals, from prompt lookup (the tokens that followed the
+ * latest earlier occurrence of its longest suffix n-gram) or from a draft
+ * model run K times a step, batched over sequences, on its own KV pool
+ * (the target's block ids and tables; per block a flag says whether the
+ * draft's K/V is there, since cached and imported blocks may lack it).
+ * The proposals ride in the same target pass as everything else (1 + K
+ * rows of logits); the rule of speculative sampling accepts a prefix of
+ * them and draws one more, and the sequence rolls back to what was
+ * accepted. Proposals take budget, blocks and out room only where left.
  * Owns sequences, blocks, the tree and the events; the model computes. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "tessera_engine.h"
@@ -1617,6 +1627,9 @@ static ts_status draft_propose(ts_engine *e, slice *sl, int n_sl) {
     }
     int64_t budget = e->opt.max_batch_tokens;
     int n_ds = 0, n_read = 0, max_spec = 0;
+    for (int k = 0; k < n_sl; k++) /* a failed step may have left more */
+        if (sl[k].s->n_draft > sl[k].s->n_computed)
+            sl[k].s->n_draft = sl[k].s->n_computed;
     for (int want = 1; want >= 0; want--)
         for (int k = 0; k < n_sl; k++) {
             seq *s = sl[k].s;
