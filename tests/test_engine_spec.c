@@ -409,6 +409,89 @@ static void test_prefix_blocks(ts_ctx *ctx, ts_decoder *m) {
     ts_engine_free(cold);
 }
 
+/* a stop token (and an end-of-sequence id) among accepted proposals: the
+ * output ends there, the tokens after it dropped, as without speculation;
+ * an abort in the middle of a speculating stream frees its blocks; seeded
+ * sampling with speculation repeats itself */
+static void test_stops_abort_seeds(ts_ctx *ctx, ts_decoder *m) {
+    req r[2];
+    make_requests(r, 2, 13);
+    r[0].max_tokens = r[1].max_tokens = 30;
+    setup plain = {0}, self = {.spec = TS_SPEC_DRAFT, .draft = m, .k = 8};
+    ts_engine *e0 = engine(ctx, m, &plain), *e1 = engine(ctx, m, &self);
+    if (!e0 || !e1) {
+        ts_engine_free(e0), ts_engine_free(e1);
+        return;
+    }
+    result free_run[2];
+    run_all(ctx, e0, r, 2, 0, free_run);
+    /* each request's stop: its 7th token (the first time it comes) */
+    ts_request rs[2];
+    int at[2];
+    for (int i = 0; i < 2; i++) {
+        rs[i] = to_request(&r[i]);
+        int32_t t = free_run[i].tok[6];
+        at[i] = 0;
+        while (free_run[i].tok[at[i]] != t)
+            at[i]++;
+        if (i == 0)
+            rs[i].stop_ids[0] = t, rs[i].n_stop_ids = 1;
+        else { /* an end-of-sequence id instead */
+            rs[i].ignore_eos = false;
+            ts_engine_set_eos(e0, &t, 1);
+            ts_engine_set_eos(e1, &t, 1);
+        }
+    }
+    /* e0 and e1 both know request 1's eos; request 0 ignores eos */
+    result a[2], b[2];
+    run_requests(ctx, e0, rs, 2, 0, a);
+    run_requests(ctx, e1, rs, 2, 0, b);
+    CHECK(same_tokens(a, b, 2));
+    for (int i = 0; i < 2; i++)
+        CHECK(b[i].n == at[i] + 1 && b[i].why == TS_FINISH_STOP);
+    ts_engine_stats st;
+    ts_engine_get_stats(e1, &st);
+    CHECK(st.spec_accepted > 0);
+    check_counters(e1, b, 2);
+    check_no_blocks_held(e1);
+    /* abort while speculating */
+    int64_t id;
+    ts_request q = to_request(&r[0]);
+    CHECK_OK(ctx, ts_engine_add(e1, &q, &id));
+    ts_engine_output out[64];
+    int k = 0;
+    for (int step = 0; step < 3; step++)
+        CHECK_OK(ctx, ts_engine_step(e1, out, 64, &k));
+    ts_engine_get_stats(e1, &st);
+    CHECK(st.running == 1 && st.blocks_in_sequences > 0);
+    CHECK_OK(ctx, ts_engine_abort(e1, id));
+    check_no_blocks_held(e1);
+    ts_engine_free(e0), ts_engine_free(e1);
+    /* sampled with a draft, twice: the same tokens (seeded) */
+    ts_request sr[N_REQ];
+    req rr[N_REQ];
+    make_requests(rr, N_REQ, 29);
+    for (int i = 0; i < N_REQ; i++) {
+        sr[i] = to_request(&rr[i]);
+        sr[i].sampling.temperature = 0.9;
+        sr[i].sampling.top_p = 0.95;
+        sr[i].sampling.seed = (uint64_t)i + 1;
+    }
+    result x[N_REQ], y[N_REQ];
+    setup su = {.spec = TS_SPEC_DRAFT, .draft = m};
+    for (int pass = 0; pass < 2; pass++) {
+        ts_engine *e = engine(ctx, m, &su);
+        if (!e)
+            return;
+        run_requests(ctx, e, sr, N_REQ, 0, pass ? y : x);
+        check_counters(e, pass ? y : x, N_REQ);
+        ts_engine_get_stats(e, &st);
+        CHECK(st.spec_accepted > 0);
+        ts_engine_free(e);
+    }
+    CHECK(same_tokens(x, y, N_REQ));
+}
+
 /* a constraint that allows even tokens only */
 static void even_mask(void *st, uint32_t *bits) {
     (void)st;
@@ -750,6 +833,7 @@ int main(int argc, char **argv) {
         test_processors_and_logprobs(ctx, m);
         test_prefix_blocks(ctx, m);
         test_excluded(ctx, m);
+        test_stops_abort_seeds(ctx, m);
         test_engine_distribution(ctx, m, other);
         test_bad_options(ctx, m, v64);
     }

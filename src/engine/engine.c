@@ -1202,9 +1202,6 @@ static void verify_rows(ts_engine *e, seq *s, const float *rows, int64_t V,
     }
     if (y >= 0)
         s->tok[base + (size_t)a] = y;
-    s->spec_proposed += K, s->spec_accepted += a;
-    e->stats.spec_verifications++;
-    e->stats.spec_proposed += K, e->stats.spec_accepted += a;
     /* the tokens that go out: up to the first that ends the request */
     int m = a + (y >= 0), n_emit = m;
     ts_finish_reason why = TS_FINISH_NONE;
@@ -1221,6 +1218,11 @@ static void verify_rows(ts_engine *e, seq *s, const float *rows, int64_t V,
     }
     /* nothing could be drawn after the accepted ones: the request ends */
     bool failed = why == TS_FINISH_NONE && y < 0;
+    /* accepted: the proposals that go out (not those after an end) */
+    int took = a < n_emit ? a : n_emit;
+    s->spec_proposed += K, s->spec_accepted += took;
+    e->stats.spec_verifications++;
+    e->stats.spec_proposed += K, e->stats.spec_accepted += took;
     s->n_tok = base + (size_t)n_emit;
     s->n_computed = base + (size_t)a < s->n_tok ? base + (size_t)a : s->n_tok;
     while ((s->n_inserted + 1) * (size_t)e->bs <= s->n_computed)
