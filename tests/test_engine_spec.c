@@ -126,8 +126,9 @@ static void run_requests(ts_ctx *ctx, ts_engine *e, const ts_request *rs, int n,
             /* an engine numbers its requests 1, 2, ... as they come */
             int64_t i = out[j].id - ids[0];
             CHECK(i >= 0 && i < n && ids[i] == out[j].id);
-            if (i < n)
+            if (i >= 0 && i < n)
                 record(&res[i], &out[j]);
+            free(out[j].prompt_lp), free(out[j].embedding); /* ours */
         }
     }
     free(ids), free(out);
