@@ -220,6 +220,9 @@ static void plain_run(ts_ctx *ctx, ts_decoder *m, const req *r, int n,
     ts_engine_get_stats(e, &st);
     CHECK(st.spec_proposed == 0 && st.spec_verifications == 0);
     *steps = st.steps;
+    printf("  %-40s %2d req: %4lld steps for %4lld tokens\n",
+           "without speculation", n, (long long)st.steps,
+           (long long)st.generated_tokens);
     ts_engine_free(e);
 }
 

@@ -1637,6 +1637,9 @@ static ts_status draft_propose(ts_engine *e, slice *sl, int n_sl) {
             seq *s = sl[k].s;
             if (!s->spec_ok || (sl[k].spec > 0) != (want == 1))
                 continue;
+            /* one that will never speculate (max_tokens) needs no draft */
+            if (!sl[k].spec && s->max_tokens - s->n_generated < 3)
+                continue;
             /* through the last token for a speculating slice, else
              * through what the target computes this step */
             size_t end = sl[k].from + sl[k].n - (size_t)sl[k].spec;
