@@ -1643,6 +1643,8 @@ static ts_status draft_propose(ts_engine *e, slice *sl, int n_sl) {
             /* through the last token for a speculating slice, else
              * through what the target computes this step */
             size_t end = sl[k].from + sl[k].n - (size_t)sl[k].spec;
+            /* (a slice cut to no proposals below comes round again with
+             * want 0 only once the budget is spent: it is skipped then) */
             if (s->n_draft >= end || budget <= 0) {
                 if (want && budget <= 0) { /* no room to catch up */
                     sl[k].n -= (size_t)sl[k].spec, sl[k].spec = 0;
