@@ -41,6 +41,23 @@ int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
                         const int32_t *seen, size_t n_seen);
 /* seen[0..n) is the prompt: presence and frequency penalties skip it */
 void ts_sampler_set_prompt_len(ts_sampler *sm, size_t n);
+/* The distribution ts_sampler_next draws from, into p[V]: the same
+ * penalties, temperature and filters (filtered-out tokens 0, the rest
+ * summing to 1; greedy: 1 at the argmax). Draws nothing. */
+ts_status ts_sampler_probs(ts_sampler *sm, const float *logits, int64_t V,
+                           const int32_t *seen, size_t n_seen, float *p);
+/* A token drawn from weights p[V] >= 0 (normalized by their sum) with sm's
+ * generator; -1 when none has weight. */
+int32_t ts_sampler_draw(ts_sampler *sm, const float *p, int64_t V);
+/* Speculative sampling's rule (Leviathan et al. 2023, Chen et al. 2023):
+ * token x was proposed with probability q[x] (q NULL: proposed
+ * deterministically, a one-hot q) and p is the target's distribution
+ * (ts_sampler_probs). With sm's generator: accepts x with probability
+ * min(1, p[x] / q[x]) (*accepted true, x returned), else returns a draw
+ * from normalize(max(0, p - q)). The token emitted is then distributed as
+ * p, whatever q. -1 on a bad argument. */
+int32_t ts_sampler_speculate(ts_sampler *sm, const float *p, const float *q,
+                             int64_t V, int32_t x, bool *accepted);
 
 /* ---- the engine ---------------------------------------------------------- */
 
@@ -77,15 +94,22 @@ typedef struct {
     /* speculative decoding: spec_tokens tokens proposed a step per
      * sequence (1..16, 0: 4), verified in one forward pass of the model
      * by the exact rule of speculative sampling (greedy output is the
-     * same as without it; sampled output has the same distribution) */
+     * same as without it; sampled output has the same distribution).
+     * Requests with a constraint, prompt_logprobs or pooling decode
+     * without it (logprobs ones speculate: their values come from the
+     * verifying rows). A sequence's proposals are cut short, down to none,
+     * by max_tokens, the step's max_batch_tokens, free KV blocks (no one is
+     * preempted for them) and the room in ts_engine_step's out. */
     ts_spec_method spec;
     int spec_tokens;
     /* prompt lookup: the longest n-gram ending the sequence (spec_ngram_max
      * down to spec_ngram_min tokens; 0: 4 and 1) found earlier in its
      * prompt or output proposes the tokens that followed it */
     int spec_ngram_min, spec_ngram_max;
-    /* TS_SPEC_DRAFT: the draft model (same vocabulary as the target); the
-     * engine keeps its own KV cache for it and does not free it */
+    /* TS_SPEC_DRAFT: the draft model (same vocabulary as the target, a
+     * context at least as long); the engine keeps a KV pool for it (as
+     * many blocks as the target's, on top of kv_memory) and does not free
+     * it. It proposes with the request's own sampling parameters. */
     ts_decoder *spec_draft;
 } ts_engine_options;
 ts_engine_options ts_engine_options_default(void);
@@ -261,6 +285,11 @@ ts_status ts_engine_abort(ts_engine *e, int64_t id);
  * sequence that produced one, then the final outputs that did not fit (a
  * constraint's STOP after its last token among them); those that still do
  * not fit go out in a later step, and no sequence starts while they wait.
+ * With speculative decoding a sequence gives its accepted tokens and the
+ * one drawn after them, one output each, in order (the request ends at
+ * the first that finishes it); the room in out beyond one per running
+ * sequence bounds a step's proposals (cap >= max_seqs x (1 + spec_tokens)
+ * never cuts them).
  * Outputs' prompt_lp and embedding are the receiver's to free. */
 ts_status ts_engine_step(ts_engine *e, ts_engine_output *out, int cap,
                          int *n_out);

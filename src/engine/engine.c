@@ -32,6 +32,16 @@
  * prefill; embeddings pooled from the final hidden states of their prompt
  * rows (ts_decoder_forward_paged_ex). Such requests compute their whole
  * prompt: no prefix reuse.
+ * Speculative decoding (issue 22, vLLM's two kinds): a decoding sequence
+ * gets up to K proposals, from prompt lookup (the tokens that followed the
+ * latest earlier occurrence of its longest suffix n-gram) or from a draft
+ * model run K times a step, batched over sequences, on its own KV pool
+ * (the target's block ids and tables; per block a flag says whether the
+ * draft's K/V is there, since cached and imported blocks may lack it).
+ * The proposals ride in the same target pass as everything else (1 + K
+ * rows of logits); the rule of speculative sampling accepts a prefix of
+ * them and draws one more, and the sequence rolls back to what was
+ * accepted. Proposals take budget, blocks and out room only where left.
  * Owns sequences, blocks, the tree and the events; the model computes. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "tessera_engine.h"
@@ -76,6 +86,17 @@ typedef struct seq {
     ts_pooling pooling;
     double *pool_sum;      /* hidden floats: MEAN's sum, LAST's row */
     double t_add, queue_s; /* monotonic seconds */
+    /* speculative decoding: spec_ok when the request may speculate,
+     * greedy when its sampling is the argmax; this step's spec_k
+     * proposals sit in tok[n_tok ..) (room kept for them and one more);
+     * q[spec_k][V] the draft's distributions they were drawn from (a
+     * sampled request with a draft model); n_draft positions whose draft
+     * K/V are computed; the counts its outputs report */
+    bool spec_ok, greedy;
+    int spec_k;
+    float *q;
+    size_t n_draft;
+    int64_t spec_proposed, spec_accepted;
 } seq;
 
 typedef struct node {
@@ -91,6 +112,14 @@ struct ts_engine {
     ts_ctx *ctx;
     ts_decoder *m;
     ts_kv_pool *pool;
+    /* TS_SPEC_DRAFT: the draft model (not owned) and its own pool, indexed
+     * by the same block ids; has_draft[b]: the draft's K/V of all of block
+     * b's positions are there (a block from the cache or an import may lack
+     * them) */
+    ts_decoder *draft;
+    ts_kv_pool *dpool;
+    bool *has_draft;
+    float *p; /* scratch of a verification: the target's distribution */
     ts_engine_options opt;
     bool compiled; /* model steps in the compiled mode (forward_compiled) */
     int64_t bs, n_blocks, max_blocks_per_seq;
@@ -128,6 +157,8 @@ static int32_t block_take(ts_engine *e) {
         return -1;
     int32_t b = e->free_list[--e->n_free];
     e->ref[b] = 1;
+    if (e->has_draft)
+        e->has_draft[b] = false;
     return b;
 }
 
@@ -296,7 +327,7 @@ static void seq_free(seq *s) {
     if (s->con.mask && s->con.free)
         s->con.free(s->con.state);
     ts_sampler_free(s->sm);
-    free(s->bias), free(s->plp), free(s->pool_sum);
+    free(s->bias), free(s->plp), free(s->pool_sum), free(s->q);
     free(s->tok), free(s->blocks), free(s);
 }
 
@@ -311,6 +342,7 @@ static void seq_drop_blocks(ts_engine *e, seq *s) {
     s->n_blocks = 0;
     s->n_computed = 0;
     s->n_inserted = 0;
+    s->n_draft = 0;
 }
 
 static bool push_block(seq *s, int32_t b) {
@@ -385,6 +417,54 @@ ts_engine_options ts_engine_options_default(void) {
         .block_size = 16, .max_seqs = 64, .max_batch_tokens = 512};
 }
 
+/* the speculative-decoding options; their defaults filled in o */
+static ts_status check_spec(ts_ctx *ctx, const ts_model_config *c,
+                            ts_engine_options *o) {
+    if (o->spec < TS_SPEC_NONE || o->spec > TS_SPEC_DRAFT)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "engine: spec %d (want 0..2: none, ngram, draft)",
+                            (int)o->spec);
+    if (o->spec_tokens < 0 || o->spec_tokens > 16)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "engine: spec_tokens %d (want 1..16; 0: 4)",
+                            o->spec_tokens);
+    if (o->spec_ngram_min < 0 || o->spec_ngram_min > 64)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "engine: spec_ngram_min %d (want 1..64; 0: 1)",
+                            o->spec_ngram_min);
+    if (o->spec_ngram_max < 0 || o->spec_ngram_max > 64)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "engine: spec_ngram_max %d (want 1..64; 0: 4)",
+                            o->spec_ngram_max);
+    o->spec_tokens = o->spec_tokens ? o->spec_tokens : 4;
+    o->spec_ngram_min = o->spec_ngram_min ? o->spec_ngram_min : 1;
+    o->spec_ngram_max = o->spec_ngram_max ? o->spec_ngram_max : 4;
+    if (o->spec_ngram_min > o->spec_ngram_max)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "engine: spec_ngram_min %d is more than "
+                            "spec_ngram_max %d",
+                            o->spec_ngram_min, o->spec_ngram_max);
+    if (o->spec != TS_SPEC_DRAFT)
+        return TS_OK;
+    if (!o->spec_draft)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "engine: spec is TS_SPEC_DRAFT but spec_draft "
+                            "(the draft model) is NULL");
+    const ts_model_config *d = ts_decoder_get_config(o->spec_draft);
+    if (d->vocab != c->vocab)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "engine: the draft model's vocabulary has %lld "
+                            "tokens, the model's %lld (they must be the same)",
+                            (long long)d->vocab, (long long)c->vocab);
+    if (d->max_positions < c->max_positions)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "engine: the draft model's context (%lld "
+                            "positions) is shorter than the model's (%lld)",
+                            (long long)d->max_positions,
+                            (long long)c->max_positions);
+    return TS_OK;
+}
+
 ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
                         const ts_engine_options *opt, ts_engine **out) {
     if (!ctx)
@@ -405,6 +485,9 @@ ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
         return ts_set_error(ctx, TS_ERR_RANGE,
                             "engine: max_batch_tokens %lld (want >= 1)",
                             (long long)o.max_batch_tokens);
+    ts_status s = check_spec(ctx, c, &o);
+    if (s != TS_OK)
+        return s;
     int64_t per_block = ts_kv_block_bytes(c, o.block_size);
     int64_t nb = o.n_blocks;
     if (!nb)
@@ -428,16 +511,25 @@ ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
     e->map = calloc(e->map_cap, sizeof *e->map);
     e->row = malloc(sizeof(float) * (size_t)c->vocab);
     e->mask = malloc(sizeof(uint32_t) * (size_t)((c->vocab + 31) / 32));
+    if (o.spec != TS_SPEC_NONE)
+        e->p = malloc(sizeof(float) * (size_t)c->vocab);
+    if (o.spec == TS_SPEC_DRAFT)
+        e->has_draft = calloc((size_t)nb, sizeof *e->has_draft);
     if (!e->ref || !e->in_tree || !e->free_list || !e->map || !e->row ||
-        !e->mask) {
+        !e->mask || (o.spec != TS_SPEC_NONE && !e->p) ||
+        (o.spec == TS_SPEC_DRAFT && !e->has_draft)) {
         ts_engine_free(e);
         return ts_set_error(ctx, TS_ERR_OOM, "engine: out of memory");
     }
     for (int64_t b = nb - 1; b >= 0; b--)
         e->free_list[e->n_free++] = (int32_t)b;
     /* one block more than the engine hands out: compiled steps' padding
-     * tokens write there (forward_compiled) */
-    ts_status s = ts_kv_pool_new(m, nb + 1, e->bs, &e->pool);
+     * tokens write there (forward_compiled); the draft's steps are eager */
+    s = ts_kv_pool_new(m, nb + 1, e->bs, &e->pool);
+    if (s == TS_OK && o.spec == TS_SPEC_DRAFT) {
+        e->draft = o.spec_draft; /* its pool: the same blocks' draft K/V */
+        s = ts_kv_pool_new(e->draft, nb, e->bs, &e->dpool);
+    }
     if (s != TS_OK) {
         ts_engine_free(e);
         return s;
@@ -463,7 +555,9 @@ void ts_engine_free(ts_engine *e) {
             free(e->map[i]->tokens), free(e->map[i]);
     free(e->running), free(e->waiting), free(e->map);
     free(e->ref), free(e->in_tree), free(e->free_list), free(e->events);
+    free(e->has_draft), free(e->p);
     ts_kv_pool_free(e->pool);
+    ts_kv_pool_free(e->dpool);
     free(e);
 }
 
@@ -602,6 +696,12 @@ ts_status ts_engine_add(ts_engine *e, const ts_request *r, int64_t *id) {
     s->max_tokens = r->max_tokens;
     s->ignore_eos = r->ignore_eos;
     s->logprobs = embed ? 0 : r->logprobs;
+    /* speculation reads the logits rows of proposed positions: not for a
+     * constraint (its state follows every draw), prompt log-probabilities
+     * or embeddings */
+    s->spec_ok = e->opt.spec != TS_SPEC_NONE && !embed && !r->constraint.mask &&
+                 !r->prompt_logprobs;
+    s->greedy = r->sampling.temperature == 0 || r->sampling.top_k == 1;
     s->n_stop_ids = r->n_stop_ids;
     memcpy(s->stop_ids, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop_ids);
     s->id = ++e->next_id;
@@ -747,6 +847,11 @@ static void match_prefix(ts_engine *e, seq *s) {
     s->n_computed = k * (size_t)e->bs;
     s->n_inserted = k;
     s->last_hash = parent;
+    /* the draft's K/V: as far as the cached blocks carry it */
+    size_t d = 0;
+    while (e->has_draft && d < k && e->has_draft[s->blocks[d]])
+        d++;
+    s->n_draft = d * (size_t)e->bs;
 }
 
 /* the running sequence to preempt first: the highest priority value, the
@@ -836,6 +941,7 @@ static void admit(ts_engine *e, int room) {
 typedef struct {
     seq *s;
     size_t from, n; /* tokens [from, from + n) of s this step */
+    int spec;       /* the last spec of them: proposals (tok[n_tok ..)) */
 } slice;
 
 /* log-softmax of row at t and the n most likely tokens, into o */
@@ -909,10 +1015,11 @@ static bool apply_mask(ts_engine *e, seq *s, float *w, int64_t V) {
     return false;
 }
 
-/* the next token of s from its logits row: logit_bias added and the
- * constraint's mask applied on a copy; -1 when the constraint allows
- * nothing (or the sampler failed) */
-static int32_t draw(ts_engine *e, seq *s, const float *row, int64_t V) {
+/* the next token of s from its logits row given its first n_seen tokens:
+ * logit_bias added and the constraint's mask applied on a copy; -1 when
+ * the constraint allows nothing (or the sampler failed) */
+static int32_t draw(ts_engine *e, seq *s, const float *row, int64_t V,
+                    size_t n_seen) {
     const float *l = row;
     if (s->n_bias || s->con.mask) {
         memcpy(e->row, row, sizeof(float) * (size_t)V);
@@ -922,14 +1029,30 @@ static int32_t draw(ts_engine *e, seq *s, const float *row, int64_t V) {
             return -1;
         l = e->row;
     }
-    return ts_sampler_next(s->sm, l, V, s->tok, s->n_tok);
+    return ts_sampler_next(s->sm, l, V, s->tok, n_seen);
+}
+
+/* s's distribution from its logits row given its first n_seen tokens
+ * (logit_bias added; no constraint: it never speculates) into p[V] */
+static ts_status probs(ts_engine *e, seq *s, const float *row, int64_t V,
+                       size_t n_seen, float *p) {
+    const float *l = row;
+    if (s->n_bias) {
+        memcpy(e->row, row, sizeof(float) * (size_t)V);
+        for (int i = 0; i < s->n_bias; i++)
+            e->row[s->bias[i].token] += s->bias[i].bias;
+        l = e->row;
+    }
+    return ts_sampler_probs(s->sm, l, V, s->tok, n_seen, p);
 }
 
 static ts_engine_output first_fields(seq *s) {
     ts_engine_output o = {.id = s->id,
                           .cached_tokens = s->cached_tokens,
                           .prompt_tokens = (int64_t)s->n_prompt,
-                          .queue_s = s->queue_s};
+                          .queue_s = s->queue_s,
+                          .spec_proposed = s->spec_proposed,
+                          .spec_accepted = s->spec_accepted};
     if (!s->out_once && s->want_plp) { /* the prompt's log-probabilities */
         o.prompt_lp = s->plp;
         o.n_prompt_lp = s->plp ? s->n_prompt - 1 : 0;
@@ -981,7 +1104,7 @@ static void flush_pending(ts_engine *e, ts_engine_output *out, int cap,
 static void sample_row(ts_engine *e, seq *s, const float *row, int64_t V,
                        ts_engine_output *out, int cap, int *n_out) {
     ts_engine_output o = first_fields(s);
-    int32_t t = draw(e, s, row, V);
+    int32_t t = draw(e, s, row, V, s->n_tok);
     ts_finish_reason why = TS_FINISH_NONE;
     bool done = false;
     if (t < 0)
@@ -1022,6 +1145,172 @@ static void sample_row(ts_engine *e, seq *s, const float *row, int64_t V,
         if (!pend_push(e, &stop))
             emit(e, out, cap, n_out, &stop);
         why = TS_FINISH_STOP;
+    }
+    if (why != TS_FINISH_NONE)
+        end_request(e, s, why);
+}
+
+/* ---- speculative decoding ---- */
+
+/* room in s->tok for n tokens (proposals live past n_tok) */
+static bool reserve_tok(seq *s, size_t n) {
+    if (n <= s->cap_tok)
+        return true;
+    int32_t *p = realloc(s->tok, n * sizeof *p);
+    if (!p)
+        return false;
+    s->tok = p, s->cap_tok = n;
+    return true;
+}
+
+/* s keeps the blocks of its first n positions; the rest go back */
+static void trim_blocks(ts_engine *e, seq *s, size_t n) {
+    size_t keep = (n + (size_t)e->bs - 1) / (size_t)e->bs;
+    while (s->n_blocks > keep)
+        block_release(e, s->blocks[--s->n_blocks]);
+}
+
+/* blocks whose every position has the draft's K/V of s's accepted tokens
+ * (n_draft of them) are flagged: a sequence that reuses them from the
+ * prefix cache need not recompute the draft's */
+static void draft_mark(ts_engine *e, const seq *s) {
+    for (size_t k = 0; e->has_draft && k < s->n_blocks &&
+                       (k + 1) * (size_t)e->bs <= s->n_draft;
+         k++)
+        e->has_draft[s->blocks[k]] = true;
+}
+
+/* prompt lookup: the longest n-gram ending s's tokens (spec_ngram_max
+ * down to spec_ngram_min tokens) that occurred earlier in them proposes
+ * up to k of the tokens that followed its most recent occurrence, into
+ * tok[n_tok ..); their count (0: no match) */
+static int ngram_propose(const ts_engine *e, seq *s, int k) {
+    const int32_t *t = s->tok;
+    int64_t n = (int64_t)s->n_tok;
+    int64_t L = e->opt.spec_ngram_max < n - 1 ? e->opt.spec_ngram_max : n - 1;
+    for (; L >= e->opt.spec_ngram_min; L--) {
+        const int32_t *suffix = t + n - L;
+        for (int64_t j = n - L - 1; j >= 0; j--) { /* a token follows it */
+            if (t[j] != suffix[0] ||
+                memcmp(t + j, suffix, sizeof(int32_t) * (size_t)L))
+                continue;
+            int64_t m = n - (j + L);
+            m = m < k ? m : k;
+            memcpy(s->tok + n, t + j + L, sizeof(int32_t) * (size_t)m);
+            return (int)m;
+        }
+    }
+    return 0;
+}
+
+/* the draft's proposal i (0-based) for s from its logits row, into
+ * tok[n_tok + i]: the request's own sampling given the tokens before it
+ * (its distribution kept in q for the verification when it samples);
+ * false when none could be drawn */
+static bool draft_pick(ts_engine *e, seq *s, const float *row, int64_t V,
+                       int i) {
+    size_t n_seen = s->n_tok + (size_t)i;
+    int32_t x;
+    if (s->greedy)
+        x = draw(e, s, row, V, n_seen);
+    else {
+        if (!s->q)
+            s->q =
+                malloc(sizeof(float) * (size_t)e->opt.spec_tokens * (size_t)V);
+        float *q = s->q ? s->q + (size_t)i * (size_t)V : NULL;
+        x = q && probs(e, s, row, V, n_seen, q) == TS_OK
+                ? ts_sampler_draw(s->sm, q, V)
+                : -1;
+    }
+    if (x < 0)
+        return false;
+    s->tok[n_seen] = x;
+    return true;
+}
+
+/* a speculating sequence's 1 + spec_k logits rows (its last token's, then
+ * each proposal's): proposals accepted by the rule of speculative sampling
+ * (greedy: while each is the argmax), then one token drawn after them (at
+ * the first rejection from the residual, else the bonus from the last
+ * row); each an output, the request ending at the first that finishes it.
+ * The sequence rolls back to what was accepted: K/V rows past it are
+ * written over later, blocks past it go back, and only accepted full
+ * blocks join the prefix cache. */
+static void verify_rows(ts_engine *e, seq *s, const float *rows, int64_t V,
+                        ts_engine_output *out, int cap, int *n_out) {
+    int K = s->spec_k, a = 0;
+    size_t base = s->n_tok;
+    int32_t y = -1;
+    s->spec_k = 0;
+    for (int j = 0; j <= K; j++) {
+        const float *row = rows + (size_t)j * (size_t)V;
+        int32_t x = j < K ? s->tok[base + (size_t)j] : -1;
+        if (j == K || s->greedy) {
+            y = draw(e, s, row, V, base + (size_t)j);
+            if (j < K && y == x) {
+                a++;
+                continue;
+            }
+            break;
+        }
+        bool accepted = false;
+        const float *q = e->opt.spec == TS_SPEC_DRAFT
+                             ? s->q + (size_t)j * (size_t)V
+                             : NULL; /* prompt lookup: a one-hot q */
+        y = probs(e, s, row, V, base + (size_t)j, e->p) == TS_OK
+                ? ts_sampler_speculate(s->sm, e->p, q, V, x, &accepted)
+                : -1;
+        if (!accepted)
+            break;
+        a++;
+    }
+    if (y >= 0)
+        s->tok[base + (size_t)a] = y;
+    /* the tokens that go out: up to the first that ends the request */
+    int m = a + (y >= 0), n_emit = m;
+    ts_finish_reason why = TS_FINISH_NONE;
+    for (int j = 0; j < m; j++) {
+        int32_t t = s->tok[base + (size_t)j];
+        if (is_end(e, s, t))
+            why = TS_FINISH_STOP;
+        else if (s->n_generated + j + 1 >= s->max_tokens)
+            why = TS_FINISH_LENGTH;
+        else
+            continue;
+        n_emit = j + 1;
+        break;
+    }
+    /* nothing could be drawn after the accepted ones: the request ends */
+    bool failed = why == TS_FINISH_NONE && y < 0;
+    /* accepted: the proposals that go out (not those after an end) */
+    int took = a < n_emit ? a : n_emit;
+    s->spec_proposed += K, s->spec_accepted += took;
+    e->stats.spec_verifications++;
+    e->stats.spec_proposed += K, e->stats.spec_accepted += took;
+    s->n_tok = base + (size_t)n_emit;
+    s->n_computed = base + (size_t)a < s->n_tok ? base + (size_t)a : s->n_tok;
+    while ((s->n_inserted + 1) * (size_t)e->bs <= s->n_computed)
+        tree_insert(e, s, s->n_inserted);
+    if (s->n_draft > s->n_computed)
+        s->n_draft = s->n_computed;
+    draft_mark(e, s);
+    trim_blocks(e, s, s->n_tok);
+    for (int j = 0; j < n_emit; j++) {
+        ts_engine_output o = first_fields(s);
+        o.token = s->tok[base + (size_t)j];
+        o.finish = j == n_emit - 1 ? why : TS_FINISH_NONE;
+        s->n_generated++;
+        e->stats.generated_tokens++;
+        if (s->logprobs) /* the model's distribution at that position */
+            fill_logprobs(rows + (size_t)j * (size_t)V, V, o.token,
+                          s->logprobs - 1, &o);
+        emit(e, out, cap, n_out, &o);
+    }
+    if (failed) {
+        ts_engine_output o = first_fields(s);
+        o.token = -1;
+        o.finish = why = TS_FINISH_ABORT;
+        emit(e, out, cap, n_out, &o);
     }
     if (why != TS_FINISH_NONE)
         end_request(e, s, why);
@@ -1084,7 +1373,7 @@ static bool readout_new(readout *ro, int n_sl, size_t N, int64_t C) {
 /* slice (s, from, n) starts at flat index t0: its rows to read out */
 static void plan_rows(readout *ro, const slice *x, int32_t t0, bool sample) {
     seq *s = x->s;
-    bool ends = x->from + x->n == s->n_tok;
+    bool ends = x->from + x->n - (size_t)x->spec == s->n_tok;
     if (s->pooling) {
         if (sample) /* embeddings: hidden rows only */
             return;
@@ -1097,11 +1386,12 @@ static void plan_rows(readout *ro, const slice *x, int32_t t0, bool sample) {
             }
         return;
     }
-    if (sample && ends) {
-        ro->rows[ro->n_rows] = t0 + (int32_t)x->n - 1;
-        ro->row_pos[ro->n_rows] = (int32_t)s->n_tok - 1;
-        ro->row_seq[ro->n_rows++] = s;
-    }
+    if (sample && ends) /* the last token's row, then each proposal's */
+        for (int j = 0; j <= x->spec; j++) {
+            ro->rows[ro->n_rows] = t0 + (int32_t)x->n - 1 - x->spec + j;
+            ro->row_pos[ro->n_rows] = (int32_t)s->n_tok - 1 + j;
+            ro->row_seq[ro->n_rows++] = s;
+        }
     if (!sample && s->want_plp && !s->out_once)
         for (size_t j = 0; j < x->n; j++)
             if (x->from + j + 1 < s->n_prompt) {
@@ -1114,10 +1404,52 @@ static void plan_rows(readout *ro, const slice *x, int32_t t0, bool sample) {
 /* 64 MiB of f32 logits rows for prompt log-probabilities per step */
 #define PLP_STEP_FLOATS ((int64_t)16 << 20)
 
-/* decodes first (one token each), then prefill chunks up to the budget;
- * blocks for every position written this step, preempting the youngest
- * sequences when the pool runs short. false: nothing can make room */
-static bool schedule(ts_engine *e, slice *sl, int *n_sl_out) {
+/* speculative tokens for the decoding slices sl[0..n_sl), in order, out
+ * of the budget and room (outputs beyond one per sequence): as many as
+ * spec_tokens and the request's max_tokens allow (prompt lookup: as many
+ * as it finds), written to tok[n_tok ..) by prompt lookup (the draft's
+ * come once their blocks are there) */
+static void spec_assign(ts_engine *e, slice *sl, int n_sl, int64_t *budget,
+                        int64_t room) {
+    for (int k = 0; k < n_sl && e->opt.spec != TS_SPEC_NONE; k++) {
+        seq *s = sl[k].s;
+        int64_t want = e->opt.spec_tokens,
+                left = (int64_t)s->max_tokens - s->n_generated - 1;
+        want = left < want ? left : want;
+        want = *budget < want ? *budget : want;
+        want = room < want ? room : want;
+        if (!s->spec_ok || want <= 0 ||
+            !reserve_tok(s, s->n_tok + (size_t)want + 1))
+            continue;
+        if (e->opt.spec == TS_SPEC_NGRAM)
+            want = ngram_propose(e, s, (int)want);
+        sl[k].spec = (int)want;
+        *budget -= want, room -= want;
+    }
+}
+
+/* blocks for the proposals' positions, evicting cached leaves but never
+ * preempting: a sequence gets fewer proposals (maybe none) instead */
+static void spec_blocks(ts_engine *e, slice *sl, int n_sl) {
+    for (int k = 0; k < n_sl; k++) {
+        seq *s = sl[k].s;
+        size_t end = sl[k].from + sl[k].n + (size_t)sl[k].spec;
+        size_t need = (end + (size_t)e->bs - 1) / (size_t)e->bs;
+        while (s->n_blocks < need && grow(e, s))
+            ;
+        if (s->n_blocks < need)
+            sl[k].spec =
+                (int)(s->n_blocks * (size_t)e->bs - sl[k].from - sl[k].n);
+        sl[k].n += (size_t)sl[k].spec;
+    }
+}
+
+/* decodes first (one token each, and their proposals), then prefill
+ * chunks up to the budget; blocks for every position written this step,
+ * preempting the youngest sequences when the pool runs short (never for a
+ * proposal). false: nothing can make room */
+static bool schedule(ts_engine *e, slice *sl, int *n_sl_out,
+                     int64_t spec_room) {
     int n_sl = 0;
     int64_t budget = e->opt.max_batch_tokens;
     /* prompt log-probabilities read a logits row per prompt token: at most
@@ -1125,7 +1457,7 @@ static bool schedule(ts_engine *e, slice *sl, int *n_sl_out) {
     int64_t vocab = ts_decoder_get_config(e->m)->vocab;
     int64_t plp_left =
         PLP_STEP_FLOATS / vocab > 0 ? PLP_STEP_FLOATS / vocab : 1;
-    for (int pass = 0; pass < 2; pass++)
+    for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < e->n_running && budget > 0; i++) {
             seq *s = e->running[i];
             size_t left = s->n_tok - s->n_computed;
@@ -1140,9 +1472,12 @@ static bool schedule(ts_engine *e, slice *sl, int *n_sl_out) {
                     n = (size_t)plp_left;
                 plp_left -= (int64_t)n;
             }
-            sl[n_sl++] = (slice){s, s->n_computed, n};
+            sl[n_sl++] = (slice){s, s->n_computed, n, 0};
             budget -= (int64_t)n;
         }
+        if (pass == 0)
+            spec_assign(e, sl, n_sl, &budget, spec_room);
+    }
     for (int k = 0; k < n_sl; k++) {
         seq *s = sl[k].s;
         size_t need =
@@ -1170,6 +1505,7 @@ static bool schedule(ts_engine *e, slice *sl, int *n_sl_out) {
                 break; /* s's slice is gone; on to the next one */
         }
     }
+    spec_blocks(e, sl, n_sl);
     *n_sl_out = n_sl;
     return true;
 }
@@ -1205,9 +1541,15 @@ static void read_out(ts_engine *e, const readout *ro, const slice *sl, int n_sl,
     for (int k = 0; k < n_sl; k++)
         if (sl[k].s->pooling && sl[k].from + sl[k].n == sl[k].s->n_tok)
             finish_embedding(e, sl[k].s, ro->C, out, cap, n_out);
-    for (int r = 0; r < ro->n_sample; r++)
-        sample_row(e, ro->row_seq[r], L + (size_t)r * (size_t)V, V, out, cap,
-                   n_out);
+    for (int r = 0; r < ro->n_sample; r++) {
+        seq *s = ro->row_seq[r];
+        int k = s->spec_k; /* s may be gone after its rows */
+        if (k)
+            verify_rows(e, s, L + (size_t)r * (size_t)V, V, out, cap, n_out);
+        else
+            sample_row(e, s, L + (size_t)r * (size_t)V, V, out, cap, n_out);
+        r += k;
+    }
 }
 
 /* ---- compiled steps ----
@@ -1306,9 +1648,14 @@ static ts_status forward_compiled(ts_engine *e, const int32_t *meta, int n_sl,
     return st;
 }
 
-/* the one forward pass over the slices: K/V written, rows read out */
-static ts_status forward(ts_engine *e, const slice *sl, int n_sl, readout *ro,
-                         ts_tensor **logits, ts_tensor **hidden) {
+/* one pass of model m over its pool (the target's, or the draft's) for
+ * the slices: their K/V written, the logits at rows[] and the final
+ * hidden states at hrows[] read out; compiled (forward_compiled) when
+ * asked, else eager */
+static ts_status model_pass(ts_engine *e, bool draft, bool compiled,
+                            const slice *sl, int n_sl, const int32_t *rows,
+                            int n_rows, const int32_t *hrows, int n_h,
+                            ts_tensor **logits, ts_tensor **hidden) {
     ts_ctx *ctx = e->ctx;
     size_t N = 0;
     int64_t max_b = 0;
@@ -1322,8 +1669,7 @@ static ts_status forward(ts_engine *e, const slice *sl, int n_sl, readout *ro,
     int32_t *meta = calloc(meta_n, sizeof *meta);
     int32_t *pos = malloc(sizeof(int32_t) * N);
     int64_t *ids = malloc(sizeof(int64_t) * N);
-    const ts_model_config *c = ts_decoder_get_config(e->m);
-    ts_status st = meta && pos && ids && readout_new(ro, n_sl, N, c->hidden)
+    ts_status st = meta && pos && ids
                        ? TS_OK
                        : ts_set_error(ctx, TS_ERR_OOM, "engine: out of memory");
     if (st == TS_OK) {
@@ -1343,43 +1689,172 @@ static ts_status forward(ts_engine *e, const slice *sl, int n_sl, readout *ro,
             }
         }
         start[n_sl] = (int32_t)t;
-        for (int pass = 0; pass < 2; pass++) { /* sampling rows first */
-            int32_t t0 = 0;
-            for (int k = 0; k < n_sl; k++) {
-                plan_rows(ro, &sl[k], t0, pass == 0);
-                t0 += (int32_t)sl[k].n;
-            }
-            if (pass == 0)
-                ro->n_sample = ro->n_rows;
-        }
-    }
-    if (st == TS_OK) {
         bool old = ts_set_grad_enabled(ctx, false);
-        /* compiled unless asked not to; steps that read prompt rows or
-         * hidden states (prompt logprobs, embeddings) run eagerly: their
-         * row counts vary too much to bucket */
-        if (e->compiled && !ro->n_h && ro->n_rows == ro->n_sample) {
+        if (compiled && !draft) {
             st = forward_compiled(e, meta, n_sl, max_b, (int64_t)N, ids, pos,
-                                  ro->rows, ro->n_rows, logits);
+                                  rows, n_rows, logits);
         } else {
             ts_mode mode = ts_set_mode(ctx, TS_MODE_EAGER);
             int64_t ishape[2] = {1, (int64_t)N}, mshape[1] = {(int64_t)meta_n};
             ts_tensor *in = ts_from_data(ctx, TS_I64, 2, ishape, ids);
             ts_tensor *mt = ts_from_data(ctx, TS_I32, 1, mshape, meta);
-            st = in && mt ? ts_decoder_forward_paged_ex(
-                                e->m, e->pool, in, pos, mt, ro->rows,
-                                ro->n_rows, ro->hrows, ro->n_h, logits, hidden)
-                          : ts_ctx_status(ctx);
+            st = in && mt
+                     ? ts_decoder_forward_paged_ex(draft ? e->draft : e->m,
+                                                   draft ? e->dpool : e->pool,
+                                                   in, pos, mt, rows, n_rows,
+                                                   hrows, n_h, logits, hidden)
+                     : ts_ctx_status(ctx);
             ts_set_mode(ctx, mode);
             ts_release(in), ts_release(mt);
         }
         ts_set_grad_enabled(ctx, old);
-        if (st == TS_OK) {
-            e->stats.steps++;
-            e->stats.batch_tokens += (int64_t)N;
-        }
     }
     free(meta), free(pos), free(ids);
+    return st;
+}
+
+/* the one forward pass of the model over the slices: K/V written, rows
+ * read out */
+static ts_status forward(ts_engine *e, const slice *sl, int n_sl, readout *ro,
+                         ts_tensor **logits, ts_tensor **hidden) {
+    size_t N = 0;
+    for (int k = 0; k < n_sl; k++)
+        N += sl[k].n;
+    const ts_model_config *c = ts_decoder_get_config(e->m);
+    if (!readout_new(ro, n_sl, N, c->hidden))
+        return ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");
+    for (int pass = 0; pass < 2; pass++) { /* sampling rows first */
+        int32_t t0 = 0;
+        for (int k = 0; k < n_sl; k++) {
+            plan_rows(ro, &sl[k], t0, pass == 0);
+            t0 += (int32_t)sl[k].n;
+        }
+        if (pass == 0)
+            ro->n_sample = ro->n_rows;
+    }
+    /* compiled unless asked not to; steps that read prompt rows or
+     * hidden states (prompt logprobs, embeddings) run eagerly: their
+     * row counts vary too much to bucket */
+    bool compiled = e->compiled && !ro->n_h && ro->n_rows == ro->n_sample;
+    ts_status st = model_pass(e, false, compiled, sl, n_sl, ro->rows,
+                              ro->n_rows, ro->hrows, ro->n_h, logits, hidden);
+    if (st == TS_OK) {
+        e->stats.steps++;
+        e->stats.batch_tokens += (int64_t)N;
+    }
+    return st;
+}
+
+/* one draft pass over ds[0..n): the logits of the last row of each of the
+ * first n_read slices give s's proposal i. A proposal that cannot be drawn
+ * ends its slice's (sl's) proposals there */
+static ts_status draft_pass(ts_engine *e, const slice *ds, int n, int n_read,
+                            slice *sl, const int *of, int i) {
+    int32_t *rows = calloc((size_t)(n_read ? n_read : 1), sizeof(int32_t));
+    if (!rows)
+        return ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");
+    int32_t t0 = 0;
+    for (int k = 0; k < n; k++) {
+        t0 += (int32_t)ds[k].n;
+        if (k < n_read)
+            rows[k] = t0 - 1;
+    }
+    ts_tensor *logits = NULL, *hl = NULL;
+    ts_status st =
+        model_pass(e, true, false, ds, n, rows, n_read, NULL, 0, &logits, NULL);
+    const float *L = st == TS_OK && n_read ? host_rows(logits, &hl) : NULL;
+    if (st == TS_OK && n_read && !L)
+        st = ts_ctx_status(e->ctx) ? ts_ctx_status(e->ctx) : TS_ERR_STATE;
+    for (int k = 0; k < n && st == TS_OK; k++) {
+        seq *s = ds[k].s;
+        s->n_draft = ds[k].from + ds[k].n;
+        if (k >= n_read)
+            continue;
+        int64_t V = ts_tensor_dim(hl, 1);
+        slice *x = &sl[of[k]];
+        if (!draft_pick(e, s, L + (size_t)k * (size_t)V, V, i)) {
+            x->n -= (size_t)(x->spec - i); /* the proposals so far */
+            x->spec = i;
+            trim_blocks(e, s, x->from + x->n);
+        }
+    }
+    ts_release(hl), ts_release(logits);
+    free(rows);
+    return st;
+}
+
+/* the draft model's proposals, batched over the speculating slices before
+ * the target's pass. Pass 0 catches the draft's K/V up with the target's
+ * tokens (what it lacks of the prompt, of blocks reused from the cache and
+ * of accepted tokens; at most max_batch_tokens, speculating slices first)
+ * and reads each speculating sequence's first proposal off its last
+ * token's row; pass i feeds proposal i for the next one. A sequence whose
+ * catch-up does not fit this step proposes nothing; every sequence that
+ * may speculate keeps up with its prefill this way. */
+static ts_status draft_propose(ts_engine *e, slice *sl, int n_sl) {
+    slice *ds = malloc(sizeof *ds * (size_t)n_sl);
+    int *of = malloc(sizeof(int) * (size_t)n_sl);
+    if (!ds || !of) {
+        free(ds), free(of);
+        return ts_set_error(e->ctx, TS_ERR_OOM, "engine: out of memory");
+    }
+    int64_t budget = e->opt.max_batch_tokens;
+    int n_ds = 0, n_read = 0, max_spec = 0;
+    for (int k = 0; k < n_sl; k++) /* a failed step may have left more */
+        if (sl[k].s->n_draft > sl[k].s->n_computed)
+            sl[k].s->n_draft = sl[k].s->n_computed;
+    for (int want = 1; want >= 0; want--)
+        for (int k = 0; k < n_sl; k++) {
+            seq *s = sl[k].s;
+            if (!s->spec_ok || (sl[k].spec > 0) != (want == 1))
+                continue;
+            /* one that will never speculate (max_tokens) needs no draft */
+            if (!sl[k].spec && s->max_tokens - s->n_generated < 3)
+                continue;
+            /* through the last token for a speculating slice, else
+             * through what the target computes this step */
+            size_t end = sl[k].from + sl[k].n - (size_t)sl[k].spec;
+            /* (a slice cut to no proposals below comes round again with
+             * want 0 only once the budget is spent: it is skipped then) */
+            if (s->n_draft >= end || budget <= 0) {
+                if (want && budget <= 0) { /* no room to catch up */
+                    sl[k].n -= (size_t)sl[k].spec, sl[k].spec = 0;
+                    trim_blocks(e, s, sl[k].from + sl[k].n);
+                }
+                continue;
+            }
+            size_t m = end - s->n_draft;
+            if ((int64_t)m > budget) {
+                m = (size_t)budget;
+                if (want) { /* it catches up now, proposes later */
+                    sl[k].n -= (size_t)sl[k].spec, sl[k].spec = 0;
+                    trim_blocks(e, s, sl[k].from + sl[k].n);
+                }
+            }
+            if (sl[k].spec > 0) { /* read rows: the first n_read */
+                of[n_read] = k;
+                ds[n_ds] = ds[n_read];
+                ds[n_read++] = (slice){s, s->n_draft, m, 0};
+                max_spec = sl[k].spec > max_spec ? sl[k].spec : max_spec;
+            } else
+                ds[n_ds] = (slice){s, s->n_draft, m, 0};
+            n_ds++;
+            budget -= (int64_t)m;
+        }
+    ts_status st = n_ds ? draft_pass(e, ds, n_ds, n_read, sl, of, 0) : TS_OK;
+    for (int k = 0; k < n_ds; k++)
+        draft_mark(e, ds[k].s); /* catch-up: accepted tokens only */
+    for (int i = 1; i < max_spec && st == TS_OK; i++) {
+        int n = 0;
+        for (int k = 0; k < n_sl; k++)
+            if (sl[k].spec > i) {
+                seq *s = sl[k].s;
+                of[n] = k;
+                ds[n++] = (slice){s, s->n_tok + (size_t)i - 1, 1, 0};
+            }
+        st = n ? draft_pass(e, ds, n, n, sl, of, i) : TS_OK;
+    }
+    free(ds), free(of);
     return st;
 }
 
@@ -1393,7 +1868,7 @@ static ts_status step_run(ts_engine *e, ts_engine_output *out, int cap,
     if (!sl)
         return ts_set_error(ctx, TS_ERR_OOM, "engine: out of memory");
     int n_sl = 0;
-    if (!schedule(e, sl, &n_sl)) {
+    if (!schedule(e, sl, &n_sl, (int64_t)cap - e->n_running)) {
         free(sl);
         return ts_set_error(ctx, TS_ERR_STATE,
                             "engine: out of KV blocks with nothing to evict "
@@ -1405,11 +1880,16 @@ static ts_status step_run(ts_engine *e, ts_engine_output *out, int cap,
     }
     readout ro = {0};
     ts_tensor *logits = NULL, *hidden = NULL;
-    ts_status st = forward(e, sl, n_sl, &ro, &logits, &hidden);
+    ts_status st = e->draft ? draft_propose(e, sl, n_sl) : TS_OK;
+    for (int k = 0; k < n_sl; k++)
+        sl[k].s->spec_k = sl[k].spec;
+    if (st == TS_OK)
+        st = forward(e, sl, n_sl, &ro, &logits, &hidden);
     if (st == TS_OK) {
         for (int k = 0; k < n_sl; k++) {
             seq *s = sl[k].s;
-            s->n_computed += sl[k].n;
+            /* a speculating sequence's proposals count once accepted */
+            s->n_computed += sl[k].n - (size_t)sl[k].spec;
             /* full blocks of known tokens join the prefix cache */
             while ((s->n_inserted + 1) * (size_t)e->bs <= s->n_computed)
                 tree_insert(e, s, s->n_inserted);

@@ -1,8 +1,11 @@
 /* sampler.c — next-token sampling from a row of logits, in the order
  * Hugging Face's generate applies its processors: repetition penalty,
  * temperature, top-k, top-p, min-p, then a draw from the softmax with a
- * seeded generator (xoshiro256**); temperature 0 is the argmax. Owns only
- * its scratch buffers and generator state. */
+ * seeded generator (xoshiro256**); temperature 0 is the argmax. For
+ * speculative decoding: the same transforms as a distribution
+ * (ts_sampler_probs), draws from a given one, and the accept/resample rule
+ * of speculative sampling. Owns only its scratch buffers and generator
+ * state. */
 #define _GNU_SOURCE /* qsort_r */
 #include "tessera_engine.h"
 
@@ -154,23 +157,40 @@ static int32_t draw_all(float *l, int64_t V, float mx, double r) {
     return last; /* rounding left u: the last token that may be drawn */
 }
 
-int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
-                        const int32_t *seen, size_t n_seen) {
-    if (!sm || !logits || V <= 0)
-        return -1;
-    if (V > sm->cap) {
-        float *w = realloc(sm->work, sizeof(float) * (size_t)V);
-        int32_t *o = realloc(sm->order, sizeof(int32_t) * (size_t)V);
-        if (w)
-            sm->work = w;
-        if (o)
-            sm->order = o;
-        if (!w || !o) {
-            ts_set_error(sm->ctx, TS_ERR_OOM, "sampler: out of memory");
-            return -1;
-        }
-        sm->cap = V;
+/* what the request's transforms leave of a row: one token (greedy, or a
+ * degenerate row), the whole softmax of l (no filter), or the kept prefix
+ * ord[0..keep) of the tokens sorted best first. l is sm->work: the row
+ * after penalties, divided by the temperature; mx its largest entry. */
+typedef enum { KEPT_ONE, KEPT_ALL, KEPT_SORTED } kept_kind;
+typedef struct {
+    kept_kind kind;
+    int32_t token; /* KEPT_ONE */
+    float mx;
+    int64_t keep; /* KEPT_SORTED: sm->order[0..keep) */
+} kept;
+
+static bool ensure_work(ts_sampler *sm, int64_t V) {
+    if (V <= sm->cap)
+        return true;
+    float *w = realloc(sm->work, sizeof(float) * (size_t)V);
+    int32_t *o = realloc(sm->order, sizeof(int32_t) * (size_t)V);
+    if (w)
+        sm->work = w;
+    if (o)
+        sm->order = o;
+    if (!w || !o) {
+        ts_set_error(sm->ctx, TS_ERR_OOM, "sampler: out of memory");
+        return false;
     }
+    sm->cap = V;
+    return true;
+}
+
+/* the penalties, temperature and filters over a copy of logits[V] */
+static bool transform(ts_sampler *sm, const float *logits, int64_t V,
+                      const int32_t *seen, size_t n_seen, kept *k) {
+    if (!ensure_work(sm, V))
+        return false;
     float *l = sm->work;
     memcpy(l, logits, sizeof(float) * (size_t)V);
     const ts_sampling *s = &sm->s;
@@ -198,8 +218,11 @@ int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
             l[t] -= (float)s->frequency_penalty +
                     (first ? (float)s->presence_penalty : 0.0f);
         }
-    if (s->temperature == 0 || s->top_k == 1)
-        return argmax(l, V);
+    k->kind = KEPT_ONE;
+    if (s->temperature == 0 || s->top_k == 1) {
+        k->token = argmax(l, V);
+        return true;
+    }
     /* the best token and the largest finite magnitude: a temperature so
      * small that the scaled logits overflow samples at its limit, greedy
      * (the order of l is that of l / temperature) */
@@ -210,17 +233,22 @@ int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
         if (isfinite(l[i]) && fabs(l[i]) > amax)
             amax = fabs(l[i]);
     }
+    k->token = best;
     if ((float)s->temperature == 0 || amax / s->temperature > 1e37)
-        return best;
-    if (l[best] == -INFINITY) /* everything banned: the sorted walk's end */
-        return 0;
+        return true;
+    if (l[best] == -INFINITY) { /* everything banned: the sorted walk's end */
+        k->token = 0;
+        return true;
+    }
     for (int64_t i = 0; i < V; i++)
         l[i] /= (float)s->temperature;
     float mx = l[best];
+    k->mx = mx;
     bool cut_k = s->top_k > 0 && s->top_k < V;
-    double r = (double)(next_u64(sm->rng) >> 11) * (1.0 / 9007199254740992.0);
-    if (!cut_k && s->top_p >= 1 && s->min_p <= 0)
-        return draw_all(l, V, mx, r);
+    if (!cut_k && s->top_p >= 1 && s->min_p <= 0) {
+        k->kind = KEPT_ALL;
+        return true;
+    }
     /* The filters read the best tokens in order: sort only those within
      * delta of the best, widening until the kept prefix ends inside them
      * (a near-flat row ends in a full sort). */
@@ -275,6 +303,31 @@ int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
         }
         break;
     }
+    k->kind = KEPT_SORTED;
+    k->keep = keep;
+    return true;
+}
+
+/* a uniform double in [0, 1) from the generator */
+static double uniform(ts_sampler *sm) {
+    return (double)(next_u64(sm->rng) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
+                        const int32_t *seen, size_t n_seen) {
+    if (!sm || !logits || V <= 0)
+        return -1;
+    kept k;
+    if (!transform(sm, logits, V, seen, n_seen, &k))
+        return -1;
+    if (k.kind == KEPT_ONE)
+        return k.token;
+    float *l = sm->work, mx = k.mx;
+    double r = uniform(sm);
+    if (k.kind == KEPT_ALL)
+        return draw_all(l, V, mx, r);
+    int32_t *ord = sm->order;
+    int64_t keep = k.keep;
     double sum = 0;
     for (int64_t i = 0; i < keep; i++)
         sum += exp((double)l[ord[i]] - mx);
@@ -289,4 +342,90 @@ int32_t ts_sampler_next(ts_sampler *sm, const float *logits, int64_t V,
     while (keep > 1 && l[ord[keep - 1]] == -INFINITY)
         keep--;
     return ord[keep - 1];
+}
+
+ts_status ts_sampler_probs(ts_sampler *sm, const float *logits, int64_t V,
+                           const int32_t *seen, size_t n_seen, float *p) {
+    if (!sm || !logits || !p || V <= 0)
+        return sm ? ts_set_error(sm->ctx, TS_ERR_INVALID_ARG,
+                                 "sampler_probs: NULL argument or V %lld",
+                                 (long long)V)
+                  : TS_ERR_INVALID_ARG;
+    kept k;
+    if (!transform(sm, logits, V, seen, n_seen, &k))
+        return TS_ERR_OOM;
+    const float *l = sm->work;
+    if (k.kind == KEPT_ONE) {
+        memset(p, 0, sizeof(float) * (size_t)V);
+        p[k.token] = 1;
+        return TS_OK;
+    }
+    double sum = 0;
+    if (k.kind == KEPT_ALL) {
+        for (int64_t i = 0; i < V; i++)
+            sum += exp((double)l[i] - k.mx);
+        for (int64_t i = 0; i < V; i++)
+            p[i] = (float)(exp((double)l[i] - k.mx) / sum);
+        return TS_OK;
+    }
+    const int32_t *ord = sm->order;
+    memset(p, 0, sizeof(float) * (size_t)V);
+    for (int64_t i = 0; i < k.keep; i++)
+        sum += exp((double)l[ord[i]] - k.mx);
+    for (int64_t i = 0; i < k.keep; i++)
+        p[ord[i]] = (float)(exp((double)l[ord[i]] - k.mx) / sum);
+    return TS_OK;
+}
+
+/* a draw from w[V] >= 0 (any scale) with u in [0, 1), in id order; -1
+ * when nothing has weight */
+static int32_t draw_weights(const float *w, int64_t V, double u) {
+    double sum = 0;
+    for (int64_t i = 0; i < V; i++)
+        sum += w[i] > 0 ? (double)w[i] : 0;
+    if (!(sum > 0))
+        return -1;
+    double x = u * sum;
+    int32_t last = -1;
+    for (int64_t i = 0; i < V; i++) {
+        if (!(w[i] > 0))
+            continue;
+        last = (int32_t)i;
+        x -= (double)w[i];
+        if (x < 0)
+            return last;
+    }
+    return last; /* rounding left x: the last token with weight */
+}
+
+int32_t ts_sampler_draw(ts_sampler *sm, const float *p, int64_t V) {
+    if (!sm || !p || V <= 0)
+        return -1;
+    return draw_weights(p, V, uniform(sm));
+}
+
+int32_t ts_sampler_speculate(ts_sampler *sm, const float *p, const float *q,
+                             int64_t V, int32_t x, bool *accepted) {
+    if (accepted)
+        *accepted = false;
+    if (!sm || !p || V <= 0 || x < 0 || x >= V || !accepted)
+        return -1;
+    double qx = q ? (double)q[x] : 1, px = (double)p[x];
+    /* accept with probability min(1, p(x) / q(x)) */
+    if (px > 0 && (px >= qx || uniform(sm) * qx < px)) {
+        *accepted = true;
+        return x;
+    }
+    /* rejected: the residual normalize(max(0, p - q)) */
+    if (!ensure_work(sm, V))
+        return -1;
+    float *r = sm->work;
+    for (int64_t i = 0; i < V; i++) {
+        float d = p[i] - (q ? q[i] : (i == x ? 1.0f : 0.0f));
+        r[i] = d > 0 ? d : 0;
+    }
+    int32_t t = draw_weights(r, V, uniform(sm));
+    /* p == q up to rounding leaves no residual mass: p itself (what it
+     * would be in exact arithmetic, never reached then) */
+    return t >= 0 ? t : draw_weights(p, V, uniform(sm));
 }
