@@ -122,6 +122,7 @@ struct ts_engine {
     float *p; /* scratch of a verification: the target's distribution */
     ts_engine_options opt;
     bool compiled; /* model steps in the compiled mode (forward_compiled) */
+    bool compiled_draft; /* the draft's passes too */
     int64_t bs, n_blocks, max_blocks_per_seq;
     int32_t *ref;  /* per block */
     bool *in_tree; /* per block: the prefix cache holds one reference */
@@ -524,11 +525,11 @@ ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
     for (int64_t b = nb - 1; b >= 0; b--)
         e->free_list[e->n_free++] = (int32_t)b;
     /* one block more than the engine hands out: compiled steps' padding
-     * tokens write there (forward_compiled); the draft's steps are eager */
+     * tokens write there (forward_compiled), in the draft's pool too */
     s = ts_kv_pool_new(m, nb + 1, e->bs, &e->pool);
     if (s == TS_OK && o.spec == TS_SPEC_DRAFT) {
         e->draft = o.spec_draft; /* its pool: the same blocks' draft K/V */
-        s = ts_kv_pool_new(e->draft, nb, e->bs, &e->dpool);
+        s = ts_kv_pool_new(e->draft, nb + 1, e->bs, &e->dpool);
     }
     if (s != TS_OK) {
         ts_engine_free(e);
@@ -536,6 +537,7 @@ ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
     }
     e->stats.blocks_total = nb;
     e->compiled = !o.enforce_eager && all_on_cpu(m);
+    e->compiled_draft = e->compiled && e->draft && all_on_cpu(e->draft);
     *out = e;
     return TS_OK;
 }
@@ -1586,8 +1588,9 @@ static bool all_on_cpu(ts_decoder *m) {
  * padded to its bucket and run in the compiled mode: logits of rows
  * [0, n_rows) in *logits ((bucket rows, V); the rows past n_rows are
  * padding) */
-static ts_status forward_compiled(ts_engine *e, const int32_t *meta, int n_sl,
-                                  int64_t max_b, int64_t N, const int64_t *ids,
+static ts_status forward_compiled(ts_engine *e, ts_decoder *m, ts_kv_pool *pool,
+                                  const int32_t *meta, int n_sl, int64_t max_b,
+                                  int64_t N, const int64_t *ids,
                                   const int32_t *pos, const int32_t *rows,
                                   int64_t n_rows, ts_tensor **logits) {
     ts_ctx *ctx = e->ctx;
@@ -1633,8 +1636,8 @@ static ts_status forward_compiled(ts_engine *e, const int32_t *meta, int n_sl,
         ts_tensor *in = ts_from_data(ctx, TS_I64, 2, ishape, ids2);
         ts_tensor *mt = ts_from_data(ctx, TS_I32, 1, mshape, m2);
         st = in && mt
-                 ? ts_decoder_forward_paged_ex(e->m, e->pool, in, pos2, mt,
-                                               rows2, Rb, NULL, 0, logits, NULL)
+                 ? ts_decoder_forward_paged_ex(m, pool, in, pos2, mt, rows2, Rb,
+                                               NULL, 0, logits, NULL)
                  : ts_ctx_status(ctx);
         ts_release(in), ts_release(mt);
         if (st == TS_OK)
@@ -1690,9 +1693,10 @@ static ts_status model_pass(ts_engine *e, bool draft, bool compiled,
         }
         start[n_sl] = (int32_t)t;
         bool old = ts_set_grad_enabled(ctx, false);
-        if (compiled && !draft) {
-            st = forward_compiled(e, meta, n_sl, max_b, (int64_t)N, ids, pos,
-                                  rows, n_rows, logits);
+        if (compiled) {
+            st = forward_compiled(e, draft ? e->draft : e->m,
+                                  draft ? e->dpool : e->pool, meta, n_sl, max_b,
+                                  (int64_t)N, ids, pos, rows, n_rows, logits);
         } else {
             ts_mode mode = ts_set_mode(ctx, TS_MODE_EAGER);
             int64_t ishape[2] = {1, (int64_t)N}, mshape[1] = {(int64_t)meta_n};
@@ -1760,8 +1764,8 @@ static ts_status draft_pass(ts_engine *e, const slice *ds, int n, int n_read,
             rows[k] = t0 - 1;
     }
     ts_tensor *logits = NULL, *hl = NULL;
-    ts_status st =
-        model_pass(e, true, false, ds, n, rows, n_read, NULL, 0, &logits, NULL);
+    ts_status st = model_pass(e, true, e->compiled_draft, ds, n, rows, n_read,
+                              NULL, 0, &logits, NULL);
     const float *L = st == TS_OK && n_read ? host_rows(logits, &hl) : NULL;
     if (st == TS_OK && n_read && !L)
         st = ts_ctx_status(e->ctx) ? ts_ctx_status(e->ctx) : TS_ERR_STATE;
