@@ -94,8 +94,11 @@ static double run_case(ts_ctx *ctx, const char *kt, int n_seqs, int nnew,
     if (ok) {
         qsort(t, (size_t)reps, sizeof *t, cmp_double);
         med = 1e3 * t[reps / 2];
-    } else
+    } else {
+        if (getenv("BENCH_PAGED_VERBOSE"))
+            fprintf(stderr, "%s: %s\n", kt, ts_errmsg(ctx));
         ts_clear_error(ctx);
+    }
     free(t), free(meta);
     ts_release(mt), ts_release(q), ts_release(k), ts_release(v);
     ts_release(kp), ts_release(vp);
