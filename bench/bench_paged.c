@@ -9,9 +9,13 @@
  *    positions, and for 1 sequence of 4,000.
  * The median time of a call, in ms, per pool type (n/a where the kernel
  * refuses the type).
- *   bench_paged [--reps N] */
+ *   bench_paged [--reps N] [--case I] [--type f32|bf16|int8] [--cpu]
+ * (--case, --type: that one only, e.g. under a profiler; --cpu: the
+ * process's CPU time instead of wall time, steadier on a shared machine,
+ * with TS_NUM_THREADS=1) */
 #include "tessera.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,9 +23,11 @@
 
 enum { H = 16, KV = 8, D = 128, BS = 16 };
 
+static bool cpu_time; /* --cpu */
+
 static double now(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(cpu_time ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -63,8 +69,8 @@ static ts_tensor *pool_new(ts_ctx *ctx, const char *kt, int64_t nb,
 static double run_case(ts_ctx *ctx, const char *kt, int n_seqs, int nnew,
                        int clen, int reps) {
     int64_t per = (clen + nnew + BS - 1) / BS, nb = per * n_seqs + 1;
-    int64_t N = (int64_t)n_seqs * nnew, nmeta = 2 + (n_seqs + 1) + n_seqs +
-                                                 (int64_t)n_seqs * per;
+    int64_t N = (int64_t)n_seqs * nnew,
+            nmeta = 2 + (n_seqs + 1) + n_seqs + (int64_t)n_seqs * per;
     int32_t *meta = calloc((size_t)nmeta, sizeof *meta);
     meta[0] = n_seqs, meta[1] = (int32_t)per;
     int32_t *start = meta + 2, *cl = start + n_seqs + 1, *table = cl + n_seqs;
@@ -106,12 +112,20 @@ static double run_case(ts_ctx *ctx, const char *kt, int n_seqs, int nnew,
 }
 
 int main(int argc, char **argv) {
-    int reps = 7;
+    int reps = 7, only = -1;
+    const char *only_type = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--case") && i + 1 < argc)
+            only = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--type") && i + 1 < argc)
+            only_type = argv[++i];
+        else if (!strcmp(argv[i], "--cpu"))
+            cpu_time = true;
         else {
-            fprintf(stderr, "usage: bench_paged [--reps N]\n");
+            fprintf(stderr, "usage: bench_paged [--reps N] [--case I] "
+                            "[--type f32|bf16|int8] [--cpu]\n");
             return 2;
         }
     }
@@ -132,14 +146,21 @@ int main(int argc, char **argv) {
     };
     static const char *types[3] = {"f32", "bf16", "int8"};
     printf("paged attention, one layer of Qwen3-0.6B (H %d, KV %d, D %d, "
-           "blocks of %d), %d threads, ISA %s; median of %d, ms\n",
-           H, KV, D, BS, ts_get_num_threads(ctx), ts_cpu_isa(), reps);
+           "blocks of %d), %d threads, ISA %s; median of %d, ms of %s\n",
+           H, KV, D, BS, ts_get_num_threads(ctx), ts_cpu_isa(), reps,
+           cpu_time ? "CPU time" : "wall time");
     printf("%-44s %9s %9s %9s\n", "case", types[0], types[1], types[2]);
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        if (only >= 0 && (size_t)only != c)
+            continue;
         printf("%-44s", cases[c].what);
         for (int k = 0; k < 3; k++) {
-            double ms = run_case(ctx, types[k], cases[c].n_seqs,
-                                 cases[c].nnew, cases[c].clen, reps);
+            if (only_type && strcmp(only_type, types[k])) {
+                printf(" %9s", "-");
+                continue;
+            }
+            double ms = run_case(ctx, types[k], cases[c].n_seqs, cases[c].nnew,
+                                 cases[c].clen, reps);
             if (ms < 0)
                 printf(" %9s", "n/a");
             else

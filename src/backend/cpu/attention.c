@@ -603,8 +603,8 @@ static void attn_shape(const ts_node *n, cpu_attn_shape *p, int mask_index) {
 
 typedef enum { PG_F32, PG_BF16, PG_I8 } pg_type;
 
-#define PG_CH     64 /* positions per chunk */
-#define PG_ROWS   64 /* rows per tile (about: whole GQA groups) */
+#define PG_CH   64 /* positions per chunk */
+#define PG_ROWS 64 /* rows per tile (about: whole GQA groups) */
 #define PG_INLINE static inline __attribute__((always_inline))
 
 #if defined(__AVX512F__)
@@ -722,6 +722,35 @@ PG_INLINE float pg_hsum(pg_vec v) {
 }
 #endif
 
+#if defined(__AVX512F__)
+/* sums[r][s] = pg_hsum(a[r][s]) for a 4 x 4 block at once, by the same
+ * tree per element (halves of 256, 128, 64 bits, then the last pair),
+ * transposing as it goes: 45 instructions instead of 16 sums of 8 */
+PG_INLINE void pg_hsum16(pg_vec a[4][PG_NK], float sums[4][PG_NK]) {
+    const pg_vec *A = &a[0][0]; /* A[4 r + s] */
+    __m512 x[8], y[4], w[2];
+    for (int k = 0; k < 8; k++) /* [t8(A2k) | t8(A2k+1)] */
+        x[k] =
+            _mm512_add_ps(_mm512_shuffle_f32x4(A[2 * k], A[2 * k + 1], 0x44),
+                          _mm512_shuffle_f32x4(A[2 * k], A[2 * k + 1], 0xEE));
+    for (int k = 0; k < 4; k++) /* lane j: t4(A4k+j) */
+        y[k] =
+            _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0x88),
+                          _mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0xDD));
+    for (int k = 0; k < 2; k++) /* lane j: t2(A8k+j), t2(A8k+4+j) */
+        w[k] = _mm512_add_ps(_mm512_shuffle_ps(y[2 * k], y[2 * k + 1], 0x44),
+                             _mm512_shuffle_ps(y[2 * k], y[2 * k + 1], 0xEE));
+    /* lane 4 j + m: t1(A4m+j), i.e. element (r m, s j) */
+    __m512 u = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88),
+                             _mm512_shuffle_ps(w[0], w[1], 0xDD));
+    float t[16];
+    _mm512_storeu_ps(t, u);
+    for (int s = 0; s < 4; s++)
+        for (int r = 0; r < 4; r++)
+            sums[r][s] = t[4 * s + r];
+}
+#endif
+
 /* a x b + c for the tails past the last whole vector */
 PG_INLINE float pg_fmas(float a, float b, float c) {
 #ifdef __FMA__
@@ -779,9 +808,18 @@ PG_INLINE void pg_dots(pg_type t, int nr, int nk, const float *const *q,
                 acc[r][s] = pg_fma(qv, kv[s], acc[r][s]);
         }
     }
+    float sums[4][PG_NK];
+#if defined(__AVX512F__)
+    if (nr == 4 && nk == 4)
+        pg_hsum16(acc, sums);
+    else
+#endif
+        for (int r = 0; r < nr; r++)
+            for (int s = 0; s < nk; s++)
+                sums[r][s] = pg_hsum(acc[r][s]);
     for (int r = 0; r < nr; r++)
         for (int s = 0; s < nk; s++) {
-            float x = pg_hsum(acc[r][s]);
+            float x = sums[r][s];
             for (int64_t e = d; e < D; e++)
                 x = pg_fmas(q[r][e], pg_elem_t(t, k[s], e), x);
             out[r * ldo + s] = x;
@@ -857,17 +895,61 @@ PG_INLINE void pg_pv(pg_type t, float *o, const float *w, const void *const *v,
     }
 }
 
-static void pg_pv_f32(float *o, const float *w, const void *const *v, int64_t n,
+/* pg_pv for two rows over the same keys (two heads of one token): each
+ * V row loaded once for both; every element as pg_pv computes it */
+PG_INLINE void pg_pv2(pg_type t, float *o0, const float *w0, float *o1,
+                      const float *w1, const void *const *v, int64_t n,
                       int64_t D) {
-    pg_pv(PG_F32, o, w, v, n, D);
+    int64_t d = 0;
+    for (; d + 8 * PG_VL <= D; d += 8 * PG_VL) {
+        pg_vec a[8], b[8];
+        for (int i = 0; i < 8; i++)
+            a[i] = pg_load(o0 + d + i * PG_VL),
+            b[i] = pg_load(o1 + d + i * PG_VL);
+        for (int64_t s = 0; s < n; s++) {
+            pg_vec x = pg_set1(w0[s]), y = pg_set1(w1[s]);
+            for (int i = 0; i < 8; i++) {
+                pg_vec vv = pg_load_t(t, v[s], d + i * PG_VL);
+                a[i] = pg_fma(x, vv, a[i]);
+                b[i] = pg_fma(y, vv, b[i]);
+            }
+        }
+        for (int i = 0; i < 8; i++)
+            pg_store(o0 + d + i * PG_VL, a[i]),
+                pg_store(o1 + d + i * PG_VL, b[i]);
+    }
+    if (d < D) { /* the rest as pg_pv does it */
+        const void *vs[PG_CH];
+        int64_t eb = t == PG_BF16 ? 2 : t == PG_I8 ? 1 : 4;
+        for (int64_t s = 0; s < n; s++)
+            vs[s] = (const char *)v[s] + d * eb;
+        pg_pv(t, o0 + d, w0, vs, n, D - d);
+        pg_pv(t, o1 + d, w1, vs, n, D - d);
+    }
 }
-static void pg_pv_bf16(float *o, const float *w, const void *const *v,
-                       int64_t n, int64_t D) {
-    pg_pv(PG_BF16, o, w, v, n, D);
+
+/* o0 (and o1 when not NULL: another row over the same keys) += the
+ * weighted V rows */
+static void pg_pv_f32(float *o0, const float *w0, float *o1, const float *w1,
+                      const void *const *v, int64_t n, int64_t D) {
+    if (o1)
+        pg_pv2(PG_F32, o0, w0, o1, w1, v, n, D);
+    else
+        pg_pv(PG_F32, o0, w0, v, n, D);
 }
-static void pg_pv_i8(float *o, const float *w, const void *const *v, int64_t n,
-                     int64_t D) {
-    pg_pv(PG_I8, o, w, v, n, D);
+static void pg_pv_bf16(float *o0, const float *w0, float *o1, const float *w1,
+                       const void *const *v, int64_t n, int64_t D) {
+    if (o1)
+        pg_pv2(PG_BF16, o0, w0, o1, w1, v, n, D);
+    else
+        pg_pv(PG_BF16, o0, w0, v, n, D);
+}
+static void pg_pv_i8(float *o0, const float *w0, float *o1, const float *w1,
+                     const void *const *v, int64_t n, int64_t D) {
+    if (o1)
+        pg_pv2(PG_I8, o0, w0, o1, w1, v, n, D);
+    else
+        pg_pv(PG_I8, o0, w0, v, n, D);
 }
 
 /* x[j] = e^(x[j] - m) for j < n, elementwise (the tail through a padded
@@ -875,13 +957,16 @@ static void pg_pv_i8(float *o, const float *w, const void *const *v, int64_t n,
 static void pg_exp_shift(float *x, int64_t n, float m) {
 #ifdef __AVX2__
     __m256 mv = _mm256_set1_ps(m);
-    for (int64_t j = 0; j < n; j += 8) {
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(x + j,
+                         cpu_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv)));
+    if (j < n) {
         float buf[8] = {0};
-        int64_t k = n - j < 8 ? n - j : 8;
-        memcpy(buf, x + j, sizeof(float) * (size_t)k);
-        __m256 e = cpu_exp8(_mm256_sub_ps(_mm256_loadu_ps(buf), mv));
-        _mm256_storeu_ps(buf, e);
-        memcpy(x + j, buf, sizeof(float) * (size_t)k);
+        memcpy(buf, x + j, sizeof(float) * (size_t)(n - j));
+        _mm256_storeu_ps(buf,
+                         cpu_exp8(_mm256_sub_ps(_mm256_loadu_ps(buf), mv)));
+        memcpy(x + j, buf, sizeof(float) * (size_t)(n - j));
     }
 #else
     for (int64_t j = 0; j < n; j++)
@@ -940,17 +1025,16 @@ static void pg_store_row(pg_type t, char *dst, int64_t rb, const float *x,
 
 /* row (bytes) of type t widened to D floats (int8: the values, unscaled) */
 static void pg_widen(pg_type t, const char *row, float *dst, int64_t D) {
-    if (t == PG_BF16) {
-        const uint16_t *h = (const uint16_t *)(const void *)row;
-        for (int64_t d = 0; d < D; d++) {
-            uint32_t u = (uint32_t)h[d] << 16;
-            memcpy(dst + d, &u, 4);
-        }
-    } else if (t == PG_I8) {
-        for (int64_t d = 0; d < D; d++)
-            dst[d] = (float)((const int8_t *)row)[d];
-    } else
-        memcpy(dst, row, sizeof(float) * (size_t)D);
+    int64_t d = 0;
+    if (t == PG_BF16)
+        for (; d + PG_VL <= D; d += PG_VL)
+            pg_store(dst + d,
+                     pg_load_bf16((const uint16_t *)(const void *)row + d));
+    else if (t == PG_I8)
+        for (; d + PG_VL <= D; d += PG_VL)
+            pg_store(dst + d, pg_load_i8((const int8_t *)row + d));
+    for (; d < D; d++)
+        dst[d] = pg_elem_t(t, row, d);
 }
 
 /* rows (heads h0 .. h0 + nh of KV head kvh's group) x (tokens j0 .. j0 +
@@ -1019,11 +1103,12 @@ static void pg_tile_run(void *arg, int64_t c) {
                  int64_t, float *, int64_t) = et == PG_BF16 ? pg_dot_rows_bf16
                                               : et == PG_I8 ? pg_dot_rows_i8
                                                             : pg_dot_rows_f32;
-    void (*pv)(float *, const float *, const void *const *, int64_t, int64_t) =
+    void (*pv)(float *, const float *, float *, const float *,
+               const void *const *, int64_t, int64_t) =
         et == PG_BF16 ? pg_pv_bf16
         : et == PG_I8 ? pg_pv_i8
                       : pg_pv_f32;
-    size_t nf = (size_t)(R * PG_CH + R * D + 2 * R + 3 * PG_CH +
+    size_t nf = (size_t)(R * PG_CH + R * D + 3 * R + 2 * PG_CH +
                          (scratch ? 2 * PG_CH * D : 0));
     size_t bytes = sizeof(float) * nf + sizeof(int64_t) * 2 * (size_t)R +
                    sizeof(void *) * ((size_t)R + 2 * PG_CH) + 64;
@@ -1036,7 +1121,7 @@ static void pg_tile_run(void *arg, int64_t c) {
     const void **kp = (const void **)(qp + R), **vp = kp + PG_CH;
     int64_t *pos = (int64_t *)(void *)(vp + PG_CH), *lo = pos + R;
     float *sc = (float *)(void *)(lo + R), *o = sc + R * PG_CH, *m = o + R * D,
-          *l = m + R, *w = l + R, *ks = w + PG_CH, *vs = ks + PG_CH,
+          *l = m + R, *live = l + R, *ks = live + R, *vs = ks + PG_CH,
           *kf = vs + PG_CH, *vf = kf + PG_CH * D;
     /* rows by token, then head: positions (and windows) never decrease */
     for (int64_t r = 0; r < R; r++) {
@@ -1093,7 +1178,8 @@ static void pg_tile_run(void *arg, int64_t c) {
             for (int64_t s = va; s < vb; s++)
                 mx = x[s] > mx ? x[s] : mx;
             float mn = mx > m[r] ? mx : m[r];
-            if (mn == -INFINITY)
+            live[r] = mn != -INFINITY;
+            if (!live[r])
                 continue;
             float corr = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn);
             pg_exp_shift(x + va, vb - va, mn);
@@ -1105,13 +1191,20 @@ static void pg_tile_run(void *arg, int64_t c) {
             if (corr != 1.0f)
                 for (int64_t d = 0; d < D; d++)
                     orow[d] *= corr;
-            const float *wr = x;
-            if (J->t == PG_I8) { /* p x the V row's scale */
+            if (J->t == PG_I8) /* p x the V row's scale */
                 for (int64_t s = va; s < vb; s++)
-                    w[s] = x[s] * vs[s];
-                wr = w;
-            }
-            pv(orow, wr + va, vp + va, vb - va, D);
+                    x[s] *= vs[s];
+        }
+        /* the weighted V rows: two heads of one token at a time (the same
+         * keys), else one row */
+        for (int64_t r = ra; r < rb; r++) {
+            if (!live[r])
+                continue;
+            int64_t va = pg_max(a, lo[r]) - c0, vb = pg_min(b, pos[r] + 1) - c0;
+            bool two = r + 1 < rb && live[r + 1] && pos[r + 1] == pos[r];
+            pv(o + r * D, sc + r * PG_CH + va, two ? o + (r + 1) * D : NULL,
+               sc + (r + 1) * PG_CH + va, vp + va, vb - va, D);
+            r += two;
         }
     }
     for (int64_t r = 0; r < R; r++) {
