@@ -5,7 +5,7 @@
  *  - aggregate decode throughput with 1, 4, 8 and 16 concurrent streams
  *    (target: 8 streams >= 5x one stream's tokens/s).
  * Everything in one run, side by side.
- *   bench_engine [--small] [--decode N] [--kv-dtype bf16|f32|int8] */
+ *   bench_engine [--small] [--decode N] */
 #include "tessera_engine.h"
 
 #include "qwen3_06b.h"
@@ -92,22 +92,13 @@ static double throughput(ts_ctx *ctx, ts_engine *e, int streams, int n_new,
 int main(int argc, char **argv) {
     bool small = false;
     int n_new = 32;
-    ts_kv_dtype kv_dtype = TS_KV_BF16;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--small"))
             small = true;
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc)
             n_new = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--kv-dtype") && i + 1 < argc &&
-                 (!strcmp(argv[i + 1], "bf16") || !strcmp(argv[i + 1], "f32") ||
-                  !strcmp(argv[i + 1], "int8"))) {
-            i++;
-            kv_dtype = !strcmp(argv[i], "f32")    ? TS_KV_F32
-                       : !strcmp(argv[i], "int8") ? TS_KV_INT8
-                                                  : TS_KV_BF16;
-        } else {
-            fprintf(stderr, "usage: bench_engine [--small] [--decode N] "
-                            "[--kv-dtype bf16|f32|int8]\n");
+        else {
+            fprintf(stderr, "usage: bench_engine [--small] [--decode N]\n");
             return 2;
         }
     }
@@ -128,7 +119,6 @@ int main(int argc, char **argv) {
     ts_engine_options o = ts_engine_options_default();
     o.n_blocks = 512;
     o.max_batch_tokens = 1024;
-    o.kv_dtype = kv_dtype;
     ts_engine *e;
     if (ts_engine_new(ctx, m, &o, &e) != TS_OK)
         return die(ctx);
