@@ -5,8 +5,10 @@
  * Options (ts_attn_opts): a sliding window, whose key blocks wholly outside
  * it are skipped like the causal future, and a tanh softcap on the scores.
  * The backward recomputes the probabilities from the saved log-sum-exp.
- * Also the paged serving kernel, and the slow reference kernels the tests
- * hold the fast ones against. */
+ * Also the paged serving kernel (f32, bf16 and int8 KV pools, tiled by
+ * GQA group and token run; its slow reference is in tests/test_engine_kv.c,
+ * which reads the pools' own rows), and the slow reference kernels the
+ * tests hold the fast ones against. */
 #include "backend/cpu/cpu.h"
 
 #include <float.h>
@@ -603,8 +605,8 @@ static void attn_shape(const ts_node *n, cpu_attn_shape *p, int mask_index) {
 
 typedef enum { PG_F32, PG_BF16, PG_I8 } pg_type;
 
-#define PG_CH   64 /* positions per chunk */
-#define PG_ROWS 64 /* rows per tile (about: whole GQA groups) */
+#define PG_CH     64 /* positions per chunk */
+#define PG_ROWS   64 /* rows per tile (about: whole GQA groups) */
 #define PG_INLINE static inline __attribute__((always_inline))
 
 #if defined(__AVX512F__)
@@ -628,6 +630,9 @@ PG_INLINE pg_vec pg_fma(pg_vec a, pg_vec b, pg_vec c) {
 }
 PG_INLINE pg_vec pg_add(pg_vec a, pg_vec b) {
     return _mm512_add_ps(a, b);
+}
+PG_INLINE pg_vec pg_vmax(pg_vec a, pg_vec b) {
+    return _mm512_max_ps(a, b);
 }
 PG_INLINE pg_vec pg_load_bf16(const uint16_t *p) {
     __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
@@ -669,6 +674,9 @@ PG_INLINE pg_vec pg_fma(pg_vec a, pg_vec b, pg_vec c) {
 }
 PG_INLINE pg_vec pg_add(pg_vec a, pg_vec b) {
     return _mm256_add_ps(a, b);
+}
+PG_INLINE pg_vec pg_vmax(pg_vec a, pg_vec b) {
+    return _mm256_max_ps(a, b);
 }
 PG_INLINE pg_vec pg_load_bf16(const uint16_t *p) {
     __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
@@ -974,6 +982,26 @@ static void pg_exp_shift(float *x, int64_t n, float m) {
 #endif
 }
 
+/* max of x[0..n) (-inf for n 0) */
+static float pg_row_max(const float *x, int64_t n) {
+    float mx = -INFINITY;
+    int64_t j = 0;
+#if PG_VL > 1
+    if (n >= PG_VL) {
+        pg_vec v = pg_load(x);
+        for (j = PG_VL; j + PG_VL <= n; j += PG_VL)
+            v = pg_vmax(v, pg_load(x + j));
+        float lanes[PG_VL];
+        pg_store(lanes, v);
+        for (int i = 0; i < PG_VL; i++)
+            mx = lanes[i] > mx ? lanes[i] : mx;
+    }
+#endif
+    for (; j < n; j++)
+        mx = x[j] > mx ? x[j] : mx;
+    return mx;
+}
+
 /* the sum of a chunk's PG_CH slots, one structure for every row */
 static float pg_chunk_sum(const float *x) {
     pg_vec acc = pg_load(x);
@@ -1108,10 +1136,10 @@ static void pg_tile_run(void *arg, int64_t c) {
         et == PG_BF16 ? pg_pv_bf16
         : et == PG_I8 ? pg_pv_i8
                       : pg_pv_f32;
-    size_t nf = (size_t)(R * PG_CH + R * D + 3 * R + 2 * PG_CH +
+    size_t nf = (size_t)(R * PG_CH + R * D + 2 * R + 2 * PG_CH +
                          (scratch ? 2 * PG_CH * D : 0));
     size_t bytes = sizeof(float) * nf + sizeof(int64_t) * 2 * (size_t)R +
-                   sizeof(void *) * ((size_t)R + 2 * PG_CH) + 64;
+                   sizeof(void *) * ((size_t)R + 2 * PG_CH) + (size_t)R + 64;
     char *mem = cpu_tmp_alloc(bytes);
     if (!mem) {
         __atomic_store_n(&J->failed, 1, __ATOMIC_RELAXED);
@@ -1121,8 +1149,9 @@ static void pg_tile_run(void *arg, int64_t c) {
     const void **kp = (const void **)(qp + R), **vp = kp + PG_CH;
     int64_t *pos = (int64_t *)(void *)(vp + PG_CH), *lo = pos + R;
     float *sc = (float *)(void *)(lo + R), *o = sc + R * PG_CH, *m = o + R * D,
-          *l = m + R, *live = l + R, *ks = live + R, *vs = ks + PG_CH,
-          *kf = vs + PG_CH, *vf = kf + PG_CH * D;
+          *l = m + R, *ks = l + R, *vs = ks + PG_CH, *kf = vs + PG_CH,
+          *vf = kf + PG_CH * D;
+    bool *live = (bool *)(void *)(kf + (scratch ? 2 * PG_CH * D : 0));
     /* rows by token, then head: positions (and windows) never decrease */
     for (int64_t r = 0; r < R; r++) {
         int64_t j = T->j0 + r / T->nh, h = T->kvh * J->G + T->h0 + r % T->nh;
@@ -1168,15 +1197,16 @@ static void pg_tile_run(void *arg, int64_t c) {
         }
         for (int64_t r = ra; r < rb; r++) {
             int64_t va = pg_max(a, lo[r]) - c0, vb = pg_min(b, pos[r] + 1) - c0;
-            float *x = sc + r * PG_CH, mx = -INFINITY;
-            for (int64_t s = va; s < vb; s++) {
-                float y = J->t == PG_I8 ? x[s] * ks[s] : x[s];
-                x[s] = y * J->scale;
-            }
+            float *x = sc + r * PG_CH;
+            if (J->t == PG_I8) /* the K row's scale first */
+                for (int64_t s = va; s < vb; s++)
+                    x[s] = x[s] * ks[s] * J->scale;
+            else
+                for (int64_t s = va; s < vb; s++)
+                    x[s] *= J->scale;
             if (J->softcap > 0)
                 softcap_row(x + va, vb - va, J->softcap, NULL);
-            for (int64_t s = va; s < vb; s++)
-                mx = x[s] > mx ? x[s] : mx;
+            float mx = pg_row_max(x + va, vb - va);
             float mn = mx > m[r] ? mx : m[r];
             live[r] = mn != -INFINITY;
             if (!live[r])
