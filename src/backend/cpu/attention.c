@@ -903,61 +903,81 @@ PG_INLINE void pg_pv(pg_type t, float *o, const float *w, const void *const *v,
     }
 }
 
-/* pg_pv for two rows over the same keys (two heads of one token): each
- * V row loaded once for both; every element as pg_pv computes it */
-PG_INLINE void pg_pv2(pg_type t, float *o0, const float *w0, float *o1,
-                      const float *w1, const void *const *v, int64_t n,
+/* accumulators a block of pg_pvn may hold in registers */
+#if defined(__AVX512F__)
+#define PG_ACC 16
+#else
+#define PG_ACC 8
+#endif
+
+/* pg_pv for nr (1..4) rows over the same keys o[r] += sum w[r][s] v[s],
+ * nv vectors of d a pass (nr x nv accumulators), each V vector loaded once
+ * for all rows; every element as pg_pv computes it (the rest of d by
+ * pg_pv itself) */
+PG_INLINE void pg_pvn(pg_type t, int nr, int nv, float *const *o,
+                      const float *const *w, const void *const *v, int64_t n,
                       int64_t D) {
     int64_t d = 0;
-    for (; d + 8 * PG_VL <= D; d += 8 * PG_VL) {
-        pg_vec a[8], b[8];
-        for (int i = 0; i < 8; i++)
-            a[i] = pg_load(o0 + d + i * PG_VL),
-            b[i] = pg_load(o1 + d + i * PG_VL);
+    for (; d + nv * PG_VL <= D; d += nv * PG_VL) {
+        pg_vec a[4][8];
+        for (int r = 0; r < nr; r++)
+            for (int i = 0; i < nv; i++)
+                a[r][i] = pg_load(o[r] + d + i * PG_VL);
         for (int64_t s = 0; s < n; s++) {
-            pg_vec x = pg_set1(w0[s]), y = pg_set1(w1[s]);
-            for (int i = 0; i < 8; i++) {
-                pg_vec vv = pg_load_t(t, v[s], d + i * PG_VL);
-                a[i] = pg_fma(x, vv, a[i]);
-                b[i] = pg_fma(y, vv, b[i]);
+            pg_vec vv[8];
+            for (int i = 0; i < nv; i++)
+                vv[i] = pg_load_t(t, v[s], d + i * PG_VL);
+            for (int r = 0; r < nr; r++) {
+                pg_vec ws = pg_set1(w[r][s]);
+                for (int i = 0; i < nv; i++)
+                    a[r][i] = pg_fma(ws, vv[i], a[r][i]);
             }
         }
-        for (int i = 0; i < 8; i++)
-            pg_store(o0 + d + i * PG_VL, a[i]),
-                pg_store(o1 + d + i * PG_VL, b[i]);
+        for (int r = 0; r < nr; r++)
+            for (int i = 0; i < nv; i++)
+                pg_store(o[r] + d + i * PG_VL, a[r][i]);
     }
-    if (d < D) { /* the rest as pg_pv does it */
+    if (d < D) {
         const void *vs[PG_CH];
         int64_t eb = t == PG_BF16 ? 2 : t == PG_I8 ? 1 : 4;
         for (int64_t s = 0; s < n; s++)
             vs[s] = (const char *)v[s] + d * eb;
-        pg_pv(t, o0 + d, w0, vs, n, D - d);
-        pg_pv(t, o1 + d, w1, vs, n, D - d);
+        for (int r = 0; r < nr; r++)
+            pg_pv(t, o[r] + d, w[r], vs, n, D - d);
     }
 }
 
-/* o0 (and o1 when not NULL: another row over the same keys) += the
- * weighted V rows */
-static void pg_pv_f32(float *o0, const float *w0, float *o1, const float *w1,
+/* the weighted V rows into nr (1..4) rows over the same keys */
+PG_INLINE void pg_pv_rows(pg_type t, int nr, float *const *o,
+                          const float *const *w, const void *const *v,
+                          int64_t n, int64_t D) {
+    switch (nr) {
+    case 1:
+        pg_pv(t, o[0], w[0], v, n, D);
+        break;
+    case 2:
+        pg_pvn(t, 2, PG_ACC / 2 < 8 ? PG_ACC / 2 : 8, o, w, v, n, D);
+        break;
+    case 3:
+        pg_pvn(t, 3, PG_ACC / 4, o, w, v, n, D);
+        break;
+    default:
+        pg_pvn(t, 4, PG_ACC / 4, o, w, v, n, D);
+        break;
+    }
+}
+
+static void pg_pv_f32(int nr, float *const *o, const float *const *w,
                       const void *const *v, int64_t n, int64_t D) {
-    if (o1)
-        pg_pv2(PG_F32, o0, w0, o1, w1, v, n, D);
-    else
-        pg_pv(PG_F32, o0, w0, v, n, D);
+    pg_pv_rows(PG_F32, nr, o, w, v, n, D);
 }
-static void pg_pv_bf16(float *o0, const float *w0, float *o1, const float *w1,
+static void pg_pv_bf16(int nr, float *const *o, const float *const *w,
                        const void *const *v, int64_t n, int64_t D) {
-    if (o1)
-        pg_pv2(PG_BF16, o0, w0, o1, w1, v, n, D);
-    else
-        pg_pv(PG_BF16, o0, w0, v, n, D);
+    pg_pv_rows(PG_BF16, nr, o, w, v, n, D);
 }
-static void pg_pv_i8(float *o0, const float *w0, float *o1, const float *w1,
+static void pg_pv_i8(int nr, float *const *o, const float *const *w,
                      const void *const *v, int64_t n, int64_t D) {
-    if (o1)
-        pg_pv2(PG_I8, o0, w0, o1, w1, v, n, D);
-    else
-        pg_pv(PG_I8, o0, w0, v, n, D);
+    pg_pv_rows(PG_I8, nr, o, w, v, n, D);
 }
 
 /* x[j] = e^(x[j] - m) for j < n, elementwise (the tail through a padded
@@ -1131,11 +1151,10 @@ static void pg_tile_run(void *arg, int64_t c) {
                  int64_t, float *, int64_t) = et == PG_BF16 ? pg_dot_rows_bf16
                                               : et == PG_I8 ? pg_dot_rows_i8
                                                             : pg_dot_rows_f32;
-    void (*pv)(float *, const float *, float *, const float *,
-               const void *const *, int64_t, int64_t) =
-        et == PG_BF16 ? pg_pv_bf16
-        : et == PG_I8 ? pg_pv_i8
-                      : pg_pv_f32;
+    void (*pv)(int, float *const *, const float *const *, const void *const *,
+               int64_t, int64_t) = et == PG_BF16 ? pg_pv_bf16
+                                   : et == PG_I8 ? pg_pv_i8
+                                                 : pg_pv_f32;
     size_t nf = (size_t)(R * PG_CH + R * D + 2 * R + 2 * PG_CH +
                          (scratch ? 2 * PG_CH * D : 0));
     size_t bytes = sizeof(float) * nf + sizeof(int64_t) * 2 * (size_t)R +
@@ -1225,16 +1244,26 @@ static void pg_tile_run(void *arg, int64_t c) {
                 for (int64_t s = va; s < vb; s++)
                     x[s] *= vs[s];
         }
-        /* the weighted V rows: two heads of one token at a time (the same
-         * keys), else one row */
-        for (int64_t r = ra; r < rb; r++) {
-            if (!live[r])
+        /* the weighted V rows: up to four rows that see the same keys (the
+         * heads of a token; every row where the chunk is whole) at a time */
+        for (int64_t r = ra; r < rb;) {
+            if (!live[r]) {
+                r++;
                 continue;
+            }
             int64_t va = pg_max(a, lo[r]) - c0, vb = pg_min(b, pos[r] + 1) - c0;
-            bool two = r + 1 < rb && live[r + 1] && pos[r + 1] == pos[r];
-            pv(o + r * D, sc + r * PG_CH + va, two ? o + (r + 1) * D : NULL,
-               sc + (r + 1) * PG_CH + va, vp + va, vb - va, D);
-            r += two;
+            float *orows[4];
+            const float *wrows[4];
+            int nr = 0;
+            for (; nr < 4 && r + nr < rb && live[r + nr] &&
+                   pg_max(a, lo[r + nr]) - c0 == va &&
+                   pg_min(b, pos[r + nr] + 1) - c0 == vb;
+                 nr++) {
+                orows[nr] = o + (r + nr) * D;
+                wrows[nr] = sc + (r + nr) * PG_CH + va;
+            }
+            pv(nr, orows, wrows, vp + va, vb - va, D);
+            r += nr;
         }
     }
     for (int64_t r = 0; r < R; r++) {
