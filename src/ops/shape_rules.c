@@ -630,7 +630,7 @@ ts_status ts_infer_paged_attention(ts_ctx *ctx, const ts_node *n, ts_desc *o,
         return ts_set_error(
             ctx, TS_ERR_UNSUPPORTED,
             "paged_attention: a %s KV pool on %s (the paged kernels there "
-            "read f32 pools; keep pools off the CPU f32)",
+            "read f32 pools only)",
             kp->dtype == TS_I32 ? "int8" : ts_dtype_name(kp->dtype),
             ts_device_name(pd, dn));
     }
