@@ -490,12 +490,15 @@ ts_tensor *ts_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
                         ts_tensor *mask, bool causal, double scale);
 /* Attention over a paged KV cache, for serving: q (1, H, N, D) and the new
  * keys/values k, v (1, KV, N, D) of N tokens from several sequences;
- * k_pool, v_pool (blocks, KV, block_size, D) f32; meta (i32, 1-D):
+ * k_pool, v_pool (blocks, KV, block_size, row): f32 or bf16 rows of D, or
+ * i32 words of int8 rows ((D + 3) / 4 + 1 words: the values, then the
+ * row's f32 scale; see ts_kv_dtype), f32 only off the CPU; meta (i32, 1-D):
  * n_seqs, max_blocks, seq_start[n_seqs + 1] (token ranges), ctx_len[n_seqs]
  * (positions cached before these tokens), block_table[n_seqs x max_blocks].
  * Writes the new keys/values into their blocks, then each token attends
- * causally to its own sequence. -> (1, H, N, D). Eager mode only (it
- * writes the pools in place); no gradient. scale <= 0: 1/sqrt(D). */
+ * causally to its own sequence. -> (1, H, N, D). It writes the pools in
+ * place (in the compiled mode, when its node runs: the node always runs);
+ * no gradient. scale <= 0: 1/sqrt(D). */
 ts_tensor *ts_paged_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v,
                               ts_tensor *k_pool, ts_tensor *v_pool,
                               ts_tensor *meta, double scale);

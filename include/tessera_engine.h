@@ -68,13 +68,8 @@ typedef enum {
     TS_SPEC_DRAFT     /* a small draft model */
 } ts_spec_method;
 
-/* the KV cache's element type (ts_engine_options.kv_dtype); zero is the
- * default, bf16 */
-typedef enum {
-    TS_KV_BF16 = 0, /* bf16 K and V */
-    TS_KV_F32,      /* f32 */
-    TS_KV_INT8      /* int8, one f32 scale per position and KV head */
-} ts_kv_dtype;
+/* the KV cache's element type (ts_engine_options.kv_dtype): ts_kv_dtype,
+ * in tessera_models.h beside the KV pool that stores it */
 
 typedef struct {
     int64_t block_size;       /* positions per KV block (16) */
@@ -304,7 +299,8 @@ size_t ts_engine_drain_events(ts_engine *e, ts_kv_event *out, size_t cap);
 
 /* ---- KV transfer (prefill on one server, decode on another) ----
  * A block travels as its tokens and ts_engine_block_bytes of K and V (per
- * layer K then V, f32, as ts_kv_pool_read_block gives them). */
+ * layer K then V, in the pool's type (stats.kv_dtype), as
+ * ts_kv_pool_read_block gives them). */
 int64_t ts_engine_block_size(const ts_engine *e);
 int64_t ts_engine_block_bytes(const ts_engine *e);
 /* Copies the K/V of the longest cached run of tokens' full blocks (at most

@@ -188,18 +188,57 @@ ts_status ts_decoder_generate_greedy(ts_decoder *m, const int64_t *prompt,
 
 /* ---- paged KV cache (serving) ---------------------------------------------
  * A pool of KV blocks shared by many sequences: per layer K and V (blocks,
- * KV, block_size, D) f32, beside the layer. The engine (src/engine) owns
+ * KV, block_size, row), beside the layer. The engine (src/engine) owns
  * which block holds what; the model only reads and writes through the
  * block tables of ts_paged_attention's meta. */
 typedef struct ts_kv_pool ts_kv_pool;
+
+/* The pool's element type (the engine's ts_engine_options.kv_dtype; zero
+ * is the default, bf16). A row is one position of one KV head:
+ *  - TS_KV_BF16: a TS_BF16 tensor (blocks, KV, block_size, D), each value
+ *    rounded to nearest even (ts_f32_to_bf16);
+ *  - TS_KV_F32: a TS_F32 tensor (blocks, KV, block_size, D);
+ *  - TS_KV_INT8: a TS_I32 tensor (blocks, KV, block_size, W) whose words
+ *    hold packed rows, W = (D + 3) / 4 + 1: bytes 0..D-1 the int8 values
+ *    q, then zero padding, the last word the row's f32 scale; a value is
+ *    q x scale, scale = max |x| / 127 over the row and q = x / scale
+ *    rounded to nearest (a row of zeros has scale 0; a row holding Inf or
+ *    NaN has scale NaN). The scale travels with its row, so a block's bytes
+ *    are one contiguous slab per layer and K/V (what a transfer carries).
+ * ts_paged_attention tells the three apart by the pool tensors' dtype. */
+typedef enum {
+    TS_KV_BF16 = 0, /* bf16 K and V */
+    TS_KV_F32,      /* f32 */
+    TS_KV_INT8      /* int8, one f32 scale per position and KV head */
+} ts_kv_dtype;
+
+/* A pool of n_blocks blocks of block_size positions, of type dt; pools of
+ * layers placed on a device other than the CPU are f32 (its kernels read
+ * f32), and then every layer's is, so that a block's bytes have one
+ * layout (ts_kv_pool_dtype says which type the pool got). */
+ts_status ts_kv_pool_new_ex(ts_decoder *m, int64_t n_blocks, int64_t block_size,
+                            ts_kv_dtype dt, ts_kv_pool **out);
+/* the type a pool of type want gets on m's placement (want, or TS_KV_F32
+ * when a layer is off the CPU) */
+ts_kv_dtype ts_decoder_kv_dtype(const ts_decoder *m, ts_kv_dtype want);
+/* ts_kv_pool_new_ex with TS_KV_F32 */
 ts_status ts_kv_pool_new(ts_decoder *m, int64_t n_blocks, int64_t block_size,
                          ts_kv_pool **out);
 void ts_kv_pool_free(ts_kv_pool *p);
-/* bytes of one block over all layers (K and V, f32) */
+/* the type the pool holds */
+ts_kv_dtype ts_kv_pool_dtype(const ts_kv_pool *p);
+/* "bf16", "f32", "int8" ("?" for a value outside the enum) */
+const char *ts_kv_dtype_name(ts_kv_dtype dt);
+/* bytes of one block over all layers (K and V) of type dt: 2 x layers x
+ * KV x block_size x the row's bytes (4 D, 2 D, or 4 W for int8) */
+int64_t ts_kv_block_bytes_ex(const ts_model_config *c, int64_t block_size,
+                             ts_kv_dtype dt);
+/* ts_kv_block_bytes_ex of TS_KV_F32 */
 int64_t ts_kv_block_bytes(const ts_model_config *c, int64_t block_size);
 /* Block `block` of every layer out of the pool into out, or from in into
- * the pool: per layer K then V, each (KV, block_size, D) f32,
- * ts_kv_block_bytes in all (what a KV transfer carries). */
+ * the pool: per layer K then V, each (KV, block_size, row) in the pool's
+ * own type and bytes (int8 rows with their scales),
+ * ts_kv_block_bytes_ex(pool's type) in all (what a KV transfer carries). */
 ts_status ts_kv_pool_read_block(ts_kv_pool *p, int64_t block, void *out);
 ts_status ts_kv_pool_write_block(ts_kv_pool *p, int64_t block, const void *in);
 /* One engine step: ids (1, N) are the new tokens of several sequences

@@ -127,7 +127,12 @@ static void check_no_blocks_held(ts_ctx *ctx, ts_engine *e) {
 static void test_matches_reference(ts_ctx *ctx, ts_decoder *m) {
     req r[3];
     make_requests(r, 3, 5);
-    ts_engine *e = engine(ctx, m, 256, 4, 64); /* chunked prefill too */
+    ts_engine_options o = ts_engine_options_default();
+    o.n_blocks = 256, o.max_seqs = 4;
+    o.max_batch_tokens = 64; /* chunked prefill too */
+    o.kv_dtype = TS_KV_F32;  /* the reference generation's cache is f32 */
+    ts_engine *e = NULL;
+    CHECK_OK(ctx, ts_engine_new(ctx, m, &o, &e));
     if (!e)
         return;
     result got[3];

@@ -120,6 +120,7 @@ static ts_engine *engine(ts_ctx *ctx, ts_decoder *m, int64_t blocks,
     o.n_blocks = blocks;
     o.max_seqs = max_seqs;
     o.max_batch_tokens = batch_tokens;
+    o.kv_dtype = TS_KV_F32; /* compared with f32 whole-prompt forwards */
     ts_engine *e = NULL;
     CHECK_OK(ctx, ts_engine_new(ctx, m, &o, &e));
     return e;

@@ -340,8 +340,11 @@ static void test_processors_and_logprobs(ts_ctx *ctx, ts_decoder *m) {
         CHECK(same_tokens(a, b, 4) && same_tokens(a, c, 4));
         for (int i = 0; i < 4; i++)
             for (int t = 0; t < a[i].n && t < b[i].n && t < c[i].n; t++) {
-                CHECK_NEAR(b[i].lp[t], a[i].lp[t], 1e-4);
-                CHECK_NEAR(c[i].lp[t], a[i].lp[t], 1e-4);
+                /* a verify row's product need not be bitwise the
+                 * decode row's (f32 weights' products depend on the
+                 * step's rows; bf16 KV rounds the keys): 1e-3 */
+                CHECK_NEAR(b[i].lp[t], a[i].lp[t], 1e-3);
+                CHECK_NEAR(c[i].lp[t], a[i].lp[t], 1e-3);
                 CHECK(a[i].tok[t] != 9);
             }
         ts_engine_stats st;

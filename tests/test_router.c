@@ -281,6 +281,12 @@ static void test_frames(void) {
     for (size_t i = 0; i < sizeof kv / sizeof *kv; i++)
         kv[i] = (float)i * 0.5f;
     CHECK(ts_kvx_block_bytes(&g) == 2 * 2 * 1 * 4 * 2 * 4);
+    /* bf16 rows of 2 x 2 bytes; int8 rows of 2 values, 2 bytes of padding
+     * and the f32 scale */
+    ts_kvx_geometry g16 = g, g8 = g;
+    g16.dtype = TS_KVX_DTYPE_BF16, g8.dtype = TS_KVX_DTYPE_INT8;
+    CHECK(ts_kvx_block_bytes(&g16) == 2 * 2 * 1 * 4 * 2 * 2);
+    CHECK(ts_kvx_block_bytes(&g8) == 2 * 2 * 1 * 4 * 8);
     ts_kvx_blocks b = {.g = g, .tokens = toks, .kv = kv}, d;
     size_t len;
     uint8_t *f = ts_kvx_encode(&b, &len);
@@ -323,6 +329,13 @@ static void test_frames(void) {
     CHECK(decode_frame(f, len, &d, err) == -1 && strstr(err, "geometry says"));
     CHECK(decode_frame(f, len - 4, &d, err) == -1); /* truncated */
     free(f);
+    /* a dtype past int8 */
+    b.g = geo(1);
+    b.g.dtype = 3;
+    f = ts_kvx_encode(&b, &len);
+    CHECK(decode_frame(f, len, &d, err) == -1 && strstr(err, "dtype 3"));
+    free(f);
+    b.g = geo(2);
     ts_kvx_geometry zero = {0};
     ts_kvx_blocks zb = {.g = zero, .tokens = toks, .kv = kv};
     f = ts_kvx_encode(&zb, &len);
@@ -406,6 +419,7 @@ static void test_transfer(ts_ctx *ctx, ts_decoder *m) {
                                .layers = (uint32_t)c->layers,
                                .kv_heads = (uint32_t)c->kv_heads,
                                .head_dim = (uint32_t)c->head_dim,
+                               .dtype = TS_KVX_DTYPE_BF16, /* the default */
                                .n_blocks = (uint32_t)nb},
                          .tokens = p,
                          .kv = kv};

@@ -145,11 +145,15 @@ class Server:
         return f"tessera.Server({self.url}, {state})"
 
 
-def serve(model_dir, host="127.0.0.1", port=0, dtype="float32", **options):
+_KV_DTYPES = {"bf16": 0, "f32": 1, "int8": 2}  # ts_kv_dtype (tessera_models.h)
+
+
+def serve(model_dir, host="127.0.0.1", port=0, dtype="float32", kv_dtype="bf16", **options):
     """Starts `tessera serve` on model_dir in this process and returns a
     Server once it listens (port 0, the default: any free port, Server.port
     says which). A startup failure (the folder, the port in use, a bad
-    option) raises tessera.Error with the server's reason.
+    option) raises tessera.Error with the server's reason. kv_dtype is the
+    KV cache's type: "bf16" (the default), "f32" or "int8" (`--kv-dtype`).
     options are the CLI's flags by their Python names: model_name, api_key,
     chat_template, allowed_origins, device_map, max_model_len, max_num_seqs,
     num_kv_blocks, kv_memory, block_size, max_batch_tokens, no_prefix_cache,
@@ -166,6 +170,8 @@ def serve(model_dir, host="127.0.0.1", port=0, dtype="float32", **options):
     _lib.check(L.ts_model_dir_check(c, model_dir.encode(), 7))
     if dtype not in ("float32", "bfloat16"):
         raise Error(f"serve: dtype {dtype!r}: float32 or bfloat16", "DTYPE")
+    if kv_dtype not in _KV_DTYPES:
+        raise Error(f"serve: kv_dtype {kv_dtype!r}: bf16, f32 or int8", "RANGE")
     if not 0 <= int(port) <= 65535:
         raise Error(f"serve: port {port} is out of range (0-65535)", "RANGE")
     o = _ServerOptions()
@@ -173,6 +179,7 @@ def serve(model_dir, host="127.0.0.1", port=0, dtype="float32", **options):
     o.model_dir, o.host, o.port = keep[0], keep[1], int(port)
     o.weight_dtype = 1 if dtype == "bfloat16" else 0
     o.engine = L.ts_engine_options_default()
+    o.engine.kv_dtype = _KV_DTYPES[kv_dtype]
     o.kv_port, o.pooling, o.no_signal_handlers = -1, 1, True
     env_key = os.environ.get("TESSERA_API_KEY")
     if env_key:

@@ -41,6 +41,7 @@ enum {
     S_DRAFT,
     S_MAX_LEN,
     S_NO_LOG,
+    S_KV_DTYPE,
 };
 
 #define STR_(x) #x
@@ -70,6 +71,11 @@ static const cli_opt SERVE_OPTS[] = {
              "suffixes)"},
     {S_BLOCK_SIZE, "--block-size", CLI_INT, "N", 1, 256, .def = "16",
      .help = "positions per KV block"},
+    {S_KV_DTYPE, "--kv-dtype, --kv-cache-dtype", CLI_CHOICE,
+     .choices = "f32|bf16|int8", .def = "bf16",
+     .help = "the KV cache's type: bf16 half of f32's memory, int8 (one f32 "
+             "scale per position and KV head) about a quarter; pools on a "
+             "device other than the CPU stay f32"},
     {S_MAX_BATCH, "--max-batch-tokens, --max-num-batched-tokens", CLI_INT, "N",
      1, 1 << 20, .def = "512", .help = "tokens per forward pass"},
     {S_NO_PREFIX, "--no-prefix-cache", CLI_FLAG,
@@ -181,6 +187,11 @@ static void serve_opt(ts_server_options *o, int id, const cli_val *v) {
         break;
     case S_BLOCK_SIZE:
         o->engine.block_size = v->i;
+        break;
+    case S_KV_DTYPE: /* the choices' order: f32, bf16, int8 */
+        o->engine.kv_dtype = v->choice == 0   ? TS_KV_F32
+                             : v->choice == 1 ? TS_KV_BF16
+                                              : TS_KV_INT8;
         break;
     case S_MAX_BATCH:
         o->engine.max_batch_tokens = v->i;

@@ -489,7 +489,15 @@ ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
     ts_status s = check_spec(ctx, c, &o);
     if (s != TS_OK)
         return s;
-    int64_t per_block = ts_kv_block_bytes(c, o.block_size);
+    if (o.kv_dtype != TS_KV_BF16 && o.kv_dtype != TS_KV_F32 &&
+        o.kv_dtype != TS_KV_INT8)
+        return ts_set_error(ctx, TS_ERR_RANGE,
+                            "engine: kv_dtype %d (want TS_KV_BF16, TS_KV_F32 "
+                            "or TS_KV_INT8)",
+                            (int)o.kv_dtype);
+    /* the type the pool gets (f32 when a layer is off the CPU) sizes it */
+    ts_kv_dtype kvt = ts_decoder_kv_dtype(m, o.kv_dtype);
+    int64_t per_block = ts_kv_block_bytes_ex(c, o.block_size, kvt);
     int64_t nb = o.n_blocks;
     if (!nb)
         nb = o.kv_memory ? o.kv_memory / per_block : 512;
@@ -526,10 +534,11 @@ ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
         e->free_list[e->n_free++] = (int32_t)b;
     /* one block more than the engine hands out: compiled steps' padding
      * tokens write there (forward_compiled), in the draft's pool too */
-    s = ts_kv_pool_new(m, nb + 1, e->bs, &e->pool);
+    s = ts_kv_pool_new_ex(m, nb + 1, e->bs, kvt, &e->pool);
     if (s == TS_OK && o.spec == TS_SPEC_DRAFT) {
         e->draft = o.spec_draft; /* its pool: the same blocks' draft K/V */
-        s = ts_kv_pool_new(e->draft, nb + 1, e->bs, &e->dpool);
+        s = ts_kv_pool_new_ex(e->draft, nb + 1, e->bs,
+                              ts_decoder_kv_dtype(e->draft, kvt), &e->dpool);
     }
     if (s != TS_OK) {
         ts_engine_free(e);
@@ -793,6 +802,8 @@ void ts_engine_get_stats(const ts_engine *e, ts_engine_stats *out) {
     out->blocks_free = e->n_free;
     out->blocks_used = e->n_blocks - e->n_free;
     out->cached_blocks = (int64_t)e->n_nodes;
+    out->kv_dtype = ts_kv_pool_dtype(e->pool);
+    out->kv_block_bytes = ts_engine_block_bytes(e);
     out->blocks_in_sequences = 0;
     for (int64_t b = 0; b < e->n_blocks; b++)
         out->blocks_in_sequences += e->ref[b] > (int32_t)e->in_tree[b];
@@ -1932,7 +1943,9 @@ int64_t ts_engine_block_size(const ts_engine *e) {
 }
 
 int64_t ts_engine_block_bytes(const ts_engine *e) {
-    return e ? ts_kv_block_bytes(ts_decoder_get_config(e->m), e->bs) : 0;
+    return e ? ts_kv_block_bytes_ex(ts_decoder_get_config(e->m), e->bs,
+                                    ts_kv_pool_dtype(e->pool))
+             : 0;
 }
 
 size_t ts_engine_export_prefix(ts_engine *e, const int32_t *tokens,

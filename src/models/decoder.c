@@ -1298,11 +1298,56 @@ ts_status ts_decoder_generate_greedy(ts_decoder *m, const int64_t *prompt,
 struct ts_kv_pool {
     ts_decoder *m;
     int64_t n_blocks, block_size;
-    ts_tensor **k, **v; /* per layer (blocks, KV, block_size, D), beside it */
+    ts_kv_dtype dt;     /* the type every layer's pools hold */
+    int64_t row_bytes;  /* one position of one KV head */
+    ts_tensor **k, **v; /* per layer (blocks, KV, block_size, row), beside
+                           it */
 };
 
-ts_status ts_kv_pool_new(ts_decoder *m, int64_t n_blocks, int64_t block_size,
-                         ts_kv_pool **out) {
+const char *ts_kv_dtype_name(ts_kv_dtype dt) {
+    switch (dt) {
+    case TS_KV_BF16:
+        return "bf16";
+    case TS_KV_F32:
+        return "f32";
+    case TS_KV_INT8:
+        return "int8";
+    }
+    return "?";
+}
+
+/* the pool tensors' last dim and dtype for type dt and head dim D */
+static int64_t kv_row_elems(ts_kv_dtype dt, int64_t D, ts_dtype *tdt) {
+    *tdt = dt == TS_KV_BF16 ? TS_BF16 : dt == TS_KV_INT8 ? TS_I32 : TS_F32;
+    return dt == TS_KV_INT8 ? (D + 3) / 4 + 1 : D;
+}
+
+static int64_t kv_row_bytes(ts_kv_dtype dt, int64_t D) {
+    ts_dtype tdt;
+    int64_t n = kv_row_elems(dt, D, &tdt);
+    return n * (int64_t)ts_dtype_size(tdt);
+}
+
+int64_t ts_kv_block_bytes_ex(const ts_model_config *c, int64_t block_size,
+                             ts_kv_dtype dt) {
+    return 2 * c->layers * c->kv_heads * block_size *
+           kv_row_bytes(dt, c->head_dim);
+}
+
+int64_t ts_kv_block_bytes(const ts_model_config *c, int64_t block_size) {
+    return ts_kv_block_bytes_ex(c, block_size, TS_KV_F32);
+}
+
+ts_kv_dtype ts_decoder_kv_dtype(const ts_decoder *m, ts_kv_dtype want) {
+    /* the other backends' paged kernels read f32 pools */
+    for (int64_t i = 0; m && i < m->cfg.layers; i++)
+        if (m->layer_dev[i].kind != TS_DEVICE_CPU)
+            return TS_KV_F32;
+    return want;
+}
+
+ts_status ts_kv_pool_new_ex(ts_decoder *m, int64_t n_blocks, int64_t block_size,
+                            ts_kv_dtype dt, ts_kv_pool **out) {
     if (!m || !out)
         return TS_ERR_INVALID_ARG;
     *out = NULL;
@@ -1312,6 +1357,11 @@ ts_status ts_kv_pool_new(ts_decoder *m, int64_t n_blocks, int64_t block_size,
                             "kv_pool: %lld blocks of %lld positions (want at "
                             "least one block of 1..1024)",
                             (long long)n_blocks, (long long)block_size);
+    if (dt != TS_KV_BF16 && dt != TS_KV_F32 && dt != TS_KV_INT8)
+        return ts_set_error(m->ctx, TS_ERR_RANGE,
+                            "kv_pool: KV dtype %d (want bf16, f32 or int8)",
+                            (int)dt);
+    dt = ts_decoder_kv_dtype(m, dt);
     ts_kv_pool *p = calloc(1, sizeof *p);
     if (p) {
         p->k = calloc((size_t)c->layers, sizeof *p->k);
@@ -1323,14 +1373,17 @@ ts_status ts_kv_pool_new(ts_decoder *m, int64_t n_blocks, int64_t block_size,
         free(p);
         return ts_set_error(m->ctx, TS_ERR_OOM, "kv_pool: out of memory");
     }
-    p->m = m, p->n_blocks = n_blocks, p->block_size = block_size;
-    int64_t shape[4] = {n_blocks, c->kv_heads, block_size, c->head_dim};
+    p->m = m, p->n_blocks = n_blocks, p->block_size = block_size, p->dt = dt;
+    p->row_bytes = kv_row_bytes(dt, c->head_dim);
+    ts_dtype tdt;
+    int64_t shape[4] = {n_blocks, c->kv_heads, block_size,
+                        kv_row_elems(dt, c->head_dim, &tdt)};
     ts_device here = ts_get_device(m->ctx);
     ts_status s = TS_OK;
     for (int64_t i = 0; i < c->layers && s == TS_OK; i++) {
         ts_set_device(m->ctx, m->layer_dev[i]);
-        p->k[i] = ts_zeros(m->ctx, TS_F32, 4, shape);
-        p->v[i] = ts_zeros(m->ctx, TS_F32, 4, shape);
+        p->k[i] = ts_zeros(m->ctx, tdt, 4, shape);
+        p->v[i] = ts_zeros(m->ctx, tdt, 4, shape);
         if (!p->k[i] || !p->v[i])
             s = ts_ctx_status(m->ctx);
     }
@@ -1343,6 +1396,11 @@ ts_status ts_kv_pool_new(ts_decoder *m, int64_t n_blocks, int64_t block_size,
     return TS_OK;
 }
 
+ts_status ts_kv_pool_new(ts_decoder *m, int64_t n_blocks, int64_t block_size,
+                         ts_kv_pool **out) {
+    return ts_kv_pool_new_ex(m, n_blocks, block_size, TS_KV_F32, out);
+}
+
 void ts_kv_pool_free(ts_kv_pool *p) {
     if (!p)
         return;
@@ -1351,8 +1409,12 @@ void ts_kv_pool_free(ts_kv_pool *p) {
     free(p->k), free(p->v), free(p);
 }
 
-/* one block of a pool on a device: read back, or written from the host
- * (the KV transfer of prefill/decode disaggregation) */
+ts_kv_dtype ts_kv_pool_dtype(const ts_kv_pool *p) {
+    return p ? p->dt : TS_KV_F32;
+}
+
+/* one block of a pool on a device (f32 there): read back, or written from
+ * the host (the KV transfer of prefill/decode disaggregation) */
 static ts_status device_block(ts_tensor *pool, int64_t block, float *out,
                               const float *in) {
     ts_ctx *ctx = ts_tensor_ctx(pool);
@@ -1373,8 +1435,10 @@ static ts_status device_block(ts_tensor *pool, int64_t block, float *out,
     return st;
 }
 
-static ts_status kv_pool_copy(ts_kv_pool *p, int64_t block, float *out,
-                              const float *in) {
+/* the block's bytes of every layer, per layer K then V, each one slab of
+ * (KV, block_size) rows of the pool's type */
+static ts_status kv_pool_copy(ts_kv_pool *p, int64_t block, char *out,
+                              const char *in) {
     if (!p || (!out && !in))
         return TS_ERR_INVALID_ARG;
     if (block < 0 || block >= p->n_blocks)
@@ -1382,26 +1446,27 @@ static ts_status kv_pool_copy(ts_kv_pool *p, int64_t block, float *out,
                             "kv_pool: block %lld of %lld", (long long)block,
                             (long long)p->n_blocks);
     const ts_model_config *c = &p->m->cfg;
-    size_t slab = (size_t)(c->kv_heads * p->block_size * c->head_dim);
+    size_t slab = (size_t)(c->kv_heads * p->block_size * p->row_bytes);
     for (int64_t i = 0; i < c->layers; i++)
         for (int kv = 0; kv < 2; kv++) {
             ts_tensor *t = kv ? p->v[i] : p->k[i];
             size_t at = (size_t)(2 * i + kv) * slab;
             if (ts_tensor_device(t).kind != TS_DEVICE_CPU) {
-                ts_status st = device_block(t, block, out ? out + at : NULL,
-                                            in ? in + at : NULL);
+                ts_status st = device_block(
+                    t, block, out ? (float *)(void *)(out + at) : NULL,
+                    in ? (const float *)(const void *)(in + at) : NULL);
                 if (st != TS_OK)
                     return st;
                 continue;
             }
-            float *pool = ts_tensor_data(t);
+            char *pool = ts_tensor_data(t);
             if (!pool)
                 return ts_ctx_status(p->m->ctx);
             pool += (size_t)block * slab;
             if (out)
-                memcpy(out + at, pool, slab * sizeof(float));
+                memcpy(out + at, pool, slab);
             else
-                memcpy(pool, in + at, slab * sizeof(float));
+                memcpy(pool, in + at, slab);
         }
     return TS_OK;
 }
@@ -1412,10 +1477,6 @@ ts_status ts_kv_pool_read_block(ts_kv_pool *p, int64_t block, void *out) {
 
 ts_status ts_kv_pool_write_block(ts_kv_pool *p, int64_t block, const void *in) {
     return in ? kv_pool_copy(p, block, NULL, in) : TS_ERR_INVALID_ARG;
-}
-
-int64_t ts_kv_block_bytes(const ts_model_config *c, int64_t block_size) {
-    return 2 * c->layers * c->kv_heads * block_size * c->head_dim * 4;
 }
 
 /* rows[0..n) of x (N, C) on the head's device, gathered -> (n, C) */

@@ -575,34 +575,65 @@ static ts_status check_paged_meta(ts_ctx *ctx, const ts_tensor *meta,
     return TS_OK;
 }
 
-/* q (1, H, N, D), new k, v (1, KV, N, D), pools (NB, KV, BS, D) f32 and
- * meta (i32): n_seqs, max_blocks, seq_start[n_seqs + 1], ctx_len[n_seqs],
- * block_table[n_seqs x max_blocks]; the values are checked here too, so
- * the kernel never reads or writes outside the pools */
+/* q (1, H, N, D), new k, v (1, KV, N, D) f32, pools (NB, KV, BS, row)
+ * and meta (i32): n_seqs, max_blocks, seq_start[n_seqs + 1],
+ * ctx_len[n_seqs], block_table[n_seqs x max_blocks]. The pools' dtype is
+ * their element type: f32 or bf16 rows of D, or i32 words of int8 rows
+ * (D int8 values, padding, the f32 scale: (D + 3) / 4 + 1 words; see
+ * ts_kv_dtype in tessera_models.h); off the CPU only f32. The values are
+ * checked here too, so the kernel never reads or writes outside the
+ * pools */
 ts_status ts_infer_paged_attention(ts_ctx *ctx, const ts_node *n, ts_desc *o,
                                    ts_desc *s, int *ns) {
     (void)s, (void)ns;
     const ts_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *kp = n->in[3],
                     *vp = n->in[4], *meta = n->in[5];
     char sq[128], sk[128], sp[128];
-    for (int i = 0; i < 5; i++)
-        if (n->in[i]->dtype != TS_F32 || n->in[i]->ndim != 4)
+    for (int i = 0; i < 5; i++) {
+        ts_dtype dt = n->in[i]->dtype;
+        bool ok = dt == TS_F32 ||
+                  (i >= 3 && (dt == TS_BF16 || dt == TS_I32)); /* pools */
+        if (!ok || n->in[i]->ndim != 4)
             return ts_set_error(ctx, TS_ERR_DTYPE,
-                                "paged_attention: input %d must be f32 with 4 "
+                                "paged_attention: input %d must be %s with 4 "
                                 "dims, got %s %s",
-                                i, ts_dtype_name(n->in[i]->dtype),
-                                SHP(n->in[i], sq));
+                                i,
+                                i >= 3 ? "f32, bf16 or i32 (int8 rows)" : "f32",
+                                ts_dtype_name(dt), SHP(n->in[i], sq));
+    }
     int64_t H = q->shape[1], N = q->shape[2], D = q->shape[3];
     int64_t KV = k->shape[1], NB = kp->shape[0], BS = kp->shape[2];
+    int64_t row = kp->dtype == TS_I32 ? (D + 3) / 4 + 1 : D;
     if (q->shape[0] != 1 || k->shape[0] != 1 || k->shape[2] != N ||
         k->shape[3] != D || !ts_shape_equal(4, k->shape, 4, v->shape) ||
         !ts_shape_equal(4, kp->shape, 4, vp->shape) || kp->shape[1] != KV ||
-        kp->shape[3] != D || KV == 0 || H % KV || BS < 1)
+        kp->shape[3] != row || KV == 0 || H % KV || BS < 1)
+        return ts_set_error(
+            ctx, TS_ERR_SHAPE,
+            "paged_attention: want q (1, H, N, D), k and v (1, "
+            "KV, N, D), pools (blocks, KV, block size, %s); got "
+            "q %s, k %s, pool %s",
+            kp->dtype == TS_I32 ? "(D + 3) / 4 + 1" : "D", SHP(q, sq),
+            SHP(k, sk), SHP(kp, sp));
+    if (vp->dtype != kp->dtype)
+        return ts_set_error(ctx, TS_ERR_DTYPE,
+                            "paged_attention: the K pool is %s, the V pool %s "
+                            "(want one type)",
+                            ts_dtype_name(kp->dtype), ts_dtype_name(vp->dtype));
+    if (!ts_tensor_is_contiguous(kp) || !ts_tensor_is_contiguous(vp))
         return ts_set_error(ctx, TS_ERR_SHAPE,
-                            "paged_attention: want q (1, H, N, D), k and v (1, "
-                            "KV, N, D), pools (blocks, KV, block size, D); got "
-                            "q %s, k %s, pool %s",
-                            SHP(q, sq), SHP(k, sk), SHP(kp, sp));
+                            "paged_attention: the KV pools must be contiguous "
+                            "(blocks as allocated, not views)");
+    ts_device pd = ts_tensor_device(kp);
+    if (pd.kind != TS_DEVICE_CPU && kp->dtype != TS_F32) {
+        char dn[32];
+        return ts_set_error(
+            ctx, TS_ERR_UNSUPPORTED,
+            "paged_attention: a %s KV pool on %s (the paged kernels there "
+            "read f32 pools only)",
+            kp->dtype == TS_I32 ? "int8" : ts_dtype_name(kp->dtype),
+            ts_device_name(pd, dn));
+    }
     if (meta->dtype != TS_I32 || meta->ndim != 1 || meta->shape[0] < 2 ||
         !ts_tensor_is_contiguous(meta))
         return ts_set_error(

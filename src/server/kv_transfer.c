@@ -30,8 +30,20 @@ static int fail(char *err, size_t cap, const char *fmt, ...) {
     return -1;
 }
 
+const char *ts_kvx_dtype_name(uint32_t dtype) {
+    return dtype == TS_KVX_DTYPE_F32    ? "f32"
+           : dtype == TS_KVX_DTYPE_BF16 ? "bf16"
+           : dtype == TS_KVX_DTYPE_INT8 ? "int8"
+                                        : "unknown";
+}
+
 uint64_t ts_kvx_block_bytes(const ts_kvx_geometry *g) {
-    return 2ull * g->layers * g->kv_heads * g->block_size * g->head_dim * 4ull;
+    uint64_t row = g->dtype == TS_KVX_DTYPE_F32    ? 4ull * g->head_dim
+                   : g->dtype == TS_KVX_DTYPE_BF16 ? 2ull * g->head_dim
+                   : g->dtype == TS_KVX_DTYPE_INT8
+                       ? 4ull * ((g->head_dim + 3ull) / 4 + 1)
+                       : 0;
+    return 2ull * g->layers * g->kv_heads * g->block_size * row;
 }
 
 static void put_header(uint8_t *h, uint16_t kind, uint64_t len,
@@ -101,9 +113,14 @@ int ts_kvx_decode_blocks(const uint8_t *payload, uint64_t len,
     memcpy(&b->g, payload, TS_KVX_META);
     const ts_kvx_geometry *g = &b->g;
     if (!g->block_size || !g->layers || !g->kv_heads || !g->head_dim ||
-        g->dtype != 0 || g->block_size > 4096 || g->head_dim > 4096 ||
-        g->kv_heads > 4096 || g->layers > 4096)
+        g->block_size > 4096 || g->head_dim > 4096 || g->kv_heads > 4096 ||
+        g->layers > 4096)
         return fail(err, errcap, "KV-transfer geometry is invalid");
+    if (g->dtype > TS_KVX_DTYPE_INT8)
+        return fail(err, errcap,
+                    "KV-transfer geometry is invalid: dtype %u (want 0 f32, "
+                    "1 bf16 or 2 int8)",
+                    g->dtype);
     uint64_t nt = (uint64_t)g->n_blocks * g->block_size;
     uint64_t want = TS_KVX_META + nt * 4 + g->n_blocks * ts_kvx_block_bytes(g);
     if (want != len)

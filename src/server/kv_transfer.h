@@ -4,10 +4,15 @@
  * A frame is a 24-byte header then a payload, every integer little-endian:
  *   u32 magic "TSKV" | u16 version (1) | u16 kind | u64 payload length |
  *   u64 XXH3-64 of the payload
- * kind 1, blocks: u32 block_size, layers, kv_heads, head_dim, dtype (0:
- *   f32), n_blocks; i32 tokens[n_blocks x block_size]; then per block the
- *   K/V of every layer (per layer K then V, each (kv_heads, block_size,
- *   head_dim)), ts_engine_block_bytes each.
+ * kind 1, blocks: u32 block_size, layers, kv_heads, head_dim, dtype,
+ *   n_blocks; i32 tokens[n_blocks x block_size]; then per block the K/V of
+ *   every layer (per layer K then V, each (kv_heads, block_size) rows of
+ *   head_dim values in the pool's type), ts_engine_block_bytes each. dtype
+ *   (TS_KVX_DTYPE_*): 0 f32 (4 head_dim bytes a row), 1 bf16 (2 head_dim),
+ *   2 int8 (head_dim int8 values, zero padding to a multiple of 4 bytes,
+ *   then the row's f32 scale: 4 ((head_dim + 3) / 4 + 1) bytes; see
+ *   ts_kv_dtype). A receiver whose cache holds another type refuses the
+ *   blocks, naming both types.
  * kind 2, reply: i32 status (0: adopted), u32 blocks adopted, the message.
  * One connection carries one blocks frame and its reply. The receiver
  * reads the header and the geometry first, refuses what does not match
@@ -26,9 +31,17 @@
 #define TS_KVX_KIND_BLOCKS 1
 #define TS_KVX_KIND_REPLY  2
 
+/* the geometry's dtype: the K/V rows' type on the wire */
+#define TS_KVX_DTYPE_F32  0
+#define TS_KVX_DTYPE_BF16 1
+#define TS_KVX_DTYPE_INT8 2
+
 typedef struct {
     uint32_t block_size, layers, kv_heads, head_dim, dtype, n_blocks;
 } ts_kvx_geometry;
+
+/* "f32", "bf16", "int8" ("unknown" past them) */
+const char *ts_kvx_dtype_name(uint32_t dtype);
 
 typedef struct {
     ts_kvx_geometry g;
@@ -36,7 +49,8 @@ typedef struct {
     const void *kv;        /* n_blocks x block bytes */
 } ts_kvx_blocks;
 
-/* bytes of one block's K/V for geometry g (f32) */
+/* bytes of one block's K/V for geometry g (of its dtype; 0 for a dtype
+ * outside TS_KVX_DTYPE_*) */
 uint64_t ts_kvx_block_bytes(const ts_kvx_geometry *g);
 
 /* A blocks frame (header + payload), malloc'd; NULL when out of memory. */

@@ -295,12 +295,22 @@ static void *engine_loop(void *arg) {
 
 /* ---- KV transfer ---- */
 
+/* the engine's KV type on the wire (TS_KVX_DTYPE_*), set at startup */
+static uint32_t srv_kvx_dtype;
+
+static uint32_t kvx_dtype_of(ts_kv_dtype dt) {
+    return dt == TS_KV_BF16   ? TS_KVX_DTYPE_BF16
+           : dt == TS_KV_INT8 ? TS_KVX_DTYPE_INT8
+                              : TS_KVX_DTYPE_F32;
+}
+
 static ts_kvx_geometry geometry(uint32_t n_blocks) {
     const ts_model_config *mc = ts_decoder_get_config(ts_lm_decoder(srv.lm));
     return (ts_kvx_geometry){.block_size = (uint32_t)srv.block_size,
                              .layers = (uint32_t)mc->layers,
                              .kv_heads = (uint32_t)mc->kv_heads,
                              .head_dim = (uint32_t)mc->head_dim,
+                             .dtype = srv_kvx_dtype,
                              .n_blocks = n_blocks};
 }
 
@@ -353,14 +363,23 @@ static int adopt_blocks(void *arg, const ts_kvx_geometry *g,
                         const ts_kvx_blocks *b, uint32_t *adopted, char *err,
                         size_t errcap) {
     (void)arg;
-    ts_kvx_geometry me = geometry(g->n_blocks);
-    if (memcmp(&me, g, sizeof me)) {
+    ts_kvx_geometry me = geometry(g->n_blocks), same_type = *g;
+    same_type.dtype = me.dtype;
+    if (memcmp(&me, &same_type, sizeof me)) {
         snprintf(err, errcap,
                  "KV blocks of another model: block_size %u, layers %u, "
-                 "kv_heads %u, head_dim %u, dtype %u (this server: %u, %u, "
-                 "%u, %u, 0)",
-                 g->block_size, g->layers, g->kv_heads, g->head_dim, g->dtype,
-                 me.block_size, me.layers, me.kv_heads, me.head_dim);
+                 "kv_heads %u, head_dim %u, dtype %s (this server: %u, %u, "
+                 "%u, %u, %s)",
+                 g->block_size, g->layers, g->kv_heads, g->head_dim,
+                 ts_kvx_dtype_name(g->dtype), me.block_size, me.layers,
+                 me.kv_heads, me.head_dim, ts_kvx_dtype_name(me.dtype));
+        return -1;
+    }
+    if (g->dtype != me.dtype) {
+        snprintf(err, errcap,
+                 "KV blocks of type %s, but this server's KV cache is %s "
+                 "(start both servers with the same --kv-dtype)",
+                 ts_kvx_dtype_name(g->dtype), ts_kvx_dtype_name(me.dtype));
         return -1;
     }
     if (!b)
@@ -391,8 +410,13 @@ static void *kv_conn(void *arg) {
     srv_eng_lock();
     ts_engine_get_stats(srv.eng, &st);
     pthread_mutex_unlock(&srv.eng_mu);
-    uint64_t per =
-        (uint64_t)ts_engine_block_bytes(srv.eng) + 4 * (uint64_t)srv.block_size;
+    /* room for a block of the widest type (f32), so that blocks of another
+     * type reach the geometry check and its message */
+    const ts_model_config *mc = ts_decoder_get_config(ts_lm_decoder(srv.lm));
+    int64_t widest = ts_kv_block_bytes(mc, srv.block_size);
+    if (widest < ts_engine_block_bytes(srv.eng))
+        widest = ts_engine_block_bytes(srv.eng);
+    uint64_t per = (uint64_t)widest + 4 * (uint64_t)srv.block_size;
     int rc = ts_kvx_serve_connection(
         fd, adopt_blocks, NULL, TS_KVX_META + per * (uint64_t)st.blocks_total,
         srv.timeout_ms);
@@ -1049,6 +1073,9 @@ static int server_run(const ts_server_options *o) {
     if (o->max_model_len > 0)
         srv.max_positions = o->max_model_len;
     srv.block_size = o->engine.block_size;
+    ts_engine_stats est;
+    ts_engine_get_stats(srv.eng, &est);
+    srv_kvx_dtype = kvx_dtype_of(est.kv_dtype);
     if (mc->eos_token_id >= 0)
         srv.eos[srv.n_eos++] = (int32_t)mc->eos_token_id;
     char *gtext =
@@ -1140,6 +1167,13 @@ static int server_run(const ts_server_options *o) {
             "positions)\n",
             srv.model, o->host ? o->host : "127.0.0.1", port,
             (long long)est0.blocks_total, (long long)o->engine.block_size);
+    fprintf(stderr,
+            "tessera serve: KV cache: %lld blocks x %lld positions, %.2f GiB "
+            "(%s)\n",
+            (long long)est0.blocks_total, (long long)o->engine.block_size,
+            (double)est0.blocks_total * (double)est0.kv_block_bytes /
+                (1024.0 * 1024.0 * 1024.0),
+            ts_kv_dtype_name(est0.kv_dtype));
     if (srv.kv_fd >= 0)
         fprintf(stderr, "tessera serve: KV transfers on %s:%d\n",
                 o->host ? o->host : "127.0.0.1", srv.kv_port);

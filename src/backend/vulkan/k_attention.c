@@ -302,6 +302,11 @@ ts_status vk_k_paged_attention(ts_ctx *ctx, vk_dev *d, ts_node *n) {
     ts_tensor *q = n->in[0], *k = n->in[1];
     int64_t H = q->shape[1], N = q->shape[2], D = q->shape[3];
     int64_t KV = k->shape[1], G = H / KV;
+    if (n->in[3]->dtype != TS_F32 || n->in[4]->dtype != TS_F32)
+        return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                            "paged_attention on Vulkan: a %s KV pool (the "
+                            "shaders read f32 pools)",
+                            ts_dtype_name(n->in[3]->dtype));
     if (N == 0 || H == 0)
         return TS_OK;
     if (D < 1)
