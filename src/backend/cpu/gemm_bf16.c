@@ -51,6 +51,11 @@ _Static_assert(NR % 16 == 0, "B's strips are whole zmm");
 struct cpu_bf16_packed {
     int64_t K, N, Kp; /* Kp = ceil(K / 2) pairs */
     uint32_t *strips; /* ceil(N / NR) strips of Kp x NR pairs */
+    size_t bytes;     /* of strips */
+    /* what was packed (cpu_bf16_packed_matches) */
+    const void *src;
+    ts_dtype dt;
+    int64_t rs, cs;
 };
 
 static bool dtype_ok(ts_dtype dt) {
@@ -246,47 +251,85 @@ static TS_BF16_TARGET void pack_panels(const void *src, ts_dtype dt, int64_t sx,
 }
 
 /* ---- micro-kernel ----
- * C (mr, nr) (+)= the MR x NR tile of A's strip a times B's strip b over
- * kpn pairs of K; rows past mr and columns past nr are computed on the
- * panels' zero padding and not stored. */
+ * C (mr, nr) of a tile: the pairs [0, kpn) of A's strip a (MR rows, rows
+ * past mr unused) times B's strip b (NR columns, padded with zeros). Every
+ * C element is one chain: c = C (load) or 0, then, pair by pair in K's
+ * order, c = vdpbf16ps(c, a pair, b pair). Storing c and loading it back
+ * is exact, so a chain cut into K blocks (load on every block but the
+ * first) is the same chain: the value of an element never depends on the
+ * tile, the blocking, the rows beside it or their number. Rows (ROWS, 1 ..
+ * MR) are a constant of each instance, so a thin tile does no work for
+ * rows it does not have; columns past nr are computed on the zero padding
+ * and not stored. */
 static inline __attribute__((always_inline)) TS_BF16_TARGET void
-micro_tile(int64_t kpn, const uint32_t *a, const uint32_t *b, float *C,
-           int64_t ldc, int mr, int nr, bool add) {
+tile_rows(int64_t kpn, const uint32_t *a, const uint32_t *b, float *C,
+          int64_t ldc, const int ROWS, int nr, bool load) {
     __m512 c[MR][NV];
-    for (int r = 0; r < MR; r++)
-        for (int v = 0; v < NV; v++)
-            c[r][v] = _mm512_setzero_ps();
+    __mmask16 mk[NV];
+    for (int v = 0; v < NV; v++) {
+        int w = nr - 16 * v;
+        mk[v] = w >= 16  ? (__mmask16)0xffff
+                : w <= 0 ? (__mmask16)0
+                         : (__mmask16)((1u << w) - 1);
+    }
+    bool full = nr == NR;
+    for (int r = 0; r < ROWS; r++)
+        for (int v = 0; v < NV; v++) {
+            const float *p = C + r * ldc + 16 * v;
+            c[r][v] = !load  ? _mm512_setzero_ps()
+                      : full ? _mm512_loadu_ps(p)
+                             : _mm512_maskz_loadu_ps(mk[v], p);
+        }
     for (int64_t kp = 0; kp < kpn; kp++) {
         __m512bh bv[NV];
         for (int v = 0; v < NV; v++)
             bv[v] = (__m512bh)_mm512_loadu_si512(b + kp * NR + 16 * v);
-        for (int r = 0; r < MR; r++) {
+        for (int r = 0; r < ROWS; r++) {
             __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[kp * MR + r]);
             for (int v = 0; v < NV; v++)
                 c[r][v] = _mm512_dpbf16_ps(c[r][v], av, bv[v]);
         }
     }
-    if (mr == MR && nr == NR) {
-        for (int r = 0; r < MR; r++)
-            for (int v = 0; v < NV; v++) {
-                float *p = C + r * ldc + 16 * v;
-                _mm512_storeu_ps(
-                    p,
-                    add ? _mm512_add_ps(_mm512_loadu_ps(p), c[r][v]) : c[r][v]);
-            }
-        return;
-    }
-    for (int v = 0; v < NV; v++) {
-        int w = nr - 16 * v;
-        if (w <= 0)
-            break;
-        __mmask16 m = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1);
-        for (int r = 0; r < mr; r++) {
+    for (int r = 0; r < ROWS; r++)
+        for (int v = 0; v < NV; v++) {
             float *p = C + r * ldc + 16 * v;
-            __m512 x = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), c[r][v])
-                           : c[r][v];
-            _mm512_mask_storeu_ps(p, m, x);
+            if (full)
+                _mm512_storeu_ps(p, c[r][v]);
+            else
+                _mm512_mask_storeu_ps(p, mk[v], c[r][v]);
         }
+}
+
+/* the tile of mr (1 .. MR) rows */
+static TS_BF16_TARGET void tile(int64_t kpn, const uint32_t *a,
+                                const uint32_t *b, float *C, int64_t ldc,
+                                int mr, int nr, bool load) {
+    _Static_assert(MR == 8, "one case per row count");
+    switch (mr) {
+    case 1:
+        tile_rows(kpn, a, b, C, ldc, 1, nr, load);
+        break;
+    case 2:
+        tile_rows(kpn, a, b, C, ldc, 2, nr, load);
+        break;
+    case 3:
+        tile_rows(kpn, a, b, C, ldc, 3, nr, load);
+        break;
+    case 4:
+        tile_rows(kpn, a, b, C, ldc, 4, nr, load);
+        break;
+    case 5:
+        tile_rows(kpn, a, b, C, ldc, 5, nr, load);
+        break;
+    case 6:
+        tile_rows(kpn, a, b, C, ldc, 6, nr, load);
+        break;
+    case 7:
+        tile_rows(kpn, a, b, C, ldc, 7, nr, load);
+        break;
+    default:
+        tile_rows(kpn, a, b, C, ldc, MR, nr, load);
+        break;
     }
 }
 
@@ -361,7 +404,7 @@ static TS_BF16_TARGET void task_run(void *arg, int64_t t) {
             pack_groups(&pj, 0, (pj.nstrips * NR + 15) / 16);
             bs = buf, sst = kpn * NR;
         }
-        bool add = j->acc || pc > 0;
+        bool load = j->acc || pc > 0;
         for (int64_t m0 = r0; m0 < r1; m0 += MC) {
             int64_t m1 = m0 + MC < r1 ? m0 + MC : r1;
             for (int64_t s = s0; s < s1; s++) {
@@ -370,8 +413,8 @@ static TS_BF16_TARGET void task_run(void *arg, int64_t t) {
                 for (int64_t m = m0; m < m1; m += MR) {
                     const uint32_t *as = j->ap + ((m / MR) * Kp + pc) * MR;
                     int mr = m1 - m < MR ? (int)(m1 - m) : MR;
-                    micro_tile(kpn, as, bs + (s - s0) * sst,
-                               j->C + m * j->ldc + n, j->ldc, mr, nr, add);
+                    tile(kpn, as, bs + (s - s0) * sst, j->C + m * j->ldc + n,
+                         j->ldc, mr, nr, load);
                 }
             }
         }
@@ -436,6 +479,100 @@ static TS_BF16_TARGET bool gemm_run(int64_t M, int64_t N, int64_t K,
     return ok;
 }
 
+/* ---- few rows (decode) ----
+ * M <= STREAM_ROWS: A packed whole (M x K as bf16 pairs, a few KiB), then
+ * one pass over B's strips, shared out by ranges among the threads (each
+ * streams a run of the weights no other thread reads); a strip (NR
+ * columns) is read once, a block of KCS pairs at a time, by every row
+ * group of A while it is in L1. An unpacked B is packed a strip at a time
+ * into a buffer of the thread's (the strip's K pairs: Kp x NR x 4 bytes,
+ * in L2). Same tiles, same chains: the same bits as gemm_run's. */
+#define STREAM_ROWS 64
+#define KCS         128
+
+typedef struct {
+    const uint32_t *ap; /* A's strips of MR rows, Kp pairs each */
+    int64_t M, K, Kp;
+    const cpu_bf16_packed *pb; /* B packed, or B itself: */
+    const char *b;
+    ts_dtype bdt;
+    int64_t b_rs, b_cs, N;
+    float *C;
+    int64_t ldc;
+    bool acc;
+    atomic_int oom;
+} stream_job;
+
+/* B's strips [s0, s1) */
+static TS_BF16_TARGET void stream_range(void *arg, int64_t s0, int64_t s1) {
+    stream_job *j = arg;
+    int64_t Kp = j->Kp, M = j->M;
+    void *base = NULL;
+    uint32_t *buf = NULL;
+    if (!j->pb) {
+        buf = tmp_aligned(Kp * NR * 4, &base);
+        if (!buf) {
+            atomic_store(&j->oom, 1);
+            return;
+        }
+    }
+    int64_t bes = (int64_t)ts_dtype_size(j->bdt);
+    for (int64_t s = s0; s < s1; s++) {
+        int64_t n = s * NR;
+        int nr = j->N - n < NR ? (int)(j->N - n) : NR;
+        const uint32_t *bs;
+        if (j->pb) {
+            bs = j->pb->strips + s * Kp * NR;
+        } else {
+            pack_job pj = pack_job_of(j->b + n * j->b_cs * bes, j->bdt, j->b_cs,
+                                      j->b_rs, nr, j->K, NR, buf);
+            pack_groups(&pj, 0, NR / 16);
+            bs = buf;
+        }
+        for (int64_t pc = 0; pc < Kp; pc += KCS) {
+            int64_t kpn = Kp - pc < KCS ? Kp - pc : KCS;
+            bool load = j->acc || pc > 0;
+            for (int64_t m = 0; m < M; m += MR)
+                tile(kpn, j->ap + ((m / MR) * Kp + pc) * MR, bs + pc * NR,
+                     j->C + m * j->ldc + n, j->ldc,
+                     M - m < MR ? (int)(M - m) : MR, nr, load);
+        }
+    }
+    cpu_tmp_free(base);
+}
+
+static TS_BF16_TARGET bool
+gemm_stream(int64_t M, int64_t N, int64_t K, const void *A, ts_dtype adt,
+            int64_t a_rs, int64_t a_cs, const void *B, ts_dtype bdt,
+            int64_t b_rs, int64_t b_cs, const cpu_bf16_packed *pb, float *C,
+            int64_t ldc, bool acc) {
+    int64_t Kp = (K + 1) / 2;
+    void *abase = NULL;
+    uint32_t *ap = tmp_aligned((M + MR - 1) / MR * MR * Kp * 4, &abase);
+    if (!ap)
+        return false;
+    pack_panels(A, adt, a_rs, a_cs, M, K, MR, ap);
+    stream_job j = {.ap = ap,
+                    .M = M,
+                    .K = K,
+                    .Kp = Kp,
+                    .pb = pb,
+                    .b = B,
+                    .bdt = bdt,
+                    .b_rs = b_rs,
+                    .b_cs = b_cs,
+                    .N = N,
+                    .C = C,
+                    .ldc = ldc,
+                    .acc = acc};
+    atomic_init(&j.oom, 0);
+    /* a range of strips per task: ~256 KiB of B or more (or 1 strip) */
+    int64_t grain = ((int64_t)1 << 18) / (Kp * NR * 4) + 1;
+    ts_parallel_for((N + NR - 1) / NR, grain, stream_range, &j);
+    cpu_tmp_free(abase);
+    return !atomic_load(&j.oom);
+}
+
 /* K = 0: the sum is empty */
 static void empty_product(int64_t M, int64_t N, float *C, int64_t ldc,
                           bool acc) {
@@ -456,6 +593,9 @@ bool cpu_gemm_bf16(cpu_isa isa, int64_t M, int64_t N, int64_t K, const void *A,
         empty_product(M, N, C, ldc, acc);
         return true;
     }
+    if (M <= STREAM_ROWS)
+        return gemm_stream(M, N, K, A, adt, a_rs, a_cs, B, bdt, b_rs, b_cs,
+                           NULL, C, ldc, acc);
     return gemm_run(M, N, K, A, adt, a_rs, a_cs, B, bdt, b_rs, b_cs, NULL, C,
                     ldc, acc);
 }
@@ -469,9 +609,11 @@ cpu_bf16_packed *cpu_bf16_pack_b(cpu_isa isa, int64_t K, int64_t N,
     if (!p)
         return NULL;
     p->K = K, p->N = N, p->Kp = (K + 1) / 2;
+    p->src = B, p->dt = bdt, p->rs = b_rs, p->cs = b_cs;
     size_t bytes = (size_t)((N + NR - 1) / NR * NR * p->Kp) * 4;
+    p->bytes = (bytes + 63) / 64 * 64;
     if (bytes > 0) {
-        p->strips = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        p->strips = aligned_alloc(64, p->bytes);
         if (!p->strips) {
             free(p);
             return NULL;
@@ -496,6 +638,18 @@ int64_t cpu_bf16_packed_n(const cpu_bf16_packed *p) {
     return p->N;
 }
 
+size_t cpu_bf16_packed_bytes(const cpu_bf16_packed *p) {
+    return p ? sizeof *p + p->bytes : 0;
+}
+
+bool cpu_bf16_packed_matches(const cpu_bf16_packed *p, int64_t K, int64_t N,
+                             const void *B, ts_dtype bdt, int64_t b_rs,
+                             int64_t b_cs) {
+    /* a dimension of one has no stride to speak of */
+    return p && p->K == K && p->N == N && p->src == B && p->dt == bdt &&
+           (K <= 1 || p->rs == b_rs) && (N <= 1 || p->cs == b_cs);
+}
+
 bool cpu_gemm_bf16_packed(cpu_isa isa, int64_t M, const void *A, ts_dtype adt,
                           int64_t a_rs, int64_t a_cs, const cpu_bf16_packed *B,
                           float *C, int64_t ldc, bool acc) {
@@ -507,6 +661,9 @@ bool cpu_gemm_bf16_packed(cpu_isa isa, int64_t M, const void *A, ts_dtype adt,
         empty_product(M, B->N, C, ldc, acc);
         return true;
     }
+    if (M <= STREAM_ROWS)
+        return gemm_stream(M, B->N, B->K, A, adt, a_rs, a_cs, NULL, TS_BF16, 0,
+                           0, B, C, ldc, acc);
     return gemm_run(M, B->N, B->K, A, adt, a_rs, a_cs, NULL, TS_BF16, 0, 0, B,
                     C, ldc, acc);
 }
