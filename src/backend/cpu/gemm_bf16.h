@@ -64,4 +64,15 @@ bool cpu_gemm_bf16_packed(cpu_isa isa, int64_t M, const void *A, ts_dtype adt,
                           int64_t a_rs, int64_t a_cs, const cpu_bf16_packed *B,
                           float *C, int64_t ldc, bool acc);
 
+/* cpu_gemm_bf16 (B, or pb when it is not NULL: then B is not read and
+ * pb's K and N must be K and N) through the cache-blocked path whatever M
+ * (cpu_gemm_bf16 takes it above 64 rows only): the same bits, for tests
+ * and benchmarks. */
+bool cpu_gemm_bf16_blocked(cpu_isa isa, int64_t M, int64_t N, int64_t K,
+                           const void *A, ts_dtype adt, int64_t a_rs,
+                           int64_t a_cs, const void *B, ts_dtype bdt,
+                           int64_t b_rs, int64_t b_cs,
+                           const cpu_bf16_packed *pb, float *C, int64_t ldc,
+                           bool acc);
+
 #endif
