@@ -43,9 +43,6 @@ _Static_assert(NR % 16 == 0, "B's strips are whole zmm");
 /* a task: about TASK_STRIPS strips of B, no fewer than TASK_ROWS rows */
 #define TASK_STRIPS 4
 #define TASK_ROWS   256
-/* packing 16 rows of pairs at once, each row is prefetched PF elements
- * ahead: 16 streams are more than the hardware prefetcher follows */
-#define PF 128
 /* the largest packed A block (rows at a time), in bytes */
 #define A_BLOCK_BYTES ((int64_t)4 << 20)
 
@@ -191,8 +188,14 @@ static TS_BF16_TARGET void pack_groups(void *arg, int64_t g0, int64_t g1) {
                 __m512i r[16];
                 for (int l = 0; l < 16; l++) {
                     const char *row = src + ((x0 + l) * sx + k) * es;
-                    if (l < n && k + PF < K)
-                        _mm_prefetch(row + PF * es, _MM_HINT_T0);
+                    /* the same k of the next group's row: 16 rows (each
+                     * a page or two of its own) are more streams than the
+                     * hardware prefetcher follows (packing a strip on the
+                     * fly: 2x faster than prefetching ahead in the row) */
+                    const char *nx = row + 16 * sx * es;
+                    _mm_prefetch(nx, _MM_HINT_T0);
+                    if (es == 4)
+                        _mm_prefetch(nx + 64, _MM_HINT_T0);
                     r[l] = l < n ? load32_pairs(row, j->dt, K - k)
                                  : _mm512_setzero_si512();
                 }
@@ -251,6 +254,13 @@ static TS_BF16_TARGET void pack_panels(const void *src, ts_dtype dt, int64_t sx,
                     pack_groups, &j);
 }
 
+/* lines to prefetch while a tile runs: lines_per_pair 64-byte lines
+ * from p on at each pair of K, up to end */
+typedef struct {
+    const char *p, *end;
+    int lines_per_pair;
+} pf_span;
+
 /* ---- micro-kernel ----
  * C (mr, nr) of a tile: the pairs [0, kpn) of A's strip a (MR rows, rows
  * past mr unused) times B's strip b (NR columns, padded with zeros). Every
@@ -264,7 +274,9 @@ static TS_BF16_TARGET void pack_panels(const void *src, ts_dtype dt, int64_t sx,
  * and not stored. */
 static inline __attribute__((always_inline)) TS_BF16_TARGET void
 tile_rows(int64_t kpn, const uint32_t *a, const uint32_t *b, float *C,
-          int64_t ldc, const int ROWS, int nr, bool load) {
+          int64_t ldc, const int ROWS, int nr, bool load, const pf_span *pf) {
+    const char *pf_at = pf ? pf->p : NULL;
+    int pf_n = pf ? pf->lines_per_pair : 0;
     __m512 c[MR][NV];
     __mmask16 mk[NV];
     for (int v = 0; v < NV; v++) {
@@ -285,6 +297,9 @@ tile_rows(int64_t kpn, const uint32_t *a, const uint32_t *b, float *C,
         __m512bh bv[NV];
         for (int v = 0; v < NV; v++)
             bv[v] = (__m512bh)_mm512_loadu_si512(b + kp * NR + 16 * v);
+        if (pf_at && pf_at < pf->end)
+            for (int l = 0; l < pf_n; l++, pf_at += 64)
+                _mm_prefetch(pf_at, _MM_HINT_T0);
         for (int r = 0; r < ROWS; r++) {
             __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[kp * MR + r]);
             for (int v = 0; v < NV; v++)
@@ -304,32 +319,32 @@ tile_rows(int64_t kpn, const uint32_t *a, const uint32_t *b, float *C,
 /* the tile of mr (1 .. MR) rows */
 static TS_BF16_TARGET void tile(int64_t kpn, const uint32_t *a,
                                 const uint32_t *b, float *C, int64_t ldc,
-                                int mr, int nr, bool load) {
+                                int mr, int nr, bool load, const pf_span *pf) {
     _Static_assert(MR == 8, "one case per row count");
     switch (mr) {
     case 1:
-        tile_rows(kpn, a, b, C, ldc, 1, nr, load);
+        tile_rows(kpn, a, b, C, ldc, 1, nr, load, pf);
         break;
     case 2:
-        tile_rows(kpn, a, b, C, ldc, 2, nr, load);
+        tile_rows(kpn, a, b, C, ldc, 2, nr, load, pf);
         break;
     case 3:
-        tile_rows(kpn, a, b, C, ldc, 3, nr, load);
+        tile_rows(kpn, a, b, C, ldc, 3, nr, load, pf);
         break;
     case 4:
-        tile_rows(kpn, a, b, C, ldc, 4, nr, load);
+        tile_rows(kpn, a, b, C, ldc, 4, nr, load, pf);
         break;
     case 5:
-        tile_rows(kpn, a, b, C, ldc, 5, nr, load);
+        tile_rows(kpn, a, b, C, ldc, 5, nr, load, pf);
         break;
     case 6:
-        tile_rows(kpn, a, b, C, ldc, 6, nr, load);
+        tile_rows(kpn, a, b, C, ldc, 6, nr, load, pf);
         break;
     case 7:
-        tile_rows(kpn, a, b, C, ldc, 7, nr, load);
+        tile_rows(kpn, a, b, C, ldc, 7, nr, load, pf);
         break;
     default:
-        tile_rows(kpn, a, b, C, ldc, MR, nr, load);
+        tile_rows(kpn, a, b, C, ldc, MR, nr, load, pf);
         break;
     }
 }
@@ -415,7 +430,7 @@ static TS_BF16_TARGET void task_run(void *arg, int64_t t) {
                     const uint32_t *as = j->ap + ((m / MR) * Kp + pc) * MR;
                     int mr = m1 - m < MR ? (int)(m1 - m) : MR;
                     tile(kpn, as, bs + (s - s0) * sst, j->C + m * j->ldc + n,
-                         j->ldc, mr, nr, load);
+                         j->ldc, mr, nr, load, NULL);
                 }
             }
         }
@@ -537,10 +552,29 @@ static TS_BF16_TARGET void stream_range(void *arg, int64_t s0, int64_t s1) {
         for (int64_t pc = 0; pc < Kp; pc += KCS) {
             int64_t kpn = Kp - pc < KCS ? Kp - pc : KCS;
             bool load = j->acc || pc > 0;
-            for (int64_t m = 0; m < M; m += MR)
+            /* what the first row group reads next (the packed strips lie
+             * one after another): fetched while the other groups compute,
+             * a share each */
+            int64_t groups = (M + MR - 1) / MR;
+            const char *next = (const char *)(bs + (pc + kpn) * NR);
+            int64_t next_bytes =
+                pc + kpn < Kp ? (Kp - pc - kpn < KCS ? Kp - pc - kpn : KCS)
+                : s + 1 < s1  ? (Kp < KCS ? Kp : KCS)
+                              : 0;
+            next_bytes *= NR * 4;
+            for (int64_t m = 0; m < M; m += MR) {
+                pf_span pf, *pfp = NULL;
+                if (j->pb && m > 0 && next_bytes > 0) {
+                    int64_t share = next_bytes / (groups - 1), g = m / MR - 1;
+                    pf.p = next + g * share;
+                    pf.end = next + (g + 1) * share;
+                    pf.lines_per_pair = (int)((share / 64 + kpn - 1) / kpn);
+                    pfp = &pf;
+                }
                 tile(kpn, j->ap + ((m / MR) * Kp + pc) * MR, bs + pc * NR,
                      j->C + m * j->ldc + n, j->ldc,
-                     M - m < MR ? (int)(M - m) : MR, nr, load);
+                     M - m < MR ? (int)(M - m) : MR, nr, load, pfp);
+            }
         }
     }
     cpu_tmp_free(base);
