@@ -147,7 +147,8 @@ typedef struct ts_storage {
      * or at once by ts_backend.prepack; packed_bytes is its size, and
      * packed_free releases it. It goes (ts_storage_drop_packed) whenever
      * the data may change, and with the storage; pack_wanted stays, so
-     * the next product packs the new values. */
+     * the next product packs the new values. No lock: made and dropped by
+     * the thread running the context's ops. */
     bool pack_wanted;
     void *packed;
     size_t packed_bytes;

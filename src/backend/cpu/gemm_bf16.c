@@ -1,16 +1,20 @@
 /* gemm_bf16.c — C (M, N) (+)= A (M, K) @ B (K, N) with bf16 operands and f32
  * sums, on AVX512_BF16's vdpbf16ps, BLIS-style: both operands packed into
  * panels of bf16 pairs of K (the layout vdpbf16ps multiplies), f32 rounded
- * to nearest even on the way; a register-blocked micro-kernel of MR x NR
- * (8 rows x 48 columns: 24 zmm accumulators, three B vectors and one
- * broadcast A pair); A packed a block of rows at a time and shared; tasks
- * on the pool (ts_parallel_chunks) of a few B column strips each, packing
- * their B block KCP pairs of K at a time into an L2-sized buffer of their
- * own (or reading a B pre-packed once, cpu_bf16_packed) while A's rows
- * stream past it MC at a time. Owns the packing, the kernel, the blocking
- * and the pre-packed B; must not know tensors or ops. Kernel code carries
- * its own target attribute and is only reached when the caller's isa
- * allows: the file builds at baseline x86-64 flags. */
+ * to nearest even on the way; a register-blocked micro-kernel of up to MR x
+ * NR (8 rows x 48 columns: 24 zmm accumulators, three B vectors and one
+ * broadcast A pair), one f32 chain over K per C element whatever the path
+ * (so a row's bits never depend on M). Up to 64 rows (decode): A packed
+ * whole, B's strips streamed once, shared out among the threads. More rows
+ * (prefill, training): A packed a block of rows at a time and shared;
+ * tasks on the pool (ts_parallel_chunks) of a few B column strips each,
+ * packing their B block KCP pairs of K at a time into an L2-sized buffer
+ * of their own (or reading a B pre-packed once, cpu_bf16_packed) while A's
+ * rows stream past it MC at a time. Owns the packing, the kernel, the
+ * blocking and the pre-packed B; must not know tensors or ops (the packed
+ * copies a storage keeps are cpu_backend.c's). Kernel code carries its own
+ * target attribute and is only reached when the caller's isa allows: the
+ * file builds at baseline x86-64 flags. */
 #include "backend/cpu/gemm_bf16.h"
 
 #include "backend/cpu/cpu.h"
@@ -639,19 +643,20 @@ bool cpu_gemm_bf16(cpu_isa isa, int64_t M, int64_t N, int64_t K, const void *A,
                     ldc, acc);
 }
 
-/* memory for *bytes of strips (rounded up in *bytes): a large block on
- * transparent huge pages where Linux offers them (madvise mode), so that
- * a decode step streaming it walks few page tables and its first fill
- * takes few page faults */
-static uint32_t *strips_alloc(size_t *bytes) {
+/* memory for bytes of strips: a large block starts on a 2 MiB boundary
+ * and its whole 2 MiB pages are asked for as transparent huge pages
+ * (where Linux offers them in madvise mode), so that a decode step
+ * streaming it walks few page tables and its first fill takes few page
+ * faults; the tail stays on small pages (no memory rounded up) */
+static uint32_t *strips_alloc(size_t bytes) {
     const size_t huge = (size_t)2 << 20;
-    if (*bytes < 2 * huge)
-        return aligned_alloc(64, *bytes);
-    *bytes = (*bytes + huge - 1) / huge * huge;
-    uint32_t *p = aligned_alloc(huge, *bytes);
+    if (bytes < huge)
+        return aligned_alloc(64, bytes);
+    void *p = NULL;
+    if (posix_memalign(&p, huge, bytes))
+        return NULL;
 #ifdef MADV_HUGEPAGE
-    if (p)
-        madvise(p, *bytes, MADV_HUGEPAGE);
+    madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
 #endif
     return p;
 }
@@ -669,7 +674,7 @@ cpu_bf16_packed *cpu_bf16_pack_b(cpu_isa isa, int64_t K, int64_t N,
     size_t bytes = (size_t)((N + NR - 1) / NR * NR * p->Kp) * 4;
     p->bytes = (bytes + 63) / 64 * 64;
     if (bytes > 0) {
-        p->strips = strips_alloc(&p->bytes);
+        p->strips = strips_alloc(p->bytes);
         if (!p->strips) {
             free(p);
             return NULL;
