@@ -15,7 +15,8 @@
  *     pointer, an AdamW step): products follow the new values;
  *   - ts_decoder_prepack: a tiny Qwen3 with random bf16 weights (tied and
  *     untied head) gives the same logits bits for R sequences at once as
- *     for each alone, prepacked or not, and again after a training step.
+ *     for each alone, prepacked or not, and again after a training step;
+ *     a GPT-2 (Conv1D projections, x @ W) the same bits prepacked or not.
  * Argument "model" runs only the op and model parts at the active level
  * (tests/CMakeLists.txt runs them once per level through at_isa.sh).
  *
@@ -487,6 +488,42 @@ static void test_decoder_prepack(ts_ctx *ctx, bool tied) {
     ts_decoder_free(plain);
 }
 
+/* GPT-2: Conv1D projections multiply x @ W (W (in, out)), the head x @
+ * wte.T: both packed, the same bits as unpacked; at the AVX512_BF16 level
+ * a sequence's logits the same batched or alone (below it the Conv1D
+ * products go through the general f32 path, not the decode kernel) */
+static void test_gpt2_prepack(ts_ctx *ctx) {
+    ts_model_config c = tu_config("gpt2");
+    c.vocab = 97, c.hidden = 32, c.layers = 2, c.heads = 4, c.kv_heads = 4;
+    c.head_dim = 8, c.intermediate = 72, c.max_positions = 64;
+    ts_decoder_options o = {.weight_dtype = TS_BF16};
+    ts_decoder *m = NULL, *plain = NULL;
+    CHECK_OK(ctx, ts_decoder_new(ctx, &c, &o, 3, &m));
+    CHECK_OK(ctx, ts_decoder_new(ctx, &c, &o, 3, &plain));
+    if (!m || !plain)
+        return;
+    bool packs = cpu_isa_active() >= CPU_ISA_AVX512_BF16;
+    CHECK_OK(ctx, ts_decoder_prepack(m));
+    int conv = 0, packed = 0;
+    for (int i = 0; i < ts_decoder_num_params(m); i++)
+        if (strstr(ts_decoder_param_name(m, i), "c_attn.weight") ||
+            strstr(ts_decoder_param_name(m, i), "c_fc.weight")) {
+            conv++;
+            packed += ts_decoder_param(m, i)->storage->packed != NULL;
+        }
+    CHECK(conv == 4 && packed == (packs ? conv : 0));
+    bool old = ts_set_grad_enabled(ctx, false);
+    int64_t ids[12] = {1, 5, 9, 96, 42, 7, 3, 3, 0, 64, 2, 8};
+    float *a = logits_of(m, ids, 4, 3), *b = logits_of(plain, ids, 4, 3);
+    CHECK(!memcmp(a, b, sizeof(float) * 12 * (size_t)c.vocab));
+    free(a), free(b);
+    if (packs)
+        batch_vs_alone(m, "gpt2, prepacked");
+    ts_set_grad_enabled(ctx, old);
+    ts_decoder_free(m);
+    ts_decoder_free(plain);
+}
+
 int main(int argc, char **argv) {
     ts_ctx *ctx = test_ctx();
     bool model_only = argc > 1 && !strcmp(argv[1], "model");
@@ -497,6 +534,7 @@ int main(int argc, char **argv) {
     test_written_after_packing(ctx);
     test_decoder_prepack(ctx, true);
     test_decoder_prepack(ctx, false);
+    test_gpt2_prepack(ctx);
     ts_ctx_free(ctx);
     return test_finish("test_decode_gemm");
 }

@@ -274,13 +274,14 @@ void cpu_widen_rows(const uint16_t *W, int64_t ld, int64_t nb, int64_t K,
     ts_parallel_for(nb, cpu_grain(K, 32768), widen_rows_range, &job);
 }
 
-/* f32 activations x bf16/f16 weights. A weight shared by the batch and
- * stored as rows of K (a linear layer's (N, K) weight seen transposed):
- * at the AVX512_BF16 level a bf16 weight goes to the bf16 GEMM (packed at
- * load or not); else up to 64 rows (decoding) go through a register-
- * blocked kernel that reads each weight once, widening it in registers,
- * and more rows convert the weight to f32 once and use the BLAS. Anything
- * else: TS_ERR_UNSUPPORTED (the general path packs per batch). */
+/* f32 activations x bf16/f16 weights shared by the batch. At the
+ * AVX512_BF16 level a bf16 weight of any strides goes to the bf16 GEMM
+ * (packed at load or not). Else a weight stored as rows of K (a linear
+ * layer's (N, K) weight seen transposed): up to 64 rows (decoding) go
+ * through a register-blocked kernel that reads each weight once, widening
+ * it in registers, and more rows convert the weight to f32 once and use
+ * the BLAS. Anything else: TS_ERR_UNSUPPORTED (the general path packs per
+ * batch). */
 static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
                               ts_tensor *y, int nb, int64_t M, int64_t N,
                               int64_t K, int64_t batch, const int64_t *ast,
@@ -334,12 +335,15 @@ static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
         cpu_gemm_bf16_packed(CPU_THIS_ISA, R, ts_tensor_ptr(a), TS_F32, lda, 1,
                              pb, (float *)ts_tensor_ptr(y), N, false))
         return TS_OK;
+    /* any strides of the weight (a Conv1D family's x @ W too): the GEMM
+     * packs it as it goes, the same bits as its packed copy */
+    if (bf16_gemm &&
+        cpu_gemm_bf16(CPU_THIS_ISA, R, N, K, ts_tensor_ptr(a), TS_F32, lda, 1,
+                      ts_tensor_ptr(b), TS_BF16, bsr, bsc,
+                      (float *)ts_tensor_ptr(y), N, false))
+        return TS_OK;
     if (!shared || !rows_of_k || !a_rows || y->dtype != TS_F32)
         return TS_ERR_UNSUPPORTED;
-    if (bf16_gemm && cpu_gemm_bf16(CPU_THIS_ISA, R, N, K, ts_tensor_ptr(a),
-                                   TS_F32, lda, 1, ts_tensor_ptr(b), TS_BF16, 1,
-                                   bsc, (float *)ts_tensor_ptr(y), N, false))
-        return TS_OK;
     if (!cpu_gemm_f32_w16t(R, N, K, (const float *)ts_tensor_ptr(a), lda,
                            (const uint16_t *)ts_tensor_ptr(b), bsc,
                            b->dtype == TS_BF16, (float *)ts_tensor_ptr(y)))
