@@ -18,8 +18,10 @@
  * (and their packed copies) cycle through copies filling 256 MiB or more
  * (8x the 32 MiB L3): every call reads from DRAM as a model's step does.
  * Times are medians of the runs (at least 3, about 0.4 s of each path),
- * the paths alternating run by run so the machine's load hits them
- * alike. GFLOP/s = 2 R N K / time; GB/s = the weight bytes (2 N K) / time;
+ * the paths alternating run by run in a rotating order, so that the
+ * machine's load hits them alike and each follows each (a path runs
+ * slower after one that leaves the caches or the memory system busy). GFLOP/s =
+ * 2 R N K / time; GB/s = the weight bytes (2 N K) / time;
  * "% read" = read time / packed time (100%: the packed kernel reads the
  * weights as fast as a plain read does). Before timing every path is
  * checked: 64 sampled elements against a double sum (bf16 bound as in
@@ -32,6 +34,7 @@
  *
  *   bench_decode_gemm [--threads N] [--reps R] [--no-lm-head] [--quick]
  *                     [--cpu-time] [--best] [--only lm_head|gate/up|down]
+ *                     [--rows R]
  *   (--quick: 32 MiB of copies and 3 runs: a smoke test) */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/gemm_bf16.h"
@@ -294,6 +297,7 @@ static const char *method_name[METHODS] = {"read",       "old",  "f32@avx2",
 
 static bool quick, cpu_time, best;
 static const char *only;
+static int64_t only_rows; /* --rows R: that row count only */
 
 static double now(void) {
     struct timespec ts;
@@ -455,6 +459,8 @@ static int bench_shape(const char *name, int64_t N, int64_t K, int reps,
     int status = 0;
     for (int ri = 0; ri < NR_ROWS; ri++) {
         int64_t R = rows[ri];
+        if (only_rows && R != only_rows)
+            continue;
         bool have[METHODS];
         for (int m = 0; m < METHODS; m++) { /* checks, and a warm-up */
             int64_t c = s.next % s.copies;
@@ -473,7 +479,8 @@ static int bench_shape(const char *name, int64_t N, int64_t K, int reps,
         n = quick ? 3 : n < 3 ? 3 : n > 40 ? 40 : n;
         double *t = malloc(sizeof(double) * (size_t)(n * METHODS));
         for (int i = 0; i < n; i++)
-            for (int m = 0; m < METHODS; m++) {
+            for (int q = 0; q < METHODS; q++) {
+                int m = (q + i) % METHODS; /* each follows each in turn */
                 double t0 = now();
                 if (have[m])
                     run(&s, m, R);
@@ -527,10 +534,12 @@ int main(int argc, char **argv) {
             best = true;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc)
+            only_rows = atoll(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_decode_gemm [--threads N] [--reps R] "
                             "[--no-lm-head] [--quick] [--cpu-time] [--best] "
-                            "[--only lm_head|gate/up|down]\n");
+                            "[--only lm_head|gate/up|down] [--rows R]\n");
             return !strcmp(argv[i], "--help") ? 0 : 2;
         }
     }
