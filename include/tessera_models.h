@@ -80,6 +80,19 @@ typedef struct {
 ts_status ts_decoder_load_opts(ts_ctx *ctx, const char *dir,
                                const ts_load_options *opt, ts_decoder **out);
 
+/* Inference: every 2-D bf16 matrix the forward multiplies by (the
+ * projections, and the LM head, tied or not) marked to be kept in the
+ * CPU's bf16 GEMM layout too and packed now, so that decode steps stream
+ * the packed copies and the first request does not pay for them (about
+ * the matrices' own size again: ts_decoder_packed_bytes). A matrix written
+ * later (ts_copy_, an optimizer step) loses its copy and is packed again
+ * at its next product, so results always follow the values. A no-op
+ * where the CPU runs below avx512_bf16 and for other dtypes or devices.
+ * TS_ERR_OOM names the parameter whose copy did not fit. */
+ts_status ts_decoder_prepack(ts_decoder *m);
+/* The memory the packed copies hold now (0 before ts_decoder_prepack). */
+int64_t ts_decoder_packed_bytes(const ts_decoder *m);
+
 /* Parameters as (name, tensor) pairs in Hugging Face's state_dict order
  * and names (Llama-style families: model.embed_tokens.weight,
  * model.layers.{i}.self_attn.q_proj.weight, ..., model.norm.weight,

@@ -3,15 +3,21 @@
  * 8 x 48 tile and of the K block, sizes that cross the packing blocks),
  * f32 and bf16 operands, row-major, transposed and strided views, acc on
  * and off; f32 rounded to bf16 exactly as ts_f32_to_bf16; the pre-packed
- * B giving the same bits as the unpacked call; the same bits on 1 and 2
- * threads; a level below AVX512_BF16 or an unsupported dtype refused with
- * C untouched. Skipped (with the reason) on a machine without
- * AVX512_BF16.
+ * B giving the same bits as the unpacked call; each row the same bits
+ * alone as among M rows; the same bits on 1 and 2 threads; a level below
+ * AVX512_BF16 or an unsupported dtype refused with C untouched. Skipped (with
+ * the reason) on a machine without AVX512_BF16.
  *
- * Tolerance: the kernel adds the K bf16 products (each exact in f32) of a
- * C element one by one into an f32 lane, a chain per K block that starts
- * at 0 (its first product exact), then adds the block sums and, with acc,
- * the old C: at most K + 1 roundings of 2^-24 with the reference's cast to
+ * Every C element is one chain whatever the path: the kernel adds the K
+ * bf16 products (each exact in f32) one by one (vdpbf16ps, a pair at a
+ * time) into an f32 lane that starts at 0, or at the old C with acc; the
+ * tiles store it and load it back between K blocks, which is exact. So the
+ * element's bits do not depend on M or the rows beside it, and the few-
+ * rows path (M <= 64, B streamed), the blocked one (cpu_gemm_bf16_blocked)
+ * and the pre-packed B agree bit for bit (checked on random shapes and
+ * layouts: each row alone against all of them, across the 64-row switch).
+ *
+ * Tolerance: at most K + 1 roundings of 2^-24 with the reference's cast to
  * float, so the classic bound for a sum, |err| <= gamma_{K+1} (sum |a b|
  * + |C0|) with gamma_n = n 2^-24 / (1 - n 2^-24), holds; the test allows
  * (K + 3) 2^-24, above gamma_{K+1} for K < 5000. A missing, doubled or
@@ -207,6 +213,56 @@ static void test_large_blocks(cpu_isa isa) {
                     true));
 }
 
+/* a row's bits do not depend on M or on the other rows: M rows at once
+ * (the streaming path up to 64 rows, the blocked one above) against each
+ * row alone, and against the blocked path and the packed B at the same M;
+ * any layout and dtype, acc on and off */
+static void test_rows_alone(cpu_isa isa) {
+    const int64_t Ms[] = {1, 2, 7, 8, 9, 31, 63, 64, 65, 66, 130};
+    for (int i = 0; i < 40; i++) {
+        int64_t M = Ms[i % 11], N = irand(1, 160), K = irand(1, 700);
+        ts_dtype adt = irand(0, 1) ? TS_BF16 : TS_F32;
+        ts_dtype bdt = irand(0, 1) ? TS_BF16 : TS_F32;
+        operand a = make_operand(M, K, adt, (layout)irand(0, 2));
+        operand b = make_operand(K, N, bdt, (layout)irand(0, 2));
+        bool acc = irand(0, 1);
+        int64_t ldc = N + 1;
+        size_t bytes = sizeof(float) * (size_t)(M * ldc);
+        float *c0 = malloc(bytes), *all = malloc(bytes), *one = malloc(bytes),
+              *blk = malloc(bytes), *pk = malloc(bytes);
+        for (int64_t j = 0; j < M * ldc; j++)
+            c0[j] = frand();
+        memcpy(all, c0, bytes), memcpy(one, c0, bytes);
+        memcpy(blk, c0, bytes), memcpy(pk, c0, bytes);
+        size_t es = ts_dtype_size(adt);
+        CHECK(cpu_gemm_bf16(isa, M, N, K, a.data, adt, a.rs, a.cs, b.data, bdt,
+                            b.rs, b.cs, all, ldc, acc));
+        for (int64_t m = 0; m < M; m++)
+            CHECK(cpu_gemm_bf16(isa, 1, N, K,
+                                (const char *)a.data + (size_t)(m * a.rs) * es,
+                                adt, a.rs, a.cs, b.data, bdt, b.rs, b.cs,
+                                one + m * ldc, ldc, acc));
+        CHECK(cpu_gemm_bf16_blocked(isa, M, N, K, a.data, adt, a.rs, a.cs,
+                                    b.data, bdt, b.rs, b.cs, NULL, blk, ldc,
+                                    acc));
+        cpu_bf16_packed *p =
+            cpu_bf16_pack_b(isa, K, N, b.data, bdt, b.rs, b.cs);
+        CHECK(p && cpu_gemm_bf16_packed(isa, M, a.data, adt, a.rs, a.cs, p, pk,
+                                        ldc, acc));
+        bool same = !memcmp(all, one, bytes) && !memcmp(all, blk, bytes) &&
+                    !memcmp(all, pk, bytes);
+        CHECK(same);
+        if (!same)
+            fprintf(stderr,
+                    "rows alone: M=%lld N=%lld K=%lld acc=%d: the rows of one "
+                    "call, alone, blocked and packed differ\n",
+                    (long long)M, (long long)N, (long long)K, acc);
+        cpu_bf16_packed_free(p);
+        free(a.data), free(b.data), free(c0), free(all), free(one), free(blk),
+            free(pk);
+    }
+}
+
 /* the pool's thread count changes how the work is cut, never a bit of the
  * result */
 static void test_threads_same_bits(ts_ctx *ctx, cpu_isa isa) {
@@ -312,6 +368,7 @@ int main(void) {
     test_fixed_shapes(isa);
     test_random_shapes(isa);
     test_large_blocks(isa);
+    test_rows_alone(isa);
     test_threads_same_bits(ctx, isa);
     printf("%d products against the reference; largest error %.3f of the "
            "bound\n",

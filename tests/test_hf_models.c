@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -279,7 +280,13 @@ int main(int argc, char **argv) {
         ts_tensor *t = ts_from_data(ctx, TS_I64, 2, shape, ids);
         ts_tensor *a = ts_decoder_forward(m32, t, 0),
                   *b = ts_decoder_forward(m16, t, 0);
-        test_allclose("bf16-kept weights", b, a, 1e-4, 1e-4);
+        /* at AVX512_BF16 the products round the activations to bf16 too
+         * (2-9e-3 of the logits' scale here); elsewhere bf16 weights are
+         * only widened */
+        bool bf16_gemm = !strcmp(ts_cpu_isa(), "avx512_bf16") ||
+                         !strcmp(ts_cpu_isa(), "amx");
+        test_allclose("bf16-kept weights", b, a, bf16_gemm ? 0 : 1e-4,
+                      bf16_gemm ? 0.1 : 1e-4);
         int64_t g32[12], g16[12];
         CHECK_OK(ctx, ts_decoder_generate_greedy(m32, ids, 6, 12, g32));
         CHECK_OK(ctx, ts_decoder_generate_greedy(m16, ids, 6, 12, g16));

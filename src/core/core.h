@@ -58,6 +58,12 @@ typedef struct ts_backend {
     ts_status (*info)(ts_ctx *ctx, int dev, ts_device_info *out);
     /* the context is going away: release the backend's state */
     void (*ctx_free)(ts_ctx *ctx);
+    /* b is the right operand of products x @ b to come (a weight seen
+     * transposed, (K, N)): its storage gets the backend's packed copy for
+     * it now (ts_storage.packed; any other packed copy replaced). TS_OK
+     * also when the backend has no layout for it (b's dtype, the ISA level
+     * in use); TS_ERR_OOM when the copy does not fit. NULL: none. */
+    ts_status (*prepack)(ts_ctx *ctx, ts_tensor *b);
 } ts_backend;
 
 /* The backend of a device kind; NULL when this build has none. */
@@ -135,13 +141,35 @@ typedef struct ts_storage {
      * attention's block tables): the host's bytes, so that shape rules
      * read it without waiting on the device; dropped at the first write */
     void *shadow;
+    /* a weight's copy in a kernel's layout (the CPU's bf16 GEMM packs a
+     * matrix seen as W^T, cpu_bf16_pack_b), made by its backend at the
+     * first product when pack_wanted is set (ts_decoder_prepack sets it),
+     * or at once by ts_backend.prepack; packed_bytes is its size, and
+     * packed_free releases it. It goes (ts_storage_drop_packed) whenever
+     * the data may change, and with the storage; pack_wanted stays, so
+     * the next product packs the new values. No lock: made and dropped by
+     * the thread running the context's ops. */
+    bool pack_wanted;
+    void *packed;
+    size_t packed_bytes;
+    void (*packed_free)(void *packed);
 } ts_storage;
-/* s is about to be written (by a kernel or the host): its shadow goes */
+/* s's data may change: its packed copy goes */
+static inline void ts_storage_drop_packed(ts_storage *s) {
+    if (s->packed) {
+        s->packed_free(s->packed);
+        s->packed = NULL;
+        s->packed_bytes = 0;
+    }
+}
+/* s is about to be written (by a kernel or the host): its shadow and its
+ * packed copy go */
 static inline void ts_storage_written(ts_storage *s) {
     if (s->shadow) {
         free(s->shadow);
         s->shadow = NULL;
     }
+    ts_storage_drop_packed(s);
 }
 
 struct ts_tensor {

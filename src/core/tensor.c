@@ -108,6 +108,7 @@ void ts_storage_release(ts_storage *s) {
     if (s->owner_release)
         s->owner_release(s->owner);
     free(s->shadow);
+    ts_storage_drop_packed(s);
     free(s);
 }
 
@@ -467,6 +468,7 @@ void *ts_tensor_data(ts_tensor *t) {
     if (!t || ts_materialize(t) != TS_OK)
         return NULL;
     t->storage->uniform = false; /* the caller may write through it */
+    ts_storage_drop_packed(t->storage);
     if (t->storage->device.kind != TS_DEVICE_CPU)
         return NULL;
     return ts_tensor_ptr(t);
@@ -598,8 +600,11 @@ ts_status ts_set(ts_tensor *t, const int64_t *idx, double value) {
     }
     char *p;
     ts_status s = element_ptr(t, idx, &p, "ts_set");
-    if (s == TS_OK)
-        ts_store_f64(p, t->dtype, value), t->storage->uniform = false;
+    if (s == TS_OK) {
+        ts_store_f64(p, t->dtype, value);
+        t->storage->uniform = false;
+        ts_storage_drop_packed(t->storage);
+    }
     return s;
 }
 
@@ -664,6 +669,7 @@ ts_status ts_fill_(ts_tensor *dst, double value) {
     if (ts_materialize(dst) != TS_OK)
         return dst->ctx->status;
     dst->storage->uniform = false;
+    ts_storage_drop_packed(dst->storage);
     return fill_raw(dst, value);
 }
 

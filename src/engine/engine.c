@@ -540,6 +540,12 @@ ts_status ts_engine_new(ts_ctx *ctx, ts_decoder *m,
         s = ts_kv_pool_new_ex(e->draft, nb + 1, e->bs,
                               ts_decoder_kv_dtype(e->draft, kvt), &e->dpool);
     }
+    /* the weights packed once into the layout the decode kernels read
+     * (a no-op where no kernel wants one) */
+    if (s == TS_OK)
+        s = ts_decoder_prepack(m);
+    if (s == TS_OK && e->draft)
+        s = ts_decoder_prepack(e->draft);
     if (s != TS_OK) {
         ts_engine_free(e);
         return s;

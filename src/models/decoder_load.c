@@ -9,6 +9,8 @@
 #include "decoder_spec.h"
 #include "load_check.h"
 
+#include "core/core.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,4 +232,92 @@ ts_status ts_decoder_load_opts(ts_ctx *ctx, const char *dir,
 
 ts_status ts_decoder_load(ts_ctx *ctx, const char *dir, ts_decoder **out) {
     return ts_decoder_load_opts(ctx, dir, NULL, out);
+}
+
+/* ---- packed weights for inference ---- */
+
+/* does a forward multiply activations by the parameter of role r (x @
+ * W.T, or a Conv1D family's x @ W)? The router is cast to f32 where it is
+ * used and experts are stacked (3-D): neither. */
+static bool multiplies(dec_role r, bool tied) {
+    switch (r) {
+    case R_Q:
+    case R_K:
+    case R_V:
+    case R_QKV:
+    case R_O:
+    case R_GATE:
+    case R_UP:
+    case R_GATE_UP:
+    case R_DOWN:
+    case R_HEAD:
+        return true;
+    case R_EMBED:
+        return tied; /* the LM head is the table seen transposed */
+    default:
+        return false;
+    }
+}
+
+ts_status ts_decoder_prepack(ts_decoder *m) {
+    if (!m)
+        return TS_ERR_INVALID_ARG;
+    const ts_model_config *c = ts_decoder_get_config(m);
+    int n = ts_decoder_num_params(m);
+    ts_ctx *ctx = n > 0 ? ts_tensor_ctx(ts_decoder_param(m, 0)) : NULL;
+    if (!ctx)
+        return TS_OK;
+    dec_param *plan = calloc((size_t)n + 1, sizeof *plan);
+    if (!plan)
+        return ts_set_error(ctx, TS_ERR_OOM, "decoder prepack: out of memory");
+    ts_status s = TS_OK;
+    if (dec_plan(c, plan, n) != n)
+        s = ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                         "decoder prepack: the model has %d parameters, its "
+                         "config describes another count",
+                         n);
+    bool old = ts_set_grad_enabled(ctx, false);
+    for (int i = 0; i < n && s == TS_OK; i++) {
+        ts_tensor *w = ts_decoder_param(m, i);
+        if (!multiplies(plan[i].role, c->tie_word_embeddings) ||
+            ts_tensor_dtype(w) != TS_BF16 || ts_tensor_ndim(w) != 2)
+            continue;
+        const ts_backend *be = ts_storage_backend(w->storage);
+        if (!be || !be->prepack)
+            continue; /* a device without a packed layout */
+        /* the operand as the forward passes it to the product */
+        bool as_is =
+            c->conv1d && plan[i].role != R_HEAD && plan[i].role != R_EMBED;
+        ts_tensor *b = as_is ? ts_retain(w) : ts_transpose(w, 0, 1);
+        if (!b) {
+            s = ts_ctx_status(ctx);
+            break;
+        }
+        w->storage->pack_wanted = true;
+        s = be->prepack(ctx, b);
+        ts_release(b);
+        if (s != TS_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", ts_errmsg(ctx));
+            s = ts_set_error(ctx, s, "decoder prepack: %s: %s",
+                             ts_decoder_param_name(m, i), why);
+        }
+    }
+    ts_set_grad_enabled(ctx, old);
+    free(plan);
+    return s;
+}
+
+int64_t ts_decoder_packed_bytes(const ts_decoder *m) {
+    int n = ts_decoder_num_params(m);
+    int64_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        const ts_storage *st = ts_decoder_param(m, i)->storage;
+        bool seen = false; /* storages a tied or shared parameter repeats */
+        for (int j = 0; j < i && !seen; j++)
+            seen = ts_decoder_param(m, j)->storage == st;
+        if (!seen)
+            bytes += (int64_t)st->packed_bytes;
+    }
+    return bytes;
 }

@@ -750,6 +750,7 @@ ts_status ts_copy_(ts_tensor *dst, ts_tensor *src) {
     if (ts_check_copy_shapes(ctx, dst, src))
         return ctx->status;
     dst->storage->uniform = false;
+    ts_storage_drop_packed(dst->storage);
     bool old = ts_set_grad_enabled(ctx, false);
     ts_tensor *s = ts_expand(src, dst->ndim, dst->shape);
     ts_tensor *c =

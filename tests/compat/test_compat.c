@@ -375,6 +375,8 @@ static void check_split(ts_ctx *ctx, const ref_case *c) {
 static bool engine_greedy(ts_ctx *ctx, ts_decoder *m, const ref_case *c,
                           int64_t *out) {
     ts_engine_options o = ts_engine_options_default();
+    o.kv_dtype =
+        TS_KV_F32; /* against f32 references (bf16 KV: test_engine_kv) */
     ts_engine *e = NULL;
     if (ts_engine_new(ctx, m, &o, &e) != TS_OK)
         return false;

@@ -55,8 +55,14 @@ static void test_families(ts_ctx *ctx, const char *models) {
         for (size_t j = 0; j < sizeof maps / sizeof *maps; j++) {
             ts_tensor *got = logits_of(ctx, dir, maps[j], wdt);
             snprintf(what, sizeof what, "%s on %s", names[k], maps[j]);
-            /* f32 sums in another order; bf16 weights are the same values */
-            test_allclose(what, got, ref, 1e-4, 1e-4);
+            /* f32 sums in another order; bf16 weights are the same values,
+             * but the CPU's products round the activations to bf16 at
+             * AVX512_BF16 */
+            bool bf16_gemm =
+                wdt == TS_BF16 && (!strcmp(ts_cpu_isa(), "avx512_bf16") ||
+                                   !strcmp(ts_cpu_isa(), "amx"));
+            test_allclose(what, got, ref, bf16_gemm ? 0 : 1e-4,
+                          bf16_gemm ? 0.1 : 1e-4);
             ts_release(got);
         }
         ts_release(ref);
@@ -324,6 +330,7 @@ static void *export_of(ts_ctx *ctx, const char *dir, const char *map,
     ts_engine *e = NULL;
     ts_engine_options eo = ts_engine_options_default();
     eo.block_size = 4, eo.n_blocks = 32;
+    eo.kv_dtype = TS_KV_F32; /* a device's pools are f32: the same bytes */
     CHECK_OK(ctx, ts_decoder_load_opts(ctx, dir, &o, &m));
     if (m)
         CHECK_OK(ctx, ts_engine_new(ctx, m, &eo, &e));
@@ -368,6 +375,7 @@ static void test_kv_transfer(ts_ctx *ctx, const char *models) {
     ts_engine *e = NULL;
     ts_engine_options eo = ts_engine_options_default();
     eo.block_size = 4, eo.n_blocks = 32;
+    eo.kv_dtype = TS_KV_F32; /* a device's pools are f32: the same bytes */
     CHECK_OK(ctx, ts_decoder_load_opts(ctx, dir, &o, &m));
     if (m)
         CHECK_OK(ctx, ts_engine_new(ctx, m, &eo, &e));

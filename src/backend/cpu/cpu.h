@@ -290,9 +290,12 @@ void cpu_attention_bwd(const cpu_attn_shape *p, const float *q, const float *k,
                        const float *dout, float *dq, float *dk, float *dv);
 
 /* Y (R, N) = A (R, K) @ W^T, A f32 rows lda apart, W (N, K) bf16 (bf16
- * true) or f16 rows ldw apart, Y contiguous f32: few rows read each
- * weight once, converting on the fly; more rows widen blocks of W to f32
- * for the BLAS. false when out of memory. */
+ * true) or f16 rows ldw apart, Y contiguous f32, f32 math: up to 64 rows
+ * of bf16 weights read each weight once, widening it in registers, each
+ * element summed the same way whatever R (one vector accumulator over K,
+ * lanes added in a fixed order; a plain loop without AVX2); f16 weights
+ * and more rows widen blocks of W to f32 for the BLAS. false when out of
+ * memory. */
 bool cpu_gemm_f32_w16t(int64_t R, int64_t N, int64_t K, const float *A,
                        int64_t lda, const uint16_t *W, int64_t ldw, bool bf16,
                        float *Y);
@@ -300,6 +303,15 @@ bool cpu_gemm_f32_w16t(int64_t R, int64_t N, int64_t K, const float *A,
  * rows of K in out (bf16 by a shift, f16 by F16C) */
 void cpu_widen_rows(const uint16_t *W, int64_t ld, int64_t nb, int64_t K,
                     bool bf16, float *out);
+
+/* b (K, N), a product's bf16 right operand on the host (a weight seen
+ * transposed): the packed copy (cpu_bf16_pack_b at isa) its storage keeps
+ * for this very view; made now when the storage asks for one (pack_wanted)
+ * and holds no other, or when make is set (replacing any other). NULL when
+ * there is none: isa below AVX512_BF16, another view's copy, out of memory
+ * (the caller multiplies b as it is). cpu_backend.c. */
+typedef struct cpu_bf16_packed cpu_bf16_packed;
+const cpu_bf16_packed *cpu_packed_operand(ts_tensor *b, cpu_isa isa, bool make);
 
 bool cpu_fusable(int op);
 ts_status cpu_run_fused(ts_ctx *ctx, const ts_fused *f);

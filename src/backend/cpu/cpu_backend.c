@@ -2,6 +2,7 @@
  * per op id), and the helpers every CPU kernel shares (strided iteration,
  * gathers and scatters with dtype conversion). */
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/gemm_bf16.h"
 
 #include <malloc.h>
 #include <pthread.h>
@@ -105,7 +106,63 @@ static ts_status cpu_run_node(ts_ctx *ctx, ts_node *n) {
         return ts_set_error(ctx, TS_ERR_UNSUPPORTED,
                             "the CPU backend has no kernel for op %s",
                             ts_op_table[n->op].name);
+    /* what an in-place op writes loses its packed copy here, when the
+     * write happens (a compiled plan records it long before) */
+    if (ts_op_table[n->op].in_place) {
+        ts_storage_drop_packed(n->in[0]->storage);
+        if (n->op == TS_OP_ADAMW)
+            ts_storage_drop_packed(n->in[2]->storage),
+                ts_storage_drop_packed(n->in[3]->storage);
+    }
     return k(ctx, n);
+}
+
+/* ---- packed weights ---- */
+
+static void packed_release(void *p) {
+    cpu_bf16_packed_free(p);
+}
+
+const cpu_bf16_packed *cpu_packed_operand(ts_tensor *b, cpu_isa isa,
+                                          bool make) {
+    ts_storage *s = b->storage;
+    if (b->dtype != TS_BF16 || b->ndim != 2 || !ts_storage_on_host(s) ||
+        s->pending || !s->data)
+        return NULL;
+    int64_t K = b->shape[0], N = b->shape[1];
+    const void *p = ts_tensor_ptr(b);
+    if (s->packed && s->packed_free == packed_release &&
+        cpu_bf16_packed_matches(s->packed, K, N, p, TS_BF16, b->strides[0],
+                                b->strides[1]))
+        return s->packed;
+    /* another view's copy stays unless asked (one copy a storage) */
+    if (!make && (!s->pack_wanted || s->packed))
+        return NULL;
+    cpu_bf16_packed *np =
+        cpu_bf16_pack_b(isa, K, N, p, TS_BF16, b->strides[0], b->strides[1]);
+    if (!np)
+        return NULL;
+    ts_storage_drop_packed(s);
+    s->packed = np;
+    s->packed_bytes = cpu_bf16_packed_bytes(np);
+    s->packed_free = packed_release;
+    return np;
+}
+
+/* ts_backend.prepack: the bf16 GEMM's layout at the AVX512_BF16 level
+ * (below it, and for other dtypes, nothing to do) */
+static ts_status cpu_prepack(ts_ctx *ctx, ts_tensor *b) {
+    cpu_isa isa = cpu_isa_active();
+    if (!b || b->dtype != TS_BF16 || b->ndim != 2 || isa < CPU_ISA_AVX512_BF16)
+        return TS_OK;
+    if (ts_materialize(b) != TS_OK)
+        return ctx->status;
+    if (!cpu_packed_operand(b, isa, true))
+        return ts_set_error(ctx, TS_ERR_OOM,
+                            "prepack: out of memory for the packed copy of a "
+                            "bf16 [%lld, %lld] weight",
+                            (long long)b->shape[1], (long long)b->shape[0]);
+    return TS_OK;
 }
 
 static ts_status cpu_sync(ts_ctx *ctx) {
@@ -202,7 +259,8 @@ const ts_backend ts_cpu_backend = {.name = "cpu",
                                    .run_fused = cpu_run_fused,
                                    .eval_scalar = cpu_eval_scalar,
                                    .count = cpu_count,
-                                   .info = cpu_info};
+                                   .info = cpu_info,
+                                   .prepack = cpu_prepack};
 
 void cpu_iter_init(cpu_iter *it, int ndim, const int64_t *shape, int nops,
                    int64_t (*strides)[TS_MAX_DIMS]) {

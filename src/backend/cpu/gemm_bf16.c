@@ -1,16 +1,20 @@
 /* gemm_bf16.c — C (M, N) (+)= A (M, K) @ B (K, N) with bf16 operands and f32
  * sums, on AVX512_BF16's vdpbf16ps, BLIS-style: both operands packed into
  * panels of bf16 pairs of K (the layout vdpbf16ps multiplies), f32 rounded
- * to nearest even on the way; a register-blocked micro-kernel of MR x NR
- * (8 rows x 48 columns: 24 zmm accumulators, three B vectors and one
- * broadcast A pair); A packed a block of rows at a time and shared; tasks
- * on the pool (ts_parallel_chunks) of a few B column strips each, packing
- * their B block KCP pairs of K at a time into an L2-sized buffer of their
- * own (or reading a B pre-packed once, cpu_bf16_packed) while A's rows
- * stream past it MC at a time. Owns the packing, the kernel, the blocking
- * and the pre-packed B; must not know tensors or ops. Kernel code carries
- * its own target attribute and is only reached when the caller's isa
- * allows: the file builds at baseline x86-64 flags. */
+ * to nearest even on the way; a register-blocked micro-kernel of up to MR x
+ * NR (8 rows x 48 columns: 24 zmm accumulators, three B vectors and one
+ * broadcast A pair), one f32 chain over K per C element whatever the path
+ * (so a row's bits never depend on M). Up to 64 rows (decode): A packed
+ * whole, B's strips streamed once, shared out among the threads. More rows
+ * (prefill, training): A packed a block of rows at a time and shared;
+ * tasks on the pool (ts_parallel_chunks) of a few B column strips each,
+ * packing their B block KCP pairs of K at a time into an L2-sized buffer
+ * of their own (or reading a B pre-packed once, cpu_bf16_packed) while A's
+ * rows stream past it MC at a time. Owns the packing, the kernel, the
+ * blocking and the pre-packed B; must not know tensors or ops (the packed
+ * copies a storage keeps are cpu_backend.c's). Kernel code carries its own
+ * target attribute and is only reached when the caller's isa allows: the
+ * file builds at baseline x86-64 flags. */
 #include "backend/cpu/gemm_bf16.h"
 
 #include "backend/cpu/cpu.h"
@@ -19,6 +23,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define TS_BF16_TARGET                                                         \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,"     \
@@ -42,15 +47,17 @@ _Static_assert(NR % 16 == 0, "B's strips are whole zmm");
 /* a task: about TASK_STRIPS strips of B, no fewer than TASK_ROWS rows */
 #define TASK_STRIPS 4
 #define TASK_ROWS   256
-/* packing 16 rows of pairs at once, each row is prefetched PF elements
- * ahead: 16 streams are more than the hardware prefetcher follows */
-#define PF 128
 /* the largest packed A block (rows at a time), in bytes */
 #define A_BLOCK_BYTES ((int64_t)4 << 20)
 
 struct cpu_bf16_packed {
     int64_t K, N, Kp; /* Kp = ceil(K / 2) pairs */
     uint32_t *strips; /* ceil(N / NR) strips of Kp x NR pairs */
+    size_t bytes;     /* of strips */
+    /* what was packed (cpu_bf16_packed_matches) */
+    const void *src;
+    ts_dtype dt;
+    int64_t rs, cs;
 };
 
 static bool dtype_ok(ts_dtype dt) {
@@ -185,8 +192,14 @@ static TS_BF16_TARGET void pack_groups(void *arg, int64_t g0, int64_t g1) {
                 __m512i r[16];
                 for (int l = 0; l < 16; l++) {
                     const char *row = src + ((x0 + l) * sx + k) * es;
-                    if (l < n && k + PF < K)
-                        _mm_prefetch(row + PF * es, _MM_HINT_T0);
+                    /* the same k of the next group's row: 16 rows (each
+                     * a page or two of its own) are more streams than the
+                     * hardware prefetcher follows (packing a strip on the
+                     * fly: 2x faster than prefetching ahead in the row) */
+                    const char *nx = row + 16 * sx * es;
+                    _mm_prefetch(nx, _MM_HINT_T0);
+                    if (es == 4)
+                        _mm_prefetch(nx + 64, _MM_HINT_T0);
                     r[l] = l < n ? load32_pairs(row, j->dt, K - k)
                                  : _mm512_setzero_si512();
                 }
@@ -245,48 +258,98 @@ static TS_BF16_TARGET void pack_panels(const void *src, ts_dtype dt, int64_t sx,
                     pack_groups, &j);
 }
 
+/* lines to prefetch while a tile runs: lines_per_pair 64-byte lines
+ * from p on at each pair of K, up to end */
+typedef struct {
+    const char *p, *end;
+    int lines_per_pair;
+} pf_span;
+
 /* ---- micro-kernel ----
- * C (mr, nr) (+)= the MR x NR tile of A's strip a times B's strip b over
- * kpn pairs of K; rows past mr and columns past nr are computed on the
- * panels' zero padding and not stored. */
+ * C (mr, nr) of a tile: the pairs [0, kpn) of A's strip a (MR rows, rows
+ * past mr unused) times B's strip b (NR columns, padded with zeros). Every
+ * C element is one chain: c = C (load) or 0, then, pair by pair in K's
+ * order, c = vdpbf16ps(c, a pair, b pair). Storing c and loading it back
+ * is exact, so a chain cut into K blocks (load on every block but the
+ * first) is the same chain: the value of an element never depends on the
+ * tile, the blocking, the rows beside it or their number. Rows (ROWS, 1 ..
+ * MR) are a constant of each instance, so a thin tile does no work for
+ * rows it does not have; columns past nr are computed on the zero padding
+ * and not stored. */
 static inline __attribute__((always_inline)) TS_BF16_TARGET void
-micro_tile(int64_t kpn, const uint32_t *a, const uint32_t *b, float *C,
-           int64_t ldc, int mr, int nr, bool add) {
+tile_rows(int64_t kpn, const uint32_t *a, const uint32_t *b, float *C,
+          int64_t ldc, const int ROWS, int nr, bool load, const pf_span *pf) {
+    const char *pf_at = pf ? pf->p : NULL;
+    int pf_n = pf ? pf->lines_per_pair : 0;
     __m512 c[MR][NV];
-    for (int r = 0; r < MR; r++)
-        for (int v = 0; v < NV; v++)
-            c[r][v] = _mm512_setzero_ps();
+    __mmask16 mk[NV];
+    for (int v = 0; v < NV; v++) {
+        int w = nr - 16 * v;
+        mk[v] = w >= 16  ? (__mmask16)0xffff
+                : w <= 0 ? (__mmask16)0
+                         : (__mmask16)((1u << w) - 1);
+    }
+    bool full = nr == NR;
+    for (int r = 0; r < ROWS; r++)
+        for (int v = 0; v < NV; v++) {
+            const float *p = C + r * ldc + 16 * v;
+            c[r][v] = !load  ? _mm512_setzero_ps()
+                      : full ? _mm512_loadu_ps(p)
+                             : _mm512_maskz_loadu_ps(mk[v], p);
+        }
     for (int64_t kp = 0; kp < kpn; kp++) {
         __m512bh bv[NV];
         for (int v = 0; v < NV; v++)
             bv[v] = (__m512bh)_mm512_loadu_si512(b + kp * NR + 16 * v);
-        for (int r = 0; r < MR; r++) {
+        if (pf_at && pf_at < pf->end)
+            for (int l = 0; l < pf_n; l++, pf_at += 64)
+                _mm_prefetch(pf_at, _MM_HINT_T0);
+        for (int r = 0; r < ROWS; r++) {
             __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[kp * MR + r]);
             for (int v = 0; v < NV; v++)
                 c[r][v] = _mm512_dpbf16_ps(c[r][v], av, bv[v]);
         }
     }
-    if (mr == MR && nr == NR) {
-        for (int r = 0; r < MR; r++)
-            for (int v = 0; v < NV; v++) {
-                float *p = C + r * ldc + 16 * v;
-                _mm512_storeu_ps(
-                    p,
-                    add ? _mm512_add_ps(_mm512_loadu_ps(p), c[r][v]) : c[r][v]);
-            }
-        return;
-    }
-    for (int v = 0; v < NV; v++) {
-        int w = nr - 16 * v;
-        if (w <= 0)
-            break;
-        __mmask16 m = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1);
-        for (int r = 0; r < mr; r++) {
+    for (int r = 0; r < ROWS; r++)
+        for (int v = 0; v < NV; v++) {
             float *p = C + r * ldc + 16 * v;
-            __m512 x = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), c[r][v])
-                           : c[r][v];
-            _mm512_mask_storeu_ps(p, m, x);
+            if (full)
+                _mm512_storeu_ps(p, c[r][v]);
+            else
+                _mm512_mask_storeu_ps(p, mk[v], c[r][v]);
         }
+}
+
+/* the tile of mr (1 .. MR) rows */
+static TS_BF16_TARGET void tile(int64_t kpn, const uint32_t *a,
+                                const uint32_t *b, float *C, int64_t ldc,
+                                int mr, int nr, bool load, const pf_span *pf) {
+    _Static_assert(MR == 8, "one case per row count");
+    switch (mr) {
+    case 1:
+        tile_rows(kpn, a, b, C, ldc, 1, nr, load, pf);
+        break;
+    case 2:
+        tile_rows(kpn, a, b, C, ldc, 2, nr, load, pf);
+        break;
+    case 3:
+        tile_rows(kpn, a, b, C, ldc, 3, nr, load, pf);
+        break;
+    case 4:
+        tile_rows(kpn, a, b, C, ldc, 4, nr, load, pf);
+        break;
+    case 5:
+        tile_rows(kpn, a, b, C, ldc, 5, nr, load, pf);
+        break;
+    case 6:
+        tile_rows(kpn, a, b, C, ldc, 6, nr, load, pf);
+        break;
+    case 7:
+        tile_rows(kpn, a, b, C, ldc, 7, nr, load, pf);
+        break;
+    default:
+        tile_rows(kpn, a, b, C, ldc, MR, nr, load, pf);
+        break;
     }
 }
 
@@ -361,7 +424,7 @@ static TS_BF16_TARGET void task_run(void *arg, int64_t t) {
             pack_groups(&pj, 0, (pj.nstrips * NR + 15) / 16);
             bs = buf, sst = kpn * NR;
         }
-        bool add = j->acc || pc > 0;
+        bool load = j->acc || pc > 0;
         for (int64_t m0 = r0; m0 < r1; m0 += MC) {
             int64_t m1 = m0 + MC < r1 ? m0 + MC : r1;
             for (int64_t s = s0; s < s1; s++) {
@@ -370,8 +433,8 @@ static TS_BF16_TARGET void task_run(void *arg, int64_t t) {
                 for (int64_t m = m0; m < m1; m += MR) {
                     const uint32_t *as = j->ap + ((m / MR) * Kp + pc) * MR;
                     int mr = m1 - m < MR ? (int)(m1 - m) : MR;
-                    micro_tile(kpn, as, bs + (s - s0) * sst,
-                               j->C + m * j->ldc + n, j->ldc, mr, nr, add);
+                    tile(kpn, as, bs + (s - s0) * sst, j->C + m * j->ldc + n,
+                         j->ldc, mr, nr, load, NULL);
                 }
             }
         }
@@ -436,6 +499,123 @@ static TS_BF16_TARGET bool gemm_run(int64_t M, int64_t N, int64_t K,
     return ok;
 }
 
+/* ---- few rows (decode) ----
+ * M <= STREAM_ROWS: A packed whole (M x K as bf16 pairs, at most 64 K x 4
+ * bytes), then one pass over B's strips, shared out by ranges among the
+ * threads (each streams a run of the weights no other thread reads, in
+ * address order: the hardware prefetcher follows). A strip (NR columns x
+ * Kp pairs: 96 KiB for K = 1024) is read from memory once, by the first
+ * group of 8 rows, and from L2 by the others; K is cut into blocks of KCS
+ * pairs only where a strip would outgrow L2. (Zen5, one thread, B in L3:
+ * whole strips ran 8 x 48 tiles at 360-400 GFLOP/s, blocks of 128 pairs
+ * that stay in L1 at 280-330; software prefetching gained nothing.) An
+ * unpacked B is packed a strip at a time into a buffer of the thread's
+ * (in L2). Same tiles, same chains: the same bits as gemm_run's. */
+#define STREAM_ROWS 64
+#define KCS         2048
+
+typedef struct {
+    const uint32_t *ap; /* A's strips of MR rows, Kp pairs each */
+    int64_t M, K, Kp;
+    const cpu_bf16_packed *pb; /* B packed, or B itself: */
+    const char *b;
+    ts_dtype bdt;
+    int64_t b_rs, b_cs, N;
+    float *C;
+    int64_t ldc;
+    bool acc;
+    atomic_int oom;
+} stream_job;
+
+/* B's strips [s0, s1) */
+static TS_BF16_TARGET void stream_range(void *arg, int64_t s0, int64_t s1) {
+    stream_job *j = arg;
+    int64_t Kp = j->Kp, M = j->M;
+    void *base = NULL;
+    uint32_t *buf = NULL;
+    if (!j->pb) {
+        buf = tmp_aligned(Kp * NR * 4, &base);
+        if (!buf) {
+            atomic_store(&j->oom, 1);
+            return;
+        }
+    }
+    int64_t bes = (int64_t)ts_dtype_size(j->bdt);
+    for (int64_t s = s0; s < s1; s++) {
+        int64_t n = s * NR;
+        int nr = j->N - n < NR ? (int)(j->N - n) : NR;
+        const uint32_t *bs;
+        if (j->pb) {
+            bs = j->pb->strips + s * Kp * NR;
+        } else {
+            pack_job pj = pack_job_of(j->b + n * j->b_cs * bes, j->bdt, j->b_cs,
+                                      j->b_rs, nr, j->K, NR, buf);
+            pack_groups(&pj, 0, NR / 16);
+            bs = buf;
+        }
+        for (int64_t pc = 0; pc < Kp; pc += KCS) {
+            int64_t kpn = Kp - pc < KCS ? Kp - pc : KCS;
+            bool load = j->acc || pc > 0;
+            /* what the first row group reads next (the packed strips lie
+             * one after another): fetched while the other groups compute,
+             * a share each */
+            int64_t groups = (M + MR - 1) / MR;
+            const char *next = (const char *)(bs + (pc + kpn) * NR);
+            int64_t next_bytes =
+                pc + kpn < Kp ? (Kp - pc - kpn < KCS ? Kp - pc - kpn : KCS)
+                : s + 1 < s1  ? (Kp < KCS ? Kp : KCS)
+                              : 0;
+            next_bytes *= NR * 4;
+            for (int64_t m = 0; m < M; m += MR) {
+                pf_span pf, *pfp = NULL;
+                if (j->pb && m > 0 && next_bytes > 0) {
+                    int64_t share = next_bytes / (groups - 1), g = m / MR - 1;
+                    pf.p = next + g * share;
+                    pf.end = next + (g + 1) * share;
+                    pf.lines_per_pair = (int)((share / 64 + kpn - 1) / kpn);
+                    pfp = &pf;
+                }
+                tile(kpn, j->ap + ((m / MR) * Kp + pc) * MR, bs + pc * NR,
+                     j->C + m * j->ldc + n, j->ldc,
+                     M - m < MR ? (int)(M - m) : MR, nr, load, pfp);
+            }
+        }
+    }
+    cpu_tmp_free(base);
+}
+
+static TS_BF16_TARGET bool
+gemm_stream(int64_t M, int64_t N, int64_t K, const void *A, ts_dtype adt,
+            int64_t a_rs, int64_t a_cs, const void *B, ts_dtype bdt,
+            int64_t b_rs, int64_t b_cs, const cpu_bf16_packed *pb, float *C,
+            int64_t ldc, bool acc) {
+    int64_t Kp = (K + 1) / 2;
+    void *abase = NULL;
+    uint32_t *ap = tmp_aligned((M + MR - 1) / MR * MR * Kp * 4, &abase);
+    if (!ap)
+        return false;
+    pack_panels(A, adt, a_rs, a_cs, M, K, MR, ap);
+    stream_job j = {.ap = ap,
+                    .M = M,
+                    .K = K,
+                    .Kp = Kp,
+                    .pb = pb,
+                    .b = B,
+                    .bdt = bdt,
+                    .b_rs = b_rs,
+                    .b_cs = b_cs,
+                    .N = N,
+                    .C = C,
+                    .ldc = ldc,
+                    .acc = acc};
+    atomic_init(&j.oom, 0);
+    /* a range of strips per task: ~256 KiB of B or more (or 1 strip) */
+    int64_t grain = ((int64_t)1 << 18) / (Kp * NR * 4) + 1;
+    ts_parallel_for((N + NR - 1) / NR, grain, stream_range, &j);
+    cpu_tmp_free(abase);
+    return !atomic_load(&j.oom);
+}
+
 /* K = 0: the sum is empty */
 static void empty_product(int64_t M, int64_t N, float *C, int64_t ldc,
                           bool acc) {
@@ -456,8 +636,29 @@ bool cpu_gemm_bf16(cpu_isa isa, int64_t M, int64_t N, int64_t K, const void *A,
         empty_product(M, N, C, ldc, acc);
         return true;
     }
+    if (M <= STREAM_ROWS)
+        return gemm_stream(M, N, K, A, adt, a_rs, a_cs, B, bdt, b_rs, b_cs,
+                           NULL, C, ldc, acc);
     return gemm_run(M, N, K, A, adt, a_rs, a_cs, B, bdt, b_rs, b_cs, NULL, C,
                     ldc, acc);
+}
+
+/* memory for bytes of strips: a large block starts on a 2 MiB boundary
+ * and its whole 2 MiB pages are asked for as transparent huge pages
+ * (where Linux offers them in madvise mode), so that a decode step
+ * streaming it walks few page tables and its first fill takes few page
+ * faults; the tail stays on small pages (no memory rounded up) */
+static uint32_t *strips_alloc(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    if (bytes < huge)
+        return aligned_alloc(64, bytes);
+    void *p = NULL;
+    if (posix_memalign(&p, huge, bytes))
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
+#endif
+    return p;
 }
 
 cpu_bf16_packed *cpu_bf16_pack_b(cpu_isa isa, int64_t K, int64_t N,
@@ -469,9 +670,11 @@ cpu_bf16_packed *cpu_bf16_pack_b(cpu_isa isa, int64_t K, int64_t N,
     if (!p)
         return NULL;
     p->K = K, p->N = N, p->Kp = (K + 1) / 2;
+    p->src = B, p->dt = bdt, p->rs = b_rs, p->cs = b_cs;
     size_t bytes = (size_t)((N + NR - 1) / NR * NR * p->Kp) * 4;
+    p->bytes = (bytes + 63) / 64 * 64;
     if (bytes > 0) {
-        p->strips = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        p->strips = strips_alloc(p->bytes);
         if (!p->strips) {
             free(p);
             return NULL;
@@ -496,6 +699,18 @@ int64_t cpu_bf16_packed_n(const cpu_bf16_packed *p) {
     return p->N;
 }
 
+size_t cpu_bf16_packed_bytes(const cpu_bf16_packed *p) {
+    return p ? sizeof *p + p->bytes : 0;
+}
+
+bool cpu_bf16_packed_matches(const cpu_bf16_packed *p, int64_t K, int64_t N,
+                             const void *B, ts_dtype bdt, int64_t b_rs,
+                             int64_t b_cs) {
+    /* a dimension of one has no stride to speak of */
+    return p && p->K == K && p->N == N && p->src == B && p->dt == bdt &&
+           (K <= 1 || p->rs == b_rs) && (N <= 1 || p->cs == b_cs);
+}
+
 bool cpu_gemm_bf16_packed(cpu_isa isa, int64_t M, const void *A, ts_dtype adt,
                           int64_t a_rs, int64_t a_cs, const cpu_bf16_packed *B,
                           float *C, int64_t ldc, bool acc) {
@@ -507,8 +722,30 @@ bool cpu_gemm_bf16_packed(cpu_isa isa, int64_t M, const void *A, ts_dtype adt,
         empty_product(M, B->N, C, ldc, acc);
         return true;
     }
+    if (M <= STREAM_ROWS)
+        return gemm_stream(M, B->N, B->K, A, adt, a_rs, a_cs, NULL, TS_BF16, 0,
+                           0, B, C, ldc, acc);
     return gemm_run(M, B->N, B->K, A, adt, a_rs, a_cs, NULL, TS_BF16, 0, 0, B,
                     C, ldc, acc);
+}
+
+bool cpu_gemm_bf16_blocked(cpu_isa isa, int64_t M, int64_t N, int64_t K,
+                           const void *A, ts_dtype adt, int64_t a_rs,
+                           int64_t a_cs, const void *B, ts_dtype bdt,
+                           int64_t b_rs, int64_t b_cs,
+                           const cpu_bf16_packed *pb, float *C, int64_t ldc,
+                           bool acc) {
+    if (isa < CPU_ISA_AVX512_BF16 || !dtype_ok(adt) ||
+        (pb ? pb->K != K || pb->N != N : !dtype_ok(bdt)))
+        return false;
+    if (M <= 0 || N <= 0)
+        return true;
+    if (K <= 0) {
+        empty_product(M, N, C, ldc, acc);
+        return true;
+    }
+    return gemm_run(M, N, K, A, adt, a_rs, a_cs, pb ? NULL : B, bdt, b_rs, b_cs,
+                    pb, C, ldc, acc);
 }
 
 /* ---- reference ---- */

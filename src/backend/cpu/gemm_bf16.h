@@ -12,12 +12,19 @@
 #include "tessera.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* C (M, N) row-major, rows ldc apart: C = A @ B, or C += A @ B when acc.
  * Element (m, k) of A at A + m * a_rs + k * a_cs (elements of adt), (k, n)
  * of B at B + k * b_rs + n * b_cs; adt and bdt are TS_F32 or TS_BF16.
- * Products run on the pool (ts_parallel_chunks). Returns false and leaves
+ * Each C element is one f32 chain over K in order, c = (acc ? C : 0) then
+ * c = vdpbf16ps(c, a pair, b pair): its bits depend on row m of A, column
+ * n of B and its old value only, never on M, the other rows, the tiles,
+ * the threads or B being pre-packed (decode's rows alone or batched and a
+ * prefill chunk agree). Up to 64 rows (decode) stream B once, shared out
+ * among the threads; more rows are blocked for cache. Products run on the
+ * pool. Returns false and leaves
  * C as it was when isa < CPU_ISA_AVX512_BF16, a dtype is neither f32 nor
  * bf16, or packing buffers cannot be allocated; true otherwise (M, N or K
  * 0 included). */
@@ -46,9 +53,26 @@ cpu_bf16_packed *cpu_bf16_pack_b(cpu_isa isa, int64_t K, int64_t N,
 void cpu_bf16_packed_free(cpu_bf16_packed *p);
 int64_t cpu_bf16_packed_k(const cpu_bf16_packed *p);
 int64_t cpu_bf16_packed_n(const cpu_bf16_packed *p);
+/* the memory p holds (0 for NULL) */
+size_t cpu_bf16_packed_bytes(const cpu_bf16_packed *p);
+/* p was packed from this B (the same address, dtype, shape and strides) */
+bool cpu_bf16_packed_matches(const cpu_bf16_packed *p, int64_t K, int64_t N,
+                             const void *B, ts_dtype bdt, int64_t b_rs,
+                             int64_t b_cs);
 /* cpu_gemm_bf16 with B packed: the same bits as the unpacked call. */
 bool cpu_gemm_bf16_packed(cpu_isa isa, int64_t M, const void *A, ts_dtype adt,
                           int64_t a_rs, int64_t a_cs, const cpu_bf16_packed *B,
                           float *C, int64_t ldc, bool acc);
+
+/* cpu_gemm_bf16 (B, or pb when it is not NULL: then B is not read and
+ * pb's K and N must be K and N) through the cache-blocked path whatever M
+ * (cpu_gemm_bf16 takes it above 64 rows only): the same bits, for tests
+ * and benchmarks. */
+bool cpu_gemm_bf16_blocked(cpu_isa isa, int64_t M, int64_t N, int64_t K,
+                           const void *A, ts_dtype adt, int64_t a_rs,
+                           int64_t a_cs, const void *B, ts_dtype bdt,
+                           int64_t b_rs, int64_t b_cs,
+                           const cpu_bf16_packed *pb, float *C, int64_t ldc,
+                           bool acc);
 
 #endif

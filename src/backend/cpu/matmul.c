@@ -1,9 +1,11 @@
 /* matmul.c — batched matmul on the CPU. f32 goes to OpenBLAS's sgemm with
  * transposed views passed as transpose flags (no copy), and a batch that
- * shares one right-hand matrix folded into a single sgemm; bf16/f16 operands
- * are widened to f32 per batch and accumulated in f32. Also the small
- * register-blocked GEMM used inside fused kernels (attention), and its slow
- * reference. */
+ * shares one right-hand matrix folded into a single sgemm; a bf16 weight
+ * seen as W^T goes to the bf16 GEMM at the AVX512_BF16 level (gemm_bf16.c)
+ * and to decode's widen-in-registers kernel below it; other bf16/f16
+ * operands are widened to f32 per batch and accumulated in f32. Also the
+ * small register-blocked GEMM used inside fused kernels (attention), and
+ * its slow reference. */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/gemm_bf16.h"
 #include "backend/cpu/quant_gemm.h"
@@ -30,202 +32,207 @@ static bool blas_layout(int64_t r, int64_t c, int64_t sr, int64_t sc,
     return false;
 }
 
-#ifdef __AVX2__
-/* dot(a[0..K), w[0..K)) with w bf16, converted 8 lanes at a time; four
- * accumulators so the FMA latency is hidden */
-static float dot_f32_bf16(const float *a, const uint16_t *w, int64_t K) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps(), _mm256_setzero_ps()};
-    int64_t k = 0;
-    for (; k + 32 <= K; k += 32)
-        for (int j = 0; j < 4; j++) {
-            __m256i wj = _mm256_cvtepu16_epi32(
-                _mm_loadu_si128((const __m128i *)(w + k + 8 * j)));
-            acc[j] = _mm256_fmadd_ps(
-                _mm256_loadu_ps(a + k + 8 * j),
-                _mm256_castsi256_ps(_mm256_slli_epi32(wj, 16)), acc[j]);
-        }
-    float lanes[8], s = 0;
-    _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]),
-                                          _mm256_add_ps(acc[2], acc[3])));
-    for (int i = 0; i < 8; i++)
-        s += lanes[i];
-    for (; k < K; k++)
-        s += a[k] * ts_bf16_to_f32(w[k]);
-    return s;
-}
+/* ---- few rows against bf16 weights, f32 math ----
+ * Y (R, N) = A (R, K) @ W^T, W (N, K) bf16 rows ldw apart, R <= W16_ROWS
+ * (decode's rows): register tiles of NW weight rows x NA activation rows,
+ * each weight vector widened once and used by the NA rows. Every Y element
+ * is one vector accumulator: lane l of it sums a[k] w[k] for k = l, l + L,
+ * l + 2L, ... in order (fused multiply-adds; a zero-padded last step for
+ * K's tail), then the lanes are added in a fixed tree. The tile only
+ * decides which elements run side by side, never how one is summed: an
+ * element's bits do not depend on R or on the other rows (decode alone,
+ * batched, or a prefill's rows through here agree). Without AVX2, the
+ * same holds of a plain loop over k. */
+#define W16_ROWS 64
+#define W16_NA   6 /* activation rows per tile, at most */
 
-/* y[r * ldy] = dot(A row r, w) for r < R (R <= 8 rows of activations):
- * each 8 weights are widened once and used by every row's accumulator, so
- * a batch of decoding sequences costs one read and one conversion of the
- * weights. Inlined with R a constant (see gemv_rows), the accumulators
- * live in registers. */
-static inline __attribute__((always_inline)) void
-dot_rows_bf16(const float *A, int64_t asr, const int R, const uint16_t *w,
-              int64_t K, float *y, int64_t ldy) {
-    __m256 acc[8];
-    for (int r = 0; r < R; r++)
-        acc[r] = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 8 <= K; k += 8) {
-        __m256 wv = _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + k))),
-            16));
-        for (int r = 0; r < R; r++)
-            acc[r] =
-                _mm256_fmadd_ps(_mm256_loadu_ps(A + r * asr + k), wv, acc[r]);
-    }
-    for (int r = 0; r < R; r++) {
-        float lanes[8], s = 0;
-        _mm256_storeu_ps(lanes, acc[r]);
-        for (int q = 0; q < 8; q++)
-            s += lanes[q];
-        for (int64_t kk = k; kk < K; kk++)
-            s += A[r * asr + kk] * ts_bf16_to_f32(w[kk]);
-        y[r * ldy] = s;
-    }
+#if defined(__AVX512F__)
+#define W16_L 16
+typedef __m512 w16_vec;
+static inline w16_vec w16_zero(void) {
+    return _mm512_setzero_ps();
 }
+static inline w16_vec w16_fma(w16_vec a, w16_vec w, w16_vec c) {
+    return _mm512_fmadd_ps(a, w, c);
+}
+static inline w16_vec w16_a(const float *a) {
+    return _mm512_loadu_ps(a);
+}
+static inline w16_vec w16_w(const uint16_t *w) {
+    __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)w));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+}
+/* t (1 .. L - 1) elements, zeros after */
+static inline w16_vec w16_a_tail(const float *a, int t) {
+    return _mm512_maskz_loadu_ps((__mmask16)((1u << t) - 1), a);
+}
+static inline w16_vec w16_w_tail(const uint16_t *w, int t) {
+    __m512i x = _mm512_cvtepu16_epi32(
+        _mm256_maskz_loadu_epi16((__mmask16)((1u << t) - 1), w));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+}
+static inline float w16_sum(w16_vec v) {
+    __m256 h = _mm256_add_ps(
+        _mm512_castps512_ps256(v),
+        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 q =
+        _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
+    return _mm_cvtss_f32(q);
+}
+/* weight rows per tile for na activation rows: NW + NW na + 1 of the 32
+ * registers */
+#define W16_NW(na) 4
+#elif defined(__AVX2__)
+#define W16_L      8
+typedef __m256 w16_vec;
+static inline w16_vec w16_zero(void) {
+    return _mm256_setzero_ps();
+}
+static inline w16_vec w16_fma(w16_vec a, w16_vec w, w16_vec c) {
+    return _mm256_fmadd_ps(a, w, c);
+}
+static inline w16_vec w16_a(const float *a) {
+    return _mm256_loadu_ps(a);
+}
+static inline w16_vec w16_w(const uint16_t *w) {
+    __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+}
+static inline w16_vec w16_a_tail(const float *a, int t) {
+    float b[8] = {0};
+    memcpy(b, a, sizeof(float) * (size_t)t);
+    return _mm256_loadu_ps(b);
+}
+static inline w16_vec w16_w_tail(const uint16_t *w, int t) {
+    uint16_t b[8] = {0};
+    memcpy(b, w, sizeof(uint16_t) * (size_t)t);
+    return w16_w(b);
+}
+static inline float w16_sum(w16_vec v) {
+    __m128 q =
+        _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
+    return _mm_cvtss_f32(q);
+}
+/* NW + NW na + 1 of the 16 registers */
+#define W16_NW(na) ((na) <= 2 ? 4 : (na) == 3 ? 3 : 2)
+#endif
 
-/* Two weight rows against NA <= 6 activation rows at once: 12
- * accumulators, two widened weight vectors and one activation vector fill
- * the 16 AVX2 registers, so each activation load feeds two FMAs and each
- * widened weight NA of them (FMA-bound, not load-bound). */
+#ifdef W16_L
+/* Y[r * ldy + i] = A row r . W row i for r < NA, i < NW */
 static inline __attribute__((always_inline)) void
-dot2_rows_bf16(const float *A, int64_t asr, const int NA, const uint16_t *w0,
-               const uint16_t *w1, int64_t K, float *y0, float *y1,
-               int64_t ldy) {
-    __m256 c0[6], c1[6];
-    for (int r = 0; r < 6; r++)
-        c0[r] = c1[r] = _mm256_setzero_ps();
+w16_tile(const float *A, int64_t lda, const int NA, const uint16_t *W,
+         int64_t ldw, const int NW, int64_t K, float *Y, int64_t ldy) {
+    w16_vec c[4][W16_NA];
+    for (int i = 0; i < NW; i++)
+        for (int r = 0; r < NA; r++)
+            c[i][r] = w16_zero();
     int64_t k = 0;
-    /* few activation rows: two steps of k on separate accumulators, so
-     * enough FMA chains are in flight to hide their latency */
-    const int U = NA <= 3 ? 2 : 1;
-    for (; k + 8 * U <= K; k += 8 * U)
-        for (int u = 0; u < U; u++) {
-            __m256 x0 = _mm256_castsi256_ps(
-                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
-                                      (const __m128i *)(w0 + k + 8 * u))),
-                                  16));
-            __m256 x1 = _mm256_castsi256_ps(
-                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
-                                      (const __m128i *)(w1 + k + 8 * u))),
-                                  16));
-            for (int r = 0; r < NA; r++) {
-                __m256 v = _mm256_loadu_ps(A + r * asr + k + 8 * u);
-                c0[r + 3 * u] = _mm256_fmadd_ps(v, x0, c0[r + 3 * u]);
-                c1[r + 3 * u] = _mm256_fmadd_ps(v, x1, c1[r + 3 * u]);
-            }
-        }
-    if (U == 2)
+    for (; k + W16_L <= K; k += W16_L) {
+        w16_vec w[4];
+        /* the next tile's rows at this k, a line every 32 weights: a
+         * tile's NW row streams, each a page or less, are more than the
+         * hardware prefetcher follows (the LM head at one row ran 1.5x
+         * slower without) */
+        if ((k & 31) == 0)
+            for (int i = 0; i < NW; i++)
+                _mm_prefetch((const char *)(W + (i + NW) * ldw + k),
+                             _MM_HINT_T0);
+        for (int i = 0; i < NW; i++)
+            w[i] = w16_w(W + i * ldw + k);
         for (int r = 0; r < NA; r++) {
-            c0[r] = _mm256_add_ps(c0[r], c0[r + 3]);
-            c1[r] = _mm256_add_ps(c1[r], c1[r + 3]);
+            w16_vec a = w16_a(A + r * lda + k);
+            for (int i = 0; i < NW; i++)
+                c[i][r] = w16_fma(a, w[i], c[i][r]);
         }
-    for (int r = 0; r < NA; r++) {
-        float l0[8], l1[8], s0 = 0, s1 = 0;
-        _mm256_storeu_ps(l0, c0[r]);
-        _mm256_storeu_ps(l1, c1[r]);
-        for (int q = 0; q < 8; q++)
-            s0 += l0[q], s1 += l1[q];
-        for (int64_t kk = k; kk < K; kk++) {
-            s0 += A[r * asr + kk] * ts_bf16_to_f32(w0[kk]);
-            s1 += A[r * asr + kk] * ts_bf16_to_f32(w1[kk]);
-        }
-        y0[r * ldy] = s0;
-        y1[r * ldy] = s1;
     }
+    if (k < K) {
+        int t = (int)(K - k);
+        w16_vec w[4];
+        for (int i = 0; i < NW; i++)
+            w[i] = w16_w_tail(W + i * ldw + k, t);
+        for (int r = 0; r < NA; r++) {
+            w16_vec a = w16_a_tail(A + r * lda + k, t);
+            for (int i = 0; i < NW; i++)
+                c[i][r] = w16_fma(a, w[i], c[i][r]);
+        }
+    }
+    for (int i = 0; i < NW; i++)
+        for (int r = 0; r < NA; r++)
+            Y[r * ldy + i] = w16_sum(c[i][r]);
 }
 
+/* NA rows of A against weight rows [n0, n1): tiles of W16_NW(NA) weight
+ * rows, then the last few one by one */
+#define W16_ROWS_FN(na)                                                        \
+    static void w16_rows_##na(const float *A, int64_t lda, const uint16_t *W,  \
+                              int64_t ldw, int64_t n0, int64_t n1, int64_t K,  \
+                              float *Y, int64_t ldy) {                         \
+        enum { NW = W16_NW(na) };                                              \
+        int64_t n = n0;                                                        \
+        for (; n + NW <= n1; n += NW)                                          \
+            w16_tile(A, lda, na, W + n * ldw, ldw, NW, K, Y + n, ldy);         \
+        for (; n < n1; n++)                                                    \
+            w16_tile(A, lda, na, W + n * ldw, ldw, 1, K, Y + n, ldy);          \
+    }
+W16_ROWS_FN(1)
+W16_ROWS_FN(2)
+W16_ROWS_FN(3)
+W16_ROWS_FN(4)
+W16_ROWS_FN(5)
+W16_ROWS_FN(6)
+#undef W16_ROWS_FN
+typedef void (*w16_rows_fn)(const float *A, int64_t lda, const uint16_t *W,
+                            int64_t ldw, int64_t n0, int64_t n1, int64_t K,
+                            float *Y, int64_t ldy);
+static const w16_rows_fn w16_rows[W16_NA + 1] = {
+    NULL,       w16_rows_1, w16_rows_2, w16_rows_3,
+    w16_rows_4, w16_rows_5, w16_rows_6};
 #else
-/* Without AVX2: plain loops, one weight row at a time. */
-static float dot_f32_bf16(const float *a, const uint16_t *w, int64_t K) {
-    float s = 0;
-    for (int64_t k = 0; k < K; k++)
-        s += a[k] * ts_bf16_to_f32(w[k]);
-    return s;
-}
-
-static inline void dot_rows_bf16(const float *A, int64_t asr, const int R,
-                                 const uint16_t *w, int64_t K, float *y,
-                                 int64_t ldy) {
-    for (int r = 0; r < R; r++)
-        y[r * ldy] = dot_f32_bf16(A + r * asr, w, K);
-}
-
-static inline void dot2_rows_bf16(const float *A, int64_t asr, const int NA,
-                                  const uint16_t *w0, const uint16_t *w1,
-                                  int64_t K, float *y0, float *y1,
-                                  int64_t ldy) {
-    dot_rows_bf16(A, asr, NA, w0, K, y0, ldy);
-    dot_rows_bf16(A, asr, NA, w1, K, y1, ldy);
+/* Without AVX2: a plain loop per element, k in order */
+static void w16_rows_any(const float *A, int64_t lda, int64_t na,
+                         const uint16_t *W, int64_t ldw, int64_t n0, int64_t n1,
+                         int64_t K, float *Y, int64_t ldy) {
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t r = 0; r < na; r++) {
+            float s = 0;
+            for (int64_t k = 0; k < K; k++)
+                s += A[r * lda + k] * ts_bf16_to_f32(W[n * ldw + k]);
+            Y[r * ldy + n] = s;
+        }
 }
 #endif
 
-/* Y (R, N) = A (R, K) @ W^T with W (N, K) bf16 rows bsc apart, R <= 8:
- * weight rows in pairs, activation rows in groups of up to 6 */
 typedef struct {
     const float *A;
-    int64_t asr, R;
+    int64_t lda, R;
     const uint16_t *W;
-    int64_t bsc, N, K;
+    int64_t ldw, N, K;
     float *Y;
-} gemv_job;
+} w16_job;
 
-/* weight rows [n0, n1) of gemv_rows */
-static void gemv_rows_range(void *p, int64_t n0, int64_t n1) {
-    const gemv_job *j = p;
-    const float *A = j->A;
-    const uint16_t *W = j->W;
-    float *Y = j->Y;
-    int64_t asr = j->asr, R = j->R, bsc = j->bsc, N = j->N, K = j->K;
-#define TS_PAIR_CASE(na)                                                       \
-    case na:                                                                   \
-        dot2_rows_bf16(A + r0 * asr, asr, na, W + nn * bsc,                    \
-                       W + (nn + 1) * bsc, K, Y + r0 * N + nn,                 \
-                       Y + r0 * N + nn + 1, N);                                \
-        break
-#define TS_ROWS_CASE(r)                                                        \
-    case r:                                                                    \
-        dot_rows_bf16(A, asr, r, W + nn * bsc, K, Y + nn, N);                  \
-        break
-    int64_t nn = n0;
-    for (; nn + 1 < n1; nn += 2)
-        for (int64_t r0 = 0; r0 < R; r0 += 6)
-            switch (R - r0 < 6 ? R - r0 : 6) {
-                TS_PAIR_CASE(1);
-                TS_PAIR_CASE(2);
-                TS_PAIR_CASE(3);
-                TS_PAIR_CASE(4);
-                TS_PAIR_CASE(5);
-                TS_PAIR_CASE(6);
-            default:
-                break;
-            }
-    if (nn < n1) /* an odd last row */
-        switch (R) {
-            TS_ROWS_CASE(1);
-            TS_ROWS_CASE(2);
-            TS_ROWS_CASE(3);
-            TS_ROWS_CASE(4);
-            TS_ROWS_CASE(5);
-            TS_ROWS_CASE(6);
-            TS_ROWS_CASE(7);
-            TS_ROWS_CASE(8);
-        default:
-            break;
+/* weight rows [n0, n1), a block at a time that stays in L2 while every
+ * group of activation rows passes over it */
+static void w16_range(void *p, int64_t n0, int64_t n1) {
+    const w16_job *j = p;
+    int64_t NB = ((int64_t)128 << 10) / (2 * j->K + 1);
+    NB = NB < 8 ? 8 : NB / 4 * 4;
+    for (int64_t b0 = n0; b0 < n1; b0 += NB) {
+        int64_t b1 = n1 - b0 < NB ? n1 : b0 + NB;
+        for (int64_t r = 0; r < j->R; r += W16_NA) {
+            int64_t na = j->R - r < W16_NA ? j->R - r : W16_NA;
+#ifdef W16_L
+            w16_rows[na](j->A + r * j->lda, j->lda, j->W, j->ldw, b0, b1, j->K,
+                         j->Y + r * j->N, j->N);
+#else
+            w16_rows_any(j->A + r * j->lda, j->lda, na, j->W, j->ldw, b0, b1,
+                         j->K, j->Y + r * j->N, j->N);
+#endif
         }
-#undef TS_PAIR_CASE
-#undef TS_ROWS_CASE
-}
-
-static void gemv_rows(const float *A, int64_t asr, int64_t R, const uint16_t *W,
-                      int64_t bsc, int64_t N, int64_t K, float *Y) {
-    gemv_job j = {A, asr, R, W, bsc, N, K, Y};
-    /* pairs of weight rows; ~64K weights a chunk at least */
-    int64_t grain = cpu_grain(K, 32768);
-    ts_parallel_for(N, grain < 2 ? 2 : (grain + 1) / 2 * 2, gemv_rows_range,
-                    &j);
+    }
 }
 
 typedef struct {
@@ -261,26 +268,20 @@ static void widen_rows_range(void *p_, int64_t lo_, int64_t hi_) {
     }
 }
 
-/* weight rows [n0, n1) of a single activation row (decoding one
- * sequence): Y[n] = dot(A, W row n) */
-static void dot_rows_range(void *p, int64_t n0, int64_t n1) {
-    const gemv_job *j = p;
-    for (int64_t nn = n0; nn < n1; nn++)
-        j->Y[nn] = dot_f32_bf16(j->A, j->W + nn * j->bsc, j->K);
-}
-
 void cpu_widen_rows(const uint16_t *W, int64_t ld, int64_t nb, int64_t K,
                     bool bf16, float *out) {
     widen_rows_range_args job = {W, ld, K, bf16, out};
     ts_parallel_for(nb, cpu_grain(K, 32768), widen_rows_range, &job);
 }
 
-/* f32 activations x bf16/f16 weights. A weight shared by the batch and
- * stored as rows of K (a linear layer's (N, K) weight seen transposed):
- * few rows (decoding) go through a dot-product kernel that reads each
- * weight once, converting on the fly; more rows convert the weight to f32
- * once and use the BLAS. Anything else: TS_ERR_UNSUPPORTED (the general
- * path packs per batch). */
+/* f32 activations x bf16/f16 weights shared by the batch. At the
+ * AVX512_BF16 level a bf16 weight of any strides goes to the bf16 GEMM
+ * (packed at load or not). Else a weight stored as rows of K (a linear
+ * layer's (N, K) weight seen transposed): up to 64 rows (decoding) go
+ * through a register-blocked kernel that reads each weight once, widening
+ * it in registers, and more rows convert the weight to f32 once and use
+ * the BLAS. Anything else: TS_ERR_UNSUPPORTED (the general path packs per
+ * batch). */
 static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
                               ts_tensor *y, int nb, int64_t M, int64_t N,
                               int64_t K, int64_t batch, const int64_t *ast,
@@ -316,20 +317,34 @@ static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
             return ts_set_error(ctx, TS_ERR_OOM, "matmul: out of memory");
         return TS_OK;
     }
+    int64_t lda = M == 1 && batch == 1 ? K : asr;
+    /* at the AVX512_BF16 level, bf16 weights in any number of rows go
+     * through the bf16 GEMM (vdpbf16ps; the activations rounded to bf16 as
+     * the weights are, as PyTorch's bf16 autocast and llama.cpp do; f32
+     * sums): decode's rows stream the weights once, a prefill's are
+     * blocked for cache, and a row's result is the same bits either way.
+     * A weight packed at load (ts_storage.packed, ts_decoder_prepack) is
+     * read in the kernel's layout, whatever its strides. */
+    bool bf16_gemm = CPU_THIS_ISA >= CPU_ISA_AVX512_BF16 &&
+                     b->dtype == TS_BF16 && y->dtype == TS_F32 && shared &&
+                     a_rows;
+    const cpu_bf16_packed *pb = bf16_gemm && b->ndim == 2
+                                    ? cpu_packed_operand(b, CPU_THIS_ISA, false)
+                                    : NULL;
+    if (pb &&
+        cpu_gemm_bf16_packed(CPU_THIS_ISA, R, ts_tensor_ptr(a), TS_F32, lda, 1,
+                             pb, (float *)ts_tensor_ptr(y), N, false))
+        return TS_OK;
+    /* any strides of the weight (a Conv1D family's x @ W too): the GEMM
+     * packs it as it goes, the same bits as its packed copy */
+    if (bf16_gemm &&
+        cpu_gemm_bf16(CPU_THIS_ISA, R, N, K, ts_tensor_ptr(a), TS_F32, lda, 1,
+                      ts_tensor_ptr(b), TS_BF16, bsr, bsc,
+                      (float *)ts_tensor_ptr(y), N, false))
+        return TS_OK;
     if (!shared || !rows_of_k || !a_rows || y->dtype != TS_F32)
         return TS_ERR_UNSUPPORTED;
-    /* a linear layer's many rows (prefill, training) against bf16 weights at
-     * the AVX512_BF16 level: a native bf16 GEMM (vdpbf16ps; the activations
-     * rounded to bf16 as the weights are, as PyTorch's bf16 autocast and
-     * llama.cpp do; f32 sums), no widening pass. Decode's few rows keep f32
-     * activations (cpu_gemm_f32_w16t reads each weight once either way). */
-    if (R > 32 && b->dtype == TS_BF16 &&
-        cpu_gemm_bf16(CPU_THIS_ISA, R, N, K, ts_tensor_ptr(a), TS_F32,
-                      M == 1 && batch == 1 ? K : asr, 1, ts_tensor_ptr(b),
-                      TS_BF16, 1, bsc, (float *)ts_tensor_ptr(y), N, false))
-        return TS_OK;
-    if (!cpu_gemm_f32_w16t(R, N, K, (const float *)ts_tensor_ptr(a),
-                           M == 1 && batch == 1 ? K : asr,
+    if (!cpu_gemm_f32_w16t(R, N, K, (const float *)ts_tensor_ptr(a), lda,
                            (const uint16_t *)ts_tensor_ptr(b), bsc,
                            b->dtype == TS_BF16, (float *)ts_tensor_ptr(y)))
         return ts_set_error(ctx, TS_ERR_OOM, "matmul: out of memory");
@@ -339,17 +354,12 @@ static ts_status matmul_mixed(ts_ctx *ctx, ts_tensor *a, ts_tensor *b,
 bool cpu_gemm_f32_w16t(int64_t R, int64_t N, int64_t K, const float *A,
                        int64_t lda, const uint16_t *W, int64_t ldw, bool bf16,
                        float *Y) {
-    if (R == 1 && bf16) {
-        gemv_job j = {A, 0, 1, W, ldw, N, K, Y};
-        ts_parallel_for(N, cpu_grain(K, 32768), dot_rows_range, &j);
-        return true;
-    }
-    /* a batch of decoding sequences: groups of 8 rows, each reading the
-     * weights once (cheaper than widening a whole matrix per step) */
-    if (R <= 32 && bf16) {
-        for (int64_t r = 0; r < R; r += 8)
-            gemv_rows(A + r * lda, lda, R - r < 8 ? R - r : 8, W, ldw, N, K,
-                      Y + r * N);
+    /* decode's rows: each weight read once per call, R-independent sums */
+    if (R <= W16_ROWS && bf16) {
+        w16_job j = {A, lda, R, W, ldw, N, K, Y};
+        /* ~64K weights a chunk at least, whole tiles */
+        int64_t grain = cpu_grain(K, 65536);
+        ts_parallel_for(N, (grain + 3) / 4 * 4, w16_range, &j);
         return true;
     }
     /* Y[:, n0:n0+nb] = A @ W[n0:n0+nb]^T block by block: each block of
