@@ -105,6 +105,13 @@ static int time_model_loaded(ts_ctx *ctx, ts_decoder *m,
     }
     for (int i = 0; i < ts_decoder_num_params(m); i++)
         ts_set_requires_grad(ts_decoder_param(m, i), false);
+    /* inference: the weights packed for the decode kernels, as `tessera
+     * run` and the engine do (a no-op below AVX512_BF16) */
+    if (ts_decoder_prepack(m) != TS_OK) {
+        fprintf(stderr, "bench_decode: %s\n", ts_errmsg(ctx));
+        ts_decoder_cache_free(kc);
+        return 1;
+    }
     int64_t *ids = malloc(sizeof(int64_t) * (size_t)P);
     for (int i = 0; i < P; i++)
         ids[i] = (i * 7919) % cfg->vocab;

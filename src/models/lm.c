@@ -27,7 +27,11 @@ ts_status ts_lm_load(ts_ctx *ctx, const char *dir, const ts_load_options *opt,
         return ts_set_error(ctx, TS_ERR_OOM, "lm_load: out of memory");
     lm->ctx = ctx;
     ts_status s = ts_decoder_load_opts(ctx, dir, opt, &lm->dec);
+    /* generation only: the weights packed once for the decode kernels */
+    if (s == TS_OK)
+        s = ts_decoder_prepack(lm->dec);
     if (s != TS_OK) {
+        ts_decoder_free(lm->dec);
         free(lm);
         return s;
     }
