@@ -365,6 +365,12 @@ int main(int argc, char **argv) {
      * loaded from a checkpoint has none: no init, zero-copy mapping) */
     ts_alloc_empty_cache(ctx);
     malloc_trim(0);
+    /* inference: the packed copies the decode kernels read (resident
+     * memory below counts them) */
+    if (ts_decoder_prepack(m) != TS_OK) {
+        fprintf(stderr, "bench_decode: %s\n", ts_errmsg(ctx));
+        return 1;
+    }
     long rss_model = rss_mib();
     printf("Qwen3-0.6B architecture%s: %.1f M parameters, %.0f MiB of weights "
            "(%s), %d threads, "

@@ -85,7 +85,10 @@ async function one() {
 async function worker() {
   while (queue.length && performance.now() - t0 < duration) {
     queue.shift();
-    try { await one(); } catch { failed++; }
+    try { await one(); } catch (e) {
+      failed++;
+      if (!firstError) firstError = `${e?.message ?? e}${e?.cause ? ` (${e.cause.message ?? e.cause})` : ""}`;
+    }
   }
 }
 await Promise.all(Array.from({ length: conc }, worker));

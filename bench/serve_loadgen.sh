@@ -27,7 +27,7 @@ SRV=
 serve() { # name, extra flags...
     name=$1
     shift
-    "$T" serve -m "$M" --port "$PORT" --dtype bfloat16 --kv-blocks 2048 \
+    "$T" serve -m "$M" --port "$PORT" --dtype bf16 --kv-blocks 2048 \
         --no-log-requests "$@" 2>"$LOG/$name.log" &
     SRV=$!
     i=0
@@ -49,7 +49,7 @@ stop() {
     SRV=
 }
 
-for c in 1 8 32; do
+for c in ${CLIENTS:-1 8 32}; do
     for cfg in new old; do
         echo "== $c clients, $cfg defaults"
         if [ $cfg = new ]; then
@@ -63,6 +63,11 @@ for c in 1 8 32; do
         node "$ROOT/bench/loadgen.mjs" --url "http://127.0.0.1:$PORT" \
             --requests $((c * PER)) --concurrency $c --prompt-words 200 \
             --shared-words 150 --max-tokens 64 --duration 600 --seed $c
+        if ! kill -0 $SRV 2>/dev/null; then
+            echo "serve_loadgen: the server died:" >&2
+            tail -20 "$LOG/$cfg.log" >&2
+            exit 1
+        fi
         stop
     done
 done
