@@ -27,7 +27,7 @@ int tessera_convert(int argc, char **argv);
 int tessera_chat(int argc, char **argv);
 
 #ifndef TS_VERSION
-#define TS_VERSION "0.21.0" /* the project's version (issue 21) */
+#define TS_VERSION "0.22.0" /* the project's version (issue 22) */
 #endif
 #ifndef TS_GIT_COMMIT
 #define TS_GIT_COMMIT "unknown" /* set by CMake at configure time */
