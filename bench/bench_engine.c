@@ -17,6 +17,7 @@
 #include "tessera_engine.h"
 
 #include "qwen3_06b.h"
+#include "read_bound.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,27 +35,6 @@ static int die(ts_ctx *ctx) {
     return 1;
 }
 
-/* ---- the read bound: every thread streams its share of n floats ---- */
-
-typedef struct {
-    const float *p;
-    size_t n;
-    float part[64];
-} read_job;
-
-static void read_chunk(void *arg, int64_t c) {
-    read_job *j = arg;
-    size_t per = (j->n / 64 + 31) / 32 * 32;
-    size_t i0 = (size_t)c * per, i1 = i0 + per < j->n ? i0 + per : j->n;
-    float l[32] = {0}, total = 0;
-    for (size_t i = i0; i + 32 <= i1; i += 32)
-        for (int k = 0; k < 32; k++)
-            l[k] += j->p[i + k];
-    for (int k = 0; k < 32; k++)
-        total += l[k];
-    j->part[c] = total;
-}
-
 /* GB/s of the best of 5 streaming reads of bytes bytes */
 static double read_bound(size_t bytes) {
     size_t n = bytes / sizeof(float);
@@ -65,12 +45,9 @@ static double read_bound(size_t bytes) {
         p[i] = (float)(i & 7);
     double best = 1e9, sink = 0;
     for (int r = 0; r < 5; r++) {
-        read_job j = {.p = p, .n = n};
         double t0 = now();
-        ts_parallel_chunks(64, read_chunk, &j);
+        sink += read_all(p, n);
         double t = now() - t0;
-        for (int c = 0; c < 64; c++)
-            sink += j.part[c];
         best = t < best ? t : best;
     }
     free(p);
