@@ -574,6 +574,37 @@ typedef enum { TS_REDUCE_MEAN = 0, TS_REDUCE_SUM, TS_REDUCE_NONE } ts_reduction;
 ts_tensor *ts_cross_entropy(ts_tensor *logits, ts_tensor *targets,
                             int64_t ignore_index, ts_reduction reduction);
 
+/* ---- images: convolution, group norm, resampling ------------------------- */
+
+/* Options of ts_conv2d; zeros mean the defaults (stride 1, dilation 1, one
+ * group, no padding). Padding may differ per side (Diffusers' VAE pads
+ * only the bottom and right before its stride-2 convolutions). */
+typedef struct {
+    int stride_h, stride_w;
+    int pad_top, pad_bottom, pad_left, pad_right;
+    int dilation_h, dilation_w;
+    int groups;
+} ts_conv2d_opts;
+/* torch.nn.functional.conv2d: x (B, C, H, W), w (O, C / groups, KH, KW),
+ * bias (O) or NULL -> (B, O, OH, OW), OH = (H + pad_top + pad_bottom -
+ * dilation_h (KH - 1) - 1) / stride_h + 1 (OW alike). Float x and w (f32
+ * or bf16 weights), f32 accumulation; opts NULL: the defaults. Gradients
+ * flow to x, w and bias. */
+ts_tensor *ts_conv2d(ts_tensor *x, ts_tensor *w, ts_tensor *bias,
+                     const ts_conv2d_opts *opts);
+/* torch.nn.functional.group_norm: x (B, C, *) float, C a multiple of
+ * groups; mean and variance over each group's C / groups channels and all
+ * positions; weight and bias (C) or NULL. */
+ts_tensor *ts_group_norm(ts_tensor *x, int64_t groups, ts_tensor *weight,
+                         ts_tensor *bias, double eps);
+/* Nearest upsampling by integer factors (F.interpolate(mode="nearest",
+ * scale_factor=...)): x (B, C, H, W) -> (B, C, H sh, W sw). */
+ts_tensor *ts_upsample_nearest2d(ts_tensor *x, int scale_h, int scale_w);
+/* F.avg_pool2d(x, (kh, kw), (sh, sw)) without padding: x (B, C, H, W) ->
+ * (B, C, (H - kh) / sh + 1, (W - kw) / sw + 1). */
+ts_tensor *ts_avg_pool2d(ts_tensor *x, int kernel_h, int kernel_w,
+                         int stride_h, int stride_w);
+
 #ifdef __cplusplus
 }
 #endif
