@@ -202,19 +202,6 @@ static bool sched_refuse_true(ts_scheduler *s, const char *key) {
     return true;
 }
 
-static const char *kind_class(ts_scheduler_kind k) {
-    switch (k) {
-    case TS_SCHED_DDIM:
-        return "DDIMScheduler";
-    case TS_SCHED_EULER:
-        return "EulerDiscreteScheduler";
-    case TS_SCHED_DPMPP_2M:
-        return "DPMSolverMultistepScheduler";
-    default:
-        return "DDPMScheduler";
-    }
-}
-
 /* ---- the training schedule ---------------------------------------------- */
 
 /* torch.linspace(a, b, n, dtype=float32), as its CPU kernel computes it */
@@ -732,6 +719,16 @@ static ts_tensor *lincomb(ts_tensor *x, double a, ts_tensor *y, double b) {
     return r;
 }
 
+/* x / v with v a float32 scalar, as torch divides by a 0-d tensor (a
+ * product with 1/v rounds differently) */
+static ts_tensor *div_scalar(ts_tensor *x, float v) {
+    ts_tensor *c = ts_scalar(ts_tensor_ctx(x), TS_F32, (double)v);
+    ts_tensor *cd = c ? ts_to_device(c, ts_tensor_device(x)) : NULL;
+    ts_tensor *r = cd ? ts_div(x, cd) : NULL;
+    ts_release(c), ts_release(cd);
+    return r;
+}
+
 /* clamp(x, -r, r) = x - relu(x - r) + relu(-x - r) */
 static ts_tensor *clamp_sym(ts_tensor *x, double r) {
     ts_tensor *hi = ts_add_scalar(x, -r), *rhi = hi ? ts_relu(hi) : NULL;
@@ -752,13 +749,13 @@ static bool predict_x0_eps(ts_scheduler *s, ts_tensor *mo, ts_tensor *x,
     *x0 = *eps = NULL;
     if (s->pred == PRED_EPSILON) {
         ts_tensor *d = lincomb(x, 1.0, mo, -(double)sb);
-        *x0 = d ? ts_mul_scalar(d, 1.0 / (double)sa) : NULL;
+        *x0 = d ? div_scalar(d, sa) : NULL;
         ts_release(d);
         *eps = ts_retain(mo);
     } else if (s->pred == PRED_SAMPLE) {
         *x0 = ts_retain(mo);
         ts_tensor *d = lincomb(x, 1.0, mo, -(double)sa);
-        *eps = d ? ts_mul_scalar(d, 1.0 / (double)sb) : NULL;
+        *eps = d ? div_scalar(d, sb) : NULL;
         ts_release(d);
     } else {
         *x0 = lincomb(x, sa, mo, -(double)sb);
@@ -826,10 +823,13 @@ static ts_tensor *step_euler(ts_scheduler *s, ts_tensor *mo, int i,
         x0 = ts_retain(mo);
     } else {
         float q = sigma * sigma + 1.0f;
-        x0 = lincomb(mo, -sigma / sqrtf(q), x, 1.0 / (double)q);
+        ts_tensor *a = ts_mul_scalar(mo, -sigma / sqrtf(q));
+        ts_tensor *b = div_scalar(x, q);
+        x0 = a && b ? ts_add(a, b) : NULL;
+        ts_release(a), ts_release(b);
     }
     ts_tensor *d = x0 ? ts_sub(x, x0) : NULL;
-    ts_tensor *deriv = d ? ts_mul_scalar(d, 1.0 / (double)sigma) : NULL;
+    ts_tensor *deriv = d ? div_scalar(d, sigma) : NULL;
     ts_tensor *r = deriv ? lincomb(x, 1.0, deriv, dt) : NULL;
     ts_release(x0), ts_release(d), ts_release(deriv);
     return r;
@@ -855,7 +855,7 @@ static ts_tensor *step_dpm(ts_scheduler *s, ts_tensor *mo, int i,
     ts_tensor *x0; /* convert_model_output (dpmsolver++) */
     if (s->pred == PRED_EPSILON) {
         ts_tensor *d = lincomb(x, 1.0, mo, -(double)s_s0);
-        x0 = d ? ts_mul_scalar(d, 1.0 / (double)a_s0) : NULL;
+        x0 = d ? div_scalar(d, a_s0) : NULL;
         ts_release(d);
     } else if (s->pred == PRED_SAMPLE) {
         x0 = ts_retain(mo);
@@ -885,7 +885,7 @@ static ts_tensor *step_dpm(ts_scheduler *s, ts_tensor *mo, int i,
         float h0 = lam_s0 - lam_s1, r0 = h0 / h;
         float c1 = s->heun ? a_t * (em1 / h + 1.0f) : -0.5f * (a_t * em1);
         ts_tensor *diff = ts_sub(s->hist[1], s->hist[0]);
-        ts_tensor *d1 = diff ? ts_mul_scalar(diff, 1.0 / (double)r0) : NULL;
+        ts_tensor *d1 = diff ? ts_mul_scalar(diff, 1.0f / r0) : NULL;
         ts_tensor *a = lincomb(x, cs, x0, c0);
         ts_tensor *b = d1 ? ts_mul_scalar(d1, c1) : NULL;
         r = a && b ? ts_add(a, b) : NULL;
@@ -935,7 +935,7 @@ ts_tensor *ts_scheduler_scale_model_input(ts_scheduler *s, ts_tensor *sample,
     if (s->kind != TS_SCHED_EULER)
         return ts_retain(sample);
     float sigma = s->sigmas[i];
-    return ts_mul_scalar(sample, 1.0 / (double)sqrtf(sigma * sigma + 1.0f));
+    return div_scalar(sample, sqrtf(sigma * sigma + 1.0f));
 }
 
 ts_tensor *ts_scheduler_step(ts_scheduler *s, ts_tensor *model_output, int i,
