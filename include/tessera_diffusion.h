@@ -163,9 +163,9 @@ ts_tensor *ts_scheduler_add_noise(ts_scheduler *s, ts_tensor *original,
 ts_tensor *ts_scheduler_add_noise_at(ts_scheduler *s, ts_tensor *original,
                                      ts_tensor *noise,
                                      const int64_t *train_timesteps);
-/* DDPM's step i (i < num_steps - 1) adds sqrt(variance) times
- * ts_randn(ctx, TS_F32, shape, 1.0, seed + i) on the sample's device; the
- * seed is 0 until set. */
+/* DDPM's step i, when its timestep is above 0, adds sqrt(variance) times
+ * ts_randn(the sample's ctx, TS_F32, shape, 1.0, seed + i), moved to the
+ * sample's device; the seed is 0 until set. */
 void ts_scheduler_set_seed(ts_scheduler *s, uint64_t seed);
 /* The num_train_timesteps cumulative alpha products (as Diffusers' float32
  * values), owned by s; their count in *n (n may be NULL). */

@@ -275,4 +275,3 @@ ts_status ts_npy_write(ts_ctx *ctx, const char *path, ts_tensor *t);
 }
 #endif
 #endif
-
