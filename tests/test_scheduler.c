@@ -306,7 +306,16 @@ static void test_errors(ts_ctx *ctx) {
     check_bad_config(ctx,
                      "{\"_class_name\": \"DPMSolverMultistepScheduler\", "
                      "\"algorithm_type\": \"sde-dpmsolver++\"}",
-                     TS_ERR_INVALID_ARG, "algorithm_type");
+                     TS_ERR_UNSUPPORTED,
+                     "\"algorithm_type\": \"sde-dpmsolver++\"");
+    check_bad_config(ctx,
+                     "{\"_class_name\": \"DPMSolverMultistepScheduler\", "
+                     "\"algorithm_type\": \"dpm\"}",
+                     TS_ERR_INVALID_ARG, "unknown value \"dpm\"");
+    check_bad_config(ctx,
+                     "{\"_class_name\": \"EulerDiscreteScheduler\", "
+                     "\"interpolation_type\": \"log_linear\"}",
+                     TS_ERR_UNSUPPORTED, "interpolation_type");
     check_bad_config(ctx,
                      "{\"_class_name\": \"DPMSolverMultistepScheduler\", "
                      "\"solver_order\": 3}",

@@ -188,6 +188,28 @@ static bool sched_enum(ts_scheduler *s, const char *key, const char *def,
     return false;
 }
 
+/* A string key holding a value Diffusers knows but this file does not
+ * implement (one of "a|b"): TS_ERR_UNSUPPORTED naming both. */
+static bool sched_refuse_value(ts_scheduler *s, const char *key,
+                               const char *values) {
+    json_t *v = sched_get(s, key);
+    if (!v || !json_is_string(v))
+        return true;
+    const char *x = json_string_value(v), *p = values;
+    while (*p) {
+        const char *bar = strchr(p, '|');
+        size_t L = bar ? (size_t)(bar - p) : strlen(p);
+        if (strlen(x) == L && !strncmp(x, p, L)) {
+            ts_set_error(s->ctx, TS_ERR_UNSUPPORTED,
+                         "%s: key \"%s\": \"%s\" is not supported", s->path,
+                         key, x);
+            return false;
+        }
+        p += L + (bar ? 1 : 0);
+    }
+    return true;
+}
+
 /* A boolean feature this file does not implement: true is refused. */
 static bool sched_refuse_true(ts_scheduler *s, const char *key) {
     bool on;
@@ -342,7 +364,8 @@ static bool configure(ts_scheduler *s) {
     s->continuous_t = false;
     if (k == TS_SCHED_EULER) {
         int tt;
-        if (!sched_enum(s, "interpolation_type", "linear", "linear", tmp,
+        if (!sched_refuse_value(s, "interpolation_type", "log_linear") ||
+            !sched_enum(s, "interpolation_type", "linear", "linear", tmp,
                         NULL) ||
             !sched_enum(s, "timestep_type", "discrete", "discrete|continuous",
                         tmp, &tt))
@@ -352,7 +375,9 @@ static bool configure(ts_scheduler *s) {
     if (k == TS_SCHED_DPMPP_2M) {
         int64_t order;
         int st;
-        if (!sched_enum(s, "algorithm_type", "dpmsolver++", "dpmsolver++", tmp,
+        if (!sched_refuse_value(s, "algorithm_type",
+                                "dpmsolver|sde-dpmsolver|sde-dpmsolver++") ||
+            !sched_enum(s, "algorithm_type", "dpmsolver++", "dpmsolver++", tmp,
                         NULL) ||
             !sched_int(s, "solver_order", 2, &order) ||
             !sched_enum(s, "solver_type", "midpoint", "midpoint|heun", tmp,
