@@ -261,6 +261,10 @@ ts_tensor *ts_png_read(ts_ctx *ctx, const char *path);
  * Diffusers/PIL do ((x * 255).round(), half to even; NaN -> 0). Written
  * atomically (a temporary file renamed over path). */
 ts_status ts_png_write(ts_ctx *ctx, const char *path, ts_tensor *img);
+/* As ts_png_write, into memory: *out (malloc'd, the caller frees) holds
+ * *n bytes of PNG file. */
+ts_status ts_png_encode(ts_ctx *ctx, ts_tensor *img, unsigned char **out,
+                        size_t *n);
 
 /* NumPy .npy (format 1.0, 2.0, 3.0), C order, little-endian: '<f4' -> f32,
  * '<f8' and '<f2' -> f32 (converted), '<i8' -> i64, '<i4' -> i32; 0-d to

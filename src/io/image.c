@@ -24,6 +24,9 @@ typedef struct {
     png_bytepp rows;
     ts_atomic_file af;
     bool af_open;
+    bool to_mem; /* ts_png_encode: the bytes into mem */
+    unsigned char *mem;
+    size_t mem_n, mem_cap;
 } png_job;
 
 static void on_png_error(png_structp png, png_const_charp msg) {
@@ -43,6 +46,7 @@ static void job_free(png_job *j) {
     free(j->rows);
     if (j->af_open)
         ts_atomic_commit(&j->af, false);
+    free(j->mem);
     free(j);
 }
 
@@ -154,6 +158,18 @@ ts_tensor *ts_png_read(ts_ctx *ctx, const char *path) {
 
 static void on_png_write(png_structp png, png_bytep p, size_t n) {
     png_job *j = png_get_io_ptr(png);
+    if (j->to_mem) {
+        if (j->mem_n + n > j->mem_cap) {
+            size_t cap = (j->mem_cap ? j->mem_cap * 2 : 65536) + n;
+            unsigned char *m = realloc(j->mem, cap);
+            if (!m)
+                png_error(png, "out of memory");
+            j->mem = m, j->mem_cap = cap;
+        }
+        memcpy(j->mem + j->mem_n, p, n);
+        j->mem_n += n;
+        return;
+    }
     if (!ts_atomic_write(&j->af, p, n))
         png_error(png, "write failed");
 }
@@ -162,10 +178,13 @@ static void on_png_flush(png_structp png) {
     (void)png;
 }
 
-ts_status ts_png_write(ts_ctx *ctx, const char *path, ts_tensor *img) {
-    if (!path || !img)
-        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "ts_png_write: %s is NULL",
-                            path ? "img" : "path");
+/* img into the file path (atomically) or, with path NULL, into a new
+ * buffer *out of *n bytes */
+static ts_status png_encode(ts_ctx *ctx, const char *path, ts_tensor *img,
+                            unsigned char **out, size_t *n) {
+    bool to_mem = !path;
+    if (to_mem)
+        path = "PNG";
     int nd = ts_tensor_ndim(img);
     const int64_t *sh = ts_tensor_shape(img);
     if (nd != 3 || (sh[0] != 1 && sh[0] != 3) || sh[1] < 1 || sh[2] < 1 ||
@@ -209,13 +228,14 @@ ts_status ts_png_write(ts_ctx *ctx, const char *path, ts_tensor *img) {
     free(src);
     for (size_t y = 0; y < H; y++)
         j->rows[y] = j->data + y * W * C;
-    if (!ts_atomic_open(&j->af, path)) {
+    j->to_mem = to_mem;
+    if (!to_mem && !ts_atomic_open(&j->af, path)) {
         int e = j->af.err;
         job_free(j);
         return ts_set_error(ctx, TS_ERR_IO, "cannot write %s: %s", path,
                             strerror(e));
     }
-    j->af_open = true;
+    j->af_open = !to_mem;
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, j,
                                               on_png_error, on_png_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
@@ -241,6 +261,12 @@ ts_status ts_png_write(ts_ctx *ctx, const char *path, ts_tensor *img) {
     png_write_image(png, j->rows);
     png_write_end(png, NULL);
     png_destroy_write_struct(&png, &info);
+    if (to_mem) {
+        *out = j->mem, *n = j->mem_n;
+        j->mem = NULL;
+        job_free(j);
+        return TS_OK;
+    }
     j->af_open = false;
     if (!ts_atomic_commit(&j->af, true)) {
         int e = j->af.err ? j->af.err : EIO;
@@ -250,4 +276,20 @@ ts_status ts_png_write(ts_ctx *ctx, const char *path, ts_tensor *img) {
     }
     job_free(j);
     return TS_OK;
+}
+
+ts_status ts_png_write(ts_ctx *ctx, const char *path, ts_tensor *img) {
+    if (!path || !img)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "ts_png_write: %s is NULL",
+                            path ? "img" : "path");
+    return png_encode(ctx, path, img, NULL, NULL);
+}
+
+ts_status ts_png_encode(ts_ctx *ctx, ts_tensor *img, unsigned char **out,
+                        size_t *n) {
+    if (!img || !out || !n)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                            "ts_png_encode: NULL argument");
+    *out = NULL, *n = 0;
+    return png_encode(ctx, NULL, img, out, n);
 }
