@@ -420,6 +420,37 @@ static int run_op(ts_ctx *ctx, const tcase *c, ts_tensor **x, int nin,
         outs[0] = ts_layernorm(x[0], x[1], x[2], attr_dbl(c, "eps", 1e-5));
         return 1;
     }
+    if (strcmp(op, "conv2d") == 0 && (nin == 2 || nin == 3)) {
+        int64_t a[9];
+        if (attr_ints(c, "conv", a, 9) != 9)
+            return 0;
+        ts_conv2d_opts o = {(int)a[0], (int)a[1], (int)a[2],
+                            (int)a[3], (int)a[4], (int)a[5],
+                            (int)a[6], (int)a[7], (int)a[8]};
+        outs[0] = ts_conv2d(x[0], x[1], nin == 3 ? x[2] : NULL, &o);
+        return 1;
+    }
+    if (strcmp(op, "group_norm") == 0 && (nin == 1 || nin == 3)) {
+        outs[0] = ts_group_norm(x[0], attr_int(c, "groups", 1),
+                                nin == 3 ? x[1] : NULL, nin == 3 ? x[2] : NULL,
+                                attr_dbl(c, "eps", 1e-5));
+        return 1;
+    }
+    if (strcmp(op, "upsample_nearest") == 0 && nin == 1) {
+        int64_t a[2];
+        if (attr_ints(c, "scale", a, 2) != 2)
+            return 0;
+        outs[0] = ts_upsample_nearest2d(x[0], (int)a[0], (int)a[1]);
+        return 1;
+    }
+    if (strcmp(op, "avg_pool2d") == 0 && nin == 1) {
+        int64_t a[4];
+        if (attr_ints(c, "pool", a, 4) != 4)
+            return 0;
+        outs[0] =
+            ts_avg_pool2d(x[0], (int)a[0], (int)a[1], (int)a[2], (int)a[3]);
+        return 1;
+    }
     if (strcmp(op, "rope") == 0 && nin == 3) {
         outs[0] = ts_rope(x[0], x[1], x[2]);
         return 1;

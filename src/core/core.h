@@ -108,7 +108,7 @@ struct ts_ctx {
     void *grad_ready_arg;
     /* TS_PROFILE=1: time and calls per op kernel, printed at ctx free */
     bool profile;
-#define TS_PROFILE_SLOTS 64 /* >= the number of ops (checked in node.c) */
+#define TS_PROFILE_SLOTS 96 /* >= the number of ops (checked in node.c) */
     double prof_seconds[TS_PROFILE_SLOTS];
     uint64_t prof_calls[TS_PROFILE_SLOTS];
 };

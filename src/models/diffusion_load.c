@@ -6,6 +6,8 @@
 
 #include "tessera_nn.h"
 
+#include "core/core.h" /* ts_shape_equal */
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,12 +26,12 @@ ts_status dz_open(ts_ctx *ctx, const char *dir, const char *class_name,
     c->ctx = ctx;
     c->dtype = opts && opts->dtype == TS_BF16 ? TS_BF16 : TS_F32;
     if (opts && opts->dtype != TS_F32 && opts->dtype != TS_BF16)
-        return ts_set_error(ctx, TS_ERR_INVALID,
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG,
                             "%s: weights can be kept in f32 or bf16, not %s",
                             dir, ts_dtype_name(opts->dtype));
     c->device = opts && opts->set ? opts->device : ts_get_device(ctx);
     if (snprintf(c->dir, sizeof c->dir, "%s", dir) >= (int)sizeof c->dir)
-        return ts_set_error(ctx, TS_ERR_INVALID, "path too long: %s", dir);
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "path too long: %s", dir);
     snprintf(c->config_path, sizeof c->config_path, "%s/config.json", dir);
     if (!is_file(c->config_path))
         return ts_set_error(ctx, TS_ERR_IO, "%s: no config.json in %s",
@@ -37,22 +39,23 @@ ts_status dz_open(ts_ctx *ctx, const char *dir, const char *class_name,
     json_error_t je;
     c->config = json_load_file(c->config_path, JSON_REJECT_DUPLICATES, &je);
     if (!c->config || !json_is_object(c->config)) {
-        ts_status s = ts_set_error(ctx, TS_ERR_FORMAT, "%s: line %d: %s",
+        ts_status s = ts_set_error(ctx, TS_ERR_INVALID_ARG, "%s: line %d: %s",
                                    c->config_path, je.line,
                                    c->config ? "not a JSON object" : je.text);
         dz_close(c);
         return s;
     }
     if (class_name) {
-        const char *cls = json_string_value(
-            json_object_get(c->config, "_class_name"));
+        const char *cls =
+            json_string_value(json_object_get(c->config, "_class_name"));
         json_t *arch = json_object_get(c->config, "architectures");
         if (!cls && json_is_array(arch))
             cls = json_string_value(json_array_get(arch, 0));
         if (cls && strcmp(cls, class_name)) {
-            ts_status s = ts_set_error(
-                ctx, TS_ERR_FORMAT, "%s: _class_name is \"%s\", expected \"%s\"",
-                c->config_path, cls, class_name);
+            ts_status s =
+                ts_set_error(ctx, TS_ERR_INVALID_ARG,
+                             "%s: _class_name is \"%s\", expected \"%s\"",
+                             c->config_path, cls, class_name);
             dz_close(c);
             return s;
         }
@@ -60,10 +63,10 @@ ts_status dz_open(ts_ctx *ctx, const char *dir, const char *class_name,
     const char *names[] = {"diffusion_pytorch_model.safetensors",
                            "model.safetensors"};
     for (int k = 0; k < 2 && !c->weights_path[0]; k++) {
-        char p[DZ_PATH_LEN + 64];
-        snprintf(p, sizeof p, "%s/%s", dir, names[k]);
-        if (is_file(p))
-            snprintf(c->weights_path, sizeof c->weights_path, "%s", p);
+        char p[DZ_PATH_LEN];
+        int len = snprintf(p, sizeof p, "%s/%s", dir, names[k]);
+        if (len > 0 && len < (int)sizeof p && is_file(p))
+            memcpy(c->weights_path, p, (size_t)len + 1);
     }
     if (!c->weights_path[0]) {
         ts_status s = ts_set_error(
@@ -94,7 +97,7 @@ static json_t *value(dz_comp *c, const char *key) {
 }
 
 static bool wrong_type(dz_comp *c, const char *key, const char *want) {
-    ts_set_error(c->ctx, TS_ERR_FORMAT, "%s: \"%s\" should be %s",
+    ts_set_error(c->ctx, TS_ERR_INVALID_ARG, "%s: \"%s\" should be %s",
                  c->config_path, key, want);
     return false;
 }
@@ -136,12 +139,12 @@ bool dz_str(dz_comp *c, const char *key, const char *def, char *out,
     if (v && !s)
         return wrong_type(c, key, "a string");
     if (!s) {
-        ts_set_error(c->ctx, TS_ERR_FORMAT, "%s: \"%s\" is missing",
+        ts_set_error(c->ctx, TS_ERR_INVALID_ARG, "%s: \"%s\" is missing",
                      c->config_path, key);
         return false;
     }
     if (strlen(s) >= cap) {
-        ts_set_error(c->ctx, TS_ERR_FORMAT, "%s: \"%s\" is too long",
+        ts_set_error(c->ctx, TS_ERR_INVALID_ARG, "%s: \"%s\" is too long",
                      c->config_path, key);
         return false;
     }
@@ -162,7 +165,7 @@ int dz_int_list(dz_comp *c, const char *key, int n_expect, int64_t *out) {
     }
     size_t n = json_array_size(v);
     if (n == 0 || n > DZ_MAX_ARRAY) {
-        ts_set_error(c->ctx, TS_ERR_FORMAT,
+        ts_set_error(c->ctx, TS_ERR_INVALID_ARG,
                      "%s: \"%s\" has %zu entries (1 to %d supported)",
                      c->config_path, key, n, DZ_MAX_ARRAY);
         return -1;
@@ -186,7 +189,7 @@ int dz_str_list(dz_comp *c, const char *key, char (*out)[64]) {
     }
     size_t n = json_array_size(v);
     if (n == 0 || n > DZ_MAX_ARRAY) {
-        ts_set_error(c->ctx, TS_ERR_FORMAT,
+        ts_set_error(c->ctx, TS_ERR_INVALID_ARG,
                      "%s: \"%s\" has %zu entries (1 to %d supported)",
                      c->config_path, key, n, DZ_MAX_ARRAY);
         return -1;
@@ -218,7 +221,7 @@ static ts_tensor *fetch(dz_comp *c, bool required, int ndim,
     int64_t fsh[TS_MAX_DIMS];
     if (!ts_safetensors_shape(c->st, name, &fdt, &fnd, fsh)) {
         if (required)
-            ts_set_error(c->ctx, TS_ERR_FORMAT, "%s: tensor %s is missing",
+            ts_set_error(c->ctx, TS_ERR_INVALID_ARG, "%s: tensor %s is missing",
                          c->weights_path, name);
         return NULL;
     }
@@ -232,7 +235,7 @@ static ts_tensor *fetch(dz_comp *c, bool required, int ndim,
         return NULL;
     }
     if (!ts_dtype_is_float(fdt)) {
-        ts_set_error(c->ctx, TS_ERR_FORMAT,
+        ts_set_error(c->ctx, TS_ERR_INVALID_ARG,
                      "%s: tensor %s is %s, expected a float type",
                      c->weights_path, name, ts_dtype_name(fdt));
         return NULL;
@@ -264,14 +267,15 @@ static ts_tensor *fetchv(dz_comp *c, bool required, int ndim,
                          const int64_t *shape, const char *fmt, va_list ap) {
     char name[512];
     if (vsnprintf(name, sizeof name, fmt, ap) >= (int)sizeof name) {
-        ts_set_error(c->ctx, TS_ERR_INVALID, "tensor name too long: %s", name);
+        ts_set_error(c->ctx, TS_ERR_INVALID_ARG, "tensor name too long: %s",
+                     name);
         return NULL;
     }
     return fetch(c, required, ndim, shape, name);
 }
 
-ts_tensor *dz_param(dz_comp *c, int ndim, const int64_t *shape,
-                    const char *fmt, ...) {
+ts_tensor *dz_param(dz_comp *c, int ndim, const int64_t *shape, const char *fmt,
+                    ...) {
     va_list ap;
     va_start(ap, fmt);
     ts_tensor *t = fetchv(c, true, ndim, shape, fmt, ap);

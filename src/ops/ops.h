@@ -83,6 +83,15 @@ typedef enum {
     /* activation checkpoint (src/graph/checkpoint.c): no kernel; its
      * backward recomputes a block and backpropagates through it */
     TS_OP_CHECKPOINT,
+    /* images (NCHW): convolution, group norm, resampling (image_ops.c) */
+    TS_OP_CONV2D,
+    TS_OP_CONV2D_BACKWARD_INPUT,
+    TS_OP_CONV2D_BACKWARD_WEIGHT,
+    TS_OP_GROUP_NORM,
+    TS_OP_GROUP_NORM_BACKWARD,
+    TS_OP_UPSAMPLE_NEAREST,
+    TS_OP_AVG_POOL2D,
+    TS_OP_AVG_POOL2D_BACKWARD,
     TS_OP_COUNT
 } ts_op_id;
 

@@ -42,6 +42,11 @@ TS_INFER(moe_experts_bwd);
 TS_INFER(copy_into);
 TS_INFER(adamw);
 TS_INFER(checkpoint);
+TS_INFER(conv2d);
+TS_INFER(conv2d_bwd);
+TS_INFER(group_norm);
+TS_INFER(pool2d);
+TS_INFER(pool2d_bwd);
 
 #define TS_GRAD(name)                                                          \
     ts_status ts_grad_##name(ts_ctx *ctx, const ts_node *n, ts_tensor *g,      \
@@ -80,6 +85,10 @@ TS_GRAD(attention);
 TS_GRAD(cross_entropy);
 TS_GRAD(gather);
 TS_GRAD(moe_experts);
+TS_GRAD(conv2d);
+TS_GRAD(group_norm);
+TS_GRAD(upsample_nearest);
+TS_GRAD(avg_pool2d);
 
 ts_status ts_check_copy_shapes(ts_ctx *ctx, const ts_tensor *dst,
                                const ts_tensor *src);

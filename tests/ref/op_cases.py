@@ -1244,6 +1244,83 @@ def wtensor(f, name, t):
     f.write(data)
 
 
+def image_cases():
+    """conv2d (stride, per-side padding, dilation, groups, 1x1, depthwise,
+    bf16 weights, a strided x), group norm, nearest upsampling, average
+    pooling: forward and every gradient."""
+    def conv(st=(1, 1), pad=(0, 0, 0, 0), dil=(1, 1), groups=1, bias=True):
+        def f(x, w, *b):
+            xp = F.pad(x, (pad[2], pad[3], pad[0], pad[1]))
+            return F.conv2d(xp, w, b[0] if b else None, st, 0, dil, groups)
+        return f
+
+    def attrs(st=(1, 1), pad=(0, 0, 0, 0), dil=(1, 1), groups=1):
+        return {'conv': [st[0], st[1], pad[0], pad[1], pad[2], pad[3],
+                         dil[0], dil[1], groups]}
+
+    for name, xs, ws, kw in [
+            ('3x3_pad1', (2, 5, 9, 7), (6, 5, 3, 3),
+             dict(pad=(1, 1, 1, 1))),
+            ('3x3_stride2', (1, 4, 11, 10), (8, 4, 3, 3),
+             dict(st=(2, 2), pad=(1, 1, 1, 1))),
+            ('vae_down_pad01', (1, 3, 8, 8), (3, 3, 3, 3),
+             dict(st=(2, 2), pad=(0, 1, 0, 1))),
+            ('1x1', (2, 7, 5, 6), (9, 7, 1, 1), {}),
+            ('5x3_dil2', (1, 3, 12, 9), (4, 3, 5, 3),
+             dict(dil=(2, 1), pad=(2, 3, 1, 0))),
+            ('groups2', (2, 6, 7, 7), (4, 3, 3, 3),
+             dict(groups=2, pad=(1, 1, 1, 1))),
+            ('depthwise', (2, 4, 6, 5), (4, 1, 3, 3),
+             dict(groups=4, pad=(1, 1, 1, 1))),
+            ('patch4', (2, 1, 16, 16), (8, 1, 4, 4), dict(st=(4, 4))),
+            ('stride3_odd', (1, 2, 10, 13), (3, 2, 2, 4),
+             dict(st=(3, 2)))]:
+        case('conv2d_' + name, 'conv2d',
+             [randn(*xs), randn(*ws, scale=0.3), randn(ws[0])],
+             conv(**kw), attrs=attrs(**kw), kind='mm')
+    case('conv2d_nobias', 'conv2d', [randn(1, 3, 6, 6), randn(5, 3, 3, 3)],
+         conv(pad=(1, 1, 1, 1), bias=False),
+         attrs=attrs(pad=(1, 1, 1, 1)), kind='mm')
+    case('conv2d_strided_x', 'conv2d',
+         [randn(5, 2, 8, 6), randn(4, 5, 3, 3), randn(4)],
+         conv(pad=(1, 1, 1, 1)), attrs=attrs(pad=(1, 1, 1, 1)), kind='mm',
+         views={0: 'P1,0,2,3'})
+    case('conv2d_bf16_w', 'conv2d',
+         [randn(1, 4, 6, 6), randn(6, 4, 3, 3, dt=BF16), randn(6)],
+         lambda x, w, b: F.conv2d(x, w.to(x.dtype), b, 1, 1),
+         attrs=attrs(pad=(1, 1, 1, 1)), kind='mm', upcast=False,
+         tol=(1e-4, 1e-4), gtol=(2e-2, 2e-2))
+
+    def gn(groups, eps):
+        return lambda x, *wb: F.group_norm(x, groups, *wb, eps=eps)
+    case('group_norm', 'group_norm',
+         [randn(2, 8, 5, 3) * 2 + 1, randn(8), randn(8)], gn(4, 1e-6),
+         attrs={'groups': 4, 'eps': 1e-6}, kind='red')
+    case('group_norm_32', 'group_norm',
+         [randn(1, 64, 9, 9), randn(64), randn(64)], gn(32, 1e-5),
+         attrs={'groups': 32, 'eps': 1e-5}, kind='red')
+    case('group_norm_1group_noaffine', 'group_norm', [randn(3, 6, 4)],
+         gn(1, 1e-5), attrs={'groups': 1, 'eps': 1e-5}, kind='red')
+    case('group_norm_bf16', 'group_norm',
+         [randn(2, 4, 3, 3, dt=BF16), randn(4, dt=BF16), randn(4, dt=BF16)],
+         gn(2, 1e-6), attrs={'groups': 2, 'eps': 1e-6}, kind='red')
+    case('upsample_nearest_2x', 'upsample_nearest', [randn(2, 3, 4, 5)],
+         lambda x: F.interpolate(x, scale_factor=2.0, mode='nearest'),
+         attrs={'scale': [2, 2]})
+    case('upsample_nearest_3x1', 'upsample_nearest', [randn(1, 2, 3, 4)],
+         lambda x: F.interpolate(x, scale_factor=(3.0, 1.0), mode='nearest'),
+         attrs={'scale': [3, 1]})
+    case('avg_pool_2x2', 'avg_pool2d', [randn(2, 3, 8, 6)],
+         lambda x: F.avg_pool2d(x, 2, 2), attrs={'pool': [2, 2, 2, 2]},
+         kind='red')
+    case('avg_pool_3x3_s2_odd', 'avg_pool2d', [randn(1, 2, 9, 7)],
+         lambda x: F.avg_pool2d(x, 3, 2), attrs={'pool': [3, 3, 2, 2]},
+         kind='red')
+    case('avg_pool_2x3_s1', 'avg_pool2d', [randn(1, 1, 5, 6)],
+         lambda x: F.avg_pool2d(x, (2, 3), 1), attrs={'pool': [2, 3, 1, 1]},
+         kind='red')
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit('usage: op_cases.py OUT.bin')
@@ -1269,6 +1346,7 @@ def main():
     gather_cases()
     one_hot_cases()
     moe_cases()
+    image_cases()
     with open(sys.argv[1], 'wb') as f:
         f.write(b'TSCASE01')
         f.write(struct.pack('<I', len(cases)))

@@ -390,5 +390,13 @@ CPU_KERNEL(gather_backward);
 CPU_KERNEL(one_hot);
 CPU_KERNEL(moe_experts);
 CPU_KERNEL(moe_experts_backward);
+CPU_KERNEL(conv2d);
+CPU_KERNEL(conv2d_backward_input);
+CPU_KERNEL(conv2d_backward_weight);
+CPU_KERNEL(group_norm);
+CPU_KERNEL(group_norm_backward);
+CPU_KERNEL(upsample_nearest);
+CPU_KERNEL(avg_pool2d);
+CPU_KERNEL(avg_pool2d_backward);
 
 #endif
