@@ -43,7 +43,7 @@ static ts_tensor *getv(dz_loader *L, int nd, const int64_t *shape,
         return NULL;
     char name[512];
     if (vsnprintf(name, sizeof name, fmt, ap) >= (int)sizeof name) {
-        dz_fail(L, TS_ERR_INVALID, "tensor name too long: %s", name);
+        dz_fail(L, TS_ERR_INVALID_ARG, "tensor name too long: %s", name);
         return NULL;
     }
     return keep(L, dz_param(L->c, nd, shape, "%s", name));
@@ -103,7 +103,7 @@ bool dz_check_groups(dz_loader *L, int64_t groups, int64_t channels,
                      const char *key, const char *norm_name) {
     if (groups > 0 && channels % groups == 0)
         return true;
-    return dz_fail(L, TS_ERR_FORMAT,
+    return dz_fail(L, TS_ERR_INVALID_ARG,
                    "%s: \"%s\" is %lld, which does not divide the %lld "
                    "channels of %s",
                    L->c->config_path, key, (long long)groups,
@@ -165,8 +165,8 @@ ts_tensor *dz_resnet_forward(const dz_resnet *r, ts_tensor *x,
     ts_release(h);
     h = dz_conv(a, r->conv2_w, r->conv2_b, 1, 1);
     ts_release(a);
-    ts_tensor *sc = r->short_w ? dz_conv(x, r->short_w, r->short_b, 1, 0)
-                               : ts_retain(x);
+    ts_tensor *sc =
+        r->short_w ? dz_conv(x, r->short_w, r->short_b, 1, 0) : ts_retain(x);
     ts_tensor *out = ts_add(sc, h);
     ts_release(sc), ts_release(h);
     if (out && r->out_scale != 1.0) {

@@ -50,9 +50,9 @@ typedef struct {
     double eps, out_scale;
 } dz_resnet;
 /* prefix "down_blocks.0.resnets.1"; temb 0: no time embedding (VAE) */
-void dz_resnet_load(dz_loader *L, dz_resnet *r, const char *prefix,
-                    int64_t cin, int64_t cout, int64_t temb, int64_t groups,
-                    double eps, double out_scale);
+void dz_resnet_load(dz_loader *L, dz_resnet *r, const char *prefix, int64_t cin,
+                    int64_t cout, int64_t temb, int64_t groups, double eps,
+                    double out_scale);
 /* x (B, cin, H, W), temb_act (B, temb) = silu(temb) or NULL -> (B, cout,
  * H, W) */
 ts_tensor *dz_resnet_forward(const dz_resnet *r, ts_tensor *x,

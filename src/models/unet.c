@@ -41,9 +41,9 @@ enum { ST_IN, ST_DOWN, ST_XDOWN, ST_MID, ST_UP, ST_XUP, ST_OUT };
 typedef struct {
     int kind;
     ts_device dev;
-    int n_res;     /* resnets (and attentions, in the cross-attention kinds) */
+    int n_res; /* resnets (and attentions, in the cross-attention kinds) */
     dz_resnet *res;
-    xformer *attn; /* NULL in DownBlock2D / UpBlock2D */
+    xformer *attn;                  /* NULL in DownBlock2D / UpBlock2D */
     ts_tensor *sample_w, *sample_b; /* downsampler / upsampler conv, or NULL */
 } stage;
 
@@ -71,9 +71,8 @@ static const char *up_types[] = {"UpBlock2D", "CrossAttnUpBlock2D"};
 
 static bool refuse(dz_comp *c, const char *key, const char *value,
                    const char *supported) {
-    ts_set_error(c->ctx, TS_ERR_UNSUPPORTED,
-                 "%s: \"%s\" is %s (supported: %s)", c->config_path, key,
-                 value, supported);
+    ts_set_error(c->ctx, TS_ERR_UNSUPPORTED, "%s: \"%s\" is %s (supported: %s)",
+                 c->config_path, key, value, supported);
     return false;
 }
 
@@ -166,14 +165,14 @@ static bool int_list(dz_comp *c, const char *key, int64_t def, int n,
     if (got < 0)
         return false;
     if (got != n) {
-        ts_set_error(c->ctx, TS_ERR_FORMAT,
+        ts_set_error(c->ctx, TS_ERR_INVALID_ARG,
                      "%s: \"%s\" has %d entries, down_block_types %d",
                      c->config_path, key, got, n);
         return false;
     }
     for (int k = 0; k < n; k++)
         if (out[k] <= 0) {
-            ts_set_error(c->ctx, TS_ERR_FORMAT,
+            ts_set_error(c->ctx, TS_ERR_INVALID_ARG,
                          "%s: \"%s\"[%d] is %lld (must be positive)",
                          c->config_path, key, k, (long long)out[k]);
             return false;
@@ -225,7 +224,7 @@ static bool read_config(dz_comp *c, ts_unet *u, unet_cfg *g) {
     if (!dz_int(c, "norm_num_groups", 32, &u->groups))
         return false;
     if (u->in_ch <= 0 || u->out_ch <= 0 || u->groups <= 0) {
-        ts_set_error(c->ctx, TS_ERR_FORMAT,
+        ts_set_error(c->ctx, TS_ERR_INVALID_ARG,
                      "%s: in_channels, out_channels and norm_num_groups "
                      "must be positive",
                      c->config_path);
@@ -233,7 +232,7 @@ static bool read_config(dz_comp *c, ts_unet *u, unet_cfg *g) {
     }
     if (g->conv_in_k < 1 || g->conv_in_k % 2 == 0 || g->conv_out_k < 1 ||
         g->conv_out_k % 2 == 0) {
-        ts_set_error(c->ctx, TS_ERR_FORMAT,
+        ts_set_error(c->ctx, TS_ERR_INVALID_ARG,
                      "%s: conv_in_kernel and conv_out_kernel must be odd "
                      "and positive",
                      c->config_path);
@@ -265,8 +264,8 @@ static bool read_config(dz_comp *c, ts_unet *u, unet_cfg *g) {
     if (mid && json_is_null(mid))
         return refuse(c, "mid_block_type", "null",
                       "\"UNetMidBlock2DCrossAttn\"");
-    int nd = block_types(c, "down_block_types", def_down, 4, down_types,
-                         g->down);
+    int nd =
+        block_types(c, "down_block_types", def_down, 4, down_types, g->down);
     if (nd < 0)
         return false;
     int nu = block_types(c, "up_block_types", def_up, 4, up_types, g->up);
@@ -281,7 +280,7 @@ static bool read_config(dz_comp *c, ts_unet *u, unet_cfg *g) {
         return false;
     }
     if (nd != nb || nu != nb) {
-        ts_set_error(c->ctx, TS_ERR_FORMAT,
+        ts_set_error(c->ctx, TS_ERR_INVALID_ARG,
                      "%s: down_block_types (%d), up_block_types (%d) and "
                      "block_out_channels (%d) must have as many entries",
                      c->config_path, nd, nu, nb);
@@ -289,9 +288,9 @@ static bool read_config(dz_comp *c, ts_unet *u, unet_cfg *g) {
     }
     for (int k = 0; k < nb; k++)
         if (g->boc[k] <= 0) {
-            ts_set_error(c->ctx, TS_ERR_FORMAT,
-                         "%s: block_out_channels[%d] is %lld",
-                         c->config_path, k, (long long)g->boc[k]);
+            ts_set_error(c->ctx, TS_ERR_INVALID_ARG,
+                         "%s: block_out_channels[%d] is %lld", c->config_path,
+                         k, (long long)g->boc[k]);
             return false;
         }
     g->n = nb;
@@ -368,7 +367,7 @@ static void load_xformer(dz_loader *L, xformer *x, const char *p, int64_t C,
                          int64_t groups, bool linear) {
     char nm[300];
     if (heads <= 0 || C / heads == 0) {
-        dz_fail(L, TS_ERR_FORMAT,
+        dz_fail(L, TS_ERR_INVALID_ARG,
                 "%s: %lld attention heads for the %lld channels of %s",
                 L->c->config_path, (long long)heads, (long long)C, p);
         return;
@@ -447,8 +446,7 @@ static void load_stages(dz_loader *L, ts_unet *u, const unet_cfg *g,
             return;
         for (int j = 0; j < s->n_res; j++) {
             snprintf(p, sizeof p, "down_blocks.%d.resnets.%d", i, j);
-            dz_resnet_load(L, &s->res[j], p, j ? out : in, out, T, G, eps,
-                           1.0);
+            dz_resnet_load(L, &s->res[j], p, j ? out : in, out, T, G, eps, 1.0);
             if (cross) {
                 snprintf(p, sizeof p, "down_blocks.%d.attentions.%d", i, j);
                 load_xformer(L, &s->attn[j], p, out, g->heads[i],
@@ -456,9 +454,8 @@ static void load_stages(dz_loader *L, ts_unet *u, const unet_cfg *g,
             }
         }
         if (i < nb - 1) {
-            s->sample_w = dz_kernel(L, out, out, 3,
-                                    "down_blocks.%d.downsamplers.0.conv.weight",
-                                    i);
+            s->sample_w = dz_kernel(
+                L, out, out, 3, "down_blocks.%d.downsamplers.0.conv.weight", i);
             s->sample_b =
                 dz_vec(L, out, "down_blocks.%d.downsamplers.0.conv.bias", i);
         }
@@ -554,7 +551,7 @@ ts_status ts_unet_load(ts_ctx *ctx, const char *dir,
     } else {
         u->n_stages = g.n * 2 + 3;
         if (opts && opts->split_block > 0 && opts->split_block >= u->n_stages)
-            dz_fail(&L, TS_ERR_INVALID,
+            dz_fail(&L, TS_ERR_INVALID_ARG,
                     "%s: split_block %d, but the UNet has %d blocks", dir,
                     opts->split_block, u->n_stages);
         else if (!(u->st = calloc((size_t)u->n_stages, sizeof *u->st)))
@@ -565,7 +562,7 @@ ts_status ts_unet_load(ts_ctx *ctx, const char *dir,
     u->bytes = c.bytes;
     dz_close(&c);
     if (L.failed) {
-        s = ts_ctx_status(ctx) ? ts_ctx_status(ctx) : TS_ERR_FORMAT;
+        s = ts_ctx_status(ctx) ? ts_ctx_status(ctx) : TS_ERR_INVALID_ARG;
         ts_unet_free(u);
         return s;
     }
@@ -581,15 +578,21 @@ void ts_unet_free(ts_unet *u) {
     free(u);
 }
 
-int ts_unet_num_blocks(const ts_unet *u) { return u ? u->n_stages : 0; }
-int64_t ts_unet_in_channels(const ts_unet *u) { return u ? u->in_ch : 0; }
+int ts_unet_num_blocks(const ts_unet *u) {
+    return u ? u->n_stages : 0;
+}
+int64_t ts_unet_in_channels(const ts_unet *u) {
+    return u ? u->in_ch : 0;
+}
 int64_t ts_unet_sample_size(const ts_unet *u) {
     return u ? u->sample_size : 0;
 }
 int64_t ts_unet_cross_attention_dim(const ts_unet *u) {
     return u ? u->cross_dim : 0;
 }
-size_t ts_unet_param_bytes(const ts_unet *u) { return u ? u->bytes : 0; }
+size_t ts_unet_param_bytes(const ts_unet *u) {
+    return u ? u->bytes : 0;
+}
 
 /* ---- forward ---- */
 
@@ -607,8 +610,8 @@ static ts_tensor *add_into(ts_tensor *x, ts_tensor *y) {
 static ts_tensor *tblock_forward(const tblock *b, ts_tensor *x, ts_tensor *ehs,
                                  int64_t heads) {
     ts_tensor *h = layernorm(x, b->n1_w, b->n1_b);
-    ts_tensor *a = dz_attention(h, NULL, heads, b->q1, NULL, b->k1, NULL,
-                                b->v1, NULL, b->o1_w, b->o1_b);
+    ts_tensor *a = dz_attention(h, NULL, heads, b->q1, NULL, b->k1, NULL, b->v1,
+                                NULL, b->o1_w, b->o1_b);
     ts_release(h);
     x = add_into(ts_retain(x), a);
     h = layernorm(x, b->n2_w, b->n2_b);
@@ -686,8 +689,7 @@ static bool check_inputs(ts_unet *u, ts_tensor *sample, ts_tensor *timestep,
                      "encoder_hidden_states are required");
         return false;
     }
-    if (ts_tensor_ndim(sample) != 4 ||
-        ts_tensor_dim(sample, 1) != u->in_ch ||
+    if (ts_tensor_ndim(sample) != 4 || ts_tensor_dim(sample, 1) != u->in_ch ||
         ts_tensor_dtype(sample) != TS_F32) {
         ts_set_error(ctx, TS_ERR_SHAPE,
                      "unet forward: sample must be f32 (B, %lld, H, W)",
@@ -766,8 +768,8 @@ ts_tensor *dz_unet_forward_blocks(ts_unet *u, ts_tensor *sample,
     ts_release(a1);
     ts_tensor *temb = emb ? ts_silu(emb) : NULL;
     ts_release(emb);
-    ts_tensor *h = x ? dz_conv(x, u->conv_in_w, u->conv_in_b, 1, u->conv_in_pad)
-                     : NULL;
+    ts_tensor *h =
+        x ? dz_conv(x, u->conv_in_w, u->conv_in_b, 1, u->conv_in_pad) : NULL;
     ts_release(x);
     x = h;
     skips[n_skips++] = x ? ts_retain(x) : NULL;
@@ -794,7 +796,8 @@ ts_tensor *dz_unet_forward_blocks(ts_unet *u, ts_tensor *sample,
                 skips[n_skips++] = x ? ts_retain(x) : NULL;
             }
             if (s->sample_w && x) {
-                h = dz_downsample(x, s->sample_w, s->sample_b, u->downsample_pad);
+                h = dz_downsample(x, s->sample_w, s->sample_b,
+                                  u->downsample_pad);
                 ts_release(x);
                 x = h;
                 skips[n_skips++] = x ? ts_retain(x) : NULL;

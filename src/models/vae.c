@@ -58,9 +58,8 @@ struct ts_vae {
 
 static bool refuse(dz_comp *c, const char *key, const char *value,
                    const char *supported) {
-    ts_set_error(c->ctx, TS_ERR_UNSUPPORTED,
-                 "%s: \"%s\" is %s (supported: %s)", c->config_path, key,
-                 value, supported);
+    ts_set_error(c->ctx, TS_ERR_UNSUPPORTED, "%s: \"%s\" is %s (supported: %s)",
+                 c->config_path, key, value, supported);
     return false;
 }
 
@@ -73,7 +72,7 @@ static bool block_types(dz_comp *c, const char *key, const char *want,
         snprintf(t[0], 64, "%s", want);
         /* Diffusers' default: one block, as block_out_channels' (64) */
         if (n_expect != 1) {
-            ts_set_error(c->ctx, TS_ERR_FORMAT,
+            ts_set_error(c->ctx, TS_ERR_INVALID_ARG,
                          "%s: \"%s\" is missing (block_out_channels has %d "
                          "entries)",
                          c->config_path, key, n_expect);
@@ -92,7 +91,7 @@ static bool block_types(dz_comp *c, const char *key, const char *want,
             return false;
         }
     if (n != n_expect) {
-        ts_set_error(c->ctx, TS_ERR_FORMAT,
+        ts_set_error(c->ctx, TS_ERR_INVALID_ARG,
                      "%s: \"%s\" has %d entries, block_out_channels %d",
                      c->config_path, key, n, n_expect);
         return false;
@@ -126,9 +125,9 @@ static bool read_config(dz_comp *c, ts_vae *v, bool *mid_attn, bool *quant,
     v->has_shift = sf && !json_is_null(sf);
     if (!dz_num(c, "shift_factor", 0, &v->shift))
         return false;
-    if (v->in_ch <= 0 || v->out_ch <= 0 || v->latent <= 0 ||
-        v->groups <= 0 || v->lpb <= 0) {
-        ts_set_error(c->ctx, TS_ERR_FORMAT,
+    if (v->in_ch <= 0 || v->out_ch <= 0 || v->latent <= 0 || v->groups <= 0 ||
+        v->lpb <= 0) {
+        ts_set_error(c->ctx, TS_ERR_INVALID_ARG,
                      "%s: in_channels, out_channels, latent_channels, "
                      "norm_num_groups and layers_per_block must be positive",
                      c->config_path);
@@ -141,9 +140,9 @@ static bool read_config(dz_comp *c, ts_vae *v, bool *mid_attn, bool *quant,
     }
     for (int k = 0; k < v->n; k++)
         if (v->boc[k] <= 0) {
-            ts_set_error(c->ctx, TS_ERR_FORMAT,
-                         "%s: block_out_channels[%d] is %lld",
-                         c->config_path, k, (long long)v->boc[k]);
+            ts_set_error(c->ctx, TS_ERR_INVALID_ARG,
+                         "%s: block_out_channels[%d] is %lld", c->config_path,
+                         k, (long long)v->boc[k]);
             return false;
         }
     return block_types(c, "down_block_types", "DownEncoderBlock2D", v->n) &&
@@ -220,8 +219,8 @@ static void load_all(dz_loader *L, ts_vae *v, bool mid_attn, bool quant,
         }
         if (i < n - 1) {
             b->sample_w = dz_kernel(
-                L, out, out, 3, "encoder.down_blocks.%d.downsamplers.0.conv.weight",
-                i);
+                L, out, out, 3,
+                "encoder.down_blocks.%d.downsamplers.0.conv.weight", i);
             b->sample_b = dz_vec(
                 L, out, "encoder.down_blocks.%d.downsamplers.0.conv.bias", i);
         }
@@ -254,13 +253,13 @@ static void load_all(dz_loader *L, ts_vae *v, bool mid_attn, bool quant,
             return;
         for (int j = 0; j < b->n_res; j++) {
             snprintf(p, sizeof p, "decoder.up_blocks.%d.resnets.%d", i, j);
-            dz_resnet_load(L, &b->res[j], p, j ? out : prev, out, 0, G,
-                           VAE_EPS, 1.0);
+            dz_resnet_load(L, &b->res[j], p, j ? out : prev, out, 0, G, VAE_EPS,
+                           1.0);
         }
         if (i < n - 1) {
-            b->sample_w = dz_kernel(
-                L, out, out, 3, "decoder.up_blocks.%d.upsamplers.0.conv.weight",
-                i);
+            b->sample_w =
+                dz_kernel(L, out, out, 3,
+                          "decoder.up_blocks.%d.upsamplers.0.conv.weight", i);
             b->sample_b = dz_vec(
                 L, out, "decoder.up_blocks.%d.upsamplers.0.conv.bias", i);
         }
@@ -296,7 +295,7 @@ ts_status ts_vae_load(ts_ctx *ctx, const char *dir,
     v->bytes = c.bytes;
     dz_close(&c);
     if (L.failed) {
-        s = ts_ctx_status(ctx) ? ts_ctx_status(ctx) : TS_ERR_FORMAT;
+        s = ts_ctx_status(ctx) ? ts_ctx_status(ctx) : TS_ERR_INVALID_ARG;
         ts_vae_free(v);
         return s;
     }
@@ -313,11 +312,21 @@ void ts_vae_free(ts_vae *v) {
     free(v);
 }
 
-double ts_vae_scaling_factor(const ts_vae *v) { return v ? v->scaling : 0; }
-double ts_vae_shift_factor(const ts_vae *v) { return v ? v->shift : 0; }
-int64_t ts_vae_latent_channels(const ts_vae *v) { return v ? v->latent : 0; }
-int ts_vae_downscale(const ts_vae *v) { return v ? 1 << (v->n - 1) : 0; }
-size_t ts_vae_param_bytes(const ts_vae *v) { return v ? v->bytes : 0; }
+double ts_vae_scaling_factor(const ts_vae *v) {
+    return v ? v->scaling : 0;
+}
+double ts_vae_shift_factor(const ts_vae *v) {
+    return v ? v->shift : 0;
+}
+int64_t ts_vae_latent_channels(const ts_vae *v) {
+    return v ? v->latent : 0;
+}
+int ts_vae_downscale(const ts_vae *v) {
+    return v ? 1 << (v->n - 1) : 0;
+}
+size_t ts_vae_param_bytes(const ts_vae *v) {
+    return v ? v->bytes : 0;
+}
 
 /* ---- forward ---- */
 
@@ -388,7 +397,9 @@ static bool check_image(ts_vae *v, ts_tensor *x, int64_t ch, int64_t mult,
     return true;
 }
 
-int dz_vae_stages(const ts_vae *v) { return v ? v->n + 3 : 0; }
+int dz_vae_stages(const ts_vae *v) {
+    return v ? v->n + 3 : 0;
+}
 
 static void keep_stage(ts_tensor **out, int k, ts_tensor *x) {
     if (out)
