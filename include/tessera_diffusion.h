@@ -64,6 +64,10 @@ ts_tensor *ts_vae_decode(ts_vae *v, ts_tensor *latents);
 ts_status ts_vae_encode(ts_vae *v, ts_tensor *image, ts_tensor **mean,
                         ts_tensor **logvar);
 double ts_vae_scaling_factor(const ts_vae *v); /* config's, default 0.18215 */
+/* config's shift_factor, 0 when null. AutoencoderKL itself does not apply
+ * it; a pipeline does (SD3, Flux): latents / scaling + shift to decode,
+ * (mean - shift) * scaling after encoding. */
+double ts_vae_shift_factor(const ts_vae *v);
 int64_t ts_vae_latent_channels(const ts_vae *v);
 int ts_vae_downscale(const ts_vae *v); /* f */
 size_t ts_vae_param_bytes(const ts_vae *v);
