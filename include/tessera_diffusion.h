@@ -181,6 +181,80 @@ const char *ts_scheduler_prediction_type(const ts_scheduler *s);
 
 /* ---- pipeline ----------------------------------------------------------- */
 
+/* A pipeline folder as Diffusers saves it: model_index.json names the
+ * pipeline class and its components. Text-to-image (and image-to-image)
+ * pipelines have text_encoder, tokenizer, unet, vae and scheduler;
+ * class-conditional ones (DiTPipeline) transformer, scheduler, an optional
+ * vae (without one the model works on pixels) and id2label. */
+typedef struct ts_pipeline ts_pipeline;
+
+/* Where the components run.
+ *   devices: the devices "balanced" spreads over, "cpu:0,cpu:1" (NULL:
+ *     every host device the map names, else the context's device);
+ *   device_map: NULL or "" — every component on the context's device;
+ *     "balanced" — components, largest first, each onto the device with
+ *     the fewest bytes placed so far (Diffusers' pipeline-level
+ *     device_map="balanced");
+ *     "unet=cpu:1,vae=cpu:0,text_encoder=cpu:0" — per component (unnamed
+ *     ones on the first device); "unet=cpu:0+cpu:1" splits the UNet's
+ *     blocks over two devices at the parameter-bytes midpoint,
+ *     "unet=cpu:0+cpu:1@4" at block 4.
+ *   cfg_parallel: the conditional and unconditional branches of
+ *     classifier-free guidance each on their own device (the denoiser
+ *     replicated onto the second of `devices`);
+ *   batch_devices > 1: the images of a batch split over that many of
+ *     `devices`, a replica of the denoiser on each. */
+typedef struct {
+    ts_dtype dtype; /* weights: TS_F32 (default) or TS_BF16 */
+    const char *devices;
+    const char *device_map;
+    bool cfg_parallel;
+    int batch_devices;
+} ts_pipeline_opts;
+
+ts_status ts_pipeline_load(ts_ctx *ctx, const char *dir,
+                           const ts_pipeline_opts *opts, ts_pipeline **out);
+void ts_pipeline_free(ts_pipeline *p);
+/* true: class-conditional (DiT); false: text-conditional */
+bool ts_pipeline_is_class_conditional(const ts_pipeline *p);
+/* The class id of a label: a number, or a name of id2label (each label's
+ * comma-separated synonyms; case-sensitive first, then not); -1 (with the
+ * error naming the label) when none matches. */
+int ts_pipeline_class_id(ts_pipeline *p, const char *label);
+int ts_pipeline_num_classes(const ts_pipeline *p);
+/* Default output size (sample_size times the VAE's factor). */
+void ts_pipeline_default_size(const ts_pipeline *p, int *width, int *height);
+/* Where each component landed, one line each ("unet: cpu:0 (12.3 MB)"),
+ * into buf. */
+void ts_pipeline_describe(const ts_pipeline *p, char *buf, size_t cap);
+
+/* Called after each denoising step (i from 1 to n). */
+typedef void (*ts_diffusion_progress_fn)(void *arg, int i, int n);
+
+typedef struct {
+    const char *prompt;          /* text-conditional */
+    const char *negative_prompt; /* NULL: "" */
+    int class_id;                /* class-conditional */
+    int num_images;              /* 0: 1 */
+    int steps;                   /* 0: 25 */
+    double guidance;             /* <= 1: no classifier-free guidance */
+    uint64_t seed;
+    int width, height;       /* 0: the default size */
+    const char *scheduler;   /* NULL: the folder's; "ddim", "euler", "dpm++2m" */
+    ts_tensor *init_image;   /* image-to-image: (C, H, W) or (B, C, H, W)
+                                in [0, 1], or NULL */
+    double strength;         /* image-to-image: 0 < strength <= 1 */
+    ts_tensor *latents;      /* initial noise (B, C, h, w), or NULL */
+    bool latents_only;       /* skip the VAE: *images gets the latents */
+    ts_diffusion_progress_fn progress;
+    void *progress_arg;
+} ts_diffusion_request;
+
+/* Runs the pipeline: *images (B, C, H, W) f32 in [0, 1] on the host
+ * device (or the final latents with latents_only). */
+ts_status ts_pipeline_generate(ts_pipeline *p, const ts_diffusion_request *r,
+                               ts_tensor **images);
+
 #ifdef __cplusplus
 }
 #endif
