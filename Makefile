@@ -9,7 +9,7 @@ BUILD_SAN  ?= build-san
 JOBS       ?= $(shell nproc)
 APT_PKGS   := build-essential cmake pkg-config libopenblas-pthread-dev \
               libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev \
-              libmicrohttpd-dev libcurl4-openssl-dev \
+              libmicrohttpd-dev libcurl4-openssl-dev libpng-dev \
               libopenmpi-dev openmpi-bin bible-kjv bible-kjv-text \
               python3 python3-torch python3-numpy python3-jinja2 \
               libvulkan-dev glslc mesa-vulkan-drivers vulkan-validationlayers \

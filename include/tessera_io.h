@@ -248,6 +248,33 @@ ts_status ts_config_load(ts_ctx *ctx, const char *path, ts_model_config *out);
 /* The family's model_type ("qwen3", ..., "gemma3_text"), or "unknown". */
 const char *ts_arch_name(ts_arch a);
 
+/* ---- images and arrays -------------------------------------------------- */
+
+/* PNG (libpng): any bit depth and color type -> (C, H, W) f32 in [0, 1],
+ * C = 1 (gray; gray+alpha with alpha dropped) or 3 (RGB, RGBA with alpha
+ * dropped, palette expanded); 16-bit samples divided by 65535, others by
+ * 255 (1/2/4-bit gray scaled to 8 bits first). Not a PNG, truncated,
+ * corrupt, or over 2^28 pixels: NULL with an error naming the file. */
+ts_tensor *ts_png_read(ts_ctx *ctx, const char *path);
+/* img (C, H, W), C 1 or 3, any float dtype, values in [0, 1] -> an 8-bit
+ * gray or RGB PNG, each value clamped to [0, 1] and rounded as
+ * Diffusers/PIL do ((x * 255).round(), half to even; NaN -> 0). Written
+ * atomically (a temporary file renamed over path). */
+ts_status ts_png_write(ts_ctx *ctx, const char *path, ts_tensor *img);
+/* As ts_png_write, into memory: *out (malloc'd, the caller frees) holds
+ * *n bytes of PNG file. */
+ts_status ts_png_encode(ts_ctx *ctx, ts_tensor *img, unsigned char **out,
+                        size_t *n);
+
+/* NumPy .npy (format 1.0, 2.0, 3.0), C order, little-endian: '<f4' -> f32,
+ * '<f8' and '<f2' -> f32 (converted), '<i8' -> i64, '<i4' -> i32; 0-d to
+ * TS_MAX_DIMS dims. fortran_order True, another dtype (named), a bad magic
+ * or a short file: NULL with an error naming the file and the fault. */
+ts_tensor *ts_npy_read(ts_ctx *ctx, const char *path);
+/* t as '<f4' (f32; bf16 and f16 converted to f32), '<i8' (i64) or '<i4'
+ * (i32), format 1.0 (2.0 when the header needs it), written atomically. */
+ts_status ts_npy_write(ts_ctx *ctx, const char *path, ts_tensor *t);
+
 #ifdef __cplusplus
 }
 #endif

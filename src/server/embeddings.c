@@ -171,31 +171,39 @@ static int add_all(hreq *r, const input *ins, char *msg, size_t cap) {
 static const char B64[] =
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
+char *srv_base64(const unsigned char *b, size_t n) {
+    char *o = malloc((n + 2) / 3 * 4 + 1);
+    if (!o)
+        return NULL;
+    size_t w = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t x = (uint32_t)b[i] << 16 |
+                     (i + 1 < n ? (uint32_t)b[i + 1] << 8 : 0) |
+                     (i + 2 < n ? b[i + 2] : 0);
+        o[w++] = B64[x >> 18 & 63];
+        o[w++] = B64[x >> 12 & 63];
+        o[w++] = i + 1 < n ? B64[x >> 6 & 63] : '=';
+        o[w++] = i + 2 < n ? B64[x & 63] : '=';
+    }
+    o[w] = 0;
+    return o;
+}
+
 /* v's float32 bytes, little-endian, in base64 */
 static json_t *base64_floats(const float *v, int64_t d) {
     size_t n = (size_t)d * 4;
     unsigned char *b = malloc(n ? n : 1);
-    char *o = malloc((n + 2) / 3 * 4 + 1);
+    char *o = NULL;
     json_t *j = NULL;
-    if (b && o) {
+    if (b) {
         for (int64_t i = 0; i < d; i++) {
             uint32_t u;
             memcpy(&u, &v[i], 4);
             for (int k = 0; k < 4; k++)
                 b[4 * i + k] = (unsigned char)(u >> (8 * k));
         }
-        size_t w = 0;
-        for (size_t i = 0; i < n; i += 3) {
-            uint32_t x = (uint32_t)b[i] << 16 |
-                         (i + 1 < n ? (uint32_t)b[i + 1] << 8 : 0) |
-                         (i + 2 < n ? b[i + 2] : 0);
-            o[w++] = B64[x >> 18 & 63];
-            o[w++] = B64[x >> 12 & 63];
-            o[w++] = i + 1 < n ? B64[x >> 6 & 63] : '=';
-            o[w++] = i + 2 < n ? B64[x & 63] : '=';
-        }
-        o[w] = 0;
-        j = json_string(o);
+        if ((o = srv_base64(b, n)))
+            j = json_string(o);
     }
     free(b), free(o);
     return j ? j : json_string("");

@@ -207,6 +207,17 @@ json_t *srv_send_prefill(hreq *r);
  * streamed ones too */
 void srv_cors_headers(struct MHD_Connection *c, struct MHD_Response *resp);
 
+/* ---- embeddings.c ---- */
+/* n bytes in base64 (malloc'd, NUL-terminated), or NULL */
+char *srv_base64(const unsigned char *b, size_t n);
+
+/* ---- images.c: a diffusion pipeline's server ---- */
+/* model_dir holds a Diffusers pipeline (model_index.json) */
+bool srv_is_pipeline(const char *model_dir);
+/* serves /v1/images/generations (and /health, /v1/models, /metrics) for
+ * the pipeline in o->model_dir until a signal or ts_server_stop */
+int srv_images_run(const ts_server_options *o);
+
 /* ---- metrics.c ---- */
 enum MHD_Result srv_metrics(struct MHD_Connection *c);
 /* a request's end (MHD's completed callback): its metrics and log line */
