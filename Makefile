@@ -11,7 +11,7 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-pthread-dev \
               libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev \
               libmicrohttpd-dev libcurl4-openssl-dev libpng-dev \
               libopenmpi-dev openmpi-bin bible-kjv bible-kjv-text \
-              python3 python3-torch python3-numpy python3-jinja2 \
+              python3 python3-torch python3-numpy python3-jinja2 python3-pil \
               libvulkan-dev glslc mesa-vulkan-drivers vulkan-validationlayers \
               chromium python3-jsonschema tmux libdlpack-dev python3-venv python3-pip python3-setuptools \
               qemu-user
