@@ -221,6 +221,35 @@ typedef struct {
 ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                        ts_train_result *res);
 
+/* ---- glyph images (src/train/glyphs.c) ------------------------------------
+ * A data set for small image models: the 62 classes 0-9, A-Z, a-z (class
+ * k is ts_glyphs_char(k)) rendered with FreeType as 32 x 32 grayscale
+ * images in [-1, 1] (background -1, ink +1), from every .ttf/.otf font
+ * under a folder (default /usr/share/fonts) that has all 62 glyphs, in
+ * sorted path order so a seed gives the same set everywhere the same
+ * fonts are installed. A glyph keeps its place on the baseline (a 'p'
+ * descends, an 'o' is smaller than an 'O'): the em is 26 px x scale,
+ * the baseline 16 + 6.5 px x scale below the top, the ink box centred
+ * horizontally; dx, dy shift it by pixels (fractions allowed). */
+#define TS_GLYPHS_CLASSES 62
+#define TS_GLYPHS_SIZE    32
+typedef struct ts_glyphs ts_glyphs;
+ts_status ts_glyphs_open(ts_ctx *ctx, const char *font_dir_or_null,
+                         ts_glyphs **out);
+void ts_glyphs_close(ts_glyphs *g); /* NULL is fine */
+int ts_glyphs_num_fonts(const ts_glyphs *g);
+const char *ts_glyphs_font_path(const ts_glyphs *g, int font);
+/* One image, 32 x 32 floats row-major, into out. */
+ts_status ts_glyphs_render(ts_glyphs *g, int cls, int font, double dx,
+                           double dy, double scale, float *out);
+/* n samples from seed: class and font uniform, shifts uniform in
+ * [-2, 2] px, scale uniform in [0.85, 1.15]; images n x 32 x 32 and
+ * labels n. Sample i depends only on (seed, i). */
+ts_status ts_glyphs_batch(ts_glyphs *g, uint64_t seed, int n, float *images,
+                          int64_t *labels);
+int ts_glyphs_class_of(char c); /* -1 when c is not one of the 62 */
+char ts_glyphs_char(int cls);   /* 0 when out of range */
+
 #ifdef __cplusplus
 }
 #endif
