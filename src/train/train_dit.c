@@ -441,13 +441,22 @@ ts_status ts_dit_train_run(ts_ctx *ctx, const ts_dit_train_options *o,
         st = ts_set_error(ctx, TS_ERR_IO, "cannot write %s: %s", logp,
                           strerror(errno));
     bool quiet = o->quiet || r.rank != 0;
+    char peak_desc[512];
+    if (o->peak > 0)
+        snprintf(peak_desc, sizeof peak_desc,
+                 "peak %.1f GFLOP/s (given by --peak-gflops)", peak / 1e9);
+    else
+        snprintf(peak_desc, sizeof peak_desc,
+                 "peak %.1f GFLOP/s = %d core(s) x %.2f GHz x %g FLOP/cycle "
+                 "(%s) on %s",
+                 peak / 1e9, pk.cores * r.world, pk.clock_hz / 1e9,
+                 pk.flops_per_cycle, pk.isa, pk.cpu);
     if (st == TS_OK && !quiet)
         fprintf(stderr,
                 "train --dit: %lld parameters, D %lld, %lld layers, %lld "
                 "heads, patch %lld (%lld tokens per image), %d fonts x 62 "
                 "classes, batch %lld%s, %s, %s, %.2f GFLOP per image (forward "
-                "+ backward); peak %.1f GFLOP/s = %d core(s) x %.2f GHz x %g "
-                "FLOP/cycle (%s) on %s\n",
+                "+ backward); %s\n",
                 (long long)n_all,
                 (long long)(o->num_attention_heads * o->attention_head_dim),
                 (long long)o->num_layers, (long long)o->num_attention_heads,
@@ -456,8 +465,7 @@ ts_status ts_dit_train_run(ts_ctx *ctx, const ts_dit_train_options *o,
                 r.world > 1 ? " (data parallel)" : "",
                 o->eager ? "eager" : "compiled",
                 o->bf16 ? "bf16 matrices, f32 masters" : "f32", fpi / 1e9,
-                peak / 1e9, pk.cores * r.world, pk.clock_hz / 1e9,
-                pk.flops_per_cycle, pk.isa, pk.cpu);
+                peak_desc);
     if (st == TS_OK)
         ts_set_mode(ctx, o->eager ? TS_MODE_EAGER : TS_MODE_COMPILED);
     double t0 = now_s(), timed_s = 0, win_s = 0;
