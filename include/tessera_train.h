@@ -271,7 +271,7 @@ typedef struct {
     const char *font_dir; /* NULL: /usr/share/fonts */
     int64_t steps, batch, warmup, log_every, save_every;
     double lr, min_lr, weight_decay, clip, beta1, beta2;
-    double ema;             /* EMA decay (0: none, the raw weights saved) */
+    double ema; /* EMA decay, warmed up (0: none, the raw weights saved) */
     double class_dropout;   /* 0.1 */
     uint64_t seed;
     bool eager;             /* else compiled */

@@ -11,7 +11,8 @@
  * is host-made anyway), the label dropped to the null class with
  * probability class_dropout; loss = mean((DiT(x_t, t, y)[:, :C] - eps)^2);
  * backward; gradients averaged over the ranks; one clipped AdamW update;
- * the EMA moved toward the new weights. */
+ * the EMA moved toward the new weights (its decay warmed up as Diffusers'
+ * EMAModel does: min(ema, (1 + k) / (10 + k)) at the k-th update). */
 #define _GNU_SOURCE
 #include "tessera_diffusion.h"
 #include "tessera_nn.h"
@@ -289,7 +290,10 @@ static ts_status train_step(run *r, int64_t step, double *loss, double *gnorm) {
     for (int i = 0; st == TS_OK && r->ema && i < r->n_params; i++) {
         const float *p = ts_tensor_data(r->params[i]);
         float *e = r->ema[i];
-        float dec = (float)o->ema;
+        /* warmed up as Diffusers' EMAModel: min(ema, (1 + k) / (10 + k))
+         * after k + 1 updates, so the initial weights fade out early */
+        double warm = (1.0 + (double)step) / (10.0 + (double)step);
+        float dec = (float)(o->ema < warm ? o->ema : warm);
         int64_t n = ts_tensor_numel(r->params[i]);
         for (int64_t k = 0; k < n; k++)
             e[k] = dec * e[k] + (1 - dec) * p[k];
