@@ -9,8 +9,10 @@
  * The bar: the requested character at least 80% of the time, counting
  * the pairs that are the same shape in many fonts (o O 0, s S, c C, x X,
  * z Z, v V, w W, 1 l I) as one; the strict rate is printed beside it.
- * argv[1]: the pipeline folder (models/glyphs-dit). TS_GLYPHS_DUMP=FILE
- * writes the samples as a PGM grid (a row per seed). */
+ * argv[1]: the pipeline folder (models/glyphs-dit; without it only the
+ * data set is checked). TS_GLYPHS_DUMP=FILE writes the samples as a PGM
+ * grid (a row per seed), TS_GLYPHS_GUIDANCE the guidance scale (4.0,
+ * DiTPipeline's default), TS_GLYPHS_MIN_RATE the bar (0.80). */
 #include "tessera_diffusion.h"
 #include "tessera_train.h"
 #include "test_util.h"
@@ -59,7 +61,8 @@ static void test_render(ts_ctx *ctx, ts_glyphs *g) {
             if (!(mn == -1 && mx > 0 && mx <= 1))
                 fprintf(stderr, "font %s class '%c': range [%g, %g]\n",
                         ts_glyphs_font_path(g, f), ts_glyphs_char(k), mn, mx);
-            CHECK(mn == -1 && mx > 0 && mx <= 1); /* ink (ExtraLight strokes are faint) */
+            CHECK(mn == -1 && mx > 0 &&
+                  mx <= 1); /* ink (ExtraLight strokes are faint) */
         }
     CHECK_OK(ctx, ts_glyphs_render(g, 17, 0, 0.5, -0.5, 1.1, a));
     CHECK_OK(ctx, ts_glyphs_render(g, 17, 0, 0.5, -0.5, 1.1, b));
@@ -234,7 +237,15 @@ static void test_quality(ts_ctx *ctx, ts_glyphs *g, const char *folder) {
            "neighbour among %d renders: %.1f%% the requested character, "
            "%.1f%% counting same-shape pairs; misses:%s\n",
            total, guidance, nref, 100 * strict, 100 * loose, miss);
-    CHECK(loose >= 0.80);
+    /* the bar, 0.80; TS_GLYPHS_MIN_RATE sets another */
+    const char *mr = getenv("TS_GLYPHS_MIN_RATE");
+    double bar = mr ? atof(mr) : 0.80;
+    if (!(loose >= bar))
+        fprintf(stderr,
+                "glyphs-dit: %.1f%% (same-shape pairs counted) is below the "
+                "bar of %.0f%%\n",
+                100 * loose, 100 * bar);
+    CHECK(loose >= bar);
     const char *dump = getenv("TS_GLYPHS_DUMP");
     FILE *f = dump ? fopen(dump, "wb") : NULL;
     if (f) {
