@@ -577,11 +577,16 @@ static bool train_opt(ts_train_options *o, const char *key, const char *v,
 }
 
 static int tessera_train_dit(int argc, char **argv);
+static const cli_cmd TRAIN_DIT_CMD;
 
 int tessera_train(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--dit"))
+    /* the DiT form: --dit, or an option only it has */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--dit") || !strncmp(a, "--dit-config", 12) ||
+            !strncmp(a, "--fonts", 7) || !strncmp(a, "--ema", 5))
             return tessera_train_dit(argc, argv);
+    }
     ts_train_options o = ts_train_default_options();
     json_t *cfg = NULL;
     for (int i = 1; i < argc; i++) {
@@ -589,6 +594,8 @@ int tessera_train(int argc, char **argv) {
         bool used = false;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             cli_help(&TRAIN_CMD, stdout);
+            fputs("\nThe DiT form (train --dit):\n\n", stdout);
+            cli_help(&TRAIN_DIT_CMD, stdout);
             json_decref(cfg);
             return 0;
         }
@@ -836,6 +843,11 @@ static int tessera_train_dit(int argc, char **argv) {
     cli_parser p;
     cli_val v;
     int id;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            cli_help(c, stdout);
+            return 0;
+        }
     cli_begin(&p, c, argc, argv);
     while ((id = cli_next(&p, &v)) != CLI_END) {
         char err[512] = "";
