@@ -112,6 +112,10 @@ typedef struct {
         num_attention_heads, attention_head_dim,
         num_classes; /* num_embeds_ada_norm */
     bool learn_sigma;
+    /* the class tables' init std (0: DiT's 0.02); a short training run
+     * learns the class far sooner from a table of std 1 (nn.Embedding's
+     * default), whose rows stand out from the time embedding at once */
+    double class_embed_std;
 } ts_dit_config;
 ts_status ts_dit_new(ts_ctx *ctx, const ts_dit_config *cfg, uint64_t seed,
                      ts_dit **out);

@@ -280,6 +280,7 @@ typedef struct {
     /* min-SNR-gamma loss weights (Hang et al. 2023): each image's noise
      * error times min(SNR_t, gamma) / SNR_t; 0: unweighted */
     double snr_gamma;
+    double class_init_std; /* the class tables' init std (0: DiT's 0.02) */
     uint64_t seed;
     bool eager;             /* else compiled */
     bool bf16;              /* bf16 compute copies, f32 masters */

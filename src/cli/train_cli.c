@@ -586,7 +586,8 @@ int tessera_train(int argc, char **argv) {
         if (!strcmp(a, "--dit") || !strncmp(a, "--dit-config", 12) ||
             !strncmp(a, "--fonts", 7) || !strncmp(a, "--ema", 5) ||
             !strncmp(a, "--beta-schedule", 15) ||
-            !strncmp(a, "--snr-gamma", 11))
+            !strncmp(a, "--snr-gamma", 11) ||
+            !strncmp(a, "--class-init-std", 16))
             return tessera_train_dit(argc, argv);
     }
     ts_train_options o = ts_train_default_options();
@@ -740,6 +741,7 @@ enum {
     D_PEAK,
     D_BETAS,
     D_SNR,
+    D_CLASS_STD,
 };
 
 static const cli_opt TRAIN_DIT_OPTS[] = {
@@ -790,6 +792,9 @@ static const cli_opt TRAIN_DIT_OPTS[] = {
      .help = "the DDPM schedule's betas (written to the scheduler config)"},
     {D_SNR, "--snr-gamma", CLI_NUM, "G", 0, 1e6, .def = "0 (unweighted)",
      .help = "min-SNR loss weights: min(SNR, G) / SNR per image"},
+    {D_CLASS_STD, "--class-init-std", CLI_NUM, "S", 0, 100,
+     .def = "0 (DiT's 0.02)",
+     .help = "the class tables' initial std (1: nn.Embedding's)"},
     {0},
 };
 
@@ -910,6 +915,9 @@ static int tessera_train_dit(int argc, char **argv) {
             break;
         case D_SNR:
             o.snr_gamma = v.num;
+            break;
+        case D_CLASS_STD:
+            o.class_init_std = v.num;
             break;
         case D_SEED:
             o.seed = (uint64_t)v.i;

@@ -343,7 +343,10 @@ ts_status ts_dit_new(ts_ctx *ctx, const ts_dit_config *cfg, uint64_t seed,
         if (s.init == INIT_ZERO) {
             t = ts_zeros(ctx, TS_F32, s.nd, s.shape);
         } else if (s.init == INIT_NORMAL) {
-            t = ts_randn(ctx, TS_F32, s.nd, s.shape, 0.02, sd);
+            bool table = strstr(s.name, "class_embedder") != NULL;
+            double sdv =
+                table && cfg->class_embed_std > 0 ? cfg->class_embed_std : 0.02;
+            t = ts_randn(ctx, TS_F32, s.nd, s.shape, sdv, sd);
         } else { /* xavier_uniform_: fan_in x fan_out of the 2-D view */
             double fan_out = (double)s.shape[0], fan_in = 1;
             for (int k = 1; k < s.nd; k++)

@@ -412,7 +412,8 @@ ts_status ts_dit_train_run(ts_ctx *ctx, const ts_dit_train_options *o,
                          .num_layers = o->num_layers,
                          .num_attention_heads = o->num_attention_heads,
                          .attention_head_dim = o->attention_head_dim,
-                         .num_classes = TS_GLYPHS_CLASSES};
+                         .num_classes = TS_GLYPHS_CLASSES,
+                         .class_embed_std = o->class_init_std};
     st = mkdir_one(ctx, o->out_dir);
     if (st == TS_OK)
         st = ts_glyphs_open(ctx, o->font_dir, &r.g);
