@@ -392,6 +392,16 @@ ts_status ts_pipeline_load(ts_ctx *ctx, const char *dir,
             (s = ts_clip_text_load(ctx, d, &o, &p->text)))
             goto done;
         p->bytes[C_TEXT] = ts_clip_text_param_bytes(p->text);
+        if (ts_unet_cross_attention_dim(p->unet[0]) !=
+            ts_clip_text_hidden_size(p->text)) {
+            s = ts_set_error(ctx, TS_ERR_SHAPE,
+                             "%s: the unet's cross_attention_dim (%lld) is "
+                             "not the text_encoder's hidden_size (%lld)",
+                             dir,
+                             (long long)ts_unet_cross_attention_dim(p->unet[0]),
+                             (long long)ts_clip_text_hidden_size(p->text));
+            goto done;
+        }
         if ((s = sub_dir(p, "tokenizer", d)) ||
             (s = ts_tokenizer_load(ctx, d, &p->tok)))
             goto done;
