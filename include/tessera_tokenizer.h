@@ -78,6 +78,31 @@ ts_status ts_tokenizer_decode_step(ts_tokenizer *tok, ts_detok_state *st,
                                    int32_t id, char *out, size_t out_cap,
                                    size_t *out_len);
 
+/* ---- CLIP's tokenizer (Stable Diffusion's tokenizer/ folder) -------------
+ * ts_tokenizer_load takes a folder with vocab.json + merges.txt (and
+ * tokenizer_config.json, special_tokens_map.json) and no tokenizer.json
+ * as Hugging Face's CLIPTokenizerFast converts them (NFC, whitespace runs
+ * to one space, lower case; CLIP's regex; BPE with `</w>` ending a word;
+ * <|startoftext|> text <|endoftext|>), or CLIP's tokenizer.json, to the
+ * same ids. Decoding turns `</w>` into a space and strips the text's ends
+ * (the streaming decoder keeps a trailing space). The pad token is
+ * tokenizer_config.json's (else special_tokens_map.json's, else
+ * tokenizer.json's padding) "pad_token": SD 1.x <|endoftext|>, SD 2.x "!"
+ * (an added special token there, as in transformers: a "!" in the text
+ * becomes it). */
+
+/* tokenizer(text, padding="max_length", max_length=max_length,
+ * truncation=True): the post-processor's tokens (bos) + the text's tokens
+ * cut so that the closing ones (eos) fit + those, then the pad token up to
+ * max_length. ids has max_length entries; *n_valid: the count before the
+ * padding. No pad token, or a max_length without room for the special
+ * tokens, is an error. */
+ts_status ts_tokenizer_encode_padded(ts_tokenizer *tok, const char *text,
+                                     size_t len, int max_length, int32_t *ids,
+                                     int32_t *n_valid);
+/* The pad token's id, or -1 when the tokenizer has none. */
+int32_t ts_tokenizer_pad_id(const ts_tokenizer *tok);
+
 /* ---- training a tokenizer ---------------------------------------------- */
 
 typedef struct {

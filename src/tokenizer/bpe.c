@@ -11,14 +11,19 @@
  * heap, so long words stay n log n), added and special tokens matched
  * before everything else (a trie; lstrip/rstrip), ids checked at load
  * (one token an id, tables sized near the entry count), and a streaming
- * decoder that only emits whole UTF-8 characters. Owns the vocabulary and
- * merge tables; knows nothing of models (ts_tokenizer_check_vocab is
- * handed a model's vocab_size). */
+ * decoder that only emits whole UTF-8 characters. CLIP's tokenizer: the
+ * BPE end_of_word_suffix (`</w>` on a word's last symbol, a space when
+ * decoded), RobertaProcessing's tokens around a text, and a folder with
+ * only vocab.json + merges.txt (clip_bpe.c writes its tokenizer.json);
+ * the pad token of tokenizer_config.json for ts_tokenizer_encode_padded.
+ * Owns the vocabulary and merge tables; knows nothing of models
+ * (ts_tokenizer_check_vocab is handed a model's vocab_size). */
 #define _GNU_SOURCE       /* memmem */
 #include "tessera_gguf.h" /* ts_tokenizer_load_text */
 #include "tessera_tokenizer.h"
 
 #include "bytelevel.h"
+#include "clip_bpe.h"
 #include "core/core.h"
 #include "core/strbuf.h"
 
@@ -203,6 +208,11 @@ struct ts_tokenizer {
     int n_split;
     bool ignore_merges; /* a word that is a token is that token */
     bool add_prefix_space;
+    /* BPE end_of_word_suffix (CLIP's `</w>`): joined to a word's last
+     * symbol; a space when decoded, the decoded text then stripped */
+    char *eow;
+    size_t eow_len;
+    int32_t pad_id; /* tokenizer_config.json's pad_token, or -1 */
     uint32_t byte_to_cp[256];
     int16_t cp_to_byte[512];
 };
@@ -230,7 +240,7 @@ void ts_tokenizer_free(ts_tokenizer *t) {
         free(t->norm[i].a), free(t->norm[i].b);
         pcre2_code_free(t->norm[i].re);
     }
-    free(t->dec_from), free(t->dec_to);
+    free(t->dec_from), free(t->dec_to), free(t->eow);
     free(t->added_trie.keys), free(t->added_trie.child),
         free(t->added_trie.term);
     for (int i = 0; i < t->n_split; i++)
@@ -458,14 +468,31 @@ static const added_token *trie_match(const ts_tokenizer *t, const char *p,
  * <|begin_of_text|>); ByteLevel adds none; Sequence of those. */
 static ts_status parse_post_step(ts_tokenizer *t, const char *file, json_t *p) {
     const char *type = json_string_value(json_object_get(p, "type"));
-    if (type &&
-        (!strcmp(type, "ByteLevel") || !strcmp(type, "RobertaProcessing") ||
-         !strcmp(type, "BertProcessing")))
-        return TS_OK; /* offsets only, or pairs we do not encode */
+    if (type && !strcmp(type, "ByteLevel"))
+        return TS_OK; /* offsets only */
+    if (type && (!strcmp(type, "RobertaProcessing") ||
+                 !strcmp(type, "BertProcessing"))) {
+        /* cls text sep (CLIP: <|startoftext|> text <|endoftext|>); the
+         * tokens as ["content", id] pairs */
+        json_t *cls = json_array_get(json_object_get(p, "cls"), 1),
+               *sep = json_array_get(json_object_get(p, "sep"), 1);
+        json_int_t c = json_integer_value(cls), e = json_integer_value(sep);
+        if (!json_is_integer(cls) || !json_is_integer(sep) || c < 0 || e < 0 ||
+            c >= t->vocab_size || e >= t->vocab_size || t->n_prefix == 4 ||
+            t->n_suffix == 4)
+            return ts_set_error(t->ctx, TS_ERR_IO,
+                                "%s: post_processor %s needs cls and sep as "
+                                "[token, id] with ids in the vocabulary",
+                                file, type);
+        t->prefix[t->n_prefix++] = (int32_t)c;
+        t->suffix[t->n_suffix++] = (int32_t)e;
+        return TS_OK;
+    }
     if (!type || strcmp(type, "TemplateProcessing"))
         return ts_set_error(t->ctx, TS_ERR_UNSUPPORTED,
                             "%s: post_processor \"%s\" is not supported "
-                            "(TemplateProcessing, ByteLevel, Sequence)",
+                            "(TemplateProcessing, RobertaProcessing, "
+                            "BertProcessing, ByteLevel, Sequence)",
                             file, type ? type : "?");
     json_t *single = json_object_get(p, "single"),
            *specials = json_object_get(p, "special_tokens");
@@ -530,6 +557,50 @@ ts_status ts_tokenizer_encode_text(ts_tokenizer *t, const char *text,
     memcpy(all + np + *n, t->suffix, sizeof(int32_t) * ns);
     *ids = all, *n += np + ns;
     return TS_OK;
+}
+
+ts_status ts_tokenizer_encode_padded(ts_tokenizer *t, const char *text,
+                                     size_t len, int max_length, int32_t *ids,
+                                     int32_t *n_valid) {
+    if (!t)
+        return TS_ERR_INVALID_ARG;
+    int np = t->n_prefix, ns = t->n_suffix;
+    if (!ids || !n_valid || (!text && len))
+        return ts_set_error(t->ctx, TS_ERR_INVALID_ARG,
+                            "tokenizer_encode_padded: NULL argument");
+    if (max_length < np + ns || max_length <= 0)
+        return ts_set_error(t->ctx, TS_ERR_INVALID_ARG,
+                            "tokenizer_encode_padded: max_length %d leaves no "
+                            "room for the %d special tokens around the text",
+                            max_length, np + ns);
+    if (t->pad_id < 0)
+        return ts_set_error(t->ctx, TS_ERR_INVALID_ARG,
+                            "tokenizer_encode_padded: the tokenizer has no "
+                            "pad token (tokenizer_config.json or "
+                            "special_tokens_map.json \"pad_token\", or "
+                            "tokenizer.json's padding)");
+    int32_t *body;
+    size_t n;
+    ts_status s = ts_tokenizer_encode(t, text, len, true, &body, &n);
+    if (s)
+        return s;
+    size_t room = (size_t)(max_length - np - ns), k = 0;
+    if (n > room)
+        n = room; /* truncation=True: the end of the text goes */
+    for (int i = 0; i < np; i++)
+        ids[k++] = t->prefix[i];
+    memcpy(ids + k, body, sizeof(int32_t) * n), k += n;
+    for (int i = 0; i < ns; i++)
+        ids[k++] = t->suffix[i];
+    free(body);
+    *n_valid = (int32_t)k;
+    while (k < (size_t)max_length)
+        ids[k++] = t->pad_id;
+    return TS_OK;
+}
+
+int32_t ts_tokenizer_pad_id(const ts_tokenizer *t) {
+    return t ? t->pad_id : -1;
 }
 
 /* normalizers: NFC, NFD, NFKC, NFKD, Lowercase, StripAccents, Strip,
@@ -650,6 +721,37 @@ static ts_status parse_decoder_step(ts_tokenizer *t, const char *file,
                         file, type ? type : "?");
 }
 
+/* Whether the normalizers leave a special token's content as it is, so
+ * that matching it before normalization (what we do) finds what matching
+ * after would (normalized: true, as CLIP's <|startoftext|> has; other
+ * added tokens with it stay refused under a normalizer): printable
+ * ASCII without capitals or spaces, which the normal forms, Lowercase,
+ * StripAccents and Strip keep, and no Replace pattern matches. Prepend
+ * changes the text it starts: not kept. */
+static bool normalizers_keep(const ts_tokenizer *t, const char *c) {
+    for (const char *q = c; *q; q++)
+        if (*q <= ' ' || *q > '~' || (*q >= 'A' && *q <= 'Z'))
+            return false;
+    for (int k = 0; k < t->n_norm; k++) {
+        const norm_step *st = &t->norm[k];
+        if (st->kind == NORM_PREPEND)
+            return false;
+        if (st->kind == NORM_REPLACE && strstr(c, st->a))
+            return false;
+        if (st->kind == NORM_REPLACE_REGEX) {
+            pcre2_match_data *md =
+                pcre2_match_data_create_from_pattern(st->re, NULL);
+            int r = md ? pcre2_match(st->re, (PCRE2_SPTR)c, strlen(c), 0, 0, md,
+                                     NULL)
+                       : 0;
+            pcre2_match_data_free(md);
+            if (!md || r != PCRE2_ERROR_NOMATCH)
+                return false;
+        }
+    }
+    return true;
+}
+
 /* path's bytes (malloc'd, NUL-terminated; a tokenizer.json is tens of MB:
  * read whole, then parsed), or NULL with the error set */
 static char *read_all(ts_ctx *ctx, const char *file, size_t *len) {
@@ -703,14 +805,48 @@ ts_status ts_tokenizer_load(ts_ctx *ctx, const char *path, ts_tokenizer **out) {
         free(json);
         return s;
     }
-    char file[4096];
+    char file[4096], dir[4000];
     ts_file_in(path, "tokenizer.json", file, sizeof file);
+    bool is_dir = strcmp(file, path) != 0;
+    if (snprintf(dir, sizeof dir, "%s", is_dir ? path : file) >=
+        (int)sizeof dir)
+        return ts_set_error(ctx, TS_ERR_INVALID_ARG, "path too long: %s", path);
+    if (!is_dir) { /* the folder of the file, for its tokenizer_config.json */
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *slash = 0;
+        else
+            snprintf(dir, sizeof dir, ".");
+    }
     size_t n = 0;
-    char *text = read_all(ctx, file, &n);
-    if (!text)
-        return ts_ctx_status(ctx);
-    ts_status s = ts_tokenizer_load_text(ctx, text, n, file, out);
+    char *text = NULL;
+    ts_status s;
+    if (is_dir && ts_clip_folder(dir)) {
+        /* a folder without tokenizer.json: CLIP's vocab.json + merges.txt
+         * as Hugging Face's CLIPTokenizerFast converts them */
+        s = ts_clip_tokenizer_json(ctx, dir, &text, &n);
+        if (snprintf(file, sizeof file, "%s/vocab.json", dir) >=
+            (int)sizeof file)
+            file[0] = 0; /* cannot be: dir is shorter */
+    } else {
+        text = read_all(ctx, file, &n);
+        s = text ? TS_OK : ts_ctx_status(ctx);
+    }
+    if (s == TS_OK)
+        s = ts_tokenizer_load_text(ctx, text, n, file, out);
     free(text);
+    if (s == TS_OK) {
+        /* the configs' pad token when they name one in the vocabulary (a
+         * config that does not parse leaves tokenizer.json's padding: the
+         * tokenizer itself loaded; CLIP's files were checked above) */
+        char pad[256];
+        if (ts_tokenizer_config_token(ctx, dir, "pad_token", pad, sizeof pad) !=
+            TS_OK)
+            ts_clear_error(ctx), pad[0] = 0;
+        int32_t id = pad[0] ? ts_tokenizer_token_id(*out, pad) : -1;
+        if (id >= 0)
+            (*out)->pad_id = id;
+    }
     return s;
 }
 
@@ -731,7 +867,7 @@ ts_status ts_tokenizer_load_text(ts_ctx *ctx, const char *json_text, size_t len,
     ts_tokenizer *t = calloc(1, sizeof *t);
     ts_status s = t ? TS_OK : ts_set_error(ctx, TS_ERR_OOM, "out of memory");
     if (t)
-        t->ctx = ctx, byte_map(t);
+        t->ctx = ctx, t->pad_id = -1, byte_map(t);
     json_t *model = json_object_get(root, "model");
     const char *mtype = json_string_value(json_object_get(model, "type"));
     if (!s && (!mtype || strcmp(mtype, "BPE")))
@@ -741,8 +877,8 @@ ts_status ts_tokenizer_load_text(ts_ctx *ctx, const char *json_text, size_t len,
             mtype ? mtype : "(none)");
     /* BPE options that change ids and that we do not implement */
     static const char *const unsupported[] = {"continuing_subword_prefix",
-                                              "end_of_word_suffix", "dropout"};
-    for (int k = 0; k < 3 && !s; k++) {
+                                              "dropout"};
+    for (int k = 0; k < 2 && !s; k++) {
         json_t *o = json_object_get(model, unsupported[k]);
         if (o && !json_is_null(o) &&
             !(json_is_string(o) && !*json_string_value(o)) &&
@@ -751,6 +887,16 @@ ts_status ts_tokenizer_load_text(ts_ctx *ctx, const char *json_text, size_t len,
                              "%s: BPE model.%s is not supported (null or "
                              "empty only)",
                              file, unsupported[k]);
+    }
+    json_t *eow = json_object_get(model, "end_of_word_suffix");
+    if (!s && eow && !json_is_null(eow) && !json_is_string(eow))
+        s = ts_set_error(ctx, TS_ERR_IO,
+                         "%s: BPE model.end_of_word_suffix is not a string",
+                         file);
+    if (!s && json_string_length(eow)) {
+        t->eow_len = json_string_length(eow);
+        if (!(t->eow = strdup(json_string_value(eow))))
+            s = ts_set_error(ctx, TS_ERR_OOM, "%s: out of memory", file);
     }
     if (!s) {
         t->byte_fallback =
@@ -824,7 +970,9 @@ ts_status ts_tokenizer_load_text(ts_ctx *ctx, const char *json_text, size_t len,
             /* matching flags we do not implement are refused by name */
             const char *flag =
                 json_is_true(json_object_get(v, "single_word")) ? "single_word"
-                : json_is_true(json_object_get(v, "normalized")) && t->n_norm
+                : json_is_true(json_object_get(v, "normalized")) && t->n_norm &&
+                        !(json_is_true(json_object_get(v, "special")) &&
+                          normalizers_keep(t, c))
                     ? "normalized"
                     : NULL;
             if (flag) {
@@ -832,10 +980,11 @@ ts_status ts_tokenizer_load_text(ts_ctx *ctx, const char *json_text, size_t len,
                                  "%s: added token \"%s\" has %s true, which "
                                  "is not supported%s",
                                  file, c, flag,
-                                 *flag == 'n' ? " with a normalizer (only "
-                                                "tokens matched before "
-                                                "normalization)"
-                                              : "");
+                                 *flag == 'n'
+                                     ? " with a normalizer that changes it "
+                                       "(only tokens matched before "
+                                       "normalization)"
+                                     : "");
                 break;
             }
             if (id > max_id)
@@ -975,6 +1124,10 @@ ts_status ts_tokenizer_load_text(ts_ctx *ctx, const char *json_text, size_t len,
     }
     if (!s)
         s = parse_steps(t, file, post, "processors", parse_post_step);
+    json_t *pad = json_object_get(json_object_get(root, "padding"), "pad_id");
+    if (!s && json_is_integer(pad) && json_integer_value(pad) >= 0 &&
+        json_integer_value(pad) < t->vocab_size)
+        t->pad_id = (int32_t)json_integer_value(pad);
     json_decref(root);
     if (s) {
         ts_tokenizer_free(t);
@@ -1197,15 +1350,22 @@ static void bpe_word(ts_tokenizer *t, const unsigned char *w, size_t n,
         int32_t id;
         size_t len = 1;
         if (t->byte_level) {
-            char c[5];
-            int k = ts_put_utf8(c, t->byte_to_cp[w[i]]);
-            id = smap_get(&t->vocab, c, (size_t)k);
+            char c[5 + 32];
+            size_t k = (size_t)ts_put_utf8(c, t->byte_to_cp[w[i]]);
+            if (i + 1 == n && t->eow_len && t->eow_len <= 32) /* `</w>` */
+                memcpy(c + k, t->eow, t->eow_len), k += t->eow_len;
+            id = smap_get(&t->vocab, c, k);
         } else {
             utf8proc_int32_t cp;
             utf8proc_ssize_t k =
                 utf8proc_iterate(w + i, (utf8proc_ssize_t)(n - i), &cp);
             len = k > 0 ? (size_t)k : 1;
-            id = smap_get(&t->vocab, (const char *)w + i, len);
+            if (i + len == n && t->eow_len && len + t->eow_len <= 64) {
+                char c[64];
+                memcpy(c, w + i, len), memcpy(c + len, t->eow, t->eow_len);
+                id = smap_get(&t->vocab, c, len + t->eow_len);
+            } else
+                id = smap_get(&t->vocab, (const char *)w + i, len);
             bool bytes_ok = t->byte_fallback;
             for (size_t b = 0; id < 0 && bytes_ok && b < len; b++)
                 bytes_ok = t->byte_ids[w[i + b]] >= 0;
@@ -1730,6 +1890,10 @@ static size_t token_bytes(const ts_tokenizer *t, int32_t id, unsigned char *o) {
         }
         return k;
     }
+    bool eow = t->eow_len && n >= t->eow_len &&
+               !memcmp(s + n - t->eow_len, t->eow, t->eow_len);
+    if (eow) /* a word's end: a space (CLIP's `</w>`) */
+        n -= t->eow_len;
     utf8proc_int32_t cp;
     for (size_t i = 0; i < n;) {
         utf8proc_ssize_t l = utf8proc_iterate((const utf8proc_uint8_t *)s + i,
@@ -1743,6 +1907,8 @@ static size_t token_bytes(const ts_tokenizer *t, int32_t id, unsigned char *o) {
                                      (uint32_t)cp); /* not a byte char */
         i += (size_t)l;
     }
+    if (eow)
+        o[k++] = ' ';
     return k;
 }
 
@@ -1800,6 +1966,10 @@ ts_status ts_tokenizer_decode(ts_tokenizer *t, const int32_t *ids, size_t n,
     size_t strip = 0; /* the Strip decoder: leading spaces of the text */
     while (strip < (size_t)t->dec_strip && strip < k && o[strip] == ' ')
         strip++;
+    while (t->eow_len && strip < k && o[strip] == ' ')
+        strip++; /* CLIPTokenizerFast's decode: .strip() */
+    while (t->eow_len && k > strip && o[k - 1] == ' ')
+        k--;
     memmove(o, o + strip, k - strip);
     k -= strip;
     o[k] = 0;
