@@ -457,11 +457,11 @@ def main():
                       "guidance": 7.5, "steps": steps, "num_images": 1, "width": 64,
                       "height": 64, "strength": strength, "t_start": t_start,
                       "init_image": "init.png"})
-    dit_cases = [("dit_ddim_cfg", dit, "dit", "ddim", 4.0, [3, 8]),
+    dit_cases = [("dit_ddim_cfg", dit, "dit", "ddim", 4.0, [3, 3]),
                  ("dit_dpm_cfg", dit, "dit", "dpm++2m", 4.0, [1, 1]),
                  ("dit_ddim_nocfg", dit, "dit", "ddim", 1.0, [7]),
                  ("dit_pixel_ddim_cfg", pix, "dit_pixel", "ddim", 3.0, [2]),
-                 ("dit_pixel_dpm_nocfg", pix, "dit_pixel", "dpm++2m", 1.0, [5, 0])]
+                 ("dit_pixel_dpm_nocfg", pix, "dit_pixel", "dpm++2m", 1.0, [5, 5])]
     for name, model, folder, kind, gs, ids in dit_cases:
         C, S = model.C, model.cfg["sample_size"]
         noise = torch.randn(len(ids), C, S, S, generator=g)
