@@ -180,7 +180,7 @@ static void test_cases(ts_ctx *ctx, const char *folder) {
         check_close(what, lat, rlat, F32_TOL);
         printf("  %-22s image rel %.3g, latents rel %.3g\n", name,
                rel_err(img, rimg), rel_err(lat, rlat));
-        CHECK(img && ts_tensor_device(img).type == TS_DEVICE_CPU &&
+        CHECK(img && ts_tensor_device(img).kind == TS_DEVICE_CPU &&
               ts_tensor_dtype(img) == TS_F32);
         ts_release(img), ts_release(lat), ts_release(rimg), ts_release(rlat);
     }
