@@ -82,7 +82,9 @@ def run_np(name, *extra, kind="np"):
     if rc != 0:
         print(log)
         return None
-    return np.load(out)
+    a = np.load(out)
+    # np is Diffusers' output_type="np": (B, H, W, C)
+    return a.transpose(0, 3, 1, 2) if kind == "np" else a
 
 
 # ---- diffuse against the reference ----
@@ -103,7 +105,7 @@ rc, log = diffuse(*case_args("sd_ddim_cfg"), "--out", png)
 check(rc == 0 and os.path.exists(png), "diffuse writes a PNG (default output type)" + log[-300:])
 if rc == 0 and a is not None:
     im = np.asarray(Image.open(png).convert("RGB")).astype(np.int32)
-    want = np.round(a[0].transpose(1, 2, 0) * 255).astype(np.int32)
+    want = np.round(a[0].transpose(1, 2, 0) * 255).astype(np.int32)  # a is (B, C, H, W)
     d = np.abs(im - want)
     check(im.shape == (64, 64, 3) and d.max() <= 1 and (d == 0).mean() >= 0.99,
           f"the PNG reads back as the np array rounded (max diff {d.max()}, "
@@ -128,6 +130,15 @@ check(b is not None and np.array_equal(b, run_np("sd_ddim_neg_2")),
 b = run_np("sd_ddim_cfg", "--dtype", "bf16")
 e = rel(b, ref("sd_ddim_cfg", "image"))
 check(e <= 5e-2, f"diffuse --dtype bf16: near the f32 reference (rel {e:.3g})")
+
+# image-to-image from the PNG: the reference given the same noise (the
+# posterior's draw is ts_randn(seed + 1), which the reference repeats)
+for name in ("sd_img2img_ddim", "sd_img2img_euler"):
+    c = cases[name]
+    b = run_np(name, "--image", os.path.join(fix, "init.png"), "--strength",
+               str(c["strength"]), "--seed", str(c["seed"]))
+    e = rel(b, ref(name, "image"))
+    check(e <= 1e-4, f"diffuse {name} --image init.png: the reference image (rel {e:.3g})")
 
 # image-to-image runs and gives an image of the input's size
 out = os.path.join(work, "i2i.png")

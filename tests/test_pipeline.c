@@ -201,6 +201,14 @@ static void test_img2img(ts_ctx *ctx) {
         r.latents = ref_get(names[k], "noise");
         r.init_image = ref_get("init", "image");
         r.strength = json_real_value(json_object_get(c, "strength"));
+        r.seed = (uint64_t)json_integer_value(json_object_get(c, "seed"));
+        /* the reference's posterior draw is ts_randn(seed + 1), as the
+         * pipeline draws it */
+        ts_tensor *eps = ref_get(names[k], "eps");
+        ts_tensor *mine = ts_randn(ctx, TS_F32, ts_tensor_ndim(eps),
+                                   ts_tensor_shape(eps), 1.0, r.seed + 1);
+        CHECK(rel_err(mine, eps) <= 1e-6);
+        ts_release(eps), ts_release(mine);
         ts_tensor *img = NULL;
         CHECK_OK(ctx, ts_pipeline_generate(p, &r, &img));
         ts_tensor *rimg = ref_get(names[k], "image");
@@ -221,6 +229,27 @@ static void test_img2img(ts_ctx *ctx) {
         request_done(&r);
         ts_release(img), ts_release(rimg), ts_release(again);
     }
+    ts_pipeline_free(p);
+}
+
+/* ---- a request without a scheduler runs the folder's ---- */
+
+static void test_scheduler_default(ts_ctx *ctx) {
+    ts_pipeline *p = load(ctx, "sd", NULL);
+    if (!p)
+        return;
+    ts_release(run(ctx, p, "sd_euler_cfg", false));
+    ts_diffusion_request r = request_of(p, find_case("sd_ddim_cfg"));
+    r.scheduler = NULL; /* the folder's DDIMScheduler */
+    ts_tensor *img = NULL, *want = ref_get("sd_ddim_cfg", "image");
+    CHECK_OK(ctx, ts_pipeline_generate(p, &r, &img));
+    double e = rel_err(img, want);
+    printf("  no scheduler after an euler request: rel %.3g to the folder's "
+           "DDIM\n",
+           e);
+    check_close("the folder's scheduler after euler", img, want, F32_TOL);
+    request_done(&r);
+    ts_release(img), ts_release(want);
     ts_pipeline_free(p);
 }
 
@@ -473,6 +502,7 @@ int main(int argc, char **argv) {
     test_cases(ctx, "dit_pixel");
     printf("image-to-image:\n");
     test_img2img(ctx);
+    test_scheduler_default(ctx);
     printf("compiled:\n");
     test_compiled(ctx, "sd", "sd_euler_cfg");
     test_compiled(ctx, "dit", "dit_dpm_cfg");

@@ -155,6 +155,48 @@ def copy_tokenizer(src, d):
         shutil.copy(os.path.join(src, name), os.path.join(d, name))
 
 
+# ---- Tessera's ts_randn (src/core/random.c), for image-to-image's draw ----
+
+M64 = (1 << 64) - 1
+
+
+def ts_randn(shape, seed):
+    """xoshiro256** seeded by splitmix64, normals by Box-Muller in pairs,
+    rounded to float32: what ts_randn(ctx, TS_F32, ..., 1.0, seed) gives"""
+    import math
+    x = seed & M64
+    s = []
+    for _ in range(4):
+        x = (x + 0x9E3779B97F4A7C15) & M64
+        z = x
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+        s.append(z ^ (z >> 31))
+
+    def rotl(v, k):
+        return ((v << k) | (v >> (64 - k))) & M64
+
+    def nxt():
+        r = (rotl((s[1] * 5) & M64, 7) * 9) & M64
+        t = (s[1] << 17) & M64
+        s[2] ^= s[0]
+        s[3] ^= s[1]
+        s[1] ^= s[2]
+        s[0] ^= s[3]
+        s[2] ^= t
+        s[3] = rotl(s[3], 45)
+        return r
+
+    n = int(np.prod(shape))
+    out = []
+    while len(out) < n:
+        u1 = (nxt() >> 11) * (1.0 / 9007199254740992.0)
+        u2 = (nxt() >> 11) * (1.0 / 9007199254740992.0)
+        rad = math.sqrt(-2.0 * math.log(1.0 - u1))
+        out += [rad * math.cos(2 * math.pi * u2), rad * math.sin(2 * math.pi * u2)]
+    return torch.tensor(np.array(out[:n], dtype=np.float32).reshape(shape))
+
+
 # ---- the text encoder (ref_clip_text's sizes are its module globals) ----
 
 
@@ -440,7 +482,9 @@ def main():
                       "width": 64, "height": 64})
         print(name, "max|latents| %.3f" % float(lat.abs().max()),
               "image in (0,1): %.2f" % float(((img > 0) & (img < 1)).float().mean()))
-    # image-to-image: the posterior draw and the added noise given
+    # image-to-image: the added noise given (the request's latents), the
+    # posterior's draw what ts_pipeline_generate draws: ts_randn(seed + 1)
+    seed = 7
     init = torch.rand(1, 3, 64, 64, generator=g)
     init = (init * 255).round() / 255  # what an 8-bit PNG holds
     from PIL import Image
@@ -449,13 +493,13 @@ def main():
     save(out, "init", {"image": init}, ref)
     for name, kind, strength in (("sd_img2img_ddim", "ddim", 0.6),
                                  ("sd_img2img_euler", "euler", 0.5)):
-        eps = torch.randn(1, 4, 8, 8, generator=g)
+        eps = ts_randn((1, 4, 8, 8), seed + 1)
         noise = torch.randn(1, 4, 8, 8, generator=g)
         lat, img, t_start = sd.img2img(PROMPT, init, eps, noise, steps, strength, 7.5, kind)
         save(out, name, {"eps": eps, "noise": noise, "latents": lat, "image": img}, ref)
         cases.append({"name": name, "pipeline": "sd", "prompt": PROMPT, "scheduler": kind,
                       "guidance": 7.5, "steps": steps, "num_images": 1, "width": 64,
-                      "height": 64, "strength": strength, "t_start": t_start,
+                      "height": 64, "strength": strength, "t_start": t_start, "seed": seed,
                       "init_image": "init.png"})
     dit_cases = [("dit_ddim_cfg", dit, "dit", "ddim", 4.0, [3, 3]),
                  ("dit_dpm_cfg", dit, "dit", "dpm++2m", 4.0, [1, 1]),
