@@ -90,7 +90,7 @@ def run_np(name, *extra, kind="np"):
 # ---- diffuse against the reference ----
 
 for name in ("sd_ddim_cfg", "sd_euler_nocfg", "sd_dpm_cfg", "sd_ddim_neg_2", "dit_ddim_cfg",
-             "dit_pixel_dpm_nocfg"):
+             "dit_pixel_ddim_nocfg"):
     a = run_np(name)
     e = rel(a, ref(name, "image"))
     check(e <= 1e-4, f"diffuse {name} --output-type np: the reference image (rel {e:.3g})")
@@ -124,9 +124,11 @@ for extra in (["--compile"], ["--devices", "cpu:0,cpu:1", "--device-map", "balan
     same = a is not None and b is not None and np.array_equal(a, b)
     e = rel(b, a) if a is not None else float("inf")
     check(e <= 1e-6, f"diffuse {' '.join(extra)}: the same image ({'bits' if same else e})")
+# the batch split runs each replica's products on fewer rows (another
+# summation order in the kernels): the same images within 1e-5, not bit for bit
 b = run_np("sd_ddim_neg_2", "--devices", "cpu:0,cpu:1", "--batch-devices", "2")
-check(b is not None and np.array_equal(b, run_np("sd_ddim_neg_2")),
-      "diffuse -n 2 --batch-devices 2: the same images")
+e = rel(b, run_np("sd_ddim_neg_2"))
+check(e <= 1e-5, f"diffuse -n 2 --batch-devices 2: the same images (rel {e:.3g})")
 b = run_np("sd_ddim_cfg", "--dtype", "bf16")
 e = rel(b, ref("sd_ddim_cfg", "image"))
 check(e <= 5e-2, f"diffuse --dtype bf16: near the f32 reference (rel {e:.3g})")

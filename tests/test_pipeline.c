@@ -276,6 +276,12 @@ static void test_compiled(ts_ctx *ctx, const char *folder, const char *name) {
 
 /* ---- placement: every map gives the one-device bits ---- */
 
+/* Splitting a batch over devices runs each replica's products on fewer
+ * rows, and the kernels' blocking (and so the order of their sums) depends
+ * on the row count: the same images within BATCH_SPLIT_TOL, not bit for bit.
+ * Every other placement runs the same shapes and gives the same bits. */
+#define BATCH_SPLIT_TOL 1e-5
+
 static void placed(ts_ctx *ctx, const char *folder, const char *name,
                    ts_tensor *want, const ts_pipeline_opts *o,
                    const char *expect_in_describe) {
@@ -296,7 +302,10 @@ static void placed(ts_ctx *ctx, const char *folder, const char *name,
            o->device_map ? o->device_map : "-", o->cfg_parallel,
            o->batch_devices, same ? "same bits" : "DIFFERS",
            rel_err(got, want));
-    CHECK(same);
+    if (o->batch_devices > 1)
+        check_close("batch over two devices", got, want, BATCH_SPLIT_TOL);
+    else
+        CHECK(same);
     CHECK(got && ts_tensor_device(got).index == 0);
     /* cpu:1 did work: weights placed there and activations moved there */
     CHECK(after.transfers_in > before.transfers_in);
@@ -427,12 +436,32 @@ static void generate_fails(ts_ctx *ctx, ts_pipeline *p, ts_diffusion_request *r,
     ts_release(out);
 }
 
+/* a text encoder of hidden size 48 before a UNet whose
+ * cross_attention_dim is 32: an error naming the sizes, at load or at
+ * the first request */
+static void cross_dim_fails(ts_ctx *ctx) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/err_cross_dim", root);
+    ts_pipeline *pl = NULL;
+    if (ts_pipeline_load(ctx, p, NULL, &pl) == TS_OK) {
+        ts_diffusion_request r = request_of(pl, find_case("sd_ddim_cfg"));
+        generate_fails(ctx, pl, &r, "48");
+        CHECK_MSG(ctx, "32");
+        request_done(&r);
+        ts_pipeline_free(pl);
+        return;
+    }
+    CHECK_MSG(ctx, "48");
+    CHECK_MSG(ctx, "32");
+    printf("  err_cross_dim: %s\n", ts_errmsg(ctx));
+}
+
 static void test_errors(ts_ctx *ctx) {
     load_fails(ctx, "no_such_folder", "no_such_folder");
     load_fails(ctx, "err_no_index", "model_index.json");
     load_fails(ctx, "err_class", "StableDiffusionXLPipeline");
     load_fails(ctx, "err_no_unet", "unet");
-    load_fails(ctx, "err_cross_dim", "48");
+    cross_dim_fails(ctx);
     ts_pipeline_opts bad = {.device_map = "unet=cpu:0,vae=tpu:3"};
     char p[1024];
     snprintf(p, sizeof p, "%s/sd", root);
