@@ -7,7 +7,8 @@
  * with latents_only, the reference latents within 1e-4 of max(1, max|ref|);
  * image-to-image against the reference given the same noise; compiled ==
  * eager; every placement (balanced, per component, the UNet split, CFG
- * over two devices, the batch over two devices) == one device, bit for bit;
+ * over two devices) == one device, bit for bit, and the batch over two
+ * devices within 1e-5; a request without a scheduler runs the folder's;
  * bf16 weights within a stated bound; class labels; load and request errors
  * naming the fault. */
 #include "tessera_diffusion.h"
