@@ -19,7 +19,9 @@ wait4's ru_maxrss):
   (c) the peak RSS of each.
 
 usage: bench_diffusion.py [--build build] [--threads N] [--steps 25]
-                          [--work DIR] [--tokenizer CLIP_TOKENIZER_DIR]
+                          [--reps 5] [--work DIR] [--step-only]
+                          [--tokenizer CLIP_TOKENIZER_DIR]
+(the tests/ref modules it imports need ref_dit.py, ref_clip_text.py)
 """
 import argparse
 import json
@@ -89,6 +91,17 @@ def child_torch(args):
     import torch
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
+    if args.child == "write":
+        import ref_pipeline as rp
+        sd = bench_model(args.tokenizer)
+        sd.write(os.path.join(args.work, "sd"), args.tokenizer)
+        noise = torch.randn(1, 4, 32, 32, generator=torch.Generator().manual_seed(3))
+        np.save(os.path.join(args.work, "noise.npy"), noise.numpy())
+        print(json.dumps({"torch": torch.__version__,
+                          "unet": sum(p.numel() for p in sd.unet.parameters()),
+                          "vae": sum(p.numel() for p in sd.vae.parameters()),
+                          "text": sum(v.numel() for v in sd.text.w.values())}))
+        return
     t0 = time.time()
     if args.child == "step":
         import ref_unet_vae as ruv
@@ -134,6 +147,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--work", default="/tmp/bench_diffusion")
     ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--step-only", action="store_true", help="only (a)")
     ap.add_argument("--child", default=None)
     args = ap.parse_args()
     args.work = os.path.abspath(args.work)
@@ -141,30 +155,26 @@ def main():
         sys.path.insert(0, HERE)
         return child_torch(args)
 
+    # the parent stays small (no torch): a forked child's ru_maxrss starts
+    # from its parent's resident size, and exec keeps it
     import numpy as np
-    import torch
     os.makedirs(args.work, exist_ok=True)
-    torch.manual_seed(0)
-    sd = bench_model(args.tokenizer)
-    sd.write(os.path.join(args.work, "sd"), args.tokenizer)
-    noise = torch.randn(1, 4, 32, 32, generator=torch.Generator().manual_seed(3))
-    np.save(os.path.join(args.work, "noise.npy"), noise.numpy())
-    nparams = sum(p.numel() for p in sd.unet.parameters())
-    nvae = sum(p.numel() for p in sd.vae.parameters())
-    del sd
-
-    exe = os.path.join(args.build, "tessera")
-    env = dict(os.environ, TS_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
-    rc, out, err, _, _ = run_measured([exe, "devices"], env)
-    print(f"machine: {os.cpu_count()} cores; threads {args.threads}; torch {torch.__version__}")
-    print("tessera devices:\n  " + out.strip().replace("\n", "\n  "))
-    print(f"model: UNet {nparams / 1e6:.1f} M parameters, VAE {nvae / 1e6:.1f} M; "
-          f"256x256, latents 4x32x32; {args.steps} DDIM steps, guidance 7.5")
-
     me = [sys.executable, os.path.abspath(__file__), "--work", args.work, "--threads",
           str(args.threads), "--steps", str(args.steps), "--reps", str(args.reps)]
     if args.tokenizer:
         me += ["--tokenizer", args.tokenizer]
+    exe = os.path.join(args.build, "tessera")
+    env = dict(os.environ, TS_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
+    rc, out, err, _, _ = run_measured(me + ["--child", "write"], env)
+    if rc != 0:
+        raise SystemExit(f"writing the model failed: {err}")
+    info = json.loads(out.strip().splitlines()[-1])
+    rc, out, err, _, _ = run_measured([exe, "devices"], env)
+    print(f"machine: {os.cpu_count()} cores; threads {args.threads}; torch {info['torch']}")
+    print("tessera devices:\n  " + out.strip().replace("\n", "\n  "))
+    print(f"model: UNet {info['unet'] / 1e6:.1f} M parameters, VAE {info['vae'] / 1e6:.1f} M, "
+          f"text encoder {info['text'] / 1e6:.1f} M; 256x256, latents 4x32x32; "
+          f"{args.steps} DDIM steps, guidance 7.5")
 
     def torch_side(kind):
         rc, out, err, wall, rss = run_measured(me + ["--child", kind], env)
@@ -192,6 +202,8 @@ def main():
           f"{ts['step_cl_ms'] / us['compiled_ms']:.2f}x NHWC's; first, recording: "
           f"{us['first_compiled_ms']:.0f} ms)   peak RSS {rss:.0f} MB")
 
+    if args.step_only:
+        return
     # (b) the whole pipeline
     tp = torch_side("pipeline")
     results = {}
