@@ -216,7 +216,7 @@ def main():
              "--output-type", "np", "--out", dst, *extra], env)
         if rc != 0:
             raise SystemExit(f"tessera diffuse ({mode}) failed: {err}")
-        img = np.load(dst)
+        img = np.load(dst).transpose(0, 3, 1, 2)  # np output is (B, H, W, C)
         ref = np.load(os.path.join(args.work, "torch_image.npy"))
         results[mode] = (wall, rss, float(np.abs(img - ref).max()), (out + err).strip())
     print(f"\n(b) the whole pipeline, {args.steps} DDIM steps, guidance 7.5, 256x256 (one "
