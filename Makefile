@@ -11,10 +11,12 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-pthread-dev \
               libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev \
               libmicrohttpd-dev libcurl4-openssl-dev libpng-dev \
               libopenmpi-dev openmpi-bin bible-kjv bible-kjv-text \
-              python3 python3-torch python3-numpy python3-jinja2 \
+              python3 python3-torch python3-numpy python3-jinja2 python3-pil \
               libvulkan-dev glslc mesa-vulkan-drivers vulkan-validationlayers \
               chromium python3-jsonschema tmux libdlpack-dev python3-venv python3-pip python3-setuptools \
-              qemu-user
+              qemu-user libfreetype-dev fonts-dejavu-core fonts-dejavu-extra \
+              fonts-liberation fonts-liberation2 fonts-freefont-ttf fonts-croscore \
+              fonts-noto-mono
 PREFIX     ?= /usr/local
 
 .PHONY: run test deps build build-san install fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan bench-structured bench-spec bench-quant bench-llamacpp llamacpp clean format

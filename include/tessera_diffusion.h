@@ -100,6 +100,32 @@ int64_t ts_dit_out_channels(const ts_dit *d);
 int64_t ts_dit_sample_size(const ts_dit *d);
 int64_t ts_dit_num_classes(const ts_dit *d);
 size_t ts_dit_param_bytes(const ts_dit *d);
+/* A new DiT for training, initialised as DiT's reference code does
+ * (initialize_weights): xavier-uniform linears (the patch embedding's
+ * kernel seen as a (D, C p p) matrix) with zero biases, normal(0.02) time
+ * MLPs and class tables, zero adaLN modulations (norm1.linear,
+ * proj_out_1) and a zero final projection (proj_out_2). out_channels 0:
+ * in_channels, or twice that with learn_sigma. Parameters are f32 leaves
+ * that require gradients. */
+typedef struct {
+    int64_t sample_size, in_channels, out_channels, patch_size, num_layers,
+        num_attention_heads, attention_head_dim,
+        num_classes; /* num_embeds_ada_norm */
+    bool learn_sigma;
+} ts_dit_config;
+ts_status ts_dit_new(ts_ctx *ctx, const ts_dit_config *cfg, uint64_t seed,
+                     ts_dit **out);
+void ts_dit_get_config(const ts_dit *d, ts_dit_config *out);
+/* The parameters (borrowed) and their Diffusers names, in the order the
+ * file holds them; returns their count. */
+int ts_dit_parameters(ts_dit *d, ts_tensor ***params, const char ***names);
+/* dir/config.json (Diffusers' keys, _class_name DiTTransformer2DModel) and
+ * dir/diffusion_pytorch_model.safetensors (f32), each written atomically;
+ * dir is created when missing. */
+ts_status ts_dit_save(ts_dit *d, const char *dir);
+/* Matrices cast to dt (TS_BF16 or TS_F32) inside the forward: bf16
+ * compute copies of f32 masters for mixed-precision training. */
+ts_status ts_dit_set_compute_dtype(ts_dit *d, ts_dtype dt);
 
 /* ---- schedulers --------------------------------------------------------- */
 

@@ -221,6 +221,78 @@ typedef struct {
 ts_status ts_train_run(ts_ctx *ctx, const ts_train_options *o,
                        ts_train_result *res);
 
+/* ---- glyph images (src/train/glyphs.c) ------------------------------------
+ * A data set for small image models: the 62 classes 0-9, A-Z, a-z (class
+ * k is ts_glyphs_char(k)) rendered with FreeType as 32 x 32 grayscale
+ * images in [-1, 1] (background -1, ink +1), from every .ttf/.otf font
+ * under a folder (default /usr/share/fonts) that has all 62 glyphs, in
+ * sorted path order so a seed gives the same set everywhere the same
+ * fonts are installed. A glyph keeps its place on the baseline (a 'p'
+ * descends, an 'o' is smaller than an 'O'): the em is 26 px x scale,
+ * the baseline 16 + 6.5 px x scale below the top, the ink box centred
+ * horizontally; dx, dy shift it by pixels (fractions allowed). */
+#define TS_GLYPHS_CLASSES 62
+#define TS_GLYPHS_SIZE    32
+typedef struct ts_glyphs ts_glyphs;
+ts_status ts_glyphs_open(ts_ctx *ctx, const char *font_dir_or_null,
+                         ts_glyphs **out);
+void ts_glyphs_close(ts_glyphs *g); /* NULL is fine */
+int ts_glyphs_num_fonts(const ts_glyphs *g);
+const char *ts_glyphs_font_path(const ts_glyphs *g, int font);
+/* One image, 32 x 32 floats row-major, into out. */
+ts_status ts_glyphs_render(ts_glyphs *g, int cls, int font, double dx,
+                           double dy, double scale, float *out);
+/* n samples from seed: class and font uniform, shifts uniform in
+ * [-2, 2] px, scale uniform in [0.85, 1.15]; images n x 32 x 32 and
+ * labels n. Sample i depends only on (seed, i). */
+ts_status ts_glyphs_batch(ts_glyphs *g, uint64_t seed, int n, float *images,
+                          int64_t *labels);
+int ts_glyphs_class_of(char c); /* -1 when c is not one of the 62 */
+char ts_glyphs_char(int cls);   /* 0 when out of range */
+
+/* ---- training a DiT on glyphs (src/train/train_dit.c) ----------------------
+ * `tessera train --dit`: a class-conditional DiTTransformer2DModel trained
+ * in pixel space (1 channel, 32 x 32) on the glyph data set with the noise
+ * prediction loss, mean((eps_pred - eps)^2), on DDPM's schedule (linear
+ * betas 1e-4 .. 0.02 over 1000 steps: x_t = sqrt(abar_t) x_0 +
+ * sqrt(1 - abar_t) eps, t uniform), the class replaced by the null class
+ * num_classes for 10% of the samples (classifier-free guidance), AdamW
+ * with warm-up and cosine decay, clipping, an EMA of the weights (what is
+ * saved when ema > 0), eager or compiled, data parallel over the ranks of
+ * dist (gradients averaged with all-reduce). Saves a Diffusers DiTPipeline
+ * folder: out_dir/model_index.json (id2label the 62 characters, no vae),
+ * transformer/ and scheduler/scheduler_config.json (DDIMScheduler of the
+ * training schedule), and out_dir/log.jsonl. */
+typedef struct {
+    /* the model: sample_size, in_channels 1 and num_classes 62 are the
+     * data's; the rest as given (see ts_dit_default_train_options) */
+    int64_t patch_size, num_layers, num_attention_heads, attention_head_dim;
+    const char *out_dir;
+    const char *font_dir; /* NULL: /usr/share/fonts */
+    int64_t steps, batch, warmup, log_every, save_every;
+    double lr, min_lr, weight_decay, clip, beta1, beta2;
+    double ema; /* EMA decay, warmed up (0: none, the raw weights saved) */
+    double class_dropout;   /* 0.1 */
+    uint64_t seed;
+    bool eager;             /* else compiled */
+    bool bf16;              /* bf16 compute copies, f32 masters */
+    bool quiet;
+    double peak;            /* FLOP/s of one rank for MFU; 0: measured */
+    ts_dist *dist;          /* NULL: one process */
+} ts_dit_train_options;
+ts_dit_train_options ts_dit_default_train_options(void);
+
+typedef struct {
+    int64_t steps_done, n_params;
+    double first_loss, last_loss;
+    /* patches (tokens) per second and MFU over the steps after the first
+     * (which records and compiles), each step timed alone */
+    double tokens_per_s, mfu, peak, seconds;
+    double flops_per_image; /* forward + backward */
+} ts_dit_train_result;
+ts_status ts_dit_train_run(ts_ctx *ctx, const ts_dit_train_options *o,
+                           ts_dit_train_result *res);
+
 #ifdef __cplusplus
 }
 #endif

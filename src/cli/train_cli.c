@@ -1,6 +1,7 @@
 /* train_cli.c — the training commands: tokenizer-train, prepare-data,
  * train (options on the command line or in a JSON file with the same
  * keys), bench peak, plot-loss (an SVG of log.jsonl). */
+#include "tessera_diffusion.h"
 #include "tessera_tokenizer.h"
 #include "tessera_train.h"
 
@@ -575,7 +576,17 @@ static bool train_opt(ts_train_options *o, const char *key, const char *v,
     return true;
 }
 
+static int tessera_train_dit(int argc, char **argv);
+static const cli_cmd TRAIN_DIT_CMD;
+
 int tessera_train(int argc, char **argv) {
+    /* the DiT form: --dit, or an option only it has */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--dit") || !strncmp(a, "--dit-config", 12) ||
+            !strncmp(a, "--fonts", 7) || !strncmp(a, "--ema", 5))
+            return tessera_train_dit(argc, argv);
+    }
     ts_train_options o = ts_train_default_options();
     json_t *cfg = NULL;
     for (int i = 1; i < argc; i++) {
@@ -583,6 +594,8 @@ int tessera_train(int argc, char **argv) {
         bool used = false;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             cli_help(&TRAIN_CMD, stdout);
+            fputs("\nThe DiT form (train --dit):\n\n", stdout);
+            cli_help(&TRAIN_DIT_CMD, stdout);
             json_decref(cfg);
             return 0;
         }
@@ -694,6 +707,251 @@ int tessera_train(int argc, char **argv) {
                     world, 100 * r.comm_share);
         fprintf(stderr, ", %.1f s\n", r.seconds);
     }
+    ts_dist_free(dist);
+    ts_ctx_free(ctx);
+    return 0;
+}
+
+/* ---- train --dit ---- */
+
+enum {
+    D_DIT = 1,
+    D_DIT_CONFIG,
+    D_DATA,
+    D_FONTS,
+    D_OUT,
+    D_STEPS,
+    D_BATCH,
+    D_LR,
+    D_MIN_LR,
+    D_WARMUP,
+    D_WEIGHT_DECAY,
+    D_CLIP,
+    D_EMA,
+    D_SEED,
+    D_DTYPE,
+    D_EAGER,
+    D_COMPILE,
+    D_LOG_EVERY,
+    D_SAVE_EVERY,
+    D_QUIET,
+    D_PEAK,
+};
+
+static const cli_opt TRAIN_DIT_OPTS[] = {
+    {D_DIT, "--dit", CLI_FLAG,
+     .help = "train a DiTTransformer2DModel (this form of the command)"},
+    {D_DIT_CONFIG, "--dit-config", CLI_STR, "K=V,...",
+     .def = "patch_size=4,num_layers=6,num_attention_heads=4,"
+            "attention_head_dim=32",
+     .help = "the model's shape (Diffusers' config keys)"},
+    {D_DATA, "--data", CLI_CHOICE, .choices = "glyphs", .def = "glyphs",
+     .help = "the data set: 0-9 A-Z a-z rendered from the fonts"},
+    {D_FONTS, "--fonts", CLI_STR, "DIR", .def = "/usr/share/fonts",
+     .help = "where the glyph fonts are found"},
+    {D_OUT, "--out", CLI_STR, "DIR",
+     .help = "the DiTPipeline folder written (and log.jsonl)"},
+    {D_STEPS, "--steps", CLI_INT, "N", 1, 1e12, .def = "2000",
+     .help = "optimizer steps"},
+    {D_BATCH, "--batch", CLI_INT, "N", 1, 1 << 20, .def = "64",
+     .help = "images per step (all ranks)"},
+    {D_LR, "--lr", CLI_NUM, "LR", 1e-12, 10, .def = "1e-3",
+     .help = "the peak learning rate"},
+    {D_MIN_LR, "--min-lr", CLI_NUM, "LR", 0, 10, .def = "1e-4",
+     .help = "the cosine schedule's floor"},
+    {D_WARMUP, "--warmup", CLI_INT, "N", 0, 1e12, .def = "100",
+     .help = "linear warm-up steps"},
+    {D_WEIGHT_DECAY, "--weight-decay", CLI_NUM, "W", 0, 10, .def = "0",
+     .help = "AdamW's decoupled weight decay"},
+    {D_CLIP, "--clip", CLI_NUM, "NORM", 0, 1e9, .def = "1.0",
+     .help = "clip the gradient's global norm (0: no clipping)"},
+    {D_EMA, "--ema", CLI_NUM, "DECAY", 0, 0.999999, .def = "0.999",
+     .help = "EMA of the weights, saved (0: the raw weights)"},
+    {D_SEED, "--seed", CLI_INT, "N", 0, 9e15, .def = "1",
+     .help = "initialization, data and noise"},
+    {D_DTYPE, "--dtype", CLI_CHOICE, .choices = "f32|bf16", .def = "f32",
+     .help = "bf16: bf16 compute copies of the matrices, f32 masters"},
+    {D_EAGER, "--eager", CLI_FLAG, .help = "run op by op (the default)"},
+    {D_COMPILE, "--compile", CLI_FLAG,
+     .help = "compile the training step's graph"},
+    {D_LOG_EVERY, "--log-every", CLI_INT, "N", 1, 1e12, .def = "10",
+     .help = "a log line every N steps"},
+    {D_SAVE_EVERY, "--save-every", CLI_INT, "N", 0, 1e12,
+     .def = "0 (only at the end)", .help = "write the folder every N steps"},
+    {D_QUIET, "--quiet", CLI_FLAG, .help = "no progress lines"},
+    {D_PEAK, "--peak-gflops", CLI_NUM, "G", 1e-3, 1e9,
+     .def = "measured (tessera bench peak)", .help = "the peak for MFU"},
+    {0},
+};
+
+static const cli_cmd TRAIN_DIT_CMD = {
+    .name = "train",
+    .usage = "train --dit --data glyphs --out DIR [--dit-config K=V,...] "
+             "[options]",
+    .about = "Trains a class-conditional DiT (Diffusers' "
+             "DiTTransformer2DModel) on 32x32 glyph images with DDPM's "
+             "noise-prediction loss, and saves a DiTPipeline folder (no VAE: "
+             "pixel space).",
+    .opts = TRAIN_DIT_OPTS,
+    .short_threads = true,
+};
+
+/* "k=v,k=v" into o; false with err naming the bad entry */
+static bool dit_config(ts_dit_train_options *o, const char *spec, char *err,
+                       size_t cap) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", spec);
+    for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv;
+         kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        double x;
+        if (!eq) {
+            snprintf(err, cap, "--dit-config: \"%s\" is not KEY=VALUE", kv);
+            return false;
+        }
+        *eq = 0;
+        const char *k = kv, *v = eq + 1;
+        int64_t *dst =
+            !strcmp(k, "patch_size")            ? &o->patch_size
+            : !strcmp(k, "num_layers")          ? &o->num_layers
+            : !strcmp(k, "num_attention_heads") ? &o->num_attention_heads
+            : !strcmp(k, "attention_head_dim")  ? &o->attention_head_dim
+                                                : NULL;
+        if (!dst) {
+            snprintf(err, cap,
+                     "--dit-config: unknown key \"%s\" (patch_size, "
+                     "num_layers, num_attention_heads, attention_head_dim; "
+                     "the data fixes sample_size 32, in_channels 1, "
+                     "num_embeds_ada_norm 62)",
+                     k);
+            return false;
+        }
+        if (!num(v, 1, 4096, &x) || x != floor(x)) {
+            snprintf(err, cap,
+                     "--dit-config: %s=\"%s\" is not an integer in 1..4096", k,
+                     v);
+            return false;
+        }
+        *dst = (int64_t)x;
+    }
+    return true;
+}
+
+static int tessera_train_dit(int argc, char **argv) {
+    ts_dit_train_options o = ts_dit_default_train_options();
+    const cli_cmd *c = &TRAIN_DIT_CMD;
+    cli_parser p;
+    cli_val v;
+    int id;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            cli_help(c, stdout);
+            return 0;
+        }
+    cli_begin(&p, c, argc, argv);
+    while ((id = cli_next(&p, &v)) != CLI_END) {
+        char err[512] = "";
+        switch (id) {
+        case CLI_HELP:
+            cli_help(c, stdout);
+            return 0;
+        case CLI_ERROR:
+            return 2;
+        case CLI_POSITIONAL:
+            return cli_fail(c,
+                            "unexpected argument \"%s\" (see tessera train "
+                            "--dit --help)",
+                            v.s);
+        case D_DIT_CONFIG:
+            if (!dit_config(&o, v.s, err, sizeof err))
+                return cli_fail(c, "%s", err);
+            break;
+        case D_FONTS:
+            o.font_dir = v.s;
+            break;
+        case D_OUT:
+            o.out_dir = v.s;
+            break;
+        case D_STEPS:
+            o.steps = v.i;
+            break;
+        case D_BATCH:
+            o.batch = v.i;
+            break;
+        case D_LR:
+            o.lr = v.num;
+            break;
+        case D_MIN_LR:
+            o.min_lr = v.num;
+            break;
+        case D_WARMUP:
+            o.warmup = v.i;
+            break;
+        case D_WEIGHT_DECAY:
+            o.weight_decay = v.num;
+            break;
+        case D_CLIP:
+            o.clip = v.num;
+            break;
+        case D_EMA:
+            o.ema = v.num;
+            break;
+        case D_SEED:
+            o.seed = (uint64_t)v.i;
+            break;
+        case D_DTYPE:
+            o.bf16 = v.choice == 1;
+            break;
+        case D_EAGER:
+            o.eager = true;
+            break;
+        case D_COMPILE:
+            o.eager = false;
+            break;
+        case D_LOG_EVERY:
+            o.log_every = v.i;
+            break;
+        case D_SAVE_EVERY:
+            o.save_every = v.i;
+            break;
+        case D_QUIET:
+            o.quiet = true;
+            break;
+        case D_PEAK:
+            o.peak = v.num * 1e9;
+            break;
+        default: /* --dit, --data glyphs */
+            break;
+        }
+    }
+    if (!o.out_dir)
+        return cli_fail(c, "--out DIR is required (see tessera train --dit "
+                           "--help)");
+    ts_ctx *ctx = NULL;
+    if (ts_ctx_new(&ctx, NULL) != TS_OK)
+        return 1;
+    ts_dist *dist = NULL;
+    if (ts_dist_init(ctx, &dist) != TS_OK)
+        return fail(ctx, "train");
+    o.dist = dist;
+    ts_dit_train_result r;
+    ts_status s = ts_dit_train_run(ctx, &o, &r);
+    int rank = ts_dist_rank(dist), world = ts_dist_world(dist);
+    if (s != TS_OK) {
+        if (world > 1)
+            fprintf(stderr, "[rank %d of %d] ", rank, world);
+        int rc = fail(ctx, "train");
+        ts_dist_free(dist);
+        return rc;
+    }
+    if (!o.quiet && rank == 0)
+        fprintf(stderr,
+                "train --dit: %lld steps, loss %.4f -> %.4f, mean %.0f "
+                "tokens/s (patches), MFU %.1f%% of %.1f GFLOP/s (after "
+                "the first step), %.1f s -> %s\n",
+                (long long)r.steps_done, r.first_loss, r.last_loss,
+                r.tokens_per_s, 100 * r.mfu, r.peak / 1e9, r.seconds,
+                o.out_dir);
     ts_dist_free(dist);
     ts_ctx_free(ctx);
     return 0;

@@ -56,10 +56,18 @@ static bool is_pointwise(const conv_geom *g) {
            g->pl == 0 && g->OH == g->H && g->OW == g->W;
 }
 
-/* output rows per band: cols of at most COLS_BYTES, at least one row */
+/* the band budget: COLS_BYTES, or TS_CONV_BAND_BYTES (tests make bands
+ * small to run the banded paths on small images) */
+static int64_t band_bytes(void) {
+    const char *e = getenv("TS_CONV_BAND_BYTES");
+    long long v = e ? atoll(e) : 0;
+    return v > 0 ? (int64_t)v : (int64_t)COLS_BYTES;
+}
+
+/* output rows per band: cols of at most band_bytes(), at least one row */
 static int64_t band_rows(const conv_geom *g) {
     int64_t per_row = g->Kc * g->OW * (int64_t)sizeof(float);
-    int64_t r = per_row > 0 ? (int64_t)COLS_BYTES / per_row : g->OH;
+    int64_t r = per_row > 0 ? band_bytes() / per_row : g->OH;
     return r < 1 ? 1 : r > g->OH ? g->OH : r;
 }
 
