@@ -273,6 +273,13 @@ typedef struct {
     double lr, min_lr, weight_decay, clip, beta1, beta2;
     double ema; /* EMA decay, warmed up (0: none, the raw weights saved) */
     double class_dropout;   /* 0.1 */
+    /* the DDPM schedule's betas: false linear (1e-4 .. 0.02, DDPM's),
+     * true squaredcos_cap_v2 (improved DDPM's cosine, which leaves 32x32
+     * images less destroyed at most timesteps) */
+    bool cosine;
+    /* min-SNR-gamma loss weights (Hang et al. 2023): each image's noise
+     * error times min(SNR_t, gamma) / SNR_t; 0: unweighted */
+    double snr_gamma;
     uint64_t seed;
     bool eager;             /* else compiled */
     bool bf16;              /* bf16 compute copies, f32 masters */

@@ -37,7 +37,7 @@ def check(ok, what):
 top = run("--help")
 check(top.returncode == 0, "tessera --help exits 0")
 commands = re.findall(r"^  ([a-z][a-z-]+) ", top.stdout, re.M)
-check(len(commands) == 16 and "chat" in commands and "quantize" in commands,
+check(len(commands) == 17 and "chat" in commands and "diffuse" in commands,
       f"commands {commands}")
 
 # command -> (flag names, {flag: (placeholder, default)})
@@ -97,7 +97,7 @@ with concurrent.futures.ThreadPoolExecutor(4) as pool:
 FILES = {"run.c": ["run", "chat", "tokenize"], "serve.c": ["serve"],
          "route.c": ["route"], "models_cli.c": ["info", "logits"],
          "demo.c": ["demo"], "devices_cli.c": ["devices"],
-         "quantize_cli.c": ["quantize", "convert"],
+         "quantize_cli.c": ["quantize", "convert"], "diffuse.c": ["diffuse"],
          "train_cli.c": ["tokenizer-train", "prepare-data", "train", "bench",
                          "plot-loss"],
          "main.c": commands}

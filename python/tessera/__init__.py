@@ -21,7 +21,7 @@ from .models import Model, Tokenizer, load
 from .serve import Server, serve
 from .train import prepare_data, train
 
-__version__ = "0.22.0"
+__version__ = "0.23.0"
 
 __all__ = [
     "cpu_isa",

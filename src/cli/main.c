@@ -23,11 +23,12 @@ int tessera_bench(int argc, char **argv);
 int tessera_plot_loss(int argc, char **argv);
 int tessera_devices(int argc, char **argv);
 int tessera_quantize(int argc, char **argv);
+int tessera_diffuse(int argc, char **argv);
 int tessera_convert(int argc, char **argv);
 int tessera_chat(int argc, char **argv);
 
 #ifndef TS_VERSION
-#define TS_VERSION "0.22.0" /* the project's version (issue 22) */
+#define TS_VERSION "0.23.0" /* the project's version (issue 23) */
 #endif
 #ifndef TS_GIT_COMMIT
 #define TS_GIT_COMMIT "unknown" /* set by CMake at configure time */
@@ -63,6 +64,8 @@ static const command COMMANDS[] = {
      "IN OUT.gguf --type q4_k_m: a quantized GGUF of a model"},
     {"convert", tessera_convert,
      "HF_DIR OUT.gguf [--type bf16]: a model folder as one GGUF"},
+    {"diffuse", tessera_diffuse,
+     "-m DIR --prompt TEXT | --class LABEL: an image from a pipeline"},
 
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof *COMMANDS)

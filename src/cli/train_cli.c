@@ -584,7 +584,9 @@ int tessera_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--dit") || !strncmp(a, "--dit-config", 12) ||
-            !strncmp(a, "--fonts", 7) || !strncmp(a, "--ema", 5))
+            !strncmp(a, "--fonts", 7) || !strncmp(a, "--ema", 5) ||
+            !strncmp(a, "--beta-schedule", 15) ||
+            !strncmp(a, "--snr-gamma", 11))
             return tessera_train_dit(argc, argv);
     }
     ts_train_options o = ts_train_default_options();
@@ -736,6 +738,8 @@ enum {
     D_SAVE_EVERY,
     D_QUIET,
     D_PEAK,
+    D_BETAS,
+    D_SNR,
 };
 
 static const cli_opt TRAIN_DIT_OPTS[] = {
@@ -781,6 +785,11 @@ static const cli_opt TRAIN_DIT_OPTS[] = {
     {D_QUIET, "--quiet", CLI_FLAG, .help = "no progress lines"},
     {D_PEAK, "--peak-gflops", CLI_NUM, "G", 1e-3, 1e9,
      .def = "measured (tessera bench peak)", .help = "the peak for MFU"},
+    {D_BETAS, "--beta-schedule", CLI_CHOICE, "S",
+     .choices = "linear|squaredcos_cap_v2", .def = "linear",
+     .help = "the DDPM schedule's betas (written to the scheduler config)"},
+    {D_SNR, "--snr-gamma", CLI_NUM, "G", 0, 1e6, .def = "0 (unweighted)",
+     .help = "min-SNR loss weights: min(SNR, G) / SNR per image"},
     {0},
 };
 
@@ -895,6 +904,12 @@ static int tessera_train_dit(int argc, char **argv) {
             break;
         case D_EMA:
             o.ema = v.num;
+            break;
+        case D_BETAS:
+            o.cosine = v.choice == 1;
+            break;
+        case D_SNR:
+            o.snr_gamma = v.num;
             break;
         case D_SEED:
             o.seed = (uint64_t)v.i;

@@ -982,6 +982,8 @@ static int server_run(const ts_server_options *o) {
         }
         srv.origins = &origins;
     }
+    if (srv_is_pipeline(o->model_dir)) /* images, not text */
+        return srv_images_run(o);
     int max_conns = o->max_connections > 0 ? o->max_connections
                                            : TS_SERVER_DEFAULT_MAX_CONNECTIONS,
         per_client = o->max_connections_per_client > 0

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #ifndef TS_VERSION
-#define TS_VERSION "0.22.0"
+#define TS_VERSION "0.23.0"
 #endif
 
 enum MHD_Result srv_version(struct MHD_Connection *c) {

@@ -75,12 +75,25 @@ static double gauss(uint64_t *s) {
     return sqrt(-2 * log(u)) * cos(2 * M_PI * v);
 }
 
-/* DDPM's linear schedule, betas in f32 as torch.linspace makes them */
-static void alphas_cumprod(double *abar) {
+static double cos_alpha_bar(double t) {
+    double c = cos((t + 0.008) / 1.008 * M_PI / 2);
+    return c * c;
+}
+
+/* DDPM's linear schedule (betas in f32 as torch.linspace makes them) or
+ * squaredcos_cap_v2 (Diffusers' betas_for_alpha_bar, max beta 0.999) */
+static void alphas_cumprod(double *abar, bool cosine) {
     double prod = 1;
     for (int t = 0; t < TRAIN_T; t++) {
-        float beta =
-            (float)(BETA_START + (BETA_END - BETA_START) * t / (TRAIN_T - 1));
+        float beta;
+        if (cosine) {
+            double b = 1 - cos_alpha_bar((t + 1.0) / TRAIN_T) /
+                               cos_alpha_bar((double)t / TRAIN_T);
+            beta = (float)(b < 0.999 ? b : 0.999);
+        } else {
+            beta = (float)(BETA_START +
+                           (BETA_END - BETA_START) * t / (TRAIN_T - 1));
+        }
         prod *= 1.0 - (double)beta;
         abar[t] = prod;
     }
@@ -121,7 +134,8 @@ static ts_status write_json(ts_ctx *ctx, json_t *j, const char *path) {
 }
 
 /* model_index.json and scheduler/scheduler_config.json of the folder */
-static ts_status write_pipeline_files(ts_ctx *ctx, const char *dir) {
+static ts_status write_pipeline_files(ts_ctx *ctx, const char *dir,
+                                      const ts_dit_train_options *o) {
     char p[4200];
     json_t *mi = json_object();
     json_object_set_new(mi, "_class_name", json_string("DiTPipeline"));
@@ -148,11 +162,12 @@ static ts_status write_pipeline_files(ts_ctx *ctx, const char *dir) {
         "{s:s, s:s, s:f, s:s, s:f, s:b, s:f, s:i, s:s, s:b, s:i, s:s, s:b, "
         "s:n}",
         "_class_name", "DDIMScheduler", "_diffusers_version", "0.30.0",
-        "beta_end", BETA_END, "beta_schedule", "linear", "beta_start",
-        BETA_START, "clip_sample", 1, "clip_sample_range", 1.0,
-        "num_train_timesteps", TRAIN_T, "prediction_type", "epsilon",
-        "set_alpha_to_one", 1, "steps_offset", 0, "timestep_spacing", "leading",
-        "thresholding", 0, "trained_betas");
+        "beta_end", BETA_END, "beta_schedule",
+        o->cosine ? "squaredcos_cap_v2" : "linear", "beta_start", BETA_START,
+        "clip_sample", 1, "clip_sample_range", 1.0, "num_train_timesteps",
+        TRAIN_T, "prediction_type", "epsilon", "set_alpha_to_one", 1,
+        "steps_offset", 0, "timestep_spacing", "leading", "thresholding", 0,
+        "trained_betas");
     snprintf(p, sizeof p, "%s/scheduler/scheduler_config.json", dir);
     if (st == TS_OK)
         st = write_json(ctx, sc, p);
@@ -172,7 +187,7 @@ typedef struct {
     float **ema; /* host copies, one per parameter */
     int rank, world;
     double abar[TRAIN_T];
-    float *img, *xt, *eps, *tv;
+    float *img, *xt, *eps, *tv, *w; /* w: per-image loss weights */
     int64_t *lab;
 } run;
 
@@ -196,6 +211,8 @@ static ts_status make_batch(run *r, int64_t step, int64_t *b_local) {
             r->xt[i * IMG * IMG + k] = (float)(a * x0[k] + b * e);
         }
         r->tv[i] = (float)t;
+        double snr = r->abar[t] / (1 - r->abar[t]), g = o->snr_gamma;
+        r->w[i] = (float)(g > 0 && snr > g ? g / snr : 1.0);
         r->lab[i] =
             unit(&s) < o->class_dropout ? TS_GLYPHS_CLASSES : r->lab[gi];
     }
@@ -216,7 +233,12 @@ static ts_tensor *batch_loss(run *r, int64_t Bl) {
                           : ts_retain(out);
     ts_tensor *diff = pred ? ts_sub(pred, e) : NULL;
     ts_tensor *sq = diff ? ts_mul(diff, diff) : NULL;
-    ts_tensor *loss = sq ? ts_mean(sq, 0, NULL, false) : NULL;
+    int64_t ws[4] = {Bl, 1, 1, 1};
+    ts_tensor *wt =
+        r->o->snr_gamma > 0 ? ts_from_data(ctx, TS_F32, 4, ws, r->w) : NULL;
+    ts_tensor *wsq = wt && sq ? ts_mul(sq, wt) : ts_retain(sq);
+    ts_tensor *loss = wsq ? ts_mean(wsq, 0, NULL, false) : NULL;
+    ts_release(wt), ts_release(wsq);
     ts_release(x), ts_release(e), ts_release(t), ts_release(y);
     ts_release(out), ts_release(pred), ts_release(diff), ts_release(sq);
     return loss;
@@ -307,7 +329,7 @@ static ts_status save_pipeline(run *r) {
     ts_ctx *ctx = r->ctx;
     const char *dir = r->o->out_dir;
     char p[4200];
-    ts_status st = write_pipeline_files(ctx, dir);
+    ts_status st = write_pipeline_files(ctx, dir, r->o);
     float **keep = NULL;
     if (st == TS_OK && r->ema) {
         keep = calloc((size_t)r->n_params, sizeof *keep);
@@ -365,7 +387,8 @@ static void free_run(run *r) {
     for (int i = 0; r->ema && i < r->n_params; i++)
         free(r->ema[i]);
     free(r->ema);
-    free(r->img), free(r->xt), free(r->eps), free(r->tv), free(r->lab);
+    free(r->img), free(r->xt), free(r->eps), free(r->tv), free(r->w);
+    free(r->lab);
     ts_adamw_free(r->opt);
     ts_dit_free(r->d);
     ts_glyphs_close(r->g);
@@ -381,7 +404,7 @@ ts_status ts_dit_train_run(ts_ctx *ctx, const ts_dit_train_options *o,
              .o = o,
              .rank = ts_dist_rank(o->dist),
              .world = ts_dist_world(o->dist)};
-    alphas_cumprod(r.abar);
+    alphas_cumprod(r.abar, o->cosine);
     ts_dit_config cfg = {.sample_size = IMG,
                          .in_channels = 1,
                          .out_channels = 1,
@@ -411,8 +434,9 @@ ts_status ts_dit_train_run(ts_ctx *ctx, const ts_dit_train_options *o,
     r.xt = malloc(sizeof(float) * (size_t)(B * IMG * IMG));
     r.eps = malloc(sizeof(float) * (size_t)(B * IMG * IMG));
     r.tv = malloc(sizeof(float) * (size_t)B);
+    r.w = malloc(sizeof(float) * (size_t)B);
     r.lab = malloc(sizeof(int64_t) * (size_t)B);
-    if (st == TS_OK && (!r.img || !r.xt || !r.eps || !r.tv || !r.lab))
+    if (st == TS_OK && (!r.img || !r.xt || !r.eps || !r.tv || !r.w || !r.lab))
         st = ts_set_error(ctx, TS_ERR_OOM, "train --dit: out of memory");
     int64_t n_all = 0;
     for (int i = 0; st == TS_OK && i < r.n_params; i++)
