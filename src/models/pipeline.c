@@ -327,6 +327,20 @@ ts_status ts_pipeline_load(ts_ctx *ctx, const char *dir,
     }
     const char *cls = json_string_value(json_object_get(mi, "_class_name"));
     snprintf(p->class_name, sizeof p->class_name, "%s", cls ? cls : "");
+    static const char *known[] = {"StableDiffusionPipeline",
+                                  "StableDiffusionImg2ImgPipeline",
+                                  "DiTPipeline"};
+    bool known_class = false;
+    for (size_t k = 0; k < sizeof known / sizeof *known; k++)
+        known_class = known_class || (cls && !strcmp(cls, known[k]));
+    if (!known_class) {
+        s = ts_set_error(ctx, TS_ERR_UNSUPPORTED,
+                         "%s: _class_name \"%s\" is not supported "
+                         "(StableDiffusionPipeline, "
+                         "StableDiffusionImg2ImgPipeline, DiTPipeline)",
+                         path, cls ? cls : "");
+        goto done;
+    }
     for (int c = 0; c < C_COUNT; c++)
         present[c] = is_dir_entry(json_object_get(mi, comp_names[c]), NULL);
     p->class_cond = present[C_DIT];

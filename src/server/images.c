@@ -226,7 +226,8 @@ static enum MHD_Result generations(struct MHD_Connection *c, ireq *r) {
     pthread_mutex_unlock(&img.mu);
     if (!ok) {
         json_decref(data);
-        /* the request's own values at fault are 400s; the rest 500 */
+        /* the request's own values at fault are 400s (a size the model
+         * cannot draw names "size"); the rest 500 */
         int code =
             st == TS_ERR_INVALID_ARG || st == TS_ERR_SHAPE || st == TS_ERR_RANGE
                 ? 400
