@@ -19,7 +19,7 @@ APT_PKGS   := build-essential cmake pkg-config libopenblas-pthread-dev \
               fonts-noto-mono
 PREFIX     ?= /usr/local
 
-.PHONY: run test deps build build-san install fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan bench-structured bench-spec bench-quant bench-llamacpp llamacpp clean format
+.PHONY: run test deps build build-san install fuzz bench bench-compile bench-tokenizer bench-decode bench-engine bench-train bench-moe bench-vulkan bench-structured bench-spec bench-conv bench-diffusion bench-quant bench-llamacpp llamacpp clean format
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -123,6 +123,17 @@ bench-engine: build
 # draft model models/kjv-qwen3-draft, side by side; greedy outputs checked
 bench-spec: build
 	./$(BUILD)/bench_spec
+
+# diffusion (issue 23): conv2d against sgemm on the same FLOPs; a small
+# SD-layout pipeline at 256x256 (UNet step, 25 steps, peak memory) beside
+# the plain PyTorch reference; the glyph DiT's training figures come from
+# bench/train_glyphs_dit.sh's log. bench-diffusion uses the CLIP vocabulary
+# the tests' clip_peer fixture writes (run make test first)
+bench-conv: build
+	./$(BUILD)/bench_conv
+bench-diffusion: build
+	/usr/bin/python3 bench/bench_diffusion.py --build $(BUILD) --threads 2 \
+	  --tokenizer $(BUILD)/tests/clip_tok/clip_sd1
 
 # the experts MLP (ts_moe_experts) against plain sgemm on the same FLOPs
 bench-moe: build
