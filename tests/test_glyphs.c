@@ -1,10 +1,9 @@
 /* test_glyphs.c — the glyph data set (classes, fonts, rendering, seeded
  * batches, errors) and the quality of the shipped models/glyphs-dit: one
- * image per class and seed sampled with DDIM (50 steps, eta 0, leading
- * spacing, clip_sample, set_alpha_to_one: the folder's scheduler config)
- * and classifier-free guidance as Diffusers' DiTPipeline applies it, in a
- * loop written here around ts_dit_forward (the pipeline's own sampler is
- * compared against this one), each image classified by its nearest
+ * image per class and seed drawn by the pipeline as `tessera diffuse`
+ * draws it (ts_pipeline_generate: the folder's scheduler config, 50
+ * steps, classifier-free guidance; tests/test_pipeline.c holds the
+ * pipeline against a PyTorch DiTPipeline loop), each classified by its nearest
  * neighbour (L2) among the 62 glyphs rendered in every font at 9 shifts.
  * The bar: the requested character at least 80% of the time, counting
  * the pairs that are the same shape in many fonts (o O 0, s S, c C, x X,
@@ -104,64 +103,25 @@ static void test_render(ts_ctx *ctx, ts_glyphs *g) {
     ts_clear_error(ctx);
 }
 
-/* DDIM + classifier-free guidance over B images of the given classes */
-static ts_tensor *sample(ts_dit *d, const int64_t *cls, int64_t B,
-                         uint64_t seed, double guidance, int steps) {
-    ts_ctx *ctx;
-    int64_t C = ts_dit_in_channels(d), sz = ts_dit_sample_size(d);
-    int64_t xs[4] = {B, C, sz, sz};
-    double abar[1000], prod = 1;
-    for (int t = 0; t < 1000; t++) { /* linear betas 1e-4 .. 0.02, f32 */
-        float beta = (float)(1e-4 + (0.02 - 1e-4) * t / 999.0);
-        prod *= 1.0 - (double)beta;
-        abar[t] = prod;
-    }
-    int64_t n = B * C * sz * sz;
-    float *x = malloc(sizeof(float) * (size_t)n);
-    float *e = malloc(sizeof(float) * (size_t)(2 * n));
-    int64_t *lab = malloc(sizeof(int64_t) * (size_t)(2 * B));
-    float *tv = malloc(sizeof(float) * (size_t)(2 * B));
-    for (int64_t i = 0; i < B; i++)
-        lab[i] = cls[i], lab[B + i] = ts_dit_num_classes(d);
-    ts_tensor **ps; /* the context is the model's parameters' */
-    ts_dit_parameters(d, &ps, NULL);
-    ctx = ts_tensor_ctx(ps[0]);
-    ts_tensor *noise = ts_randn(ctx, TS_F32, 4, xs, 1.0, seed);
-    ts_tensor_read(noise, x, TS_F32);
-    ts_release(noise);
-    int ratio = 1000 / steps;
-    int64_t x2s[4] = {2 * B, C, sz, sz}, t2s[1] = {2 * B};
-    for (int s = steps - 1; s >= 0; s--) {
-        int t = s * ratio, prev = t - ratio;
-        float *x2 = malloc(sizeof(float) * (size_t)(2 * n));
-        memcpy(x2, x, sizeof(float) * (size_t)n);
-        memcpy(x2 + n, x, sizeof(float) * (size_t)n);
-        for (int64_t i = 0; i < 2 * B; i++)
-            tv[i] = (float)t;
-        ts_tensor *xt = ts_from_data(ctx, TS_F32, 4, x2s, x2);
-        ts_tensor *tt = ts_from_data(ctx, TS_F32, 1, t2s, tv);
-        ts_tensor *yt = ts_from_data(ctx, TS_I64, 1, t2s, lab);
-        ts_tensor *out = ts_dit_forward(d, xt, tt, yt);
-        ts_tensor *eo = out ? ts_slice(out, 1, 0, C, 1) : NULL;
-        CHECK(eo && ts_tensor_read(eo, e, TS_F32) == TS_OK);
-        ts_release(xt), ts_release(tt), ts_release(yt), ts_release(out),
-            ts_release(eo);
-        free(x2);
-        if (!eo)
-            break;
-        double at = abar[t], ap = prev >= 0 ? abar[prev] : 1.0;
-        for (int64_t i = 0; i < n; i++) {
-            double ec = e[i], eu = e[n + i];
-            double eps = eu + guidance * (ec - eu);
-            double x0 = (x[i] - sqrt(1 - at) * eps) / sqrt(at);
-            x0 = x0 < -1 ? -1 : x0 > 1 ? 1 : x0;
-            eps = (x[i] - sqrt(at) * x0) / sqrt(1 - at);
-            x[i] = (float)(sqrt(ap) * x0 + sqrt(1 - ap) * eps);
-        }
-    }
-    ts_tensor *r = ts_from_data(ctx, TS_F32, 4, xs, x);
-    free(x), free(e), free(lab), free(tv);
-    return r;
+/* seeds images of class k through the shipped pipeline as a user runs it
+ * (ts_pipeline_generate: the folder's scheduler, 50 steps, guidance), in
+ * [-1, 1] like the renders, into out (seeds x 32 x 32) */
+static bool sample(ts_pipeline *p, int k, int seeds, double guidance,
+                   float *out) {
+    ts_diffusion_request r = {.class_id = k,
+                              .num_images = seeds,
+                              .steps = 50,
+                              .guidance = guidance,
+                              .seed = 1000};
+    ts_tensor *im = NULL;
+    if (ts_pipeline_generate(p, &r, &im) != TS_OK)
+        return false;
+    bool ok = ts_tensor_numel(im) == (int64_t)seeds * PIX &&
+              ts_tensor_read(im, out, TS_F32) == TS_OK;
+    for (int64_t q = 0; ok && q < (int64_t)seeds * PIX; q++)
+        out[q] = out[q] * 2 - 1;
+    ts_release(im);
+    return ok;
 }
 
 static bool same_shape(int a, int b) {
@@ -178,13 +138,13 @@ static bool same_shape(int a, int b) {
 
 static void test_quality(ts_ctx *ctx, ts_glyphs *g, const char *folder) {
     char p[1024];
-    snprintf(p, sizeof p, "%s/transformer", folder);
-    ts_dit *d = NULL;
-    CHECK_OK(ctx, ts_dit_load(ctx, p, NULL, &d));
-    if (!d)
+    (void)p;
+    ts_pipeline *pl = NULL;
+    CHECK_OK(ctx, ts_pipeline_load(ctx, folder, NULL, &pl));
+    if (!pl)
         return;
-    CHECK(ts_dit_num_classes(d) == NC && ts_dit_sample_size(d) == S &&
-          ts_dit_in_channels(d) == 1);
+    CHECK(ts_pipeline_num_classes(pl) == NC &&
+          ts_pipeline_class_id(pl, "A") == ts_glyphs_class_of('A'));
     /* the references: every class in every font at 9 shifts */
     int nf = ts_glyphs_num_fonts(g), nref = NC * nf * 9;
     float *ref = malloc(sizeof(float) * (size_t)nref * PIX);
@@ -200,16 +160,18 @@ static void test_quality(ts_ctx *ctx, ts_glyphs *g, const char *folder) {
     const char *gs = getenv("TS_GLYPHS_GUIDANCE");
     double guidance = gs ? atof(gs) : 4.0;
     int seeds = 2, hit = 0, hit_shape = 0, total = 0;
-    int64_t cls[NC];
-    for (int k = 0; k < NC; k++)
-        cls[k] = k;
     float *all = malloc(sizeof(float) * (size_t)(seeds * NC * PIX));
+    float *one = malloc(sizeof(float) * (size_t)(seeds * PIX));
     char miss[512] = "";
+    for (int k = 0; k < NC; k++) { /* all[s][k]: seed s, class k */
+        CHECK(sample(pl, k, seeds, guidance, one));
+        for (int s = 0; s < seeds; s++)
+            memcpy(all + ((size_t)s * NC + k) * PIX, one + (size_t)s * PIX,
+                   sizeof(float) * PIX);
+    }
+    free(one);
     for (int s = 0; s < seeds; s++) {
-        ts_tensor *im = sample(d, cls, NC, 1000 + (uint64_t)s, guidance, 50);
         float *x = all + (size_t)s * NC * PIX;
-        CHECK(im && ts_tensor_read(im, x, TS_F32) == TS_OK);
-        ts_release(im);
         for (int i = 0; i < NC; i++) {
             double best = INFINITY;
             int bc = -1;
@@ -233,7 +195,7 @@ static void test_quality(ts_ctx *ctx, ts_glyphs *g, const char *folder) {
         }
     }
     double strict = (double)hit / total, loose = (double)hit_shape / total;
-    printf("glyphs-dit: %d samples (DDIM 50 steps, guidance %.1f), nearest "
+    printf("glyphs-dit: %d samples (50 steps, guidance %.1f), nearest "
            "neighbour among %d renders: %.1f%% the requested character, "
            "%.1f%% counting same-shape pairs; misses:%s\n",
            total, guidance, nref, 100 * strict, 100 * loose, miss);
@@ -261,7 +223,7 @@ static void test_quality(ts_ctx *ctx, ts_glyphs *g, const char *folder) {
         fclose(f);
     }
     free(all), free(ref), free(ref_cls);
-    ts_dit_free(d);
+    ts_pipeline_free(pl);
 }
 
 int main(int argc, char **argv) {
