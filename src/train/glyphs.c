@@ -132,7 +132,8 @@ ts_status ts_glyphs_open(ts_ctx *ctx, const char *font_dir_or_null,
     }
     path_list pl = {0};
     scan(dir, &pl, 0);
-    qsort(pl.v, (size_t)pl.n, sizeof *pl.v, cmp_str);
+    if (pl.n > 0) /* qsort wants a pointer even for none */
+        qsort(pl.v, (size_t)pl.n, sizeof *pl.v, cmp_str);
     for (int i = 0; i < pl.n; i++) {
         FT_Face f;
         if (g->n < MAX_FONTS && !FT_New_Face(g->lib, pl.v[i], 0, &f)) {
