@@ -1,6 +1,6 @@
 #!/bin/sh
 # glyphs_sheet.sh — the README's sheet: every class of models/glyphs-dit
-# drawn by `tessera diffuse` (DDIM, 50 steps, guidance 4, seeds 1..4), tiled
+# drawn by `tessera diffuse` (DDIM, 50 steps, guidance 1.25, seed 1, 4 images), tiled
 # 4 samples per class into docs/glyphs-sheet.png (upscaled 2x, nearest).
 # Usage: bench/glyphs_sheet.sh [BUILD] [MODEL] [OUT.png]
 set -e
@@ -11,7 +11,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 CLASSES="0 1 2 3 4 5 6 7 8 9 A B C D E F G H I J K L M N O P Q R S T U V W X Y Z a b c d e f g h i j k l m n o p q r s t u v w x y z"
 for c in $CLASSES; do
-  "$BUILD/tessera" diffuse -m "$MODEL" --class "$c" --steps 50 --guidance 4 \
+  "$BUILD/tessera" diffuse -m "$MODEL" --class "$c" --steps 50 --guidance 1.25 \
     --seed 1 -n 4 --output-type np --out "$TMP/$c.npy" -q
 done
 /usr/bin/python3 - "$TMP" "$OUT" $CLASSES <<'PY'
