@@ -195,6 +195,15 @@ static void add_bias(void *p, int64_t lo, int64_t hi) {
     }
 }
 
+static void fill_bias(void *p, int64_t lo, int64_t hi) {
+    const bias_job *j = p;
+    for (int64_t r = lo; r < hi; r++) {
+        float v = j->b[r % j->O], *y = j->y + r * j->plane;
+        for (int64_t k = 0; k < j->plane; k++)
+            y[k] = v;
+    }
+}
+
 static float *out_f32(ts_tensor *y, float **tmp) {
     *tmp = NULL;
     if (y->dtype == TS_F32)
@@ -227,6 +236,13 @@ CPU_KERNEL(conv2d) {
         ts_parallel_for(g.B * g.C, cpu_grain(plane * g.KH * g.KW, 16384),
                         depthwise_planes, &j);
     } else if (ok) {
+        /* the bias written first and the products added to it (beta 1):
+         * one pass over y fewer than adding it after */
+        if (bf) {
+            bias_job j = {.y = yf, .b = bf, .O = g.O, .plane = plane};
+            ts_parallel_for(g.B * g.O, cpu_grain(plane, 16384), fill_bias, &j);
+        }
+        float beta = bf ? 1.0f : 0.0f;
         bool pw = is_pointwise(&g);
         if (!pw &&
             !(col = malloc(sizeof(float) * (size_t)(g.Kc * rows * g.OW + 1))))
@@ -238,7 +254,7 @@ CPU_KERNEL(conv2d) {
                 float *yg = yf + (b * g.O + gi * g.Og) * plane;
                 if (pw) {
                     ts_sgemm(false, false, (int)g.Og, (int)plane, (int)g.Kc,
-                             1.0f, wg, (int)g.Kc, xg, (int)plane, 0.0f, yg,
+                             1.0f, wg, (int)g.Kc, xg, (int)plane, beta, yg,
                              (int)plane);
                     continue;
                 }
@@ -247,12 +263,12 @@ CPU_KERNEL(conv2d) {
                     int64_t P = (oh1 - oh0) * g.OW;
                     im2col(&g, xg, col, oh0, oh1);
                     ts_sgemm(false, false, (int)g.Og, (int)P, (int)g.Kc, 1.0f,
-                             wg, (int)g.Kc, col, (int)P, 0.0f, yg + oh0 * g.OW,
+                             wg, (int)g.Kc, col, (int)P, beta, yg + oh0 * g.OW,
                              (int)plane);
                 }
             }
     }
-    if (ok && bf) {
+    if (ok && bf && g.Cg == 1 && g.Og == 1 && g.G > 1) { /* depthwise */
         bias_job j = {.y = yf, .b = bf, .O = g.O, .plane = plane};
         ts_parallel_for(g.B * g.O, cpu_grain(plane, 16384), add_bias, &j);
     }
