@@ -153,7 +153,7 @@ typedef struct ts_scheduler ts_scheduler;
 
 /* Reads config_json_path (a scheduler_config.json). An unknown
  * _class_name, beta_schedule, prediction_type, timestep_spacing, ... is an
- * error naming the key, its value and the file; features not implemented
+ * error naming the key, its value and the file; options Tessera does not build
  * (use_karras_sigmas true, thresholding true, rescale_betas_zero_snr true,
  * ...) are TS_ERR_UNSUPPORTED naming the key. */
 ts_status ts_scheduler_load(ts_ctx *ctx, const char *config_json_path,
