@@ -602,8 +602,8 @@ ts_tensor *ts_group_norm(ts_tensor *x, int64_t groups, ts_tensor *weight,
 ts_tensor *ts_upsample_nearest2d(ts_tensor *x, int scale_h, int scale_w);
 /* F.avg_pool2d(x, (kh, kw), (sh, sw)) without padding: x (B, C, H, W) ->
  * (B, C, (H - kh) / sh + 1, (W - kw) / sw + 1). */
-ts_tensor *ts_avg_pool2d(ts_tensor *x, int kernel_h, int kernel_w,
-                         int stride_h, int stride_w);
+ts_tensor *ts_avg_pool2d(ts_tensor *x, int kernel_h, int kernel_w, int stride_h,
+                         int stride_w);
 
 #ifdef __cplusplus
 }

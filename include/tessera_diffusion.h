@@ -269,13 +269,13 @@ typedef struct {
     int steps;                   /* 0: 25 */
     double guidance;             /* <= 1: no classifier-free guidance */
     uint64_t seed;
-    int width, height;       /* 0: the default size */
-    const char *scheduler;   /* NULL: the folder's; "ddim", "euler", "dpm++2m" */
-    ts_tensor *init_image;   /* image-to-image: (C, H, W) or (B, C, H, W)
-                                in [0, 1], or NULL */
-    double strength;         /* image-to-image: 0 < strength <= 1 */
-    ts_tensor *latents;      /* initial noise (B, C, h, w), or NULL */
-    bool latents_only;       /* skip the VAE: *images gets the latents */
+    int width, height;     /* 0: the default size */
+    const char *scheduler; /* NULL: the folder's; "ddim", "euler", "dpm++2m" */
+    ts_tensor *init_image; /* image-to-image: (C, H, W) or (B, C, H, W)
+                              in [0, 1], or NULL */
+    double strength;       /* image-to-image: 0 < strength <= 1 */
+    ts_tensor *latents;    /* initial noise (B, C, h, w), or NULL */
+    bool latents_only;     /* skip the VAE: *images gets the latents */
     ts_diffusion_progress_fn progress;
     void *progress_arg;
 } ts_diffusion_request;

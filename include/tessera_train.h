@@ -272,7 +272,7 @@ typedef struct {
     int64_t steps, batch, warmup, log_every, save_every;
     double lr, min_lr, weight_decay, clip, beta1, beta2;
     double ema; /* EMA decay, warmed up (0: none, the raw weights saved) */
-    double class_dropout;   /* 0.1 */
+    double class_dropout; /* 0.1 */
     /* the DDPM schedule's betas: false linear (1e-4 .. 0.02, DDPM's),
      * true squaredcos_cap_v2 (improved DDPM's cosine, which leaves 32x32
      * images less destroyed at most timesteps) */
@@ -282,11 +282,11 @@ typedef struct {
     double snr_gamma;
     double class_init_std; /* the class tables' init std (0: DiT's 0.02) */
     uint64_t seed;
-    bool eager;             /* else compiled */
-    bool bf16;              /* bf16 compute copies, f32 masters */
+    bool eager; /* else compiled */
+    bool bf16;  /* bf16 compute copies, f32 masters */
     bool quiet;
-    double peak;            /* FLOP/s of one rank for MFU; 0: measured */
-    ts_dist *dist;          /* NULL: one process */
+    double peak;   /* FLOP/s of one rank for MFU; 0: measured */
+    ts_dist *dist; /* NULL: one process */
 } ts_dit_train_options;
 ts_dit_train_options ts_dit_default_train_options(void);
 

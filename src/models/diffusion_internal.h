@@ -11,7 +11,7 @@
 
 #include <jansson.h>
 
-#define DZ_PATH_LEN 1024
+#define DZ_PATH_LEN  1024
 #define DZ_MAX_ARRAY 16 /* entries of a config list (block types, widths) */
 
 typedef struct {
@@ -53,9 +53,8 @@ int dz_str_list(dz_comp *c, const char *key, char (*out)[64]);
  * component's device: matrices and kernels (ndim >= 2) in its dtype,
  * vectors in f32. Missing, mis-shaped or non-finite: NULL, with the error
  * naming the tensor, the file and both shapes. */
-ts_tensor *dz_param(dz_comp *c, int ndim, const int64_t *shape,
-                    const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+ts_tensor *dz_param(dz_comp *c, int ndim, const int64_t *shape, const char *fmt,
+                    ...) __attribute__((format(printf, 4, 5)));
 /* As dz_param, but an absent tensor gives NULL without an error. */
 ts_tensor *dz_param_opt(dz_comp *c, int ndim, const int64_t *shape,
                         const char *fmt, ...)
