@@ -227,7 +227,7 @@ typedef struct ts_pipeline ts_pipeline;
  *     device_map="balanced");
  *     "unet=cpu:1,vae=cpu:0,text_encoder=cpu:0" — per component (unnamed
  *     ones on the first device); "unet=cpu:0+cpu:1" splits the UNet's
- *     blocks over two devices at the parameter-bytes midpoint,
+ *     blocks over two devices at the middle block,
  *     "unet=cpu:0+cpu:1@4" at block 4.
  *   cfg_parallel: the conditional and unconditional branches of
  *     classifier-free guidance each on their own device (the denoiser

@@ -172,7 +172,7 @@ static ts_status parse_map(ts_pipeline *p, const char *map) {
                                         at + 1);
                 p->unet_split = (int)b;
             } else {
-                p->unet_split = -1; /* at the bytes' midpoint */
+                p->unet_split = -1; /* at the middle block */
             }
             if (ts_device_parse(p->ctx, plus + 1, &p->unet_dev2))
                 return p->ctx->status;
@@ -243,6 +243,23 @@ static ts_status place_balanced(ts_pipeline *p, const bool *present) {
     return TS_OK;
 }
 
+/* the UNet's blocks (ts_unet_num_blocks: conv_in and the time embedding,
+ * each down block, the mid block, each up block, the output) counted from
+ * dir/config.json before loading; 0 when it cannot be read (the load then
+ * reports why) */
+static int unet_blocks(const char *dir) {
+    char path[DZ_PATH_LEN + 16];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *j = json_load_file(path, 0, NULL);
+    json_t *down = json_object_get(j, "down_block_types");
+    json_t *up = json_object_get(j, "up_block_types");
+    int n = json_is_array(down) && json_is_array(up)
+                ? (int)(json_array_size(down) + json_array_size(up)) + 3
+                : 0;
+    json_decref(j);
+    return n;
+}
+
 static ts_status load_denoiser(ts_pipeline *p) {
     char d[DZ_PATH_LEN];
     if (sub_dir(p, p->class_cond ? "transformer" : "unet", d))
@@ -277,14 +294,8 @@ static ts_status load_denoiser(ts_pipeline *p) {
             if (r == 0 && p->unet_split) {
                 o.device2 = p->unet_dev2;
                 o.split_block = p->unet_split > 0 ? p->unet_split : 0;
-                if (p->unet_split < 0) { /* the midpoint: load once to count */
-                    ts_unet *probe;
-                    ts_component_opts po = comp_opts(p, dev);
-                    if ((s = ts_unet_load(p->ctx, d, &po, &probe)))
-                        return s;
-                    o.split_block = (ts_unet_num_blocks(probe) + 1) / 2;
-                    ts_unet_free(probe);
-                }
+                if (p->unet_split < 0) /* the middle block */
+                    o.split_block = (unet_blocks(d) + 1) / 2;
             }
             s = ts_unet_load(p->ctx, d, &o, &p->unet[r]);
         }
